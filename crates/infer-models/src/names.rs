@@ -1,0 +1,1 @@
+//! GGUF ↔ Hugging Face tensor-name maps (stub).

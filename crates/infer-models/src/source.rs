@@ -1,0 +1,82 @@
+//! One interface over every checkpoint source: tensors by Hugging Face name, read as `f32`.
+
+use std::path::{Path, PathBuf};
+
+use infer_quant::QuantFormat;
+
+use crate::{ModelConfig, ModelError};
+
+/// Metadata of one tensor as the source stores it, under its Hugging Face name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    /// Hugging Face name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+    pub name: String,
+    /// Row-major shape in HF/PyTorch order (`[out_features, in_features]` for a Linear weight).
+    pub shape: Vec<usize>,
+    /// Storage format in the source (F32/F16/BF16 for safetensors; any ggml type for GGUF).
+    pub dtype: QuantFormat,
+    /// Bytes the tensor occupies in the source file.
+    pub bytes: usize,
+}
+
+/// A tensor decoded to `f32`, row-major, with its HF shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// Tensors of a checkpoint by Hugging Face name, decoded to `f32` on demand (one at a time, so a
+/// caller streaming layer by layer never holds the whole model).
+pub trait TensorSource: Send + Sync {
+    /// Every tensor, in a stable order, under its HF name (after any GGUF name mapping).
+    fn tensors(&self) -> &[TensorInfo];
+    /// Decode one tensor to `f32` with every source convention undone (ggml dequantization,
+    /// llama.cpp's Q/K row permutation, Gemma's `+1` on norms).
+    /// Errors: [`ModelError::NoSuchTensor`], or a decode error naming the file.
+    fn read_f32(&self, name: &str) -> Result<Tensor, ModelError>;
+    /// Look up a tensor's info by HF name.
+    fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors().iter().find(|t| t.name == name)
+    }
+}
+
+/// What kind of checkpoint a [`ModelSource`] was opened from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceKind {
+    /// A Hugging Face folder: `config.json` + `model.safetensors` or sharded safetensors.
+    HfFolder,
+    /// A single GGUF v2/v3 file.
+    Gguf,
+}
+
+/// An opened checkpoint: typed config, tensors, and the tokenizer/chat-template material it carries.
+pub struct ModelSource {
+    pub path: PathBuf,
+    pub kind: SourceKind,
+    pub config: ModelConfig,
+    pub tensors: Box<dyn TensorSource>,
+    /// `tokenizer.json` text: from the HF folder, or next to the GGUF, when present.
+    pub tokenizer_json: Option<String>,
+    /// `tokenizer_config.json` text from the HF folder, when present.
+    pub tokenizer_config_json: Option<String>,
+    /// Jinja chat template (HF `chat_template.jinja`, `tokenizer_config.json`, or GGUF
+    /// `tokenizer.chat_template`).
+    pub chat_template: Option<String>,
+    /// The parsed GGUF (metadata incl. `tokenizer.ggml.*`), for GGUF sources.
+    pub gguf: Option<std::sync::Arc<crate::gguf::GgufFile>>,
+}
+
+/// Open a checkpoint: a directory is read as a Hugging Face folder, a file as GGUF.
+/// Errors: the path does not exist, or the files are missing/corrupt (the error names the file).
+pub fn open_source(path: &Path) -> Result<ModelSource, ModelError> {
+    let meta = std::fs::metadata(path).map_err(|e| ModelError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    if meta.is_dir() {
+        crate::hf::open_hf_folder(path)
+    } else {
+        crate::gguf::open_gguf_source(path)
+    }
+}

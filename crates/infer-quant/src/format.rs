@@ -1,0 +1,252 @@
+//! The one table of block formats (ggml's, from `ggml/src/ggml.c` `type_traits`).
+
+use crate::QuantError;
+
+/// A tensor storage format: plain floats or one of ggml's block-quantized formats.
+///
+/// Block layouts are exactly ggml's, so bytes written by infer run in llama.cpp and vice versa.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QuantFormat {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+}
+
+/// One row of the format table.
+struct FormatInfo {
+    format: QuantFormat,
+    name: &'static str,
+    ggml_type_id: u32,
+    block_elems: usize,
+    block_bytes: usize,
+}
+
+const TABLE: &[FormatInfo] = &[
+    FormatInfo {
+        format: QuantFormat::F32,
+        name: "F32",
+        ggml_type_id: 0,
+        block_elems: 1,
+        block_bytes: 4,
+    },
+    FormatInfo {
+        format: QuantFormat::F16,
+        name: "F16",
+        ggml_type_id: 1,
+        block_elems: 1,
+        block_bytes: 2,
+    },
+    FormatInfo {
+        format: QuantFormat::Q4_0,
+        name: "Q4_0",
+        ggml_type_id: 2,
+        block_elems: 32,
+        block_bytes: 18,
+    },
+    FormatInfo {
+        format: QuantFormat::Q4_1,
+        name: "Q4_1",
+        ggml_type_id: 3,
+        block_elems: 32,
+        block_bytes: 20,
+    },
+    FormatInfo {
+        format: QuantFormat::Q5_0,
+        name: "Q5_0",
+        ggml_type_id: 6,
+        block_elems: 32,
+        block_bytes: 22,
+    },
+    FormatInfo {
+        format: QuantFormat::Q5_1,
+        name: "Q5_1",
+        ggml_type_id: 7,
+        block_elems: 32,
+        block_bytes: 24,
+    },
+    FormatInfo {
+        format: QuantFormat::Q8_0,
+        name: "Q8_0",
+        ggml_type_id: 8,
+        block_elems: 32,
+        block_bytes: 34,
+    },
+    FormatInfo {
+        format: QuantFormat::Q8_1,
+        name: "Q8_1",
+        ggml_type_id: 9,
+        block_elems: 32,
+        block_bytes: 36,
+    },
+    FormatInfo {
+        format: QuantFormat::Q2_K,
+        name: "Q2_K",
+        ggml_type_id: 10,
+        block_elems: 256,
+        block_bytes: 84,
+    },
+    FormatInfo {
+        format: QuantFormat::Q3_K,
+        name: "Q3_K",
+        ggml_type_id: 11,
+        block_elems: 256,
+        block_bytes: 110,
+    },
+    FormatInfo {
+        format: QuantFormat::Q4_K,
+        name: "Q4_K",
+        ggml_type_id: 12,
+        block_elems: 256,
+        block_bytes: 144,
+    },
+    FormatInfo {
+        format: QuantFormat::Q5_K,
+        name: "Q5_K",
+        ggml_type_id: 13,
+        block_elems: 256,
+        block_bytes: 176,
+    },
+    FormatInfo {
+        format: QuantFormat::Q6_K,
+        name: "Q6_K",
+        ggml_type_id: 14,
+        block_elems: 256,
+        block_bytes: 210,
+    },
+    FormatInfo {
+        format: QuantFormat::Q8_K,
+        name: "Q8_K",
+        ggml_type_id: 15,
+        block_elems: 256,
+        block_bytes: 292,
+    },
+    FormatInfo {
+        format: QuantFormat::BF16,
+        name: "BF16",
+        ggml_type_id: 30,
+        block_elems: 1,
+        block_bytes: 2,
+    },
+];
+
+impl QuantFormat {
+    fn info(self) -> &'static FormatInfo {
+        TABLE
+            .iter()
+            .find(|i| i.format == self)
+            .expect("every QuantFormat variant has a table row")
+    }
+
+    /// Canonical name as ggml prints it (`"Q4_K"`, `"F32"`, …); also the manifest tag.
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+
+    /// ggml `enum ggml_type` value (GGUF tensor-info type field).
+    pub fn ggml_type_id(self) -> u32 {
+        self.info().ggml_type_id
+    }
+
+    /// Values per block (1 for plain float formats).
+    pub fn block_elems(self) -> usize {
+        self.info().block_elems
+    }
+
+    /// Bytes per block (Q4_K: 144, Q6_K: 210, Q4_0: 18, …).
+    pub fn block_bytes(self) -> usize {
+        self.info().block_bytes
+    }
+
+    /// True for formats made of multi-value blocks (everything except F32/F16/BF16).
+    pub fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+
+    /// Parse a manifest/CLI tag (case-insensitive: `"q4_k"`, `"Q4_K"`).
+    ///
+    /// Errors: [`QuantError::UnknownFormat`] for anything not in the table.
+    pub fn from_name(name: &str) -> Result<Self, QuantError> {
+        TABLE
+            .iter()
+            .find(|i| i.name.eq_ignore_ascii_case(name))
+            .map(|i| i.format)
+            .ok_or_else(|| QuantError::UnknownFormat(name.to_string()))
+    }
+
+    /// Map a ggml type id to a format. Errors: [`QuantError::UnknownGgmlType`].
+    pub fn from_ggml_type_id(id: u32) -> Result<Self, QuantError> {
+        TABLE
+            .iter()
+            .find(|i| i.ggml_type_id == id)
+            .map(|i| i.format)
+            .ok_or(QuantError::UnknownGgmlType(id))
+    }
+
+    /// Bytes needed for `n_elems` values. Errors: [`QuantError::NotBlockAligned`] when `n_elems`
+    /// is not a multiple of the block size.
+    pub fn bytes_for(self, n_elems: usize) -> Result<usize, QuantError> {
+        let be = self.block_elems();
+        if n_elems % be != 0 {
+            return Err(QuantError::NotBlockAligned {
+                format: self,
+                n_elems,
+                block_elems: be,
+            });
+        }
+        Ok(n_elems / be * self.block_bytes())
+    }
+
+    /// Bytes of a row-major tensor of `shape` (last dimension = row length, which must be a
+    /// multiple of the block size, as ggml requires).
+    pub fn expected_bytes(self, shape: &[usize]) -> Result<usize, QuantError> {
+        let row = shape.last().copied().unwrap_or(1);
+        let rows: usize = shape.iter().rev().skip(1).product();
+        Ok(self.bytes_for(row)? * rows)
+    }
+}
+
+impl std::fmt::Display for QuantFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for QuantFormat {
+    type Err = QuantError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::from_name(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_round_trips_names_and_ids() {
+        for i in TABLE {
+            assert_eq!(QuantFormat::from_name(i.name).unwrap(), i.format);
+            assert_eq!(
+                QuantFormat::from_ggml_type_id(i.ggml_type_id).unwrap(),
+                i.format
+            );
+        }
+        assert_eq!(QuantFormat::Q4_K.block_bytes(), 144);
+        assert_eq!(QuantFormat::Q4_K.bytes_for(512).unwrap(), 288);
+        assert!(QuantFormat::Q4_K.bytes_for(576).is_err());
+        assert!(QuantFormat::from_name("Q4_K_148").is_err());
+    }
+}
