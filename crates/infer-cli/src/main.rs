@@ -1,1 +1,52 @@
-fn main() {}
+//! `infer`: build a vindex from a checkpoint and run inference from it.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd_inspect;
+mod cmd_run;
+mod cmd_vindex;
+
+/// infer — transformer checkpoints to vindex, and fast inference from a vindex.
+#[derive(Parser)]
+#[command(name = "infer", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show architecture, config and tensors of a HF folder, a GGUF file or a vindex.
+    Inspect(cmd_inspect::InspectArgs),
+    /// Build a vindex from a HF folder or a GGUF file.
+    Extract(cmd_vindex::ExtractArgs),
+    /// Re-hash every file of a vindex against its index.json.
+    Verify(cmd_vindex::VerifyArgs),
+    /// Continue a prompt: streams the continuation to stdout, tokens/s to stderr.
+    Run(cmd_run::RunArgs),
+    /// Interactive chat using the model's chat template (or one-shot with -p).
+    Chat(cmd_run::ChatArgs),
+    /// One full-sequence forward: top-10 of the last position, optionally all logits to a file.
+    Logits(cmd_run::LogitsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => cmd_inspect::run(a),
+        Command::Extract(a) => cmd_vindex::extract(a),
+        Command::Verify(a) => cmd_vindex::verify(a),
+        Command::Run(a) => cmd_run::run(a),
+        Command::Chat(a) => cmd_run::chat(a),
+        Command::Logits(a) => cmd_run::logits(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,20 @@
-//! infer-compute
+//! infer-compute: the [`ComputeBackend`] trait, its CPU implementation [`CpuBackend`], and the
+//! f32 building blocks of a transformer forward pass (norms, activations, RoPE, attention).
+//!
+//! Everything here works on plain `&[f32]` activations in row-major layout and never reads the
+//! vindex: callers hand in slices (mmap views or owned buffers) and shapes. Quantized weights
+//! arrive as `(&[u8], QuantFormat)` pairs (see [`ComputeBackend::quant_matvec`]).
+
+mod attention;
+mod backend;
+mod cpu;
+mod error;
+pub mod ops;
+mod rope;
+
+pub use attention::{attention, AttentionParams};
+pub use backend::ComputeBackend;
+pub use cpu::CpuBackend;
+pub use error::ComputeError;
+pub use infer_quant::QuantFormat;
+pub use rope::{apply_rope, Rope, RopeConfig, RopeScaling};

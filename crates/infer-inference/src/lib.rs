@@ -1,1 +1,21 @@
-//! infer-inference
+//! Inference from a vindex: pipeline assembly ([`Model`], one [`FullPipelineLayer`] per layer),
+//! the forward pass (prefill and decode share one loop), KV cache, walk FFN, sampling,
+//! tokenizer and chat templates, and the generation loop.
+
+pub mod chat;
+pub mod error;
+pub mod forward;
+pub mod generate;
+pub mod kv_cache;
+pub mod layer;
+pub mod model;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use error::InferenceError;
+pub use generate::{GenerateOptions, GenerationStats, Generator, StopReason};
+pub use kv_cache::KvCache;
+pub use layer::{AttnPath, FfnPath, FullPipelineLayer, LayerGeometry};
+pub use model::Model;
+pub use sampling::{Sampler, SamplingParams};
+pub use tokenizer::{TextStreamer, Tokenizer};

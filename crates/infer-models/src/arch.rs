@@ -4,7 +4,12 @@
 //! here are the canonical names a vindex stores (Llama-style HF names; families with other HF
 //! names are mapped to these at extract time by [`ModelArchitecture::canonical_name`]).
 
+mod family;
+mod names;
+
 use crate::{ModelConfig, RopeScaling};
+
+pub use family::{Family, FamilyArch};
 
 /// Normalisation layer type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +37,33 @@ pub enum Activation {
     GeluTanh,
     /// exact erf GELU (`gelu`).
     Gelu,
+}
+
+/// How a source tensor must be transformed at extract time to give its canonical tensor(s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorTransform {
+    /// Stored as the canonical tensor.
+    AsIs,
+    /// GPT-2 `Conv1D` weight stored `[in, out]`: transpose to the Linear `[out, in]` layout.
+    Transpose,
+    /// Fused q/k/v projection (canonical name `model.layers.{l}.self_attn.qkv_proj.{weight,bias}`):
+    /// split into the q, k, v keys ([`ModelArchitecture::attn_q_key`] …) per [`QkvLayout`].
+    SplitQkv(QkvLayout),
+    /// Phi-3 `mlp.gate_up_proj`: rows `[gate; up]` (each `intermediate_size` rows) → the gate
+    /// and up keys.
+    SplitGateUp,
+}
+
+/// Row layout of a fused q/k/v projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvLayout {
+    /// Phi-3 `qkv_proj` `[(H + 2·KV)·head_dim, hidden]`: rows `[q; k; v]`.
+    Concat,
+    /// GPT-NeoX `query_key_value` `[3·hidden, hidden]`: per head `h`, rows
+    /// `[q_h; k_h; v_h]` (HF views it as `(heads, 3·head_dim)`).
+    PerHeadInterleaved,
+    /// GPT-2 `c_attn` Conv1D `[hidden, 3·hidden]`: columns `[q | k | v]` (transpose, then Concat).
+    Conv1dConcat,
 }
 
 /// Per-family answers for the forward pass. Default methods read the [`ModelConfig`]; families
@@ -161,16 +193,176 @@ pub trait ModelArchitecture: Send + Sync {
     }
     /// Map a source tensor's HF name to the canonical (Llama-style) name stored in a vindex,
     /// or `None` to drop it (e.g. rotary inv_freq buffers). Identity for Llama-named families.
+    /// Only the name: see [`ModelArchitecture::source_transform`] for tensors whose data must
+    /// also be transposed or split (GPT-2 Conv1D, fused qkv / gate_up).
     fn canonical_name(&self, hf_name: &str) -> Option<String> {
         Some(hf_name.to_string())
+    }
+    /// What must be done to the data of the source tensor `hf_name` at extract time.
+    fn source_transform(&self, _hf_name: &str) -> TensorTransform {
+        TensorTransform::AsIs
+    }
+
+    // ---- Canonical tensor keys the forward pass reads (Llama-style HF names). ----
+    // Weights are `[out, in]` (Linear layout), norms `[hidden]` (or `[head_dim]` for per-head
+    // q/k norms, `[H·head_dim]` / `[KV·head_dim]` for whole-projection q/k norms).
+
+    /// Token embedding `[vocab, hidden]`.
+    fn embed_key(&self) -> String {
+        "model.embed_tokens.weight".into()
+    }
+    /// Learned absolute position embedding `[max_positions, hidden]` (GPT-2), if any.
+    fn position_embed_key(&self) -> Option<String> {
+        None
+    }
+    /// Final norm weight `[hidden]`.
+    fn final_norm_key(&self) -> String {
+        "model.norm.weight".into()
+    }
+    /// Output projection `[vocab, hidden]`: `lm_head.weight`, or the embedding key when the
+    /// config ties them (`tie_word_embeddings`).
+    fn lm_head_key(&self) -> String {
+        if self.config().tie_word_embeddings {
+            self.embed_key()
+        } else {
+            "lm_head.weight".into()
+        }
+    }
+    /// Output projection bias `[vocab]` (phi), if any.
+    fn lm_head_bias_key(&self) -> Option<String> {
+        None
+    }
+    fn attn_q_key(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.self_attn.q_proj.weight")
+    }
+    fn attn_k_key(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.self_attn.k_proj.weight")
+    }
+    fn attn_v_key(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.self_attn.v_proj.weight")
+    }
+    fn attn_o_key(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.self_attn.o_proj.weight")
+    }
+    /// q/k/v biases (`[H·head_dim]`, `[KV·head_dim]`), when the family has them.
+    fn attn_q_bias_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    fn attn_k_bias_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    fn attn_v_bias_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    /// Attention output bias `[hidden]` (not Qwen2, whose o_proj has none).
+    fn attn_o_bias_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    /// q norm weight (per head `[head_dim]`, or whole projection for OLMo-2).
+    fn q_norm_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    fn k_norm_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    /// Norm on the attention input (HF `input_layernorm`); `None` for OLMo-2.
+    fn pre_attn_norm_key(&self, layer: usize) -> Option<String> {
+        Some(format!("model.layers.{layer}.input_layernorm.weight"))
+    }
+    /// Norm on the attention output before the residual add. Gemma-2/3 and OLMo-2 name it
+    /// `post_attention_layernorm`; Llama has none.
+    fn post_attn_norm_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    /// Norm on the FFN input. Trap: in Llama-style families it is HF's
+    /// `post_attention_layernorm`; in Gemma-2/3 it is `pre_feedforward_layernorm`.
+    fn pre_ffn_norm_key(&self, layer: usize) -> Option<String> {
+        Some(format!(
+            "model.layers.{layer}.post_attention_layernorm.weight"
+        ))
+    }
+    /// Norm on the FFN output before the residual add (Gemma-2/3, OLMo-2).
+    fn post_ffn_norm_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    /// The bias of a LayerNorm whose weight key is `norm_weight_key` (same key with `.bias`);
+    /// `None` for RMSNorm families.
+    fn norm_bias_key(&self, norm_weight_key: &str) -> Option<String> {
+        match self.norm_type() {
+            NormType::LayerNorm => norm_weight_key
+                .strip_suffix(".weight")
+                .map(|stem| format!("{stem}.bias")),
+            NormType::RmsNorm => None,
+        }
+    }
+    /// Dense FFN gate `[intermediate, hidden]`; `None` for [`FfnType::Standard`].
+    fn ffn_gate_key(&self, layer: usize) -> Option<String> {
+        Some(format!("model.layers.{layer}.mlp.gate_proj.weight"))
+    }
+    /// Dense FFN up `[intermediate, hidden]` (the only input projection of a Standard FFN).
+    fn ffn_up_key(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.mlp.up_proj.weight")
+    }
+    /// Dense FFN down `[hidden, intermediate]`.
+    fn ffn_down_key(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.mlp.down_proj.weight")
+    }
+    fn ffn_gate_bias_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    fn ffn_up_bias_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    fn ffn_down_bias_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+
+    // ---- MoE (canonical = Qwen2-MoE names; Mixtral's are mapped). ----
+
+    /// Router `[num_experts, hidden]` (softmax over experts, top `num_experts_per_tok`).
+    fn moe_router_key(&self, layer: usize) -> Option<String> {
+        (self.num_experts_for_layer(layer) > 0)
+            .then(|| format!("model.layers.{layer}.mlp.gate.weight"))
+    }
+    /// Expert `e` gate/up `[moe_intermediate, hidden]`, down `[hidden, moe_intermediate]`.
+    fn expert_gate_key(&self, layer: usize, expert: usize) -> String {
+        format!("model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight")
+    }
+    fn expert_up_key(&self, layer: usize, expert: usize) -> String {
+        format!("model.layers.{layer}.mlp.experts.{expert}.up_proj.weight")
+    }
+    fn expert_down_key(&self, layer: usize, expert: usize) -> String {
+        format!("model.layers.{layer}.mlp.experts.{expert}.down_proj.weight")
+    }
+    /// Width of the always-on shared expert (Qwen2-MoE), if any.
+    fn shared_expert_intermediate_size(&self) -> Option<usize> {
+        None
+    }
+    /// Shared expert (gate, up, down) keys, Qwen2-MoE.
+    fn shared_expert_keys(&self, _layer: usize) -> Option<[String; 3]> {
+        None
+    }
+    /// Shared expert's sigmoid gate `[1, hidden]` (Qwen2-MoE `shared_expert_gate`).
+    fn shared_expert_gate_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    /// Whether top-k router weights are renormalised to sum to 1 (Mixtral: always).
+    fn norm_topk_prob(&self) -> bool {
+        self.config().norm_topk_prob
     }
 }
 
 /// Build the architecture for a config. Errors (as a message) on an unknown `model_type`;
 /// callers wrap it with the file name.
 pub fn architecture_for(config: &ModelConfig) -> Result<Box<dyn ModelArchitecture>, String> {
-    let _ = config;
-    todo!("filled in by the architecture work")
+    let family = Family::from_model_type(&config.model_type).ok_or_else(|| {
+        format!(
+            "unknown model_type '{}' (supported: {})",
+            config.model_type,
+            SUPPORTED_MODEL_TYPES.join(", ")
+        )
+    })?;
+    FamilyArch::new(family, config.clone()).map(|a| Box::new(a) as Box<dyn ModelArchitecture>)
 }
 
 /// HF `model_type` values this build knows.

@@ -1,0 +1,347 @@
+//! `infer run`, `infer chat` and `infer logits`: inference from a vindex.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use infer_compute::CpuBackend;
+use infer_inference::chat::{ChatTemplate, Message, CHATML_TEMPLATE, GEMMA_TEMPLATE};
+use infer_inference::forward::Logits;
+use infer_inference::{GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams, Tokenizer};
+use infer_vindex::Vindex;
+
+/// Sampling and generation flags shared by `run` and `chat`.
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Maximum new tokens.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n: usize,
+    /// Temperature; 0 = greedy (the default, deterministic).
+    #[arg(long = "temp", default_value_t = 0.0, value_parser = non_negative)]
+    pub temp: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold in (0, 1] (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = unit_interval)]
+    pub top_p: f32,
+    /// Drop tokens below min-p × the top probability, in [0, 1] (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = unit_interval)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive)]
+    pub repeat_penalty: f32,
+    /// RNG seed (sampling is deterministic per seed).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when the output contains this string (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Context size in tokens (KV cache capacity); default min(4096, model maximum).
+    #[arg(short = 'c', long = "ctx")]
+    pub ctx: Option<usize>,
+    /// Print which path each layer's attention and FFN takes, then continue.
+    #[arg(long)]
+    pub explain: bool,
+}
+
+fn parse_f32(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !v.is_finite() {
+        return Err(format!("'{s}' is not finite"));
+    }
+    Ok(v)
+}
+fn non_negative(s: &str) -> Result<f32, String> {
+    let v = parse_f32(s)?;
+    if v < 0.0 {
+        return Err("must be >= 0".into());
+    }
+    Ok(v)
+}
+fn positive(s: &str) -> Result<f32, String> {
+    let v = parse_f32(s)?;
+    if v <= 0.0 {
+        return Err("must be > 0".into());
+    }
+    Ok(v)
+}
+fn unit_interval(s: &str) -> Result<f32, String> {
+    let v = parse_f32(s)?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err("must be in [0, 1]".into());
+    }
+    Ok(v)
+}
+
+impl SamplingArgs {
+    fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: 64,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Arguments of `infer run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// The vindex directory.
+    pub vindex: PathBuf,
+    /// Prompt text, used as is (chat markup such as `<|im_start|>` is recognised).
+    pub prompt: String,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// Arguments of `infer chat`.
+#[derive(Args)]
+pub struct ChatArgs {
+    /// The vindex directory.
+    pub vindex: PathBuf,
+    /// System prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// One-shot: answer this message and exit.
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// Arguments of `infer logits`.
+#[derive(Args)]
+pub struct LogitsArgs {
+    /// The vindex directory.
+    pub vindex: PathBuf,
+    /// Text to tokenize (the tokenizer's BOS rule applies).
+    #[arg(long, conflicts_with = "ids", required_unless_present = "ids")]
+    pub prompt: Option<String>,
+    /// Comma-separated token ids, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',')]
+    pub ids: Option<Vec<u32>>,
+    /// Write `logits` f32 [T, vocab] and `input_ids` i64 [T] to this safetensors file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// An opened vindex with its tokenizer.
+struct Loaded {
+    vindex: Vindex,
+    tokenizer: Tokenizer,
+}
+
+fn load(path: &PathBuf) -> anyhow::Result<Loaded> {
+    let vindex = Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))?;
+    let json = vindex.tokenizer_json().with_context(|| format!("{}: reading tokenizer", path.display()))?;
+    let tokenizer = Tokenizer::from_json(&json).with_context(|| format!("{}: tokenizer.json", path.display()))?;
+    Ok(Loaded { vindex, tokenizer })
+}
+
+fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<usize> {
+    let max = model.arch.config().max_position_embeddings.max(1);
+    let ctx = requested.unwrap_or(4096.min(max));
+    if ctx == 0 {
+        bail!("--ctx must be at least 1");
+    }
+    if ctx > max {
+        bail!("--ctx {ctx} exceeds the model's maximum context {max}");
+    }
+    Ok(ctx)
+}
+
+/// End-of-generation ids: the config's EOS ids plus the usual end-of-turn tokens in the vocab.
+fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
+    let mut ids = model.arch.config().eos_token_ids.clone();
+    for t in ["<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>", "</s>", "<|eot_id|>", "<|end_of_text|>", "<|end|>"] {
+        if let Some(id) = tok.token_to_id(t) {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    // A second Ctrl-C while stopping exits at once.
+    let _ = ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    });
+    flag
+}
+
+fn print_stats(s: &GenerationStats) {
+    eprintln!(
+        "\n[prompt: {} tokens, {:.1} tokens/s | decode: {} tokens, {:.1} tokens/s | stop: {:?}]",
+        s.prompt_tokens,
+        s.prefill_tokens_per_s(),
+        s.generated_tokens,
+        s.decode_tokens_per_s(),
+        s.stop
+    );
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let l = load(&args.vindex)?;
+    let model = Model::from_vindex(&l.vindex)?;
+    if args.sampling.explain {
+        eprint!("{}", model.explain());
+    }
+    let backend = CpuBackend::new();
+    let ctx = context_size(&model, args.sampling.ctx)?;
+    let prompt = l.tokenizer.encode(&args.prompt, true)?;
+    if prompt.is_empty() {
+        bail!("the prompt is empty: give some text to continue");
+    }
+    let mut gen = Generator::new(&model, &backend, &l.tokenizer, ctx);
+    let mut sampler = Sampler::new(args.sampling.params());
+    let opts = GenerateOptions {
+        max_tokens: args.sampling.n,
+        eog_ids: eog_ids(&model, &l.tokenizer),
+        stop_strings: args.sampling.stop.clone(),
+    };
+    let interrupt = interrupt_flag();
+    let mut stdout = std::io::stdout();
+    let stats = gen.generate(&prompt, &mut sampler, &opts, &interrupt, |piece| {
+        let _ = stdout.write_all(piece.as_bytes());
+        let _ = stdout.flush();
+    })?;
+    println!();
+    print_stats(&stats);
+    Ok(())
+}
+
+fn chat_template(v: &Vindex, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
+    let is_gemma = v.config().model_type.starts_with("gemma");
+    let source = match v.chat_template() {
+        Some(t) => t.to_string(),
+        None if is_gemma => GEMMA_TEMPLATE.to_string(),
+        None => CHATML_TEMPLATE.to_string(),
+    };
+    let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
+    let cfg = v.config();
+    Ok(ChatTemplate::new(&source, &name(cfg.bos_token_id), &name(cfg.eos_token_ids.first().copied()))?)
+}
+
+pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
+    let l = load(&args.vindex)?;
+    let model = Model::from_vindex(&l.vindex)?;
+    if args.sampling.explain {
+        eprint!("{}", model.explain());
+    }
+    let backend = CpuBackend::new();
+    let ctx = context_size(&model, args.sampling.ctx)?;
+    let template = chat_template(&l.vindex, &l.tokenizer)?;
+    let mut gen = Generator::new(&model, &backend, &l.tokenizer, ctx);
+    let mut sampler = Sampler::new(args.sampling.params());
+    let opts = GenerateOptions {
+        max_tokens: args.sampling.n,
+        eog_ids: eog_ids(&model, &l.tokenizer),
+        stop_strings: args.sampling.stop.clone(),
+    };
+    let interrupt = interrupt_flag();
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(Message::new("system", s));
+    }
+    let stdin = std::io::stdin();
+    let interactive = args.prompt.is_none();
+    loop {
+        let user = match &args.prompt {
+            Some(p) if messages.iter().all(|m| m.role != "user") => p.clone(),
+            Some(_) => break,
+            None => {
+                eprint!("> ");
+                let _ = std::io::stderr().flush();
+                let mut line = String::new();
+                if stdin.lock().read_line(&mut line)? == 0 {
+                    break;
+                }
+                let line = line.trim_end_matches(['\n', '\r']).to_string();
+                if line.is_empty() {
+                    continue;
+                }
+                line
+            }
+        };
+        messages.push(Message::new("user", &user));
+        // Re-render the whole conversation and run it from a fresh cache: templates may
+        // rewrite earlier turns, so re-using the cache could silently diverge.
+        let text = template.render(&messages, true)?;
+        let ids = l.tokenizer.encode(&text, false)?;
+        gen.cache.clear();
+        interrupt.store(false, Ordering::SeqCst);
+        let mut reply = String::new();
+        let mut stdout = std::io::stdout();
+        let stats = gen.generate(&ids, &mut sampler, &opts, &interrupt, |piece| {
+            reply.push_str(piece);
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        })?;
+        println!();
+        print_stats(&stats);
+        messages.push(Message::new("assistant", reply.trim()));
+        if !interactive {
+            break;
+        }
+    }
+    Ok(())
+}
+
+pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
+    let l = load(&args.vindex)?;
+    let model = Model::from_vindex(&l.vindex)?;
+    let ids = match (&args.prompt, &args.ids) {
+        (Some(p), _) => l.tokenizer.encode(p, true)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => bail!("give --prompt TEXT or --ids 1,2,3"),
+    };
+    if ids.is_empty() {
+        bail!("no tokens to run (empty prompt)");
+    }
+    let backend = CpuBackend::new();
+    let mut cache = model.new_cache(ids.len());
+    let logits = model.forward(&backend, &ids, &mut cache, Logits::All)?;
+    let vocab = model.vocab_size;
+    let last = &logits[(ids.len() - 1) * vocab..];
+    let mut order: Vec<usize> = (0..vocab).collect();
+    order.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
+    println!("top-10 logits at position {}:", ids.len() - 1);
+    for &i in order.iter().take(10) {
+        let tok = l.tokenizer.id_to_token(i as u32).unwrap_or_default();
+        println!("{i:>8} {:>12.6} {tok:?}", last[i]);
+    }
+    if let Some(out) = &args.out {
+        write_logits(out, &ids, &logits, vocab)?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+fn write_logits(out: &PathBuf, ids: &[u32], logits: &[f32], vocab: usize) -> anyhow::Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let logit_bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let id_bytes: Vec<u8> = ids.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
+    let t = ids.len();
+    let tensors = vec![
+        ("logits", TensorView::new(Dtype::F32, vec![t, vocab], &logit_bytes)?),
+        ("input_ids", TensorView::new(Dtype::I64, vec![t], &id_bytes)?),
+    ];
+    let tmp = out.with_extension("safetensors.tmp");
+    safetensors::serialize_to_file(tensors, &None, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! `infer extract` and `infer verify` (vindex build and integrity check).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use infer_vindex::{BuildOptions, Dtype};
+
+/// Arguments of `infer extract`.
+#[derive(Args)]
+pub struct ExtractArgs {
+    /// HF folder (config.json + safetensors) or GGUF file.
+    pub source: PathBuf,
+    /// Output directory, conventionally NAME.vindex.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Dtype of the stored matrices: f32 (exact) or f16 (half the size). Norms stay f32.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: Dtype,
+    /// Replace an existing output directory (only once the new vindex is complete).
+    #[arg(long)]
+    pub force: bool,
+    /// A tokenizer.json to store (wins over the source's own tokenizer).
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
+    /// Build a weights-only vindex when the source has no usable tokenizer.
+    #[arg(long, conflicts_with = "tokenizer")]
+    pub no_tokenizer: bool,
+}
+
+fn parse_dtype(s: &str) -> Result<Dtype, String> {
+    s.parse()
+}
+
+/// Arguments of `infer verify`.
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// The vindex directory.
+    pub vindex: PathBuf,
+}
+
+/// Build a vindex from a checkpoint (streamed layer by layer into a temp directory beside the
+/// output, renamed into place when complete). Ctrl-C removes the temp directory.
+pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
+    install_interrupt_cleanup(&args.output);
+    let opts = BuildOptions {
+        dtype: args.dtype,
+        force: args.force,
+        tokenizer: args.tokenizer.clone(),
+        allow_no_tokenizer: args.no_tokenizer,
+        progress: true,
+    };
+    let start = std::time::Instant::now();
+    let index = infer_vindex::extract(&args.source, &args.output, &opts)
+        .with_context(|| format!("extract {} → {}", args.source.display(), args.output.display()))?;
+    let bytes: u64 = index.files.iter().map(|f| f.bytes).sum();
+    eprintln!(
+        "wrote {} ({} {}, {} layers, {} files, {:.1} MiB) in {:.1} s",
+        args.output.display(),
+        index.model_type,
+        index.dtype,
+        index.shapes.num_layers,
+        index.files.len() + 1,
+        bytes as f64 / (1 << 20) as f64,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// On Ctrl-C, remove this process's temp build directory before exiting (a SIGKILL leaves it;
+/// the next build of the same target removes it).
+fn install_interrupt_cleanup(target: &std::path::Path) {
+    let Some(name) = target.file_name().and_then(|n| n.to_str()) else {
+        return;
+    };
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp = parent.join(infer_vindex::files::temp_dir_name(name, std::process::id()));
+    let _ = ctrlc::set_handler(move || {
+        let _ = std::fs::remove_dir_all(&tmp);
+        eprintln!("interrupted; removed {}", tmp.display());
+        std::process::exit(130);
+    });
+}
+
+/// Re-hash every file of a vindex; fails (non-zero exit) on any mismatch or missing file.
+pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
+    let report = infer_vindex::verify(&args.vindex)?;
+    println!("{report}");
+    if !report.is_ok() {
+        anyhow::bail!(
+            "{}: {} file(s) do not match index.json",
+            args.vindex.display(),
+            report.mismatches.len()
+        );
+    }
+    Ok(())
+}

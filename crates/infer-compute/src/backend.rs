@@ -1,0 +1,70 @@
+//! The [`ComputeBackend`] trait: the matrix products of a forward pass, behind one interface
+//! so a CPU, a quantized and a CUDA implementation are interchangeable.
+
+use crate::ComputeError;
+use infer_quant::QuantFormat;
+
+/// Matrix products used by inference. All matrices are row-major f32 unless stated.
+///
+/// Weight matrices are stored like a PyTorch `nn.Linear` weight: `[out, in]`, one output
+/// feature per row. The products therefore multiply by the **transpose** of the weight
+/// (`x · Wᵀ`), which is also the layout of the vindex's feature-major tables.
+///
+/// Design notes for implementers:
+/// - Every method writes **every** element of its output (no "skip" paths that leave stale
+///   values); outputs need not be initialised by the caller.
+/// - Shapes are given explicitly; slice lengths that disagree with them are programmer errors
+///   and panic with a message naming the argument. Data that came from a file (quantized
+///   bytes) is checked and reported as [`ComputeError`] instead.
+/// - Quantized weights arrive as raw ggml block bytes plus a [`QuantFormat`] tag
+///   ([`quant_matvec`](Self::quant_matvec)); the tag alone selects the kernel, it is never
+///   guessed from the byte count.
+/// - A GPU backend keeps the same signatures (host slices in, host slices out) and may cache
+///   device copies of weight slices keyed by their address; fused kernels (QKV projection,
+///   attention) will be added as further methods with a CPU default.
+pub trait ComputeBackend: Send + Sync {
+    /// Human-readable backend name, e.g. `"cpu"`.
+    fn name(&self) -> &str;
+
+    /// `C[m×n] = A[m×k] · B[n×k]ᵀ`.
+    ///
+    /// - `a`: `[m, k]` row-major, `a.len() == m*k`.
+    /// - `b`: `[n, k]` row-major (a Linear weight `[out=n, in=k]`), `b.len() == n*k`.
+    /// - `c`: `[m, n]` row-major, `c.len() == m*n`; fully overwritten.
+    ///
+    /// `k == 0` gives an all-zero `c`. Panics if a slice length disagrees with the shape.
+    fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]);
+
+    /// `C[m×n] = A[m×k] · B[k×n]` with `B` row-major `[k, n]` (a feature-major table such as
+    /// the vindex's `down_features`, `[features, hidden]`).
+    ///
+    /// - `a`: `[m, k]`, `b`: `[k, n]`, `c`: `[m, n]` (fully overwritten), all row-major.
+    ///
+    /// `k == 0` gives an all-zero `c`. Panics if a slice length disagrees with the shape.
+    fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]);
+
+    /// Matrix–vector product `y[n] = B[n×k] · x[k]` (the `m == 1` case of
+    /// [`matmul_transb`](Self::matmul_transb)).
+    ///
+    /// - `b`: `[n, k]` row-major, `x`: `[k]`, `y`: `[n]` (fully overwritten).
+    ///
+    /// Panics if a slice length disagrees with the shape.
+    fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]);
+
+    /// Quantized matrix–vector product `y[rows] = W[rows×cols] · x[cols]`, where `W` is stored as
+    /// `rows` consecutive rows of ggml blocks of `format` (each row `format.bytes_for(cols)`
+    /// bytes, the layout of ggml / llama.cpp tensors and of the vindex quantized tiers).
+    ///
+    /// Errors: `cols` not a multiple of the format's block size, `bytes.len()` not equal to
+    /// `rows * bytes_for(cols)`, or a format this backend has no kernel for.
+    /// Panics if `x.len() != cols` or `y.len() != rows`.
+    fn quant_matvec(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError>;
+}

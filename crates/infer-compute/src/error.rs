@@ -1,0 +1,26 @@
+//! Errors of the compute crate.
+
+use infer_quant::{QuantError, QuantFormat};
+
+/// Errors returned by fallible compute entry points (those that take bytes whose layout is
+/// described by a format tag).
+#[derive(Debug, thiserror::Error)]
+pub enum ComputeError {
+    /// A buffer does not have the length its shape and format require.
+    #[error("{what}: expected {expected} {unit}, got {got}")]
+    ShapeMismatch {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+        unit: &'static str,
+    },
+    /// This backend has no kernel for the format.
+    #[error("{backend}: no kernel for format {format}")]
+    UnsupportedFormat {
+        backend: String,
+        format: QuantFormat,
+    },
+    /// Error from the block-format layer (bad block alignment, byte count, unsupported format).
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+}

@@ -1,0 +1,202 @@
+//! Rotary position embeddings (RoPE): inverse frequencies as HF transformers'
+//! `ROPE_INIT_FUNCTIONS` compute them, and the rotation in the `rotate_half` (GPT-NeoX/Llama)
+//! or interleaved (GPT-J) pairing, optionally on only the first `rotary_dim` dims of each head.
+
+/// Frequency scaling of a RoPE (HF `rope_scaling` / `rope_parameters`). infer-inference
+/// converts the model config's own type into this one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// `rope_type = "default"`: `inv_freq[i] = base^(−2i/rotary_dim)`.
+    None,
+    /// `rope_type = "linear"`: default frequencies divided by `factor`
+    /// (`_compute_linear_scaling_rope_parameters`).
+    Linear { factor: f64 },
+    /// `rope_type = "llama3"` (`_compute_llama3_parameters`).
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Geometry of one layer's RoPE.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    /// Values per attention head.
+    pub head_dim: usize,
+    /// Leading dims of each head that are rotated (`head_dim · partial_rotary_factor`); even,
+    /// ≤ `head_dim`. The rest pass through unchanged.
+    pub rotary_dim: usize,
+    /// `rope_theta`.
+    pub base: f64,
+    /// Frequency scaling.
+    pub scaling: RopeScaling,
+    /// `false`: HF `rotate_half`, dim `i` pairs with `i + rotary_dim/2`.
+    /// `true`: GPT-J style, dim `2i` pairs with `2i + 1`.
+    pub interleaved: bool,
+}
+
+impl RopeConfig {
+    /// Inverse frequencies, `rotary_dim / 2` values (radians per position), in f64.
+    ///
+    /// Default: `1 / base^(2i / rotary_dim)` (HF `_compute_default_rope_parameters`, whose
+    /// `dim` is `head_dim · partial_rotary_factor`). Linear: divided by `factor`. Llama3:
+    /// with `wavelen = 2π / inv_freq`, `low = orig / low_freq_factor`,
+    /// `high = orig / high_freq_factor`: `wavelen > low` → `inv_freq / factor`;
+    /// `wavelen < high` → unchanged; otherwise, with
+    /// `s = (orig / wavelen − low_freq_factor) / (high_freq_factor − low_freq_factor)`,
+    /// `(1 − s) · inv_freq / factor + s · inv_freq`.
+    ///
+    /// Panics if `rotary_dim` is odd or larger than `head_dim`.
+    pub fn inv_freq(&self) -> Vec<f64> {
+        self.check();
+        let dim = self.rotary_dim as f64;
+        let default = (0..self.rotary_dim / 2).map(|i| 1.0 / self.base.powf((2 * i) as f64 / dim));
+        match self.scaling {
+            RopeScaling::None => default.collect(),
+            RopeScaling::Linear { factor } => default.map(|f| f / factor).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let old = original_max_position_embeddings as f64;
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                default
+                    .map(|f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen > low_wavelen {
+                            f / factor
+                        } else if wavelen < high_wavelen {
+                            f
+                        } else {
+                            let s = (old / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            (1.0 - s) * f / factor + s * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn check(&self) {
+        assert!(
+            self.rotary_dim % 2 == 0 && self.rotary_dim <= self.head_dim,
+            "RoPE: rotary_dim {} must be even and <= head_dim {}",
+            self.rotary_dim,
+            self.head_dim
+        );
+    }
+}
+
+/// A RoPE with its inverse frequencies and a cos/sin table for positions `0..max_positions`
+/// (angles `pos · inv_freq` in f64, cos/sin rounded to f32). Positions beyond the table are
+/// computed on the fly with the same formula, so results never depend on the table size.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    cfg: RopeConfig,
+    inv_freq: Vec<f64>,
+    /// `[max_positions, rotary_dim/2]` cosines then sines.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rope {
+    /// Precompute the tables for positions `0..max_positions`. Panics on an invalid config
+    /// (see [`RopeConfig::inv_freq`]).
+    pub fn new(cfg: RopeConfig, max_positions: usize) -> Self {
+        let inv_freq = cfg.inv_freq();
+        let half = inv_freq.len();
+        let mut cos = vec![0f32; max_positions * half];
+        let mut sin = vec![0f32; max_positions * half];
+        if half > 0 {
+            for (pos, (c, s)) in cos
+                .chunks_exact_mut(half)
+                .zip(sin.chunks_exact_mut(half))
+                .enumerate()
+            {
+                fill_cos_sin(&inv_freq, pos, c, s);
+            }
+        }
+        Rope {
+            cfg,
+            inv_freq,
+            cos,
+            sin,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RopeConfig {
+        &self.cfg
+    }
+
+    /// Rotate `x`, a row-major `[positions.len(), n_heads · head_dim]` buffer, in place; row
+    /// `t` is at absolute position `positions[t]`. Panics if `x.len()` disagrees.
+    pub fn apply(&self, x: &mut [f32], n_heads: usize, positions: &[usize]) {
+        let hd = self.cfg.head_dim;
+        let row = n_heads * hd;
+        assert_eq!(
+            x.len(),
+            positions.len() * row,
+            "apply_rope: x has {} values, want positions({}) * n_heads({n_heads}) * head_dim({hd})",
+            x.len(),
+            positions.len()
+        );
+        let half = self.inv_freq.len();
+        if half == 0 || row == 0 {
+            return;
+        }
+        let mut cbuf = vec![0f32; half];
+        let mut sbuf = vec![0f32; half];
+        for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
+            let (c, s) = if (pos + 1) * half <= self.cos.len() {
+                let r = pos * half..(pos + 1) * half;
+                (&self.cos[r.clone()], &self.sin[r])
+            } else {
+                fill_cos_sin(&self.inv_freq, pos, &mut cbuf, &mut sbuf);
+                (&cbuf[..], &sbuf[..])
+            };
+            for head in xr.chunks_exact_mut(hd) {
+                rotate(&mut head[..2 * half], c, s, self.cfg.interleaved);
+            }
+        }
+    }
+}
+
+/// Rotate a `[T, n_heads · head_dim]` buffer in place (see [`Rope::apply`]) without a cached
+/// table: builds the frequencies and the cos/sin of each position on the fly.
+pub fn apply_rope(x: &mut [f32], n_heads: usize, positions: &[usize], cfg: &RopeConfig) {
+    Rope::new(*cfg, 0).apply(x, n_heads, positions);
+}
+
+fn fill_cos_sin(inv_freq: &[f64], pos: usize, c: &mut [f32], s: &mut [f32]) {
+    for ((ci, si), &f) in c.iter_mut().zip(s.iter_mut()).zip(inv_freq) {
+        let angle = pos as f64 * f;
+        *ci = angle.cos() as f32;
+        *si = angle.sin() as f32;
+    }
+}
+
+/// Rotate the `2·half` leading dims of one head: `x·cos + rotate(x)·sin` in f32.
+fn rotate(x: &mut [f32], c: &[f32], s: &[f32], interleaved: bool) {
+    let half = c.len();
+    if interleaved {
+        for (i, (&ci, &si)) in c.iter().zip(s).enumerate() {
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            x[2 * i] = a * ci - b * si;
+            x[2 * i + 1] = b * ci + a * si;
+        }
+    } else {
+        let (lo, hi) = x.split_at_mut(half);
+        for (((a, b), &ci), &si) in lo.iter_mut().zip(hi.iter_mut()).zip(c).zip(s) {
+            let (x1, x2) = (*a, *b);
+            *a = x1 * ci - x2 * si;
+            *b = x2 * ci + x1 * si;
+        }
+    }
+}

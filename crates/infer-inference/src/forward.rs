@@ -1,0 +1,286 @@
+//! The forward pass — one loop for prefill (many tokens) and decode (one token).
+
+use infer_compute::{ops, ComputeBackend};
+use infer_models::{Activation, FfnType, NormType};
+
+use crate::layer::{FullPipelineLayer, Linear, NormWeights, WalkFfn};
+use crate::{InferenceError, KvCache, Model};
+
+/// Which logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last position's `[vocab]` logits (generation).
+    Last,
+    /// Every position's `[T, vocab]` logits (evaluation, perplexity).
+    All,
+}
+
+/// Hidden states captured per layer for debugging/tests: entry 0 is the embedding output,
+/// entry i the output of layer i (the last replaced by the final-norm output, HF convention).
+pub type HiddenStates = Vec<Vec<f32>>;
+
+impl Model<'_> {
+    /// KV-dim of every layer, to size a [`KvCache`].
+    pub fn kv_dims(&self) -> Vec<usize> {
+        self.layers.iter().map(|l| l.geometry.kv_dim()).collect()
+    }
+
+    /// A KV cache for `context` positions.
+    pub fn new_cache(&self, context: usize) -> KvCache {
+        KvCache::new(&self.kv_dims(), context)
+    }
+
+    /// Run `tokens` at positions `cache.len()..` through every layer, append their K/V to the
+    /// cache, and return logits (`[vocab]` or `[T, vocab]`). Errors: empty input, a token id
+    /// outside the vocabulary, or a full cache (checked before anything is written).
+    pub fn forward(
+        &self,
+        backend: &dyn ComputeBackend,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<Vec<f32>, InferenceError> {
+        self.forward_inner(backend, tokens, cache, which, None)
+    }
+
+    /// Like [`Model::forward`], also returning the hidden states after each layer.
+    pub fn forward_with_hidden(
+        &self,
+        backend: &dyn ComputeBackend,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<(Vec<f32>, HiddenStates), InferenceError> {
+        let mut hidden = Vec::new();
+        let logits = self.forward_inner(backend, tokens, cache, which, Some(&mut hidden))?;
+        Ok((logits, hidden))
+    }
+
+    fn forward_inner(
+        &self,
+        backend: &dyn ComputeBackend,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+        mut hidden_out: Option<&mut HiddenStates>,
+    ) -> Result<Vec<f32>, InferenceError> {
+        if tokens.is_empty() {
+            return Err(InferenceError::EmptyInput);
+        }
+        cache.check_room(tokens.len())?;
+        let t = tokens.len();
+        let h = self.hidden_size;
+        let start = cache.len();
+        let positions: Vec<usize> = (start..start + t).collect();
+
+        let mut x = self.embed(tokens, &positions)?;
+        if let Some(hs) = hidden_out.as_deref_mut() {
+            hs.push(x.clone());
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.layer_forward(backend, layer, l, &mut x, &positions, cache)?;
+            if let Some(hs) = hidden_out.as_deref_mut() {
+                hs.push(x.clone());
+            }
+        }
+        cache.advance(t);
+
+        let rows = match which {
+            Logits::Last => &x[(t - 1) * h..],
+            Logits::All => &x[..],
+        };
+        let n_rows = rows.len() / h;
+        let mut normed = vec![0.0; rows.len()];
+        apply_norm(&self.final_norm, rows, &mut normed, self.layers[0].geometry.norm_type, self.norm_eps(), self.norm_offset());
+        if let Some(hs) = hidden_out.as_deref_mut() {
+            if which == Logits::All {
+                if let Some(last) = hs.last_mut() {
+                    last.clone_from(&normed);
+                }
+            }
+        }
+        let lm = self.lm_head.as_deref().unwrap_or(&self.embeddings);
+        let mut logits = vec![0.0; n_rows * self.vocab_size];
+        backend.matmul_transb(&normed, lm, n_rows, h, self.vocab_size, &mut logits);
+        let div = self.arch.logits_divisor();
+        if div != 1.0 {
+            logits.iter_mut().for_each(|v| *v /= div);
+        }
+        if let Some(cap) = self.arch.final_logit_softcap() {
+            let cap = cap as f32;
+            logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        }
+        Ok(logits)
+    }
+
+    fn norm_eps(&self) -> f32 {
+        self.arch.norm_eps() as f32
+    }
+
+    fn norm_offset(&self) -> f32 {
+        self.arch.norm_weight_offset()
+    }
+
+    /// Token (and learned position) embeddings times the embedding scale: `[T, hidden]`.
+    fn embed(&self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f32>, InferenceError> {
+        let h = self.hidden_size;
+        let scale = self.arch.embedding_scale();
+        let mut x = Vec::with_capacity(tokens.len() * h);
+        for (&tok, &pos) in tokens.iter().zip(positions) {
+            let id = tok as usize;
+            if id >= self.vocab_size {
+                return Err(InferenceError::TokenOutOfRange { id: tok, vocab: self.vocab_size });
+            }
+            let row = &self.embeddings[id * h..(id + 1) * h];
+            x.extend(row.iter().map(|v| v * scale));
+            if let Some(pe) = &self.position_embeddings {
+                let n = x.len();
+                let p = pe.get(pos * h..(pos + 1) * h).ok_or(InferenceError::ContextFull {
+                    needed: pos + 1,
+                    capacity: pe.len() / h,
+                })?;
+                x[n - h..].iter_mut().zip(p).for_each(|(a, b)| *a += b);
+            }
+        }
+        Ok(x)
+    }
+
+    fn layer_forward(
+        &self,
+        backend: &dyn ComputeBackend,
+        layer: &FullPipelineLayer<'_>,
+        l: usize,
+        x: &mut [f32],
+        positions: &[usize],
+        cache: &mut KvCache,
+    ) -> Result<(), InferenceError> {
+        let g = &layer.geometry;
+        let t = positions.len();
+        let normed = maybe_norm(layer.pre_attn_norm.as_ref(), x, g.norm_type, g.eps, g.norm_offset);
+
+        // Attention: projections, q/k norms, RoPE, cache, attention, output projection.
+        let mut q = project(backend, &layer.wq, &normed, t);
+        let mut k = project(backend, &layer.wk, &normed, t);
+        let v = project(backend, &layer.wv, &normed, t);
+        let qk_norm_width = if g.qk_norm_whole_projection { None } else { Some(g.head_dim) };
+        if let Some(n) = &layer.q_norm {
+            norm_rows(n, &mut q, qk_norm_width, g);
+        }
+        if let Some(n) = &layer.k_norm {
+            norm_rows(n, &mut k, qk_norm_width, g);
+        }
+        if let Some(rope) = &g.rope {
+            infer_compute::apply_rope(&mut q, g.num_q_heads, positions, rope);
+            infer_compute::apply_rope(&mut k, g.num_kv_heads, positions, rope);
+        }
+        let (k_all, v_all) = cache.write(l, &k, &v)?;
+        let t_kv = positions[0] + t;
+        let mut attn = vec![0.0; t * g.q_dim()];
+        infer_compute::attention(&q, k_all, v_all, positions, t_kv, &g.attention, &mut attn);
+        let mut attn_out = project(backend, &layer.wo, &attn, t);
+        if let Some(n) = &layer.post_attn_norm {
+            attn_out = maybe_norm(Some(n), &attn_out, g.norm_type, g.eps, g.norm_offset);
+        }
+
+        if g.parallel_residual {
+            // x + attn(norm1(x)) + ffn(norm2(x)); phi shares the first norm.
+            let ffn_in = match &layer.pre_ffn_norm {
+                Some(n) => maybe_norm(Some(n), x, g.norm_type, g.eps, g.norm_offset),
+                None => normed,
+            };
+            let ffn_out = self.ffn(backend, &layer.ffn, &ffn_in, t, g);
+            for ((xi, a), f) in x.iter_mut().zip(&attn_out).zip(&ffn_out) {
+                *xi += (a + f) * g.residual_multiplier;
+            }
+            return Ok(());
+        }
+        residual_add(x, &attn_out, g.residual_multiplier);
+        let ffn_in = maybe_norm(layer.pre_ffn_norm.as_ref(), x, g.norm_type, g.eps, g.norm_offset);
+        let mut ffn_out = self.ffn(backend, &layer.ffn, &ffn_in, t, g);
+        if let Some(n) = &layer.post_ffn_norm {
+            ffn_out = maybe_norm(Some(n), &ffn_out, g.norm_type, g.eps, g.norm_offset);
+        }
+        residual_add(x, &ffn_out, g.residual_multiplier);
+        Ok(())
+    }
+
+    /// Walk FFN: `Σᵢ act(gᵢ·x)(uᵢ·x) dᵢ` over all features (exact), as matrix products:
+    /// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]`, then `A · D` with D feature-major `[inter, hidden]`.
+    fn ffn(&self, backend: &dyn ComputeBackend, w: &WalkFfn<'_>, x: &[f32], t: usize, g: &crate::LayerGeometry) -> Vec<f32> {
+        let (h, inter) = (g.hidden_size, g.intermediate_size);
+        let mut up = vec![0.0; t * inter];
+        backend.matmul_transb(x, &w.up, t, h, inter, &mut up);
+        if let Some(b) = &w.up_bias {
+            add_bias(&mut up, b);
+        }
+        let act: fn(f32) -> f32 = match g.activation {
+            Activation::Silu => ops::silu,
+            Activation::GeluTanh => ops::gelu_tanh,
+            Activation::Gelu => ops::gelu,
+        };
+        match (g.ffn_type, &w.gate) {
+            (FfnType::Gated, Some(gate_w)) => {
+                let mut gate = vec![0.0; t * inter];
+                backend.matmul_transb(x, gate_w, t, h, inter, &mut gate);
+                up.iter_mut().zip(&gate).for_each(|(u, gv)| *u *= act(*gv));
+            }
+            _ => up.iter_mut().for_each(|u| *u = act(*u)),
+        }
+        let mut out = vec![0.0; t * h];
+        backend.matmul(&up, &w.down, t, inter, h, &mut out);
+        if let Some(b) = &w.down_bias {
+            add_bias(&mut out, b);
+        }
+        out
+    }
+}
+
+fn residual_add(x: &mut [f32], branch: &[f32], mult: f32) {
+    if mult == 1.0 {
+        x.iter_mut().zip(branch).for_each(|(a, b)| *a += b);
+    } else {
+        x.iter_mut().zip(branch).for_each(|(a, b)| *a += b * mult);
+    }
+}
+
+fn add_bias(rows: &mut [f32], bias: &[f32]) {
+    for row in rows.chunks_exact_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// `x · Wᵀ + b` for `t` rows.
+fn project(backend: &dyn ComputeBackend, w: &Linear<'_>, x: &[f32], t: usize) -> Vec<f32> {
+    let mut out = vec![0.0; t * w.out_features];
+    backend.matmul_transb(x, &w.weight, t, w.in_features, w.out_features, &mut out);
+    if let Some(b) = &w.bias {
+        add_bias(&mut out, b);
+    }
+    out
+}
+
+fn apply_norm(n: &NormWeights<'_>, x: &[f32], out: &mut [f32], ty: NormType, eps: f32, offset: f32) {
+    match ty {
+        NormType::RmsNorm => ops::rms_norm(x, &n.weight, eps, offset, out),
+        NormType::LayerNorm => ops::layer_norm(x, &n.weight, n.bias.as_deref(), eps, out),
+    }
+}
+
+/// Normalise every row (row length = the norm's width), or copy when there is no norm.
+fn maybe_norm(n: Option<&NormWeights<'_>>, x: &[f32], ty: NormType, eps: f32, offset: f32) -> Vec<f32> {
+    match n {
+        Some(n) => {
+            let mut out = vec![0.0; x.len()];
+            apply_norm(n, x, &mut out, ty, eps, offset);
+            out
+        }
+        None => x.to_vec(),
+    }
+}
+
+/// q/k norm in place: per head (`width = Some(head_dim)`) or over the whole projection.
+fn norm_rows(n: &NormWeights<'_>, x: &mut [f32], width: Option<usize>, g: &crate::LayerGeometry) {
+    let _ = width;
+    let out = maybe_norm(Some(n), x, NormType::RmsNorm, g.eps, g.norm_offset);
+    x.copy_from_slice(&out);
+}

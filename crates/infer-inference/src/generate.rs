@@ -1,0 +1,196 @@
+//! The generation loop: prefill the prompt in one batched pass, then decode token by token,
+//! streaming UTF-8 text, until EOS, a stop string, the token limit, or an interrupt.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use infer_compute::ComputeBackend;
+
+use crate::forward::Logits;
+use crate::{InferenceError, KvCache, Model, Sampler, TextStreamer, Tokenizer};
+
+/// Generation limits and stop conditions.
+#[derive(Clone, Debug, Default)]
+pub struct GenerateOptions {
+    /// Maximum new tokens (`-n`).
+    pub max_tokens: usize,
+    /// End-of-generation token ids (EOS, `<end_of_turn>`, …).
+    pub eog_ids: Vec<u32>,
+    /// Stop when the generated text contains one of these (`--stop`); the stop string is not
+    /// emitted.
+    pub stop_strings: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    Eog,
+    StopString,
+    MaxTokens,
+    Interrupted,
+    ContextFull,
+}
+
+/// Token counts and timings of one generation (tokens/s printed by the CLI).
+#[derive(Clone, Debug)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+    pub stop: StopReason,
+    /// Generated ids (including a final EOG id when that ended generation).
+    pub tokens: Vec<u32>,
+}
+
+impl GenerationStats {
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+    /// Decode speed over the tokens after the first (the first comes from prefill's logits).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Runs a [`Model`] with a KV cache, a sampler and a tokenizer.
+pub struct Generator<'m, 'a> {
+    pub model: &'m Model<'a>,
+    pub backend: &'m dyn ComputeBackend,
+    pub tokenizer: &'m Tokenizer,
+    pub cache: KvCache,
+}
+
+impl<'m, 'a> Generator<'m, 'a> {
+    pub fn new(model: &'m Model<'a>, backend: &'m dyn ComputeBackend, tokenizer: &'m Tokenizer, context: usize) -> Self {
+        Generator { model, backend, tokenizer, cache: model.new_cache(context) }
+    }
+
+    /// Generate from `prompt` ids appended to whatever the cache already holds (chat turns keep
+    /// the cache). `on_text` receives each completed UTF-8 piece. Errors: empty prompt, prompt
+    /// longer than the free context, token ids outside the vocabulary.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        opts: &GenerateOptions,
+        interrupt: &AtomicBool,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<GenerationStats, InferenceError> {
+        if prompt.is_empty() {
+            return Err(InferenceError::EmptyInput);
+        }
+        self.cache.check_room(prompt.len())?;
+        let mut history: Vec<u32> = prompt.to_vec();
+        let t0 = Instant::now();
+        let mut logits = self.model.forward(self.backend, prompt, &mut self.cache, Logits::Last)?;
+        let prefill_time = t0.elapsed();
+        let t1 = Instant::now();
+        let mut streamer = TextStreamer::new(self.tokenizer);
+        let mut out = StopFilter::new(&opts.stop_strings);
+        let mut tokens = Vec::new();
+        let stop = loop {
+            if interrupt.load(Ordering::Relaxed) {
+                break StopReason::Interrupted;
+            }
+            if tokens.len() >= opts.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            let next = sampler.sample(&logits, &history);
+            tokens.push(next);
+            history.push(next);
+            if opts.eog_ids.contains(&next) {
+                break StopReason::Eog;
+            }
+            if let Some(piece) = streamer.push(next)? {
+                if out.push(&piece, &mut on_text) {
+                    break StopReason::StopString;
+                }
+            }
+            if tokens.len() >= opts.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            if self.cache.check_room(1).is_err() {
+                break StopReason::ContextFull;
+            }
+            logits = self.model.forward(self.backend, &[next], &mut self.cache, Logits::Last)?;
+        };
+        if stop != StopReason::StopString {
+            out.flush(&mut on_text);
+        }
+        Ok(GenerationStats {
+            prompt_tokens: prompt.len(),
+            generated_tokens: tokens.len(),
+            prefill_time,
+            decode_time: t1.elapsed(),
+            stop,
+            tokens,
+        })
+    }
+}
+
+/// Holds back the tail of the text that could still become a stop string.
+struct StopFilter<'s> {
+    stops: &'s [String],
+    pending: String,
+}
+
+impl<'s> StopFilter<'s> {
+    fn new(stops: &'s [String]) -> Self {
+        StopFilter { stops, pending: String::new() }
+    }
+
+    /// Append text; emit what can no longer be part of a stop string. True when a stop string
+    /// appeared (the text before it is emitted, the rest dropped).
+    fn push(&mut self, piece: &str, emit: &mut impl FnMut(&str)) -> bool {
+        self.pending.push_str(piece);
+        if let Some(pos) = self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.pending.find(s.as_str())).min() {
+            emit(&self.pending[..pos]);
+            self.pending.clear();
+            return true;
+        }
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| longest_suffix_prefix(&self.pending, s))
+            .max()
+            .unwrap_or(0);
+        let cut = self.pending.len() - keep;
+        if cut > 0 {
+            emit(&self.pending[..cut]);
+            self.pending.drain(..cut);
+        }
+        false
+    }
+
+    fn flush(&mut self, emit: &mut impl FnMut(&str)) {
+        if !self.pending.is_empty() {
+            emit(&self.pending);
+            self.pending.clear();
+        }
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of `stop` (char-boundary safe).
+fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+    (1..stop.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_filter_holds_back_partial_stop_and_cuts_at_stop() {
+        let stops = vec!["\nUser:".to_string()];
+        let mut f = StopFilter::new(&stops);
+        let mut out = String::new();
+        assert!(!f.push("Hello\nUs", &mut |s| out.push_str(s)));
+        assert_eq!(out, "Hello");
+        assert!(f.push("er: hi", &mut |s| out.push_str(s)));
+        assert_eq!(out, "Hello");
+    }
+}

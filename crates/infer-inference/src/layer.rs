@@ -1,0 +1,119 @@
+//! [`FullPipelineLayer`]: one transformer block's weights (zero-copy slices of the vindex where
+//! the tier is f32) and its geometry, as the seed's "FullPipelineLayer Construction" describes.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use infer_compute::{AttentionParams, RopeConfig};
+use infer_models::{Activation, FfnType, NormType};
+
+/// Per-layer geometry and constants, all answered by `ModelArchitecture` for this layer.
+#[derive(Clone, Debug)]
+pub struct LayerGeometry {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub head_dim: usize,
+    pub num_q_heads: usize,
+    pub num_kv_heads: usize,
+    /// RoPE tables (base, rotary dim, scaling) of this layer; `None` for learned positions.
+    pub rope: Option<RopeConfig>,
+    /// Attention scale, sliding window and soft-cap of this layer.
+    pub attention: AttentionParams,
+    pub eps: f32,
+    pub norm_type: NormType,
+    /// Added to RMSNorm weights (Gemma's `1 + w`).
+    pub norm_offset: f32,
+    /// Per-head RMSNorm of q and k (Qwen3, Gemma-3); OLMo-2 normalises the whole projection.
+    pub qk_norm_whole_projection: bool,
+    pub parallel_residual: bool,
+    pub residual_multiplier: f32,
+    pub ffn_type: FfnType,
+    pub activation: Activation,
+}
+
+impl LayerGeometry {
+    /// Width of the q projection output (`num_q_heads · head_dim`).
+    pub fn q_dim(&self) -> usize {
+        self.num_q_heads * self.head_dim
+    }
+    /// Width of the k and v projection outputs (`num_kv_heads · head_dim`).
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+/// A norm's parameters: weight (and bias for LayerNorm), `[hidden]` or `[head_dim]`, f32.
+#[derive(Clone, Debug)]
+pub struct NormWeights<'a> {
+    pub weight: Cow<'a, [f32]>,
+    pub bias: Option<Cow<'a, [f32]>>,
+}
+
+/// A Linear layer: weight `[out, in]` row-major f32 (HF layout) and optional bias `[out]`.
+#[derive(Clone, Debug)]
+pub struct Linear<'a> {
+    pub weight: Cow<'a, [f32]>,
+    pub bias: Option<Cow<'a, [f32]>>,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+/// Which kernel path a layer's attention takes (printed by `--explain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPath {
+    /// f32 projections through `matmul_transb` (from the vindex f32 or f16 tier).
+    F32,
+}
+
+/// Which kernel path a layer's FFN takes (printed by `--explain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnPath {
+    /// Walk FFN over feature-major gate/up/down vectors, all features (exact).
+    WalkF32,
+}
+
+impl fmt::Display for AttnPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttnPath::F32 => f.write_str("attention f32 (matmul_transb)"),
+        }
+    }
+}
+
+impl fmt::Display for FfnPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FfnPath::WalkF32 => f.write_str("walk FFN f32, all features (exact)"),
+        }
+    }
+}
+
+/// Walk-FFN weights: feature-major `[intermediate, hidden]` gate, up and down vectors.
+/// `gate` is `None` for non-gated (`FfnType::Standard`) FFNs.
+#[derive(Clone, Debug)]
+pub struct WalkFfn<'a> {
+    pub gate: Option<Cow<'a, [f32]>>,
+    pub up: Cow<'a, [f32]>,
+    pub down: Cow<'a, [f32]>,
+    pub up_bias: Option<Cow<'a, [f32]>>,
+    pub down_bias: Option<Cow<'a, [f32]>>,
+}
+
+/// One transformer block ready to run.
+#[derive(Clone, Debug)]
+pub struct FullPipelineLayer<'a> {
+    pub geometry: LayerGeometry,
+    pub attn_path: AttnPath,
+    pub ffn_path: FfnPath,
+    pub pre_attn_norm: Option<NormWeights<'a>>,
+    pub post_attn_norm: Option<NormWeights<'a>>,
+    pub pre_ffn_norm: Option<NormWeights<'a>>,
+    pub post_ffn_norm: Option<NormWeights<'a>>,
+    pub q_norm: Option<NormWeights<'a>>,
+    pub k_norm: Option<NormWeights<'a>>,
+    pub wq: Linear<'a>,
+    pub wk: Linear<'a>,
+    pub wv: Linear<'a>,
+    pub wo: Linear<'a>,
+    pub ffn: WalkFfn<'a>,
+}

@@ -1,0 +1,233 @@
+//! [`Model`]: the whole network assembled from a vindex and its `ModelArchitecture`.
+
+use std::borrow::Cow;
+
+use infer_compute::{AttentionParams, RopeConfig, RopeScaling as ComputeRopeScaling};
+use infer_models::{architecture_for, ModelArchitecture, RopeScaling};
+use infer_vindex::{FloatSlice, Vindex};
+
+use crate::layer::{AttnPath, FfnPath, FullPipelineLayer, LayerGeometry, Linear, NormWeights, WalkFfn};
+use crate::InferenceError;
+
+/// A model ready to run: embeddings, one [`FullPipelineLayer`] per layer, final norm, lm_head.
+/// Borrows the vindex's mmap for f32 tiers (zero-copy); f16 tiers are widened once at load.
+pub struct Model<'a> {
+    pub arch: Box<dyn ModelArchitecture>,
+    /// `[vocab, hidden]` token embeddings.
+    pub embeddings: Cow<'a, [f32]>,
+    /// Learned absolute position embeddings `[max_positions, hidden]` (GPT-2), if any.
+    pub position_embeddings: Option<Cow<'a, [f32]>>,
+    pub layers: Vec<FullPipelineLayer<'a>>,
+    pub final_norm: NormWeights<'a>,
+    /// `[vocab, hidden]` output projection; `None` when tied to the embeddings.
+    pub lm_head: Option<Cow<'a, [f32]>>,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+}
+
+fn widen(s: FloatSlice<'_>) -> Cow<'_, [f32]> {
+    match s {
+        FloatSlice::F32(v) => Cow::Borrowed(v),
+        FloatSlice::F16(_) => Cow::Owned(s.to_f32_vec()),
+    }
+}
+
+/// Look up a tensor the architecture requires; check its element count.
+fn required<'a>(v: &'a Vindex, key: &str, len: usize) -> Result<Cow<'a, [f32]>, InferenceError> {
+    let (s, _shape) = v.tensor(key).map_err(|_| InferenceError::MissingTensor(key.to_string()))?;
+    let data = widen(s);
+    if data.len() != len {
+        return Err(InferenceError::BadShape { key: key.to_string(), expected: len, found: data.len() });
+    }
+    Ok(data)
+}
+
+/// Look up a tensor that may legitimately be absent (biases, optional norms).
+fn optional<'a>(v: &'a Vindex, key: &str, len: usize) -> Result<Option<Cow<'a, [f32]>>, InferenceError> {
+    if !v.has_tensor(key) {
+        return Ok(None);
+    }
+    required(v, key, len).map(Some)
+}
+
+/// A norm the architecture names: weight required, LayerNorm bias when the family has one.
+fn norm<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, key: &str, len: usize) -> Result<NormWeights<'a>, InferenceError> {
+    let bias = match arch.norm_bias_key(key) {
+        Some(b) => optional(v, &b, len)?,
+        None => None,
+    };
+    Ok(NormWeights { weight: required(v, key, len)?, bias })
+}
+
+/// A norm the architecture may have (`None` key: the family has no such norm).
+fn optional_norm<'a>(
+    v: &'a Vindex,
+    arch: &dyn ModelArchitecture,
+    key: Option<String>,
+    len: usize,
+) -> Result<Option<NormWeights<'a>>, InferenceError> {
+    key.map(|k| norm(v, arch, &k, len)).transpose()
+}
+
+/// A Linear layer `[out, in]` with the bias the architecture names, if any.
+fn linear<'a>(
+    v: &'a Vindex,
+    key: &str,
+    bias_key: Option<String>,
+    out_features: usize,
+    in_features: usize,
+) -> Result<Linear<'a>, InferenceError> {
+    let bias = match bias_key {
+        Some(b) => optional(v, &b, out_features)?,
+        None => None,
+    };
+    Ok(Linear { weight: required(v, key, out_features * in_features)?, bias, out_features, in_features })
+}
+
+/// Convert the config's RoPE scaling to the compute crate's (which cannot import infer-models).
+fn compute_scaling(s: Option<RopeScaling>) -> ComputeRopeScaling {
+    match s {
+        None => ComputeRopeScaling::None,
+        Some(RopeScaling::Linear { factor }) => ComputeRopeScaling::Linear { factor },
+        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            ComputeRopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }
+        }
+    }
+}
+
+/// Everything the forward pass needs to know about layer `l`, from the architecture.
+pub fn layer_geometry(arch: &dyn ModelArchitecture, l: usize) -> LayerGeometry {
+    let head_dim = arch.head_dim_for_layer(l);
+    let rotary_dim = ((arch.rotary_fraction_for_layer(l) * head_dim as f64) as usize) & !1;
+    let rope = (!arch.has_learned_positions()).then(|| RopeConfig {
+        head_dim,
+        rotary_dim,
+        base: arch.rope_base_for_layer(l),
+        scaling: compute_scaling(arch.rope_scaling_for_layer(l)),
+        interleaved: arch.rope_interleaved(),
+    });
+    LayerGeometry {
+        hidden_size: arch.hidden_size(),
+        intermediate_size: arch.intermediate_size_for_layer(l),
+        head_dim,
+        num_q_heads: arch.num_q_heads_for_layer(l),
+        num_kv_heads: arch.num_kv_heads_for_layer(l),
+        rope,
+        attention: AttentionParams {
+            n_q_heads: arch.num_q_heads_for_layer(l),
+            n_kv_heads: arch.num_kv_heads_for_layer(l),
+            head_dim,
+            scale: arch.attention_scale_for_layer(l) as f32,
+            sliding_window: arch.sliding_window_for_layer(l),
+            softcap: arch.attn_logit_softcap().map(|c| c as f32),
+        },
+        eps: arch.norm_eps() as f32,
+        norm_type: arch.norm_type(),
+        norm_offset: arch.norm_weight_offset(),
+        qk_norm_whole_projection: arch.qk_norm_whole_projection(),
+        parallel_residual: arch.parallel_residual(),
+        residual_multiplier: arch.residual_multiplier(),
+        ffn_type: arch.ffn_type(),
+        activation: arch.activation(),
+    }
+}
+
+impl<'a> Model<'a> {
+    /// Assemble the model from an open vindex. Errors: unknown architecture, a tensor the
+    /// architecture needs is missing or has the wrong size.
+    pub fn from_vindex(v: &'a Vindex) -> Result<Self, InferenceError> {
+        let config = v.config().clone();
+        let arch = architecture_for(&config).map_err(InferenceError::Architecture)?;
+        let hidden = arch.hidden_size();
+        let vocab = arch.vocab_size();
+        let (emb, _) = v.embeddings();
+        let embeddings = widen(emb);
+        if embeddings.len() != vocab * hidden {
+            return Err(InferenceError::BadShape {
+                key: "embeddings".into(),
+                expected: vocab * hidden,
+                found: embeddings.len(),
+            });
+        }
+        let mut layers = Vec::with_capacity(arch.num_layers());
+        for l in 0..arch.num_layers() {
+            layers.push(build_layer(v, arch.as_ref(), l)?);
+        }
+        let final_norm = norm(v, arch.as_ref(), &arch.final_norm_key(), hidden)?;
+        let lm_head = match v.lm_head() {
+            Some((s, _)) => Some(widen(s)),
+            None => None,
+        };
+        let position_embeddings = match arch.position_embed_key() {
+            Some(k) => Some(widen(v.tensor(&k).map_err(|_| InferenceError::MissingTensor(k))?.0)),
+            None => None,
+        };
+        Ok(Model { arch, embeddings, position_embeddings, layers, final_norm, lm_head, hidden_size: hidden, vocab_size: vocab })
+    }
+
+    /// One line per layer: which path its attention and FFN take (`--explain`).
+    pub fn explain(&self) -> String {
+        let mut s = String::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let g = &layer.geometry;
+            let window = match g.attention.sliding_window {
+                Some(w) => format!("sliding window {w}"),
+                None => "full attention".into(),
+            };
+            let rope = match &g.rope {
+                Some(r) => format!("RoPE base {} rotary {}/{}", r.base, r.rotary_dim, r.head_dim),
+                None => "learned positions".into(),
+            };
+            s.push_str(&format!("layer {l:>3}: {} [{window}, {rope}]; {}\n", layer.attn_path, layer.ffn_path));
+        }
+        s
+    }
+}
+
+fn build_layer<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize) -> Result<FullPipelineLayer<'a>, InferenceError> {
+    let g = layer_geometry(arch, l);
+    let hidden = g.hidden_size;
+    let inter = g.intermediate_size;
+    let (q_norm_len, k_norm_len) =
+        if g.qk_norm_whole_projection { (g.q_dim(), g.kv_dim()) } else { (g.head_dim, g.head_dim) };
+    let gate = match g.ffn_type {
+        infer_models::FfnType::Gated => {
+            let s = v.gate_layer(l)?;
+            Some(check_len(widen(s), &format!("layer {l} gate vectors"), inter * hidden)?)
+        }
+        infer_models::FfnType::Standard => None,
+    };
+    let up = check_len(widen(v.up_layer(l)?), &format!("layer {l} up features"), inter * hidden)?;
+    let down = check_len(widen(v.down_layer(l)?), &format!("layer {l} down features"), inter * hidden)?;
+    let ffn = WalkFfn {
+        gate,
+        up,
+        down,
+        up_bias: arch.ffn_up_bias_key(l).map(|k| required(v, &k, inter)).transpose()?,
+        down_bias: arch.ffn_down_bias_key(l).map(|k| required(v, &k, hidden)).transpose()?,
+    };
+    let norm_len = hidden;
+    Ok(FullPipelineLayer {
+        attn_path: AttnPath::F32,
+        ffn_path: FfnPath::WalkF32,
+        pre_attn_norm: optional_norm(v, arch, arch.pre_attn_norm_key(l), norm_len)?,
+        post_attn_norm: optional_norm(v, arch, arch.post_attn_norm_key(l), norm_len)?,
+        pre_ffn_norm: optional_norm(v, arch, arch.pre_ffn_norm_key(l), norm_len)?,
+        post_ffn_norm: optional_norm(v, arch, arch.post_ffn_norm_key(l), norm_len)?,
+        q_norm: optional_norm(v, arch, arch.q_norm_key(l), q_norm_len)?,
+        k_norm: optional_norm(v, arch, arch.k_norm_key(l), k_norm_len)?,
+        wq: linear(v, &arch.attn_q_key(l), arch.attn_q_bias_key(l), g.q_dim(), hidden)?,
+        wk: linear(v, &arch.attn_k_key(l), arch.attn_k_bias_key(l), g.kv_dim(), hidden)?,
+        wv: linear(v, &arch.attn_v_key(l), arch.attn_v_bias_key(l), g.kv_dim(), hidden)?,
+        wo: linear(v, &arch.attn_o_key(l), arch.attn_o_bias_key(l), hidden, g.q_dim())?,
+        ffn,
+        geometry: g,
+    })
+}
+
+fn check_len<'a>(data: Cow<'a, [f32]>, what: &str, len: usize) -> Result<Cow<'a, [f32]>, InferenceError> {
+    if data.len() != len {
+        return Err(InferenceError::BadShape { key: what.to_string(), expected: len, found: data.len() });
+    }
+    Ok(data)
+}

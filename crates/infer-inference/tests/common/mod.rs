@@ -1,0 +1,93 @@
+//! Test support: paths to shared reference data and real models, safetensors readers, and
+//! vindex extraction into a temporary directory.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use safetensors::SafeTensors;
+
+/// `../shared` (or `INFER_SHARED`). Panics with a clear message when missing: CI always has it.
+pub fn shared_dir() -> PathBuf {
+    let p = std::env::var_os("INFER_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    assert!(p.is_dir(), "shared reference data not found at {} (set INFER_SHARED)", p.display());
+    p
+}
+
+/// Folder of the real GGUFs (`INFER_MODELS`, default `~/.cache/infer/models`).
+pub fn models_dir() -> PathBuf {
+    let p = std::env::var_os("INFER_MODELS").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/infer/models")
+    });
+    assert!(p.is_dir(), "real models not found at {} (run scripts/fetch-models.sh or set INFER_MODELS)", p.display());
+    p
+}
+
+/// A safetensors file read into memory.
+pub struct StFile {
+    bytes: Vec<u8>,
+}
+
+impl StFile {
+    pub fn open(path: &Path) -> Self {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        StFile { bytes }
+    }
+
+    fn st(&self) -> SafeTensors<'_> {
+        SafeTensors::deserialize(&self.bytes).expect("valid safetensors")
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.st().names().iter().any(|n| *n == name)
+    }
+
+    pub fn shape(&self, name: &str) -> Vec<usize> {
+        self.st().tensor(name).unwrap_or_else(|_| panic!("no tensor {name}")).shape().to_vec()
+    }
+
+    pub fn f32(&self, name: &str) -> Vec<f32> {
+        let st = self.st();
+        let t = st.tensor(name).unwrap_or_else(|_| panic!("no tensor {name}"));
+        assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
+        t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+
+    pub fn i64_as_u32(&self, name: &str) -> Vec<u32> {
+        let st = self.st();
+        let t = st.tensor(name).unwrap_or_else(|_| panic!("no tensor {name}"));
+        assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
+        t.data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as u32)
+            .collect()
+    }
+}
+
+/// Standard deviation of a slice (f64 accumulation).
+pub fn std_dev(x: &[f32]) -> f64 {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    (x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
+}
+
+/// Largest absolute difference.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max)
+}
+
+/// Extract `source` (HF folder or GGUF) into a fresh vindex under `dir`.
+pub fn extract(source: &Path, dir: &Path, name: &str, dtype: &str, tokenizer: Option<PathBuf>) -> PathBuf {
+    let out = dir.join(format!("{name}.vindex"));
+    let opts = infer_vindex::BuildOptions {
+        dtype: dtype.parse().expect("dtype"),
+        force: true,
+        allow_no_tokenizer: tokenizer.is_none(),
+        tokenizer,
+        ..Default::default()
+    };
+    infer_vindex::extract(source, &out, &opts).unwrap_or_else(|e| panic!("extract {}: {e}", source.display()));
+    out
+}

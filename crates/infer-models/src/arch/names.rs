@@ -1,0 +1,191 @@
+//! HF tensor names → canonical (Llama-style) names, and the data transform each needs.
+//!
+//! Canonical names: `model.embed_tokens.weight`, `model.norm.{weight,bias}`, `lm_head.{weight,bias}`,
+//! `model.layers.{l}.{input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
+//! post_feedforward_layernorm}`, `…self_attn.{q,k,v,o}_proj`, `…self_attn.{q,k}_norm`,
+//! `…mlp.{gate,up,down}_proj`; fused `…self_attn.qkv_proj` / `…mlp.gate_up_proj` (split at
+//! extract time); MoE `…mlp.gate` (router), `…mlp.experts.{e}.{gate,up,down}_proj`,
+//! `…mlp.shared_expert.*`, `…mlp.shared_expert_gate`; GPT-2 `model.embed_positions.weight`.
+
+use super::{Family, QkvLayout, TensorTransform};
+
+/// Buffers that are not weights (rotary caches, causal-mask buffers of old checkpoints).
+fn is_buffer(name: &str) -> bool {
+    name.ends_with("rotary_emb.inv_freq")
+        || name.ends_with(".attn.bias")
+        || name.ends_with(".attn.masked_bias")
+        || name.ends_with(".attention.bias")
+        || name.ends_with(".attention.masked_bias")
+}
+
+/// Split `"{prefix}{N}.{rest}"` into `(N, rest)`.
+fn layer_parts<'a>(name: &'a str, prefix: &str) -> Option<(usize, &'a str)> {
+    let tail = name.strip_prefix(prefix)?;
+    let (num, rest) = tail.split_once('.')?;
+    Some((num.parse().ok()?, rest))
+}
+
+/// Replace the first matching module path prefix of `rest` via `table` (old → new).
+fn rename(rest: &str, table: &[(&str, &str)]) -> String {
+    for (old, new) in table {
+        if let Some(t) = rest.strip_prefix(old) {
+            return format!("{new}{t}");
+        }
+    }
+    rest.to_string()
+}
+
+/// Canonical name of `hf_name` for `family`, `None` to drop it (buffers, vision tower).
+pub(super) fn canonical_name(family: Family, hf_name: &str) -> Option<String> {
+    if is_buffer(hf_name) {
+        return None;
+    }
+    let name = hf_name;
+    Some(match family {
+        Family::Gpt2 => {
+            let n = name.strip_prefix("transformer.").unwrap_or(name);
+            match n {
+                "wte.weight" => "model.embed_tokens.weight".into(),
+                "wpe.weight" => "model.embed_positions.weight".into(),
+                "lm_head.weight" => n.into(),
+                _ => {
+                    if let Some(t) = n.strip_prefix("ln_f.") {
+                        format!("model.norm.{t}")
+                    } else if let Some((l, rest)) = layer_parts(n, "h.") {
+                        let rest = rename(
+                            rest,
+                            &[
+                                ("ln_1.", "input_layernorm."),
+                                ("ln_2.", "post_attention_layernorm."),
+                                ("attn.c_attn.", "self_attn.qkv_proj."),
+                                ("attn.c_proj.", "self_attn.o_proj."),
+                                ("mlp.c_fc.", "mlp.up_proj."),
+                                ("mlp.c_proj.", "mlp.down_proj."),
+                            ],
+                        );
+                        format!("model.layers.{l}.{rest}")
+                    } else {
+                        n.into()
+                    }
+                }
+            }
+        }
+        Family::GptNeox => {
+            if name == "embed_out.weight" {
+                "lm_head.weight".into()
+            } else if name == "gpt_neox.embed_in.weight" {
+                "model.embed_tokens.weight".into()
+            } else if let Some(t) = name.strip_prefix("gpt_neox.final_layer_norm.") {
+                format!("model.norm.{t}")
+            } else if let Some((l, rest)) = layer_parts(name, "gpt_neox.layers.") {
+                let rest = rename(
+                    rest,
+                    &[
+                        ("attention.query_key_value.", "self_attn.qkv_proj."),
+                        ("attention.dense.", "self_attn.o_proj."),
+                        ("mlp.dense_h_to_4h.", "mlp.up_proj."),
+                        ("mlp.dense_4h_to_h.", "mlp.down_proj."),
+                    ],
+                );
+                format!("model.layers.{l}.{rest}")
+            } else {
+                name.into()
+            }
+        }
+        Family::Phi => {
+            if let Some(t) = name.strip_prefix("model.final_layernorm.") {
+                format!("model.norm.{t}")
+            } else if let Some((l, rest)) = layer_parts(name, "model.layers.") {
+                let rest = rename(
+                    rest,
+                    &[
+                        ("self_attn.dense.", "self_attn.o_proj."),
+                        ("mlp.fc1.", "mlp.up_proj."),
+                        ("mlp.fc2.", "mlp.down_proj."),
+                    ],
+                );
+                format!("model.layers.{l}.{rest}")
+            } else {
+                name.into()
+            }
+        }
+        Family::Starcoder2 => match layer_parts(name, "model.layers.") {
+            Some((l, rest)) => {
+                let rest = rename(
+                    rest,
+                    &[
+                        ("mlp.c_fc.", "mlp.up_proj."),
+                        ("mlp.c_proj.", "mlp.down_proj."),
+                    ],
+                );
+                format!("model.layers.{l}.{rest}")
+            }
+            None => name.into(),
+        },
+        Family::Mixtral => match layer_parts(name, "model.layers.") {
+            Some((l, rest)) => {
+                let rest = if let Some(t) = rest.strip_prefix("block_sparse_moe.gate.") {
+                    format!("mlp.gate.{t}")
+                } else if let Some((e, r)) = layer_parts(rest, "block_sparse_moe.experts.") {
+                    let r = rename(
+                        r,
+                        &[
+                            ("w1.", "gate_proj."),
+                            ("w3.", "up_proj."),
+                            ("w2.", "down_proj."),
+                        ],
+                    );
+                    format!("mlp.experts.{e}.{r}")
+                } else {
+                    rest.to_string()
+                };
+                format!("model.layers.{l}.{rest}")
+            }
+            None => name.into(),
+        },
+        Family::Gemma3 => {
+            // Multimodal Gemma-3 checkpoints: v4 `language_model.model.*`, v5
+            // `model.language_model.*`; the vision tower and projector are dropped.
+            if name.contains("vision_tower") || name.contains("multi_modal_projector") {
+                return None;
+            }
+            if let Some(t) = name.strip_prefix("language_model.model.") {
+                format!("model.{t}")
+            } else if let Some(t) = name.strip_prefix("model.language_model.") {
+                format!("model.{t}")
+            } else if let Some(t) = name.strip_prefix("language_model.") {
+                t.into()
+            } else {
+                name.into()
+            }
+        }
+        _ => name.into(),
+    })
+}
+
+/// The data transform the source tensor `hf_name` needs (see [`TensorTransform`]).
+pub(super) fn source_transform(family: Family, hf_name: &str) -> TensorTransform {
+    match family {
+        Family::Gpt2 => {
+            if hf_name.contains("attn.c_attn.") {
+                TensorTransform::SplitQkv(QkvLayout::Conv1dConcat)
+            } else if hf_name.ends_with(".weight")
+                && (hf_name.contains("attn.c_proj.")
+                    || hf_name.contains("mlp.c_fc.")
+                    || hf_name.contains("mlp.c_proj."))
+            {
+                TensorTransform::Transpose
+            } else {
+                TensorTransform::AsIs
+            }
+        }
+        Family::GptNeox if hf_name.contains("attention.query_key_value.") => {
+            TensorTransform::SplitQkv(QkvLayout::PerHeadInterleaved)
+        }
+        Family::Phi3 if hf_name.contains("self_attn.qkv_proj.") => {
+            TensorTransform::SplitQkv(QkvLayout::Concat)
+        }
+        Family::Phi3 if hf_name.contains("mlp.gate_up_proj.") => TensorTransform::SplitGateUp,
+        _ => TensorTransform::AsIs,
+    }
+}

@@ -1,0 +1,240 @@
+//! GGUF metadata → [`ModelConfig`].
+//!
+//! Keys are llama.cpp's (`gguf-py/gguf/constants.py` `Keys`), prefixed by
+//! `general.architecture`: `{arch}.block_count`, `{arch}.embedding_length`,
+//! `{arch}.feed_forward_length`, `{arch}.context_length`, `{arch}.attention.head_count`,
+//! `.head_count_kv`, `.key_length`, `.layer_norm_rms_epsilon`, `.sliding_window`,
+//! `{arch}.rope.freq_base`, `.dimension_count`, `.scaling.type`, `.scaling.factor`, and
+//! `tokenizer.ggml.{bos,eos,padding}_token_id`. What GGUF does not store comes from the family
+//! defaults in `family.rs`.
+
+use super::family::{family, supported, Family};
+use super::GgufFile;
+use crate::names::ROPE_FACTOR_TENSORS;
+use crate::{LayerKind, ModelConfig, ModelError, RopeScaling};
+
+/// Typed metadata access with errors that name the file and key.
+struct Meta<'a> {
+    g: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+    fn missing(&self, k: &str) -> ModelError {
+        ModelError::MissingField {
+            path: self.g.path().to_path_buf(),
+            field: self.key(k),
+        }
+    }
+    fn unsupported(&self, msg: String) -> ModelError {
+        ModelError::Unsupported {
+            path: self.g.path().to_path_buf(),
+            msg,
+        }
+    }
+    /// An optional `{arch}.k` integer; present with a non-integer type is an error.
+    fn opt_usize(&self, k: &str) -> Result<Option<usize>, ModelError> {
+        let key = self.key(k);
+        match self.g.metadata(&key) {
+            None => Ok(None),
+            Some(_) => self
+                .g
+                .get_usize(&key)
+                .map(Some)
+                .ok_or_else(|| self.missing(k)),
+        }
+    }
+    fn req_usize(&self, k: &str) -> Result<usize, ModelError> {
+        self.opt_usize(k)?.ok_or_else(|| self.missing(k))
+    }
+    fn opt_f64(&self, k: &str) -> Result<Option<f64>, ModelError> {
+        let key = self.key(k);
+        match self.g.metadata(&key) {
+            None => Ok(None),
+            Some(_) => self
+                .g
+                .get_f64(&key)
+                .map(Some)
+                .ok_or_else(|| self.missing(k)),
+        }
+    }
+    /// A `tokenizer.ggml.*` token id (absolute key).
+    fn token_id(&self, key: &str) -> Result<Option<u32>, ModelError> {
+        match self.g.metadata(key) {
+            None => Ok(None),
+            Some(_) => self
+                .g
+                .get_u32(key)
+                .map(Some)
+                .ok_or_else(|| ModelError::MissingField {
+                    path: self.g.path().to_path_buf(),
+                    field: key.to_string(),
+                }),
+        }
+    }
+}
+
+/// Build the typed config of a GGUF model from its metadata and tensor shapes.
+///
+/// - `model_type` from `general.architecture` (`gemma3` → `gemma3_text`); supported: llama,
+///   qwen2, qwen3, phi3, starcoder2, gemma, gemma2, gemma3.
+/// - `head_dim` = `attention.key_length`, else `embedding_length / head_count`;
+///   `num_key_value_heads` = `head_count_kv`, else `head_count`.
+/// - `vocab_size` = rows of `token_embd.weight` (else length of `tokenizer.ggml.tokens`).
+/// - `tie_word_embeddings` = no `output.weight` tensor; `attention_bias` / `mlp_bias` = the
+///   layer-0 `attn_q.bias` / `ffn_up.bias` tensors exist.
+/// - Family defaults (see `family.rs`): `hidden_act`, Gemma sliding pattern and local RoPE base,
+///   Gemma `query_pre_attn_scalar` = key_length (hidden/heads for the 27B variants, as
+///   llama.cpp does).
+///
+/// Errors: [`ModelError::UnknownArchitecture`] for another architecture;
+/// [`ModelError::MissingField`] for a required key that is absent or mistyped (named
+/// `{arch}.key`); [`ModelError::Unsupported`] for features this reader would otherwise get
+/// silently wrong: MoE (`expert_count` > 0), per-layer FFN widths, RoPE scaling other than
+/// linear, and RoPE frequency-factor tensors (`rope_freqs`: Llama-3 scaling, LongRoPE).
+pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
+    let path = g.path().to_path_buf();
+    let arch = g
+        .get_str("general.architecture")
+        .ok_or_else(|| ModelError::MissingField {
+            path: path.clone(),
+            field: "general.architecture".into(),
+        })?;
+    let fam: &Family = family(arch).ok_or_else(|| ModelError::UnknownArchitecture {
+        path: path.clone(),
+        model_type: arch.to_string(),
+        supported: supported(),
+    })?;
+    let m = Meta { g, arch };
+
+    if let Some(n) = m.opt_usize("expert_count")?.filter(|&n| n > 0) {
+        return Err(m.unsupported(format!(
+            "mixture-of-experts GGUF ({arch}.expert_count = {n}) is not supported"
+        )));
+    }
+    if let Some(t) = g.tensor_infos().iter().find(|t| {
+        ROPE_FACTOR_TENSORS
+            .iter()
+            .any(|r| t.name.strip_suffix(".weight") == Some(r))
+    }) {
+        return Err(m.unsupported(format!(
+            "tensor '{}' holds RoPE frequency factors (Llama-3 / LongRoPE scaling), which this reader does not map to a config",
+            t.name
+        )));
+    }
+    if g.get_array(&m.key("feed_forward_length")).is_some() {
+        return Err(m.unsupported(format!(
+            "per-layer {arch}.feed_forward_length is not supported"
+        )));
+    }
+
+    let hidden = m.req_usize("embedding_length")?;
+    let n_layers = m.req_usize("block_count")?;
+    let n_heads = m.req_usize("attention.head_count")?;
+    if n_heads == 0 || n_layers == 0 || hidden == 0 {
+        return Err(m.unsupported(format!(
+            "{arch}: zero embedding_length, block_count or head_count"
+        )));
+    }
+    let n_kv = m.opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
+    let key_length = m.opt_usize("attention.key_length")?;
+    let head_dim = key_length.unwrap_or(hidden / n_heads);
+    let rotary = match m.opt_usize("rope.dimension_count")? {
+        Some(d) if head_dim > 0 => d as f64 / head_dim as f64,
+        _ => 1.0,
+    };
+    let eps = m
+        .opt_f64(fam.eps_key)?
+        .ok_or_else(|| m.missing(fam.eps_key))?;
+
+    let rope_scaling = match g.get_str(&m.key("rope.scaling.type")) {
+        None | Some("none") => None,
+        Some("linear") => {
+            let factor = m
+                .opt_f64("rope.scaling.factor")?
+                .ok_or_else(|| m.missing("rope.scaling.factor"))?;
+            Some(RopeScaling::Linear { factor })
+        }
+        Some(other) => {
+            return Err(m.unsupported(format!(
+                "{arch}.rope.scaling.type '{other}' is not supported (only linear)"
+            )))
+        }
+    };
+
+    let sliding_window = m.opt_usize("attention.sliding_window")?;
+    let layer_types = match (fam.sliding_pattern, sliding_window) {
+        (Some(n), Some(_)) => (0..n_layers)
+            .map(|i| {
+                if (i + 1) % n == 0 {
+                    LayerKind::Full
+                } else {
+                    LayerKind::Sliding
+                }
+            })
+            .collect(),
+        // Mistral/Phi-3 style: the window applies to every layer.
+        (None, Some(_)) => vec![LayerKind::Sliding; n_layers],
+        (_, None) => vec![LayerKind::Full; n_layers],
+    };
+
+    let query_pre_attn_scalar = fam.query_pre_attn_scalar.then(|| {
+        if fam.scale_by_hidden_per_head_at_layers == Some(n_layers) {
+            (hidden / n_heads) as f64
+        } else {
+            head_dim as f64
+        }
+    });
+
+    let vocab_size = match g.tensor_info("token_embd.weight") {
+        Some(t) if t.dims.len() == 2 => t.dims[1],
+        _ => g
+            .get_str_array("tokenizer.ggml.tokens")
+            .map(|t| t.len())
+            .ok_or_else(|| m.missing("vocab (token_embd.weight or tokenizer.ggml.tokens)"))?,
+    };
+
+    let eos = m.token_id("tokenizer.ggml.eos_token_id")?;
+    Ok(ModelConfig {
+        model_type: fam.model_type.to_string(),
+        hidden_size: hidden,
+        intermediate_size: m.req_usize("feed_forward_length")?,
+        num_hidden_layers: n_layers,
+        num_attention_heads: n_heads,
+        num_key_value_heads: n_kv,
+        head_dim,
+        vocab_size,
+        max_position_embeddings: m.req_usize("context_length")?,
+        norm_eps: eps,
+        rope_theta: m.opt_f64("rope.freq_base")?.unwrap_or(10_000.0),
+        rope_local_theta: fam.rope_local_theta,
+        rope_scaling,
+        partial_rotary_factor: rotary,
+        sliding_window,
+        layer_types,
+        hidden_act: fam.hidden_act.to_string(),
+        tie_word_embeddings: g.tensor_info("output.weight").is_none(),
+        attention_bias: g.tensor_info("blk.0.attn_q.bias").is_some()
+            || g.tensor_info("blk.0.attn_qkv.bias").is_some(),
+        mlp_bias: g.tensor_info("blk.0.ffn_up.bias").is_some(),
+        query_pre_attn_scalar,
+        attn_logit_softcapping: m.opt_f64("attn_logit_softcapping")?,
+        final_logit_softcapping: m.opt_f64("final_logit_softcapping")?,
+        embedding_multiplier: None,
+        attention_multiplier: None,
+        residual_multiplier: None,
+        logits_scaling: None,
+        use_parallel_residual: false,
+        num_experts: 0,
+        num_experts_per_tok: 0,
+        moe_intermediate_size: None,
+        shared_expert_intermediate_size: None,
+        norm_topk_prob: false,
+        bos_token_id: m.token_id("tokenizer.ggml.bos_token_id")?,
+        eos_token_ids: eos.into_iter().collect(),
+        pad_token_id: m.token_id("tokenizer.ggml.padding_token_id")?,
+    })
+}

@@ -1,0 +1,121 @@
+//! Per-architecture facts of llama.cpp's GGUF conversion that the file does not state.
+//!
+//! Sources: llama.cpp `convert_hf_to_gguf.py` (which families permute Q/K rows, which add 1 to
+//! norm weights) and the HF `configuration_*.py` defaults of each family (activation, sliding
+//! pattern, local RoPE base).
+
+/// How one GGUF `general.architecture` maps back to the HF family.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Family {
+    /// GGUF `general.architecture`.
+    pub gguf_arch: &'static str,
+    /// HF `model_type`.
+    pub model_type: &'static str,
+    /// HF `hidden_act` (not stored in GGUF).
+    pub hidden_act: &'static str,
+    /// Q/K weight (and bias) rows were permuted for llama.cpp's interleaved RoPE
+    /// (`LlamaModel.permute`); undo it on read.
+    pub qk_permuted: bool,
+    /// Every `*norm.weight` had 1 added (Gemma's `x·(1 + w)` folded in); subtract it on read.
+    pub norm_plus_one: bool,
+    /// HF `sliding_window_pattern`: layer `i` is full attention when `(i + 1) % n == 0`, sliding
+    /// otherwise (Gemma-2: 2, Gemma-3: 6). `None`: no per-layer pattern.
+    pub sliding_pattern: Option<usize>,
+    /// RoPE base of sliding layers (Gemma-3 `rope_local_base_freq`, 1e4).
+    pub rope_local_theta: Option<f64>,
+    /// HF config has `query_pre_attn_scalar` (Gemma-2/3), which GGUF does not store.
+    pub query_pre_attn_scalar: bool,
+    /// `block_count` of the variant whose attention scale is `(hidden/heads)^-0.5` instead of
+    /// `key_length^-0.5` (the 27B Gemmas; llama.cpp `f_attention_scale` for `LLM_TYPE_27B`).
+    pub scale_by_hidden_per_head_at_layers: Option<usize>,
+    /// Metadata key suffix of the norm epsilon (`attention.layer_norm_rms_epsilon` for RMSNorm
+    /// families, `attention.layer_norm_epsilon` for LayerNorm ones).
+    pub eps_key: &'static str,
+}
+
+const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
+
+const BASE: Family = Family {
+    gguf_arch: "llama",
+    model_type: "llama",
+    hidden_act: "silu",
+    qk_permuted: false,
+    norm_plus_one: false,
+    sliding_pattern: None,
+    rope_local_theta: None,
+    query_pre_attn_scalar: false,
+    scale_by_hidden_per_head_at_layers: None,
+    eps_key: RMS_EPS,
+};
+
+/// Supported GGUF architectures.
+pub(crate) const FAMILIES: &[Family] = &[
+    Family {
+        qk_permuted: true,
+        ..BASE
+    },
+    Family {
+        gguf_arch: "qwen2",
+        model_type: "qwen2",
+        ..BASE
+    },
+    Family {
+        gguf_arch: "qwen3",
+        model_type: "qwen3",
+        ..BASE
+    },
+    Family {
+        gguf_arch: "phi3",
+        model_type: "phi3",
+        ..BASE
+    },
+    Family {
+        gguf_arch: "starcoder2",
+        model_type: "starcoder2",
+        hidden_act: "gelu_pytorch_tanh",
+        eps_key: "attention.layer_norm_epsilon",
+        ..BASE
+    },
+    Family {
+        gguf_arch: "gemma",
+        model_type: "gemma",
+        hidden_act: "gelu_pytorch_tanh",
+        norm_plus_one: true,
+        ..BASE
+    },
+    Family {
+        gguf_arch: "gemma2",
+        model_type: "gemma2",
+        hidden_act: "gelu_pytorch_tanh",
+        norm_plus_one: true,
+        sliding_pattern: Some(2),
+        query_pre_attn_scalar: true,
+        scale_by_hidden_per_head_at_layers: Some(46),
+        ..BASE
+    },
+    Family {
+        gguf_arch: "gemma3",
+        model_type: "gemma3_text",
+        hidden_act: "gelu_pytorch_tanh",
+        norm_plus_one: true,
+        sliding_pattern: Some(6),
+        rope_local_theta: Some(10_000.0),
+        query_pre_attn_scalar: true,
+        scale_by_hidden_per_head_at_layers: Some(62),
+        ..BASE
+    },
+];
+
+/// The family of a GGUF architecture name, if supported.
+pub(crate) fn family(gguf_arch: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.gguf_arch == gguf_arch)
+}
+
+/// Comma-separated supported GGUF architectures, for error messages.
+pub(crate) fn supported() -> String {
+    FAMILIES
+        .iter()
+        .map(|f| f.gguf_arch)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,24 @@
+//! GGUF v2/v3 files (llama.cpp's format): parsing, config, tensors by HF name, tokenizer.
+//!
+//! - [`GgufFile`]: validated header, metadata and tensor infos over a memory map.
+//! - [`config_from_gguf`]: the typed [`crate::ModelConfig`] from `<arch>.*` metadata plus family
+//!   defaults for what GGUF does not store.
+//! - [`open_gguf_source`]: a [`crate::ModelSource`] whose tensors carry HF names and read as f32
+//!   with llama.cpp's conventions undone.
+//! - [`tokenizer_json_from_gguf`]: a HF `tokenizer.json` built from `tokenizer.ggml.*`.
+
+mod config;
+mod family;
+mod file;
+mod permute;
+mod reader;
+mod source;
+mod tokenizer;
+mod value;
+
+pub use config::config_from_gguf;
+pub use file::{GgufFile, GgufTensorInfo, DEFAULT_ALIGNMENT};
+pub use permute::{permute_qk_rows, unpermute_qk_rows};
+pub use source::{open_gguf_source, GgufTensors};
+pub use tokenizer::tokenizer_json_from_gguf;
+pub use value::{GgufArray, GgufValue};

@@ -1,0 +1,203 @@
+//! [`TensorSource`] over one or more safetensors files, each memory-mapped once.
+//!
+//! Format: 8-byte little-endian header length `n`, `n` bytes of JSON
+//! `{name: {dtype, shape, data_offsets: [begin, end]}}`, then the data section; offsets are
+//! relative to the data section (safetensors spec). The `safetensors` crate validates the header
+//! (offsets contiguous, sizes = shape × dtype size, data section exactly as long as declared).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use infer_quant::QuantFormat;
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::{ModelError, Tensor, TensorInfo, TensorSource};
+
+/// One memory-mapped safetensors file.
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Byte offset of the data section (8 + header length).
+    data_start: usize,
+}
+
+/// Where one tensor lives.
+struct Loc {
+    shard: usize,
+    begin: usize,
+    end: usize,
+}
+
+/// Tensors of one or more safetensors files, by the names stored in them.
+pub struct SafetensorsSource {
+    shards: Vec<Shard>,
+    infos: Vec<TensorInfo>,
+    locs: Vec<Loc>,
+    by_name: HashMap<String, usize>,
+}
+
+fn dtype_format(d: Dtype) -> Option<QuantFormat> {
+    match d {
+        Dtype::F32 => Some(QuantFormat::F32),
+        Dtype::F16 => Some(QuantFormat::F16),
+        Dtype::BF16 => Some(QuantFormat::BF16),
+        _ => None,
+    }
+}
+
+impl SafetensorsSource {
+    /// Memory-map and validate `files` (each once). Tensors are listed file by file, in data
+    /// order. Errors: [`ModelError::Io`] naming a missing/unreadable file,
+    /// [`ModelError::BadSafetensors`] for a header that is invalid or lies about sizes,
+    /// [`ModelError::BadTensor`] for a dtype other than F32/F16/BF16 or a name found in two files.
+    pub fn open(files: &[PathBuf]) -> Result<Self, ModelError> {
+        let mut src = SafetensorsSource {
+            shards: Vec::new(),
+            infos: Vec::new(),
+            locs: Vec::new(),
+            by_name: HashMap::new(),
+        };
+        for path in files {
+            src.add_file(path)?;
+        }
+        Ok(src)
+    }
+
+    fn add_file(&mut self, path: &Path) -> Result<(), ModelError> {
+        let io = |e| ModelError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the file is opened read-only and the map is never written; as with every
+        // mmap-based reader, a concurrent truncation by another process is not defended against.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let (header_len, meta) =
+            SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::BadSafetensors {
+                path: path.to_path_buf(),
+                msg: format!("{e:?}"),
+            })?;
+        let data_start = 8 + header_len;
+        let shard = self.shards.len();
+        let mut entries: Vec<(String, &safetensors::tensor::TensorInfo)> =
+            meta.tensors().into_iter().collect();
+        entries.sort_by_key(|(_, info)| info.data_offsets);
+        for (name, info) in entries {
+            let bad = |msg: String| ModelError::BadTensor {
+                path: path.to_path_buf(),
+                name: name.clone(),
+                msg,
+            };
+            let dtype = dtype_format(info.dtype).ok_or_else(|| {
+                bad(format!(
+                    "dtype {:?} is not supported (F32, F16, BF16 only)",
+                    info.dtype
+                ))
+            })?;
+            let (begin, end) = info.data_offsets;
+            if data_start + end > mmap.len() {
+                return Err(ModelError::BadSafetensors {
+                    path: path.to_path_buf(),
+                    msg: format!("tensor '{name}' data ends past the end of the file"),
+                });
+            }
+            if self.by_name.contains_key(&name) {
+                return Err(bad("tensor appears in more than one file".into()));
+            }
+            self.by_name.insert(name.clone(), self.infos.len());
+            self.infos.push(TensorInfo {
+                name,
+                shape: info.shape.clone(),
+                dtype,
+                bytes: end - begin,
+            });
+            self.locs.push(Loc { shard, begin, end });
+        }
+        self.shards.push(Shard {
+            path: path.to_path_buf(),
+            mmap,
+            data_start,
+        });
+        Ok(())
+    }
+
+    /// The file holding tensor `name`, if any.
+    pub fn file_of(&self, name: &str) -> Option<&Path> {
+        let i = *self.by_name.get(name)?;
+        Some(&self.shards[self.locs[i].shard].path)
+    }
+}
+
+impl TensorSource for SafetensorsSource {
+    fn tensors(&self) -> &[TensorInfo] {
+        &self.infos
+    }
+
+    fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.infos[i])
+    }
+
+    /// Decode F32 / F16 / BF16 (little-endian) to `f32`; F16/BF16 via the `half` crate.
+    fn read_f32(&self, name: &str) -> Result<Tensor, ModelError> {
+        let i = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| ModelError::NoSuchTensor {
+                path: self
+                    .shards
+                    .first()
+                    .map(|s| s.path.clone())
+                    .unwrap_or_default(),
+                name: name.to_string(),
+            })?;
+        let (info, loc) = (&self.infos[i], &self.locs[i]);
+        let shard = &self.shards[loc.shard];
+        let bytes = shard
+            .mmap
+            .get(shard.data_start + loc.begin..shard.data_start + loc.end)
+            .ok_or_else(|| ModelError::BadSafetensors {
+                path: shard.path.clone(),
+                msg: format!("tensor '{name}' data lies outside the file"),
+            })?;
+        let data: Vec<f32> = match info.dtype {
+            QuantFormat::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            QuantFormat::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            QuantFormat::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ModelError::BadTensor {
+                    path: shard.path.clone(),
+                    name: name.to_string(),
+                    msg: format!("cannot decode dtype {other:?}"),
+                })
+            }
+        };
+        let expected: usize = info.shape.iter().product();
+        if data.len() != expected {
+            return Err(ModelError::BadTensor {
+                path: shard.path.clone(),
+                name: name.to_string(),
+                msg: format!(
+                    "{} values for shape {:?} ({expected} values)",
+                    data.len(),
+                    info.shape
+                ),
+            });
+        }
+        Ok(Tensor {
+            shape: info.shape.clone(),
+            data,
+        })
+    }
+}

@@ -1,0 +1,174 @@
+//! Atomic placement of a built vindex: build in `.NAME.tmp-PID` beside the target, then rename.
+//! A killed build leaves only a hidden temp directory (removed by the next build of that target,
+//! once its process is gone), never a directory at the target path.
+
+use std::path::{Path, PathBuf};
+
+use crate::files::{old_dir_name, temp_dir_name, temp_dir_prefix};
+use crate::VindexError;
+
+/// A temporary build directory, removed on drop unless [`TempBuildDir::commit`] succeeded.
+pub struct TempBuildDir {
+    dir: PathBuf,
+    target: PathBuf,
+    committed: bool,
+}
+
+/// Parent directory and file name of `target`. Errors: a target with no file name (`/`, `..`).
+fn split_target(target: &Path) -> Result<(PathBuf, String), VindexError> {
+    let name = target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| VindexError::BadSource {
+            path: target.to_path_buf(),
+            msg: "output path has no usable directory name".into(),
+        })?
+        .to_string();
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((parent, name))
+}
+
+impl TempBuildDir {
+    /// Refuse an existing `target` unless `force`, remove stale temp dirs of dead builds of the
+    /// same target, and create `.NAME.tmp-PID` beside it.
+    pub fn create(target: &Path, force: bool) -> Result<Self, VindexError> {
+        if target.exists() && !force {
+            return Err(VindexError::TargetExists {
+                path: target.to_path_buf(),
+            });
+        }
+        let (parent, name) = split_target(target)?;
+        remove_stale(&parent, &name);
+        let dir = parent.join(temp_dir_name(&name, std::process::id()));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| VindexError::io(&dir, e))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| VindexError::io(&dir, e))?;
+        Ok(TempBuildDir {
+            dir,
+            target: target.to_path_buf(),
+            committed: false,
+        })
+    }
+
+    /// The directory to write into.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Move the finished build to the target. With `force`, an existing target is parked under
+    /// `.NAME.old-PID`, replaced, then deleted; without it, an existing target is an error.
+    pub fn commit(mut self, force: bool) -> Result<(), VindexError> {
+        let (parent, name) = split_target(&self.target)?;
+        let mut parked = None;
+        if self.target.exists() {
+            if !force {
+                return Err(VindexError::TargetExists {
+                    path: self.target.clone(),
+                });
+            }
+            let old = parent.join(old_dir_name(&name, std::process::id()));
+            if old.exists() {
+                std::fs::remove_dir_all(&old).map_err(|e| VindexError::io(&old, e))?;
+            }
+            std::fs::rename(&self.target, &old).map_err(|e| VindexError::io(&self.target, e))?;
+            parked = Some(old);
+        }
+        if let Err(e) = std::fs::rename(&self.dir, &self.target) {
+            if let Some(old) = &parked {
+                let _ = std::fs::rename(old, &self.target);
+            }
+            return Err(VindexError::io(&self.target, e));
+        }
+        self.committed = true;
+        if let Some(old) = parked {
+            std::fs::remove_dir_all(&old).map_err(|e| VindexError::io(&old, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TempBuildDir {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// True when a process with this id is running (Linux `/proc`; elsewhere assume it is, so
+/// nothing live is ever deleted).
+fn pid_alive(pid: u32) -> bool {
+    let proc_root = Path::new("/proc");
+    if proc_root.join("self").exists() {
+        proc_root.join(pid.to_string()).exists()
+    } else {
+        true
+    }
+}
+
+/// Remove `.NAME.tmp-PID` / `.NAME.old-PID` directories in `parent` left by builds that were
+/// killed (their PID no longer runs). Best effort: failures are ignored.
+fn remove_stale(parent: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let prefixes = [temp_dir_prefix(name), format!(".{name}.old-")];
+    for entry in entries.flatten() {
+        let fname = entry.file_name();
+        let Some(fname) = fname.to_str() else {
+            continue;
+        };
+        for prefix in &prefixes {
+            if let Some(pid) = fname.strip_prefix(prefix.as_str()) {
+                if let Ok(pid) = pid.parse::<u32>() {
+                    if pid != std::process::id() && !pid_alive(pid) {
+                        let _ = std::fs::remove_dir_all(entry.path());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_refuses_then_forces() {
+        let root = tempfile::tempdir().unwrap();
+        let target = root.path().join("m.vindex");
+        let t = TempBuildDir::create(&target, false).unwrap();
+        std::fs::write(t.path().join("a"), "1").unwrap();
+        t.commit(false).unwrap();
+        assert!(target.join("a").exists());
+        assert!(matches!(
+            TempBuildDir::create(&target, false),
+            Err(VindexError::TargetExists { .. })
+        ));
+        let t = TempBuildDir::create(&target, true).unwrap();
+        std::fs::write(t.path().join("b"), "2").unwrap();
+        t.commit(true).unwrap();
+        assert!(target.join("b").exists() && !target.join("a").exists());
+        let names: Vec<_> = std::fs::read_dir(root.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn dropped_build_leaves_nothing_and_stale_dirs_are_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let target = root.path().join("m.vindex");
+        // A stale temp dir of a dead process (pid u32::MAX - 1 does not exist).
+        let stale = root.path().join(temp_dir_name("m.vindex", u32::MAX - 1));
+        std::fs::create_dir(&stale).unwrap();
+        let t = TempBuildDir::create(&target, false).unwrap();
+        assert!(!stale.exists());
+        let tmp = t.path().to_path_buf();
+        drop(t);
+        assert!(!tmp.exists() && !target.exists());
+    }
+}

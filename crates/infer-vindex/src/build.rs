@@ -1,0 +1,415 @@
+//! The streaming builder: source checkpoint → vindex directory.
+//!
+//! Tensors are read one at a time with [`TensorSource::read_f32`] just before they are written and
+//! dropped right after, in the order embeddings, layer 0 … layer L-1, global tensors; peak memory
+//! is about the embedding matrix plus one tensor (two for the transposed down_proj). Output goes
+//! to a temporary directory beside the target that is renamed into place only when complete.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use infer_models::arch::TensorTransform;
+use infer_models::{ModelSource, SourceKind, TensorInfo};
+use infer_quant::QuantFormat;
+
+use crate::atomic::TempBuildDir;
+use crate::classify::{classify, Placement, Role};
+use crate::files;
+use crate::hash::sha256_file;
+use crate::index::{
+    Dtype, FileHash, LayerEntries, Provenance, Shapes, VindexIndex, FORMAT_VERSION,
+};
+use crate::tokenizer_src::resolve_tokenizer;
+use crate::transform::{apply, plan_outputs, transpose};
+use crate::writer::{write_text, BinWriter};
+use crate::VindexError;
+
+/// Options of [`build`] / [`extract`].
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    /// Dtype of the stored matrices (1-D tensors are always f32).
+    pub dtype: Dtype,
+    /// Replace an existing target (only after the new vindex is complete).
+    pub force: bool,
+    /// A `tokenizer.json` to store; wins over the source's own tokenizer.
+    pub tokenizer: Option<PathBuf>,
+    /// Build a weights-only vindex when no tokenizer is found instead of failing.
+    pub allow_no_tokenizer: bool,
+    /// Draw a progress bar on stderr (indicatif hides it when stderr is not a terminal).
+    pub progress: bool,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        BuildOptions {
+            dtype: Dtype::F32,
+            force: false,
+            tokenizer: None,
+            allow_no_tokenizer: false,
+            progress: false,
+        }
+    }
+}
+
+/// Open the checkpoint at `source_path` (HF folder or GGUF) and [`build`] a vindex at `target`.
+pub fn extract(source_path: &Path, target: &Path, opts: &BuildOptions) -> Result<VindexIndex, VindexError> {
+    let source = infer_models::open_source(source_path)?;
+    build(&source, target, opts)
+}
+
+/// One stored tensor produced from a source tensor.
+struct Out {
+    key: String,
+    shape: Vec<usize>,
+    place: Placement,
+}
+
+/// A source tensor with its transform and the canonical tensors it becomes.
+struct Planned<'a> {
+    info: &'a TensorInfo,
+    transform: TensorTransform,
+    outs: Vec<Out>,
+}
+
+impl Planned<'_> {
+    /// Layer of the outputs (all outputs of one source tensor share it).
+    fn layer(&self) -> Option<usize> {
+        self.outs.first().and_then(|o| o.place.layer)
+    }
+    fn has_role(&self, role: Role) -> bool {
+        self.outs.iter().any(|o| o.place.role == role)
+    }
+}
+
+/// Build a vindex at `target` from an opened source; returns the written index.
+///
+/// Errors: [`VindexError::TargetExists`] (no `force`), [`VindexError::NoTokenizer`],
+/// [`VindexError::BadSource`] (unknown architecture, no embedding, duplicate keys, shapes that
+/// disagree with the config), source read errors, I/O errors. On any error the temp directory
+/// is removed and `target` is untouched.
+pub fn build(source: &ModelSource, target: &Path, opts: &BuildOptions) -> Result<VindexIndex, VindexError> {
+    let tokenizer_json = resolve_tokenizer(source, opts)?;
+    let plan = plan(source)?;
+    let tmp = TempBuildDir::create(target, opts.force)?;
+    let index = write_all(source, &plan, tmp.path(), opts, tokenizer_json.as_deref())?;
+    tmp.commit(opts.force)?;
+    Ok(index)
+}
+
+fn bad_source(source: &ModelSource, msg: String) -> VindexError {
+    VindexError::BadSource {
+        path: source.path.clone(),
+        msg,
+    }
+}
+
+/// Map every tensor to canonical names (`ModelArchitecture::canonical_name`, dropping what it
+/// drops, e.g. rotary buffers), plan its transform, classify the outputs, and check the shapes
+/// the loader relies on.
+fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
+    let cfg = &source.config;
+    let arch = infer_models::architecture_for(cfg).map_err(|m| bad_source(source, m))?;
+    let hidden = cfg.hidden_size;
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut has_embedding = false;
+    for info in source.tensors.tensors() {
+        let Some(canonical) = arch.canonical_name(&info.name) else {
+            continue;
+        };
+        let transform = arch.source_transform(&info.name);
+        let specs = plan_outputs(cfg, &canonical, &info.shape, transform)
+            .map_err(|m| bad_source(source, format!("tensor '{}': {m}", info.name)))?;
+        let mut outs = Vec::new();
+        for spec in specs {
+            let key = spec.key;
+            if !seen.insert(key.clone()) {
+                return Err(bad_source(source, format!("two tensors map to the key '{key}'")));
+            }
+            let s = spec.shape;
+            let mut place = classify(&key, &s);
+            if place.layer.is_some_and(|l| l >= cfg.num_hidden_layers) {
+                // A tensor of a layer past num_hidden_layers: keep it, but only as "other".
+                place.role = Role::Other;
+            }
+            let shape_err = |want: String| {
+                bad_source(
+                    source,
+                    format!("tensor '{key}' has shape {s:?}, expected {want} (hidden_size {hidden})"),
+                )
+            };
+            match place.role {
+                Role::Embedding | Role::LmHead => {
+                    if s.len() != 2 || s[0] != cfg.vocab_size || s[1] != hidden {
+                        return Err(shape_err(format!("[{}, {hidden}]", cfg.vocab_size)));
+                    }
+                    has_embedding |= place.role == Role::Embedding;
+                }
+                Role::FfnGate | Role::FfnUp => {
+                    if s.len() != 2 || s[1] != hidden {
+                        return Err(shape_err("[intermediate, hidden]".into()));
+                    }
+                }
+                Role::FfnDown => {
+                    if s.len() != 2 || s[0] != hidden {
+                        return Err(shape_err("[hidden, intermediate]".into()));
+                    }
+                }
+                _ => {}
+            }
+            outs.push(Out { key, shape: s, place });
+        }
+        out.push(Planned { info, transform, outs });
+    }
+    if !has_embedding {
+        return Err(bad_source(source, "no 'model.embed_tokens.weight' tensor".into()));
+    }
+    // FFN matrices of one layer must agree on the intermediate size.
+    for l in 0..cfg.num_hidden_layers {
+        let sizes: Vec<(String, usize)> = out
+            .iter()
+            .flat_map(|p| p.outs.iter())
+            .filter(|o| o.place.layer == Some(l))
+            .filter_map(|o| match o.place.role {
+                Role::FfnGate | Role::FfnUp => Some((o.key.clone(), o.shape[0])),
+                Role::FfnDown => Some((o.key.clone(), o.shape[1])),
+                _ => None,
+            })
+            .collect();
+        if sizes.windows(2).any(|w| w[0].1 != w[1].1) {
+            return Err(bad_source(source, format!("layer {l}: FFN intermediate sizes disagree: {sizes:?}")));
+        }
+    }
+    Ok(out)
+}
+
+/// The output files of the float tier, in write order.
+struct Writers {
+    embeddings: BinWriter,
+    norms: BinWriter,
+    attn: BinWriter,
+    gate: BinWriter,
+    up: BinWriter,
+    down: BinWriter,
+    lm_head: BinWriter,
+    other: BinWriter,
+}
+
+impl Writers {
+    fn create(dir: &Path) -> Result<Self, VindexError> {
+        Ok(Writers {
+            embeddings: BinWriter::create(dir, files::EMBEDDINGS_BIN)?,
+            norms: BinWriter::create(dir, files::NORMS_BIN)?,
+            attn: BinWriter::create(dir, files::ATTN_WEIGHTS_BIN)?,
+            gate: BinWriter::create(dir, files::GATE_VECTORS_BIN)?,
+            up: BinWriter::create(dir, files::UP_FEATURES_BIN)?,
+            down: BinWriter::create(dir, files::DOWN_FEATURES_BIN)?,
+            lm_head: BinWriter::create(dir, files::LM_HEAD_BIN)?,
+            other: BinWriter::create(dir, files::OTHER_BIN)?,
+        })
+    }
+
+    fn for_role(&mut self, role: Role) -> &mut BinWriter {
+        match role {
+            Role::Embedding => &mut self.embeddings,
+            Role::LmHead => &mut self.lm_head,
+            Role::Norm => &mut self.norms,
+            Role::Attention => &mut self.attn,
+            Role::FfnGate => &mut self.gate,
+            Role::FfnUp => &mut self.up,
+            Role::FfnDown => &mut self.down,
+            Role::Other => &mut self.other,
+        }
+    }
+}
+
+fn progress_bar(opts: &BuildOptions, total: usize) -> ProgressBar {
+    if !opts.progress {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{msg:24} [{bar:40}] {pos}/{len} tensors {elapsed}") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
+}
+
+/// Write every file into `dir` and return the index (also written as `index.json`).
+fn write_all(
+    source: &ModelSource,
+    plan: &[Planned<'_>],
+    dir: &Path,
+    opts: &BuildOptions,
+    tokenizer_json: Option<&str>,
+) -> Result<VindexIndex, VindexError> {
+    let cfg = &source.config;
+    let num_layers = cfg.num_hidden_layers;
+    let mut w = Writers::create(dir)?;
+    let mut layers = vec![LayerEntries::default(); num_layers];
+    let pb = progress_bar(opts, plan.len());
+
+    // Embeddings first, then layer by layer, then the global tensors.
+    let in_layer = |p: &Planned, l: usize| p.layer() == Some(l) && !p.has_role(Role::Embedding);
+    let mut order: Vec<&Planned> = plan.iter().filter(|p| p.has_role(Role::Embedding)).collect();
+    for l in 0..num_layers {
+        order.extend(plan.iter().filter(|p| in_layer(p, l) && !p.has_role(Role::Other)));
+        order.extend(plan.iter().filter(|p| in_layer(p, l) && p.has_role(Role::Other)));
+    }
+    order.extend(plan.iter().filter(|p| {
+        !p.has_role(Role::Embedding) && p.layer().map_or(true, |l| l >= num_layers)
+    }));
+
+    for p in order {
+        pb.set_message(match p.layer() {
+            Some(l) if l < num_layers => format!("layer {l}/{num_layers}"),
+            _ => "global tensors".to_string(),
+        });
+        let t = source.tensors.read_f32(&p.info.name)?;
+        if t.shape != p.info.shape || t.data.len() != t.shape.iter().product::<usize>() {
+            return Err(bad_source(
+                source,
+                format!(
+                    "tensor '{}' read as shape {:?} with {} values; listed as {:?}",
+                    p.info.name,
+                    t.shape,
+                    t.data.len(),
+                    p.info.shape
+                ),
+            ));
+        }
+        let parts = apply(cfg, t.data, &t.shape, p.transform);
+        for (o, data) in p.outs.iter().zip(parts) {
+            let format = if o.shape.len() <= 1 { QuantFormat::F32 } else { opts.dtype.format() };
+            let entry = if o.place.role == Role::FfnDown {
+                let (h, i) = (o.shape[0], o.shape[1]);
+                let tr = transpose(&data, h, i);
+                drop(data);
+                w.down.write_tensor(&o.key, &[i, h], format, &tr)?
+            } else {
+                w.for_role(o.place.role).write_tensor(&o.key, &o.shape, format, &data)?
+            };
+            if let Some(l) = o.place.layer.filter(|&l| l < num_layers) {
+                match o.place.role {
+                    Role::FfnGate => layers[l].gate = Some(entry),
+                    Role::FfnUp => layers[l].up = Some(entry),
+                    Role::FfnDown => layers[l].down = Some(entry),
+                    _ => {}
+                }
+            }
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+
+    let mut file_hashes: Vec<FileHash> = Vec::new();
+    let mut finish = |bw: BinWriter, manifest: Option<&str>| -> Result<Option<crate::TensorEntry>, VindexError> {
+        if bw.is_empty() {
+            bw.discard()?;
+            return Ok(None);
+        }
+        let (hash, entries) = bw.finish()?;
+        file_hashes.push(hash);
+        if let Some(mname) = manifest {
+            let text = serde_json::to_string_pretty(&entries).map_err(|e| VindexError::BadJson {
+                path: dir.join(mname),
+                msg: e.to_string(),
+            })?;
+            file_hashes.push(write_text(dir, mname, &text)?);
+        }
+        Ok(entries.into_iter().next())
+    };
+    let embeddings = finish(w.embeddings, None)?.ok_or_else(|| bad_source(source, "no embeddings written".into()))?;
+    finish(w.norms, Some(files::NORMS_MANIFEST))?;
+    finish(w.attn, Some(files::ATTN_WEIGHTS_MANIFEST))?;
+    finish(w.gate, None)?;
+    finish(w.up, None)?;
+    finish(w.down, None)?;
+    let lm_head = finish(w.lm_head, None)?;
+    finish(w.other, Some(files::OTHER_MANIFEST))?;
+
+    if let Some(text) = tokenizer_json {
+        file_hashes.push(write_text(dir, files::TOKENIZER_JSON, text)?);
+    }
+    if let Some(text) = &source.tokenizer_config_json {
+        file_hashes.push(write_text(dir, files::TOKENIZER_CONFIG_JSON, text)?);
+    }
+    if let Some(text) = &source.chat_template {
+        file_hashes.push(write_text(dir, files::CHAT_TEMPLATE_JINJA, text)?);
+    }
+
+    let intermediate = layers
+        .iter()
+        .find_map(|l| l.gate.as_ref().or(l.up.as_ref()).map(|e| e.shape[0]))
+        .unwrap_or(cfg.intermediate_size);
+    let index = VindexIndex {
+        format_version: FORMAT_VERSION,
+        model_type: cfg.model_type.clone(),
+        model_name: model_name(&source.path),
+        provenance: provenance(source)?,
+        config: cfg.clone(),
+        shapes: Shapes {
+            vocab_size: embeddings.shape[0],
+            hidden_size: cfg.hidden_size,
+            intermediate_size: intermediate,
+            num_layers,
+        },
+        dtype: opts.dtype,
+        tiers: vec![opts.dtype.name().to_string()],
+        embeddings,
+        lm_head,
+        layers,
+        has_tokenizer: tokenizer_json.is_some(),
+        files: file_hashes,
+    };
+    let text = serde_json::to_string_pretty(&index).map_err(|e| VindexError::BadJson {
+        path: dir.join(files::INDEX_JSON),
+        msg: e.to_string(),
+    })?;
+    write_text(dir, files::INDEX_JSON, &text)?;
+    Ok(index)
+}
+
+/// Source file or folder name without extension.
+fn model_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Provenance: source path and kind, sha256 of its weight files, tool version, build time.
+fn provenance(source: &ModelSource) -> Result<Provenance, VindexError> {
+    let (kind, weight_files): (&str, Vec<PathBuf>) = match source.kind {
+        SourceKind::Gguf => ("gguf", vec![source.path.clone()]),
+        SourceKind::HfFolder => {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(&source.path)
+                .map_err(|e| VindexError::io(&source.path, e))?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            v.sort();
+            ("hf_folder", v)
+        }
+    };
+    let mut hashes = Vec::new();
+    for f in weight_files {
+        let (sha256, bytes) = sha256_file(&f)?;
+        hashes.push(FileHash {
+            name: f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            bytes,
+            sha256,
+        });
+    }
+    Ok(Provenance {
+        source_path: source.path.display().to_string(),
+        source_kind: kind.to_string(),
+        source_sha256: hashes,
+        infer_version: env!("CARGO_PKG_VERSION").to_string(),
+        created_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    })
+}

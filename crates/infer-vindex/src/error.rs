@@ -1,0 +1,83 @@
+//! [`VindexError`]: every failure of building, opening, reading or verifying a vindex. Each
+//! variant names the file (or tensor key) and what is wrong.
+
+use std::path::PathBuf;
+
+/// Errors of infer-vindex.
+#[derive(Debug, thiserror::Error)]
+pub enum VindexError {
+    /// An I/O error on a file or directory.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A file listed in `index.json` (or required by it) is not in the vindex directory.
+    #[error("{path}: missing file (listed in index.json)")]
+    MissingFile { path: PathBuf },
+    /// `index.json` or a manifest is not valid JSON or not the expected structure.
+    #[error("{path}: corrupt JSON: {msg}")]
+    BadJson { path: PathBuf, msg: String },
+    /// `index.json` has a `format_version` this build cannot read.
+    #[error("{path}: unsupported vindex format_version {found} (this build reads {expected})")]
+    BadVersion {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+    },
+    /// A file's size differs from what `index.json` records (e.g. a truncated `.bin`).
+    #[error("{path}: size is {actual} bytes but index.json records {expected} (truncated or replaced?)")]
+    SizeMismatch {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+    /// A tensor entry is inconsistent: length vs shape × format, offset outside the file,
+    /// misalignment, or a shape that does not fit the config.
+    #[error("{path}: tensor '{key}': {msg}")]
+    BadEntry {
+        path: PathBuf,
+        key: String,
+        msg: String,
+    },
+    /// A layer index past the model's last layer.
+    #[error("layer {layer} out of range (the vindex has {num_layers} layers)")]
+    LayerOutOfRange { layer: usize, num_layers: usize },
+    /// No tensor with this canonical key in any manifest.
+    #[error("{path}: no tensor with key '{key}'")]
+    NoSuchTensor { path: PathBuf, key: String },
+    /// The vindex stores this data in another dtype than the accessor returns.
+    #[error("{path}: {what} is stored as {stored}; {hint}")]
+    WrongDtype {
+        path: PathBuf,
+        what: String,
+        stored: String,
+        hint: String,
+    },
+    /// The vindex does not hold this item (e.g. no FFN for a MoE layer, no tokenizer).
+    #[error("{path}: {what} is not present in this vindex")]
+    Absent { path: PathBuf, what: String },
+    /// The source checkpoint could not be read.
+    #[error(transparent)]
+    Source(#[from] infer_models::ModelError),
+    /// The build target already exists and `--force` was not given.
+    #[error("{path}: already exists (use --force to replace it)")]
+    TargetExists { path: PathBuf },
+    /// The source has a tensor the builder cannot place (wrong shape for its role, …) or lacks
+    /// one it needs.
+    #[error("{path}: {msg}")]
+    BadSource { path: PathBuf, msg: String },
+    /// No tokenizer could be found for the source.
+    #[error("{path}: no tokenizer: the source has no tokenizer.json{detail}; pass --tokenizer PATH (a tokenizer.json) or --no-tokenizer")]
+    NoTokenizer { path: PathBuf, detail: String },
+}
+
+impl VindexError {
+    /// Wrap an `std::io::Error` with the path it happened on.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        VindexError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! `index.json`: the versioned description of a vindex (identity, provenance, the whole
+//! [`ModelConfig`], shapes, per-layer FFN entries, tiers, dtype, sha256 of every file).
+
+use std::path::Path;
+
+use infer_models::ModelConfig;
+use infer_quant::QuantFormat;
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::TensorEntry;
+use crate::VindexError;
+
+/// The `format_version` this build writes and reads.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// Float dtype of the matrices of the float tier (embeddings, attention and FFN matrices,
+/// lm_head). 1-D tensors (norm weights, biases) are always stored as f32: they are tiny and
+/// f16 rounding of them buys nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    F16,
+}
+
+impl Dtype {
+    /// The manifest format tag of this dtype.
+    pub fn format(self) -> QuantFormat {
+        match self {
+            Dtype::F32 => QuantFormat::F32,
+            Dtype::F16 => QuantFormat::F16,
+        }
+    }
+
+    /// `"f32"` / `"f16"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+        }
+    }
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(Dtype::F32),
+            "f16" => Ok(Dtype::F16),
+            other => Err(format!("unknown dtype '{other}' (expected f32 or f16)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where the vindex came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// Source path as given to the builder.
+    pub source_path: String,
+    /// `hf_folder` or `gguf`.
+    pub source_kind: String,
+    /// sha256 of the source's weight files (the GGUF, or every `*.safetensors` of the folder).
+    pub source_sha256: Vec<FileHash>,
+    /// `infer` version (`CARGO_PKG_VERSION` of infer-vindex) that built it.
+    pub infer_version: String,
+    /// Build time, seconds since the Unix epoch.
+    pub created_unix: u64,
+}
+
+/// A file name with its sha256 (lowercase hex) and size in bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileHash {
+    pub name: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// Headline shapes (copied from the config for readers that do not parse it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shapes {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+}
+
+/// FFN entries of one layer; `None` where the layer has no dense FFN (MoE) for that role.
+/// Offsets are into [`crate::files::GATE_VECTORS_BIN`], [`crate::files::UP_FEATURES_BIN`],
+/// [`crate::files::DOWN_FEATURES_BIN`]; every shape is `[intermediate, hidden]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerEntries {
+    pub gate: Option<TensorEntry>,
+    pub up: Option<TensorEntry>,
+    pub down: Option<TensorEntry>,
+}
+
+/// The parsed `index.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VindexIndex {
+    pub format_version: u64,
+    /// Model identity: HF `model_type`.
+    pub model_type: String,
+    /// Model name (source file or folder stem).
+    pub model_name: String,
+    pub provenance: Provenance,
+    /// The whole typed config (every field; see [`ModelConfig::EXEMPT_FIELDS`]).
+    pub config: ModelConfig,
+    pub shapes: Shapes,
+    /// Dtype of the float tier's matrices.
+    pub dtype: Dtype,
+    /// Tiers present: `"f32"` or `"f16"` today; quantized tiers add their names later.
+    pub tiers: Vec<String>,
+    /// `embeddings.bin`'s one entry, `[vocab, hidden]`.
+    pub embeddings: TensorEntry,
+    /// `lm_head.bin`'s one entry, `[vocab, hidden]`; `None` when absent (tied).
+    pub lm_head: Option<TensorEntry>,
+    /// One per layer, `num_layers` long.
+    pub layers: Vec<LayerEntries>,
+    /// Whether `tokenizer.json` is present.
+    pub has_tokenizer: bool,
+    /// Every file of the vindex except `index.json` itself, with size and sha256.
+    pub files: Vec<FileHash>,
+}
+
+impl VindexIndex {
+    /// Parse `index.json` text: valid JSON, `format_version == FORMAT_VERSION`, the full structure.
+    /// Errors: [`VindexError::BadJson`] or [`VindexError::BadVersion`] naming `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, VindexError> {
+        let bad = |msg: String| VindexError::BadJson {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let version = value
+            .get("format_version")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| bad("no integer 'format_version'".into()))?;
+        if version != FORMAT_VERSION {
+            return Err(VindexError::BadVersion {
+                path: path.to_path_buf(),
+                found: version,
+                expected: FORMAT_VERSION,
+            });
+        }
+        let index: VindexIndex = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+        if index.layers.len() != index.shapes.num_layers {
+            return Err(bad(format!(
+                "{} layer entries but num_layers is {}",
+                index.layers.len(),
+                index.shapes.num_layers
+            )));
+        }
+        Ok(index)
+    }
+
+    /// Recorded size and hash of `name`, if the index lists it.
+    pub fn file(&self, name: &str) -> Option<&FileHash> {
+        self.files.iter().find(|f| f.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config with every optional field set, so a dropped field would show.
+    fn full_config() -> ModelConfig {
+        serde_json::from_value(serde_json::json!({
+            "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 512,
+            "norm_eps": 1e-6, "rope_theta": 1e6, "rope_local_theta": 1e4,
+            "rope_scaling": {"type": "linear", "factor": 8.0},
+            "partial_rotary_factor": 1.0, "sliding_window": 8,
+            "layer_types": ["sliding", "full"], "hidden_act": "gelu_pytorch_tanh",
+            "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false,
+            "query_pre_attn_scalar": 16.0, "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0, "embedding_multiplier": 2.0,
+            "attention_multiplier": 0.5, "residual_multiplier": 0.3, "logits_scaling": 4.0,
+            "use_parallel_residual": false, "num_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+            "norm_topk_prob": true, "bos_token_id": 2, "eos_token_ids": [1, 106],
+            "pad_token_id": 0
+        }))
+        .expect("test config matches ModelConfig")
+    }
+
+    /// Fails when a `ModelConfig` field is neither persisted in index.json nor exempt, or when the
+    /// persisted config does not round-trip to an equal one.
+    #[test]
+    fn every_config_field_is_persisted_or_exempt() {
+        let config = full_config();
+        let persisted = serde_json::to_value(&config).unwrap();
+        let persisted = persisted.as_object().unwrap();
+        // Field names as serde sees them: serialize, and also compare against Debug output so a
+        // `#[serde(skip)]` field (absent from JSON) is still caught.
+        let debug = format!("{config:?}");
+        let debug_fields: Vec<&str> = debug
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .filter_map(|tok| tok.strip_suffix(':'))
+            .filter(|t| t.chars().next().is_some_and(|c| c.is_ascii_lowercase()))
+            .collect();
+        assert!(debug_fields.len() >= 30, "parsed {debug_fields:?}");
+        for field in debug_fields {
+            if ["factor", "type"].contains(&field) {
+                continue; // fields of nested RopeScaling, not of ModelConfig
+            }
+            assert!(
+                persisted.contains_key(field) || ModelConfig::EXEMPT_FIELDS.contains(&field),
+                "ModelConfig field '{field}' is neither persisted nor in EXEMPT_FIELDS"
+            );
+        }
+        let back: ModelConfig = serde_json::from_value(serde_json::Value::Object(persisted.clone())).unwrap();
+        assert_eq!(back, config);
+    }
+
+    #[test]
+    fn wrong_version_and_bad_json_are_named_errors() {
+        let p = Path::new("/v/index.json");
+        let e = VindexIndex::parse(p, "{not json").unwrap_err();
+        assert!(matches!(e, VindexError::BadJson { .. }), "{e}");
+        assert!(e.to_string().contains("/v/index.json"));
+        let e = VindexIndex::parse(p, r#"{"format_version": 99}"#).unwrap_err();
+        assert!(matches!(e, VindexError::BadVersion { found: 99, .. }), "{e}");
+    }
+}

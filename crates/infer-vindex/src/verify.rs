@@ -1,0 +1,103 @@
+//! [`verify`]: re-hash every file of a vindex against the sha256 recorded in `index.json`.
+
+use std::path::Path;
+
+use crate::files;
+use crate::hash::sha256_file;
+use crate::index::VindexIndex;
+use crate::VindexError;
+
+/// One file whose content differs from `index.json`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileMismatch {
+    /// File name inside the vindex.
+    pub file: String,
+    pub expected_sha256: String,
+    /// `None` when the file is missing.
+    pub actual_sha256: Option<String>,
+    pub expected_bytes: u64,
+    pub actual_bytes: Option<u64>,
+}
+
+/// Result of [`verify`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Files hashed (every file listed in index.json).
+    pub checked: Vec<String>,
+    /// Total bytes hashed.
+    pub bytes: u64,
+    /// Files whose sha256 or size differ, or that are missing.
+    pub mismatches: Vec<FileMismatch>,
+}
+
+impl VerifyReport {
+    /// True when every file matched.
+    pub fn is_ok(&self) -> bool {
+        self.mismatches.is_empty()
+    }
+}
+
+impl std::fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for m in &self.mismatches {
+            match &m.actual_sha256 {
+                None => writeln!(f, "MISSING  {}", m.file)?,
+                Some(a) => writeln!(
+                    f,
+                    "MISMATCH {}: sha256 {a} ({} bytes), index.json says {} ({} bytes)",
+                    m.file,
+                    m.actual_bytes.unwrap_or(0),
+                    m.expected_sha256,
+                    m.expected_bytes
+                )?,
+            }
+        }
+        write!(
+            f,
+            "{} files, {} bytes checked: {}",
+            self.checked.len(),
+            self.bytes,
+            if self.is_ok() {
+                "all match".to_string()
+            } else {
+                format!("{} mismatched", self.mismatches.len())
+            }
+        )
+    }
+}
+
+/// Re-hash (sha256) every file listed in `path/index.json` and report differences by file.
+/// A missing or changed file is a mismatch in the report, not an error.
+/// Errors: `index.json` missing, corrupt, or of another version.
+pub fn verify(path: &Path) -> Result<VerifyReport, VindexError> {
+    let index_path = path.join(files::INDEX_JSON);
+    let text = std::fs::read_to_string(&index_path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            VindexError::MissingFile { path: index_path.clone() }
+        } else {
+            VindexError::io(&index_path, e)
+        }
+    })?;
+    let index = VindexIndex::parse(&index_path, &text)?;
+    let mut report = VerifyReport::default();
+    for f in &index.files {
+        let p = path.join(&f.name);
+        let (actual, bytes) = match sha256_file(&p) {
+            Ok((h, b)) => (Some(h), Some(b)),
+            Err(VindexError::MissingFile { .. }) => (None, None),
+            Err(e) => return Err(e),
+        };
+        report.checked.push(f.name.clone());
+        report.bytes += bytes.unwrap_or(0);
+        if actual.as_deref() != Some(f.sha256.as_str()) || bytes != Some(f.bytes) {
+            report.mismatches.push(FileMismatch {
+                file: f.name.clone(),
+                expected_sha256: f.sha256.clone(),
+                actual_sha256: actual,
+                expected_bytes: f.bytes,
+                actual_bytes: bytes,
+            });
+        }
+    }
+    Ok(report)
+}
