@@ -1,5 +1,6 @@
 //! `infer inspect`: architecture, config and tensor table of a checkpoint or vindex.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -17,44 +18,46 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let path = &args.path;
     if path.join("index.json").is_file() {
         let v = infer_vindex::Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))?;
-        print!("{}", infer_vindex::describe(&v));
+        crate::print_stdout(&infer_vindex::describe(&v));
         return Ok(());
     }
     let src = open_source(path)?;
+    let mut out = String::new();
     let c = &src.config;
     let arch = architecture_for(c).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    println!("source:        {} ({:?})", path.display(), src.kind);
-    println!("architecture:  {}", c.model_type);
-    println!("layers:        {}", c.num_hidden_layers);
-    println!("hidden_size:   {}", c.hidden_size);
-    println!("intermediate:  {}", c.intermediate_size);
-    println!("heads:         {} (KV heads {}, head_dim {})", c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-    println!("vocab:         {}", c.vocab_size);
-    println!("norm eps:      {}", c.norm_eps);
-    print!("rope:          base {}", c.rope_theta);
+    writeln!(out, "source:        {} ({:?})", path.display(), src.kind)?;
+    writeln!(out, "architecture:  {}", c.model_type)?;
+    writeln!(out, "layers:        {}", c.num_hidden_layers)?;
+    writeln!(out, "hidden_size:   {}", c.hidden_size)?;
+    writeln!(out, "intermediate:  {}", c.intermediate_size)?;
+    writeln!(out, "heads:         {} (KV heads {}, head_dim {})", c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+    writeln!(out, "vocab:         {}", c.vocab_size)?;
+    writeln!(out, "norm eps:      {}", c.norm_eps)?;
+    write!(out, "rope:          base {}", c.rope_theta)?;
     if let Some(local) = c.rope_local_theta {
-        print!(", local base {local}");
+        write!(out, ", local base {local}")?;
     }
     if let Some(s) = &c.rope_scaling {
-        print!(", scaling {s:?}");
+        write!(out, ", scaling {s:?}")?;
     }
     if c.partial_rotary_factor != 1.0 {
-        print!(", partial rotary {}", c.partial_rotary_factor);
+        write!(out, ", partial rotary {}", c.partial_rotary_factor)?;
     }
-    println!();
+    writeln!(out)?;
     if let Some(w) = c.sliding_window {
         let sliding: Vec<String> =
             (0..arch.num_layers()).filter(|&l| arch.sliding_window_for_layer(l).is_some()).map(|l| l.to_string()).collect();
-        println!("sliding:       window {w} on layers [{}]", sliding.join(", "));
+        writeln!(out, "sliding:       window {w} on layers [{}]", sliding.join(", "))?;
     }
-    println!("tied embeddings: {}", c.tie_word_embeddings);
-    println!("config:        {}", serde_json::to_string(c)?);
+    writeln!(out, "tied embeddings: {}", c.tie_word_embeddings)?;
+    writeln!(out, "config:        {}", serde_json::to_string(c)?)?;
     let tensors = src.tensors.tensors();
     let total: usize = tensors.iter().map(|t| t.bytes).sum();
-    println!("\n{} tensors, {:.1} MB", tensors.len(), total as f64 / 1e6);
-    println!("{:<60} {:<20} {:<6} {:>12}", "name", "shape", "dtype", "bytes");
+    writeln!(out, "\n{} tensors, {:.1} MB", tensors.len(), total as f64 / 1e6)?;
+    writeln!(out, "{:<60} {:<20} {:<6} {:>12}", "name", "shape", "dtype", "bytes")?;
     for t in tensors {
-        println!("{:<60} {:<20} {:<6} {:>12}", t.name, format!("{:?}", t.shape), t.dtype.name(), t.bytes);
+        writeln!(out, "{:<60} {:<20} {:<6} {:>12}", t.name, format!("{:?}", t.shape), t.dtype.name(), t.bytes)?;
     }
+    crate::print_stdout(&out);
     Ok(())
 }

@@ -51,8 +51,13 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
         progress: true,
     };
     let start = std::time::Instant::now();
-    let index = infer_vindex::extract(&args.source, &args.output, &opts)
-        .with_context(|| format!("extract {} → {}", args.source.display(), args.output.display()))?;
+    let index = infer_vindex::extract(&args.source, &args.output, &opts).with_context(|| {
+        format!(
+            "extract {} → {}",
+            args.source.display(),
+            args.output.display()
+        )
+    })?;
     let bytes: u64 = index.files.iter().map(|f| f.bytes).sum();
     eprintln!(
         "wrote {} ({} {}, {} layers, {} files, {:.1} MiB) in {:.1} s",

@@ -32,6 +32,29 @@ enum Command {
     Logits(cmd_run::LogitsArgs),
 }
 
+/// Write to stdout; a closed pipe (`infer inspect … | head`) ends quietly instead of panicking.
+pub(crate) fn print_stdout(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if out.write_all(text.as_bytes()).and_then(|_| out.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+/// The error and its causes, skipping a cause whose text the message already contains
+/// (several of our errors embed their source's text next to the file name).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -45,7 +68,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -176,8 +176,8 @@ fn assert_config_matches(got: &ModelConfig, c: &Value) {
     assert_eq!(got.head_dim, u("head_dim"));
     assert_eq!(got.vocab_size, u("vocab_size"));
     assert_eq!(got.max_position_embeddings, u("max_position_embeddings"));
-    // GGUF stores the epsilon and RoPE base as f32.
-    assert_eq!(got.norm_eps as f32, f("rms_norm_eps") as f32);
+    // GGUF stores f32; its shortest decimal is the config.json value.
+    assert_eq!(got.norm_eps, f("rms_norm_eps"));
     assert_eq!(got.rope_theta, f("rope_theta"));
     assert_eq!(got.rope_local_theta, c["rope_local_base_freq"].as_f64());
     assert!(c["rope_scaling"].is_null());
@@ -276,4 +276,21 @@ fn source_carries_chat_template_and_gguf() {
         "SentencePiece GGUF: needs a tokenizer.json"
     );
     assert!(gemma.chat_template.is_none());
+}
+
+/// The GGUF config equals the HF parser's config of the shared config.json, field for field.
+#[test]
+fn config_equals_hf_parser() {
+    for (file, dir) in [(SMOLLM2, "smollm2-135m-instruct"), (GEMMA3, "gemma3-270m")] {
+        let g = GgufFile::open(&model_path(file)).unwrap();
+        let p = gguf_common::shared_dir()
+            .join("models")
+            .join(dir)
+            .join("config.json");
+        assert_eq!(
+            config_from_gguf(&g).unwrap(),
+            ModelConfig::from_hf_file(&p).unwrap(),
+            "{file}"
+        );
+    }
 }

@@ -175,7 +175,10 @@ impl Vindex {
     /// Token embeddings and their shape `[vocab, hidden]` (stored dtype).
     pub fn embeddings(&self) -> (FloatSlice<'_>, [usize; 2]) {
         let e = &self.index.embeddings;
-        (self.view(files::EMBEDDINGS_BIN, e), [e.shape[0], e.shape[1]])
+        (
+            self.view(files::EMBEDDINGS_BIN, e),
+            [e.shape[0], e.shape[1]],
+        )
     }
 
     /// The untied output projection `[vocab, hidden]`, `None` when the model ties it to the
@@ -225,7 +228,11 @@ impl Vindex {
         Ok(())
     }
 
-    fn ffn_entry(&self, layer: usize, which: Ffn) -> Result<(&'static str, &TensorEntry), VindexError> {
+    fn ffn_entry(
+        &self,
+        layer: usize,
+        which: Ffn,
+    ) -> Result<(&'static str, &TensorEntry), VindexError> {
         self.check_layer(layer)?;
         let l = &self.index.layers[layer];
         let (file, e) = match which {
@@ -245,7 +252,12 @@ impl Vindex {
         Ok((self.view(file, e), [e.shape[0], e.shape[1]]))
     }
 
-    fn ffn_f32(&self, layer: usize, which: Ffn, accessor: &str) -> Result<(&[f32], [usize; 2]), VindexError> {
+    fn ffn_f32(
+        &self,
+        layer: usize,
+        which: Ffn,
+        accessor: &str,
+    ) -> Result<(&[f32], [usize; 2]), VindexError> {
         let (s, shape) = self.ffn(layer, which)?;
         match s {
             FloatSlice::F32(v) => Ok((v, shape)),
@@ -264,7 +276,11 @@ impl Vindex {
     /// FFN width of `layer` (rows of its feature-major matrices).
     /// Errors: layer out of range, or no dense FFN in that layer.
     pub fn intermediate_size(&self, layer: usize) -> Result<usize, VindexError> {
-        Ok(self.ffn_entry(layer, Ffn::Gate).or_else(|_| self.ffn_entry(layer, Ffn::Up))?.1.shape[0])
+        Ok(self
+            .ffn_entry(layer, Ffn::Gate)
+            .or_else(|_| self.ffn_entry(layer, Ffn::Up))?
+            .1
+            .shape[0])
     }
 
     /// Gate rows of `layer`, `[intermediate, hidden]` row-major, f32, straight from the mmap: the
@@ -341,10 +357,12 @@ impl Vindex {
     /// The stored `tokenizer.json` text (read on demand: it can be tens of MB).
     /// Errors: [`VindexError::Absent`] for a weights-only vindex; I/O naming the file.
     pub fn tokenizer_json(&self) -> Result<String, VindexError> {
-        let p = self.tokenizer_json_path().ok_or_else(|| VindexError::Absent {
-            path: self.path.join(files::TOKENIZER_JSON),
-            what: "tokenizer.json".into(),
-        })?;
+        let p = self
+            .tokenizer_json_path()
+            .ok_or_else(|| VindexError::Absent {
+                path: self.path.join(files::TOKENIZER_JSON),
+                what: "tokenizer.json".into(),
+            })?;
         std::fs::read_to_string(&p).map_err(|e| VindexError::io(&p, e))
     }
 

@@ -154,7 +154,11 @@ mod tests {
         std::fs::write(t.path().join("b"), "2").unwrap();
         t.commit(true).unwrap();
         assert!(target.join("b").exists() && !target.join("a").exists());
-        let names: Vec<_> = std::fs::read_dir(root.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(root.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
     }
 

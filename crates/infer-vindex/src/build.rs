@@ -54,7 +54,11 @@ impl Default for BuildOptions {
 }
 
 /// Open the checkpoint at `source_path` (HF folder or GGUF) and [`build`] a vindex at `target`.
-pub fn extract(source_path: &Path, target: &Path, opts: &BuildOptions) -> Result<VindexIndex, VindexError> {
+pub fn extract(
+    source_path: &Path,
+    target: &Path,
+    opts: &BuildOptions,
+) -> Result<VindexIndex, VindexError> {
     let source = infer_models::open_source(source_path)?;
     build(&source, target, opts)
 }
@@ -89,7 +93,11 @@ impl Planned<'_> {
 /// [`VindexError::BadSource`] (unknown architecture, no embedding, duplicate keys, shapes that
 /// disagree with the config), source read errors, I/O errors. On any error the temp directory
 /// is removed and `target` is untouched.
-pub fn build(source: &ModelSource, target: &Path, opts: &BuildOptions) -> Result<VindexIndex, VindexError> {
+pub fn build(
+    source: &ModelSource,
+    target: &Path,
+    opts: &BuildOptions,
+) -> Result<VindexIndex, VindexError> {
     let tokenizer_json = resolve_tokenizer(source, opts)?;
     let plan = plan(source)?;
     let tmp = TempBuildDir::create(target, opts.force)?;
@@ -126,7 +134,10 @@ fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
         for spec in specs {
             let key = spec.key;
             if !seen.insert(key.clone()) {
-                return Err(bad_source(source, format!("two tensors map to the key '{key}'")));
+                return Err(bad_source(
+                    source,
+                    format!("two tensors map to the key '{key}'"),
+                ));
             }
             let s = spec.shape;
             let mut place = classify(&key, &s);
@@ -137,7 +148,9 @@ fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
             let shape_err = |want: String| {
                 bad_source(
                     source,
-                    format!("tensor '{key}' has shape {s:?}, expected {want} (hidden_size {hidden})"),
+                    format!(
+                        "tensor '{key}' has shape {s:?}, expected {want} (hidden_size {hidden})"
+                    ),
                 )
             };
             match place.role {
@@ -147,24 +160,31 @@ fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
                     }
                     has_embedding |= place.role == Role::Embedding;
                 }
-                Role::FfnGate | Role::FfnUp => {
-                    if s.len() != 2 || s[1] != hidden {
-                        return Err(shape_err("[intermediate, hidden]".into()));
-                    }
+                Role::FfnGate | Role::FfnUp if s.len() != 2 || s[1] != hidden => {
+                    return Err(shape_err("[intermediate, hidden]".into()));
                 }
-                Role::FfnDown => {
-                    if s.len() != 2 || s[0] != hidden {
-                        return Err(shape_err("[hidden, intermediate]".into()));
-                    }
+                Role::FfnDown if s.len() != 2 || s[0] != hidden => {
+                    return Err(shape_err("[hidden, intermediate]".into()));
                 }
                 _ => {}
             }
-            outs.push(Out { key, shape: s, place });
+            outs.push(Out {
+                key,
+                shape: s,
+                place,
+            });
         }
-        out.push(Planned { info, transform, outs });
+        out.push(Planned {
+            info,
+            transform,
+            outs,
+        });
     }
     if !has_embedding {
-        return Err(bad_source(source, "no 'model.embed_tokens.weight' tensor".into()));
+        return Err(bad_source(
+            source,
+            "no 'model.embed_tokens.weight' tensor".into(),
+        ));
     }
     // FFN matrices of one layer must agree on the intermediate size.
     for l in 0..cfg.num_hidden_layers {
@@ -179,7 +199,10 @@ fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
             })
             .collect();
         if sizes.windows(2).any(|w| w[0].1 != w[1].1) {
-            return Err(bad_source(source, format!("layer {l}: FFN intermediate sizes disagree: {sizes:?}")));
+            return Err(bad_source(
+                source,
+                format!("layer {l}: FFN intermediate sizes disagree: {sizes:?}"),
+            ));
         }
     }
     Ok(out)
@@ -230,7 +253,9 @@ fn progress_bar(opts: &BuildOptions, total: usize) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let pb = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{msg:24} [{bar:40}] {pos}/{len} tensors {elapsed}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg:24} [{bar:40}] {pos}/{len} tensors {elapsed}")
+    {
         pb.set_style(style.progress_chars("=> "));
     }
     pb
@@ -252,14 +277,25 @@ fn write_all(
 
     // Embeddings first, then layer by layer, then the global tensors.
     let in_layer = |p: &Planned, l: usize| p.layer() == Some(l) && !p.has_role(Role::Embedding);
-    let mut order: Vec<&Planned> = plan.iter().filter(|p| p.has_role(Role::Embedding)).collect();
+    let mut order: Vec<&Planned> = plan
+        .iter()
+        .filter(|p| p.has_role(Role::Embedding))
+        .collect();
     for l in 0..num_layers {
-        order.extend(plan.iter().filter(|p| in_layer(p, l) && !p.has_role(Role::Other)));
-        order.extend(plan.iter().filter(|p| in_layer(p, l) && p.has_role(Role::Other)));
+        order.extend(
+            plan.iter()
+                .filter(|p| in_layer(p, l) && !p.has_role(Role::Other)),
+        );
+        order.extend(
+            plan.iter()
+                .filter(|p| in_layer(p, l) && p.has_role(Role::Other)),
+        );
     }
-    order.extend(plan.iter().filter(|p| {
-        !p.has_role(Role::Embedding) && p.layer().map_or(true, |l| l >= num_layers)
-    }));
+    order.extend(
+        plan.iter().filter(|p| {
+            !p.has_role(Role::Embedding) && p.layer().map_or(true, |l| l >= num_layers)
+        }),
+    );
 
     for p in order {
         pb.set_message(match p.layer() {
@@ -281,14 +317,19 @@ fn write_all(
         }
         let parts = apply(cfg, t.data, &t.shape, p.transform);
         for (o, data) in p.outs.iter().zip(parts) {
-            let format = if o.shape.len() <= 1 { QuantFormat::F32 } else { opts.dtype.format() };
+            let format = if o.shape.len() <= 1 {
+                QuantFormat::F32
+            } else {
+                opts.dtype.format()
+            };
             let entry = if o.place.role == Role::FfnDown {
                 let (h, i) = (o.shape[0], o.shape[1]);
                 let tr = transpose(&data, h, i);
                 drop(data);
                 w.down.write_tensor(&o.key, &[i, h], format, &tr)?
             } else {
-                w.for_role(o.place.role).write_tensor(&o.key, &o.shape, format, &data)?
+                w.for_role(o.place.role)
+                    .write_tensor(&o.key, &o.shape, format, &data)?
             };
             if let Some(l) = o.place.layer.filter(|&l| l < num_layers) {
                 match o.place.role {
@@ -304,7 +345,9 @@ fn write_all(
     pb.finish_and_clear();
 
     let mut file_hashes: Vec<FileHash> = Vec::new();
-    let mut finish = |bw: BinWriter, manifest: Option<&str>| -> Result<Option<crate::TensorEntry>, VindexError> {
+    let mut finish = |bw: BinWriter,
+                      manifest: Option<&str>|
+     -> Result<Option<crate::TensorEntry>, VindexError> {
         if bw.is_empty() {
             bw.discard()?;
             return Ok(None);
@@ -312,15 +355,17 @@ fn write_all(
         let (hash, entries) = bw.finish()?;
         file_hashes.push(hash);
         if let Some(mname) = manifest {
-            let text = serde_json::to_string_pretty(&entries).map_err(|e| VindexError::BadJson {
-                path: dir.join(mname),
-                msg: e.to_string(),
-            })?;
+            let text =
+                serde_json::to_string_pretty(&entries).map_err(|e| VindexError::BadJson {
+                    path: dir.join(mname),
+                    msg: e.to_string(),
+                })?;
             file_hashes.push(write_text(dir, mname, &text)?);
         }
         Ok(entries.into_iter().next())
     };
-    let embeddings = finish(w.embeddings, None)?.ok_or_else(|| bad_source(source, "no embeddings written".into()))?;
+    let embeddings = finish(w.embeddings, None)?
+        .ok_or_else(|| bad_source(source, "no embeddings written".into()))?;
     finish(w.norms, Some(files::NORMS_MANIFEST))?;
     finish(w.attn, Some(files::ATTN_WEIGHTS_MANIFEST))?;
     finish(w.gate, None)?;
@@ -397,7 +442,10 @@ fn provenance(source: &ModelSource) -> Result<Provenance, VindexError> {
     for f in weight_files {
         let (sha256, bytes) = sha256_file(&f)?;
         hashes.push(FileHash {
-            name: f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            name: f
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             bytes,
             sha256,
         });

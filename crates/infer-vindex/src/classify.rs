@@ -72,11 +72,20 @@ mod tests {
 
     #[test]
     fn llama_style_names() {
-        assert_eq!(role("model.embed_tokens.weight", &[8, 4]), (Role::Embedding, None));
+        assert_eq!(
+            role("model.embed_tokens.weight", &[8, 4]),
+            (Role::Embedding, None)
+        );
         assert_eq!(role("lm_head.weight", &[8, 4]), (Role::LmHead, None));
         assert_eq!(role("model.norm.weight", &[4]), (Role::Norm, None));
         assert_eq!(role("model.norm.bias", &[4]), (Role::Norm, None));
-        for n in ["q_proj.weight", "k_proj.bias", "o_proj.weight", "q_norm.weight", "k_norm.weight"] {
+        for n in [
+            "q_proj.weight",
+            "k_proj.bias",
+            "o_proj.weight",
+            "q_norm.weight",
+            "k_norm.weight",
+        ] {
             let name = format!("model.layers.3.self_attn.{n}");
             assert_eq!(role(&name, &[4, 4]), (Role::Attention, Some(3)), "{name}");
         }
@@ -89,18 +98,33 @@ mod tests {
             let name = format!("model.layers.12.{n}.weight");
             assert_eq!(role(&name, &[4]), (Role::Norm, Some(12)), "{name}");
         }
-        assert_eq!(role("model.layers.0.mlp.gate_proj.weight", &[8, 4]), (Role::FfnGate, Some(0)));
-        assert_eq!(role("model.layers.0.mlp.up_proj.weight", &[8, 4]), (Role::FfnUp, Some(0)));
-        assert_eq!(role("model.layers.0.mlp.down_proj.weight", &[4, 8]), (Role::FfnDown, Some(0)));
+        assert_eq!(
+            role("model.layers.0.mlp.gate_proj.weight", &[8, 4]),
+            (Role::FfnGate, Some(0))
+        );
+        assert_eq!(
+            role("model.layers.0.mlp.up_proj.weight", &[8, 4]),
+            (Role::FfnUp, Some(0))
+        );
+        assert_eq!(
+            role("model.layers.0.mlp.down_proj.weight", &[4, 8]),
+            (Role::FfnDown, Some(0))
+        );
     }
 
     #[test]
     fn unknown_names_are_other() {
         let experts = "model.layers.1.block_sparse_moe.experts.0.w1.weight";
         assert_eq!(role(experts, &[8, 4]), (Role::Other, Some(1)));
-        assert_eq!(role("model.layers.1.mlp.c_fc.bias", &[8]), (Role::Other, Some(1)));
+        assert_eq!(
+            role("model.layers.1.mlp.c_fc.bias", &[8]),
+            (Role::Other, Some(1))
+        );
         assert_eq!(role("transformer.wpe.weight", &[8, 4]), (Role::Other, None));
         // A 2-D tensor named like a norm is not a norm.
-        assert_eq!(role("model.layers.0.odd_norm.weight", &[2, 2]), (Role::Other, Some(0)));
+        assert_eq!(
+            role("model.layers.0.odd_norm.weight", &[2, 2]),
+            (Role::Other, Some(0))
+        );
     }
 }

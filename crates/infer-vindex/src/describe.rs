@@ -32,32 +32,63 @@ pub fn describe(v: &Vindex) -> String {
     for h in &p.source_sha256 {
         let _ = writeln!(s, "  sha256    {}  {}", h.sha256, h.name);
     }
-    let _ = writeln!(s, "built by    infer {} at unix {}", p.infer_version, p.created_unix);
-    let _ = writeln!(s, "tiers       {}  (matrices {}, 1-D tensors f32)", ix.tiers.join(", "), ix.dtype);
+    let _ = writeln!(
+        s,
+        "built by    infer {} at unix {}",
+        p.infer_version, p.created_unix
+    );
+    let _ = writeln!(
+        s,
+        "tiers       {}  (matrices {}, 1-D tensors f32)",
+        ix.tiers.join(", "),
+        ix.dtype
+    );
     let sh = &ix.shapes;
     let _ = writeln!(
         s,
         "shapes      vocab {} × hidden {}, intermediate {}, {} layers",
         sh.vocab_size, sh.hidden_size, sh.intermediate_size, sh.num_layers
     );
-    let ffn_layers = ix.layers.iter().filter(|l| l.gate.is_some() || l.up.is_some()).count();
+    let ffn_layers = ix
+        .layers
+        .iter()
+        .filter(|l| l.gate.is_some() || l.up.is_some())
+        .count();
     let _ = writeln!(
         s,
         "tensors     {} stored ({} layers with a dense FFN), lm_head {}",
         v.keys().count(),
         ffn_layers,
-        if ix.lm_head.is_some() { "untied" } else { "tied (absent)" }
+        if ix.lm_head.is_some() {
+            "untied"
+        } else {
+            "tied (absent)"
+        }
     );
     let _ = writeln!(
         s,
         "tokenizer   {}{}",
-        if ix.has_tokenizer { "tokenizer.json" } else { "none" },
-        if v.chat_template().is_some() { ", chat template" } else { "" }
+        if ix.has_tokenizer {
+            "tokenizer.json"
+        } else {
+            "none"
+        },
+        if v.chat_template().is_some() {
+            ", chat template"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(s, "files:");
     let total: u64 = ix.files.iter().map(|f| f.bytes).sum();
     for f in &ix.files {
-        let _ = writeln!(s, "  {:32} {:>12}  sha256 {}", f.name, human(f.bytes), &f.sha256[..16.min(f.sha256.len())]);
+        let _ = writeln!(
+            s,
+            "  {:32} {:>12}  sha256 {}",
+            f.name,
+            human(f.bytes),
+            &f.sha256[..16.min(f.sha256.len())]
+        );
     }
     let _ = writeln!(s, "  {:32} {:>12}", "(total)", human(total));
     let _ = writeln!(s, "config:");

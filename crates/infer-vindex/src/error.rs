@@ -26,7 +26,9 @@ pub enum VindexError {
         expected: u64,
     },
     /// A file's size differs from what `index.json` records (e.g. a truncated `.bin`).
-    #[error("{path}: size is {actual} bytes but index.json records {expected} (truncated or replaced?)")]
+    #[error(
+        "{path}: size is {actual} bytes but index.json records {expected} (truncated or replaced?)"
+    )]
     SizeMismatch {
         path: PathBuf,
         expected: u64,

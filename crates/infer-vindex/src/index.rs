@@ -136,7 +136,8 @@ impl VindexIndex {
             path: path.to_path_buf(),
             msg,
         };
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         let version = value
             .get("format_version")
             .and_then(|v| v.as_u64())
@@ -216,7 +217,8 @@ mod tests {
                 "ModelConfig field '{field}' is neither persisted nor in EXEMPT_FIELDS"
             );
         }
-        let back: ModelConfig = serde_json::from_value(serde_json::Value::Object(persisted.clone())).unwrap();
+        let back: ModelConfig =
+            serde_json::from_value(serde_json::Value::Object(persisted.clone())).unwrap();
         assert_eq!(back, config);
     }
 
@@ -227,6 +229,9 @@ mod tests {
         assert!(matches!(e, VindexError::BadJson { .. }), "{e}");
         assert!(e.to_string().contains("/v/index.json"));
         let e = VindexIndex::parse(p, r#"{"format_version": 99}"#).unwrap_err();
-        assert!(matches!(e, VindexError::BadVersion { found: 99, .. }), "{e}");
+        assert!(
+            matches!(e, VindexError::BadVersion { found: 99, .. }),
+            "{e}"
+        );
     }
 }

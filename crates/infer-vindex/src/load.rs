@@ -17,7 +17,9 @@ use crate::manifest::{parse_manifest, TensorEntry};
 use crate::VindexError;
 
 #[cfg(target_endian = "big")]
-compile_error!("vindex files are little-endian and are viewed in place; big-endian hosts are not supported");
+compile_error!(
+    "vindex files are little-endian and are viewed in place; big-endian hosts are not supported"
+);
 
 /// Which kind of stored tensor a key names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,7 +129,12 @@ impl Vindex {
     }
 
     /// Validate one entry against its mapped file and register it under its key.
-    fn add_entry(&mut self, file: &'static str, e: TensorEntry, kind: Kind) -> Result<(), VindexError> {
+    fn add_entry(
+        &mut self,
+        file: &'static str,
+        e: TensorEntry,
+        kind: Kind,
+    ) -> Result<(), VindexError> {
         let p = self.path.join(file);
         let len = match self.maps.get(file) {
             Some(m) => m.len(),
@@ -140,7 +147,10 @@ impl Vindex {
             msg,
         };
         if !matches!(e.format, QuantFormat::F32 | QuantFormat::F16) {
-            return Err(bad(format!("format {} in a float-tier file (expected F32 or F16)", e.format)));
+            return Err(bad(format!(
+                "format {} in a float-tier file (expected F32 or F16)",
+                e.format
+            )));
         }
         if self.entries.contains_key(&e.key) {
             return Err(bad("key appears twice".into()));
@@ -152,16 +162,17 @@ impl Vindex {
     fn load_entries(&mut self) -> Result<(), VindexError> {
         let hidden = self.index.shapes.hidden_size;
         let vocab = self.index.shapes.vocab_size;
-        let matrix_check = |file: &str, e: &TensorEntry, want: [usize; 2]| -> Result<(), VindexError> {
-            if e.shape != want {
-                return Err(VindexError::BadEntry {
-                    path: self.path.join(file),
-                    key: e.key.clone(),
-                    msg: format!("shape {:?}, expected {want:?}", e.shape),
-                });
-            }
-            Ok(())
-        };
+        let matrix_check =
+            |file: &str, e: &TensorEntry, want: [usize; 2]| -> Result<(), VindexError> {
+                if e.shape != want {
+                    return Err(VindexError::BadEntry {
+                        path: self.path.join(file),
+                        key: e.key.clone(),
+                        msg: format!("shape {:?}, expected {want:?}", e.shape),
+                    });
+                }
+                Ok(())
+            };
         let emb = self.index.embeddings.clone();
         matrix_check(files::EMBEDDINGS_BIN, &emb, [vocab, hidden])?;
         let lm = self.index.lm_head.clone();

@@ -47,10 +47,12 @@ impl TensorEntry {
             key: self.key.clone(),
             msg,
         };
-        let expected = self
-            .format
-            .expected_bytes(&self.shape)
-            .map_err(|e| bad(format!("shape {:?} invalid for {}: {e}", self.shape, self.format)))?;
+        let expected = self.format.expected_bytes(&self.shape).map_err(|e| {
+            bad(format!(
+                "shape {:?} invalid for {}: {e}",
+                self.shape, self.format
+            ))
+        })?;
         if expected != self.length {
             return Err(bad(format!(
                 "length {} bytes but shape {:?} in {} needs {expected}",
@@ -134,7 +136,11 @@ mod tests {
         assert!(entry().validate(p, 87).is_err());
         let mut e = entry();
         e.length = 20;
-        assert!(e.validate(p, 1000).unwrap_err().to_string().contains("needs 24"));
+        assert!(e
+            .validate(p, 1000)
+            .unwrap_err()
+            .to_string()
+            .contains("needs 24"));
         let mut e = entry();
         e.offset = 8;
         assert!(e.validate(p, 1000).is_err());

@@ -12,7 +12,10 @@ use crate::VindexError;
 /// Errors: [`VindexError::Io`] / [`VindexError::BadJson`] for an unreadable or non-JSON
 /// `--tokenizer` file; [`VindexError::NoTokenizer`] when none is found and
 /// `allow_no_tokenizer` is false.
-pub fn resolve_tokenizer(source: &ModelSource, opts: &BuildOptions) -> Result<Option<String>, VindexError> {
+pub fn resolve_tokenizer(
+    source: &ModelSource,
+    opts: &BuildOptions,
+) -> Result<Option<String>, VindexError> {
     if let Some(path) = &opts.tokenizer {
         let text = std::fs::read_to_string(path).map_err(|e| VindexError::io(path, e))?;
         serde_json::from_str::<serde_json::Value>(&text).map_err(|e| VindexError::BadJson {

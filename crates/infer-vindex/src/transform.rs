@@ -17,7 +17,9 @@ fn rekey(key: &str, fused: &str, part: &str) -> Result<String, String> {
     if key.contains(fused) {
         Ok(key.replacen(fused, part, 1))
     } else {
-        Err(format!("'{key}': expected a '{fused}' key for a fused tensor"))
+        Err(format!(
+            "'{key}': expected a '{fused}' key for a fused tensor"
+        ))
     }
 }
 
@@ -53,7 +55,9 @@ pub fn plan_outputs(
                 ));
             }
             if layout == QkvLayout::PerHeadInterleaved && q_rows != kv_rows {
-                return Err(format!("'{key}': per-head interleaved qkv needs as many kv heads as q heads"));
+                return Err(format!(
+                    "'{key}': per-head interleaved qkv needs as many kv heads as q heads"
+                ));
             }
             let mk = |part: &str, r: usize| -> Result<OutSpec, String> {
                 let shape = match cols {
@@ -62,7 +66,11 @@ pub fn plan_outputs(
                 };
                 Ok(out(rekey(key, "qkv_proj", part)?, shape))
             };
-            Ok(vec![mk("q_proj", q_rows)?, mk("k_proj", kv_rows)?, mk("v_proj", kv_rows)?])
+            Ok(vec![
+                mk("q_proj", q_rows)?,
+                mk("k_proj", kv_rows)?,
+                mk("v_proj", kv_rows)?,
+            ])
         }
         TensorTransform::SplitGateUp => {
             let (rows, rest) = shape
@@ -99,7 +107,12 @@ pub fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 /// Apply `t` to a source tensor's data (`shape` as in the source); returns one buffer per
 /// output of [`plan_outputs`], in the same order. `cfg` gives the head geometry.
-pub fn apply(cfg: &ModelConfig, data: Vec<f32>, shape: &[usize], t: TensorTransform) -> Vec<Vec<f32>> {
+pub fn apply(
+    cfg: &ModelConfig,
+    data: Vec<f32>,
+    shape: &[usize],
+    t: TensorTransform,
+) -> Vec<Vec<f32>> {
     let q_rows = cfg.num_attention_heads * cfg.head_dim;
     let kv_rows = cfg.num_key_value_heads * cfg.head_dim;
     match (t, shape) {
@@ -122,7 +135,8 @@ pub fn apply(cfg: &ModelConfig, data: Vec<f32>, shape: &[usize], t: TensorTransf
                 QkvLayout::PerHeadInterleaved => {
                     // Per head h: rows [q_h; k_h; v_h], head_dim rows each.
                     let block = cfg.head_dim * cols;
-                    let mut parts = vec![Vec::with_capacity(q_rows * cols); 3];
+                    let mut parts: Vec<Vec<f32>> =
+                        (0..3).map(|_| Vec::with_capacity(q_rows * cols)).collect();
                     for (i, chunk) in data.chunks(block).enumerate() {
                         parts[i % 3].extend_from_slice(chunk);
                     }

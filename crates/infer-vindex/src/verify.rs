@@ -73,7 +73,9 @@ pub fn verify(path: &Path) -> Result<VerifyReport, VindexError> {
     let index_path = path.join(files::INDEX_JSON);
     let text = std::fs::read_to_string(&index_path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            VindexError::MissingFile { path: index_path.clone() }
+            VindexError::MissingFile {
+                path: index_path.clone(),
+            }
         } else {
             VindexError::io(&index_path, e)
         }

@@ -117,7 +117,8 @@ impl BinWriter {
             .out
             .into_inner()
             .map_err(|e| VindexError::io(&self.path, e.into_error()))?;
-        file.sync_all().map_err(|e| VindexError::io(&self.path, e))?;
+        file.sync_all()
+            .map_err(|e| VindexError::io(&self.path, e))?;
         Ok((
             FileHash {
                 name: self.name.to_string(),

@@ -15,7 +15,12 @@ fn cases() -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     v.sort();
-    assert_eq!(v.len(), 19, "expected 19 archref cases in {}: {v:?}", dir.display());
+    assert_eq!(
+        v.len(),
+        19,
+        "expected 19 archref cases in {}: {v:?}",
+        dir.display()
+    );
     v
 }
 
@@ -24,7 +29,8 @@ fn roundtrip(dtype: Dtype) {
     let mut failures = Vec::new();
     for case in cases() {
         let src_path = shared_dir().join("archrefs").join(&case);
-        let src = infer_models::open_source(&src_path).unwrap_or_else(|e| panic!("{case}: open source: {e}"));
+        let src = infer_models::open_source(&src_path)
+            .unwrap_or_else(|e| panic!("{case}: open source: {e}"));
         let target = root.path().join(format!("{case}-{dtype}.vindex"));
         let opts = BuildOptions {
             dtype,
@@ -37,7 +43,10 @@ fn roundtrip(dtype: Dtype) {
                 let n = assert_roundtrip(&src, &v);
                 assert_eq!(v.config(), &src.config, "{case}: config");
                 assert_eq!(index.shapes.num_layers, src.config.num_hidden_layers);
-                assert!(infer_vindex::verify(&target).unwrap().is_ok(), "{case}: verify");
+                assert!(
+                    infer_vindex::verify(&target).unwrap().is_ok(),
+                    "{case}: verify"
+                );
                 eprintln!("{case}: {n} tensors round-trip ({dtype})");
             }
             Err(e) => failures.push(format!("{case}: {e}")),
@@ -70,7 +79,10 @@ fn llama_feature_major_layout() {
     };
     build(&src, &target, &opts).unwrap();
     let v = Vindex::open(&target).unwrap();
-    let down = src.tensors.read_f32("model.layers.1.mlp.down_proj.weight").unwrap(); // [64, 128]
+    let down = src
+        .tensors
+        .read_f32("model.layers.1.mlp.down_proj.weight")
+        .unwrap(); // [64, 128]
     let (h, i) = (down.shape[0], down.shape[1]);
     let m = v.down_layer_matrix(1).unwrap();
     assert_eq!(m.dim(), (i, h));
@@ -79,8 +91,17 @@ fn llama_feature_major_layout() {
             assert_eq!(m[[feat, d]].to_bits(), down.data[d * i + feat].to_bits());
         }
     }
-    let gate = src.tensors.read_f32("model.layers.1.mlp.gate_proj.weight").unwrap();
+    let gate = src
+        .tensors
+        .read_f32("model.layers.1.mlp.gate_proj.weight")
+        .unwrap();
     assert_eq!(v.gate_vectors(1).unwrap(), &gate.data[..]);
-    let up = src.tensors.read_f32("model.layers.0.mlp.up_proj.weight").unwrap();
-    assert_eq!(v.up_layer_matrix(0).unwrap().as_slice().unwrap(), &up.data[..]);
+    let up = src
+        .tensors
+        .read_f32("model.layers.0.mlp.up_proj.weight")
+        .unwrap();
+    assert_eq!(
+        v.up_layer_matrix(0).unwrap().as_slice().unwrap(),
+        &up.data[..]
+    );
 }

@@ -25,7 +25,8 @@ fn gemma_tokenizer(dir: &Path) -> PathBuf {
 }
 
 fn roundtrip(model: &str, dtype: Dtype, tokenizer: Option<PathBuf>, root: &Path) -> PathBuf {
-    let src = infer_models::open_source(&model_file(model)).unwrap_or_else(|e| panic!("{model}: {e}"));
+    let src =
+        infer_models::open_source(&model_file(model)).unwrap_or_else(|e| panic!("{model}: {e}"));
     let target = root.join(format!("{model}-{dtype}.vindex"));
     let opts = BuildOptions {
         dtype,
@@ -39,11 +40,15 @@ fn roundtrip(model: &str, dtype: Dtype, tokenizer: Option<PathBuf>, root: &Path)
     let n = assert_roundtrip(&src, &v);
     assert_eq!(v.config(), &src.config);
     assert_eq!(v.chat_template(), src.chat_template.as_deref());
-    let stored_tok: serde_json::Value = serde_json::from_str(&v.tokenizer_json().unwrap()).expect("tokenizer.json is JSON");
+    let stored_tok: serde_json::Value =
+        serde_json::from_str(&v.tokenizer_json().unwrap()).expect("tokenizer.json is JSON");
     assert!(stored_tok.get("model").is_some());
     assert_eq!(v.index().provenance.source_kind, "gguf");
     assert_eq!(v.index().provenance.source_sha256.len(), 1);
-    eprintln!("{model} {dtype}: {n} tensors round-trip; built in {:.2} s", built.as_secs_f64());
+    eprintln!(
+        "{model} {dtype}: {n} tensors round-trip; built in {:.2} s",
+        built.as_secs_f64()
+    );
     target
 }
 
@@ -57,7 +62,10 @@ fn smollm2_roundtrip_f32_and_f16() {
     assert_eq!(v.num_layers(), 30);
     assert_eq!(v.gate_vectors(29).unwrap().len(), 1536 * 576);
     let sha = &v.index().provenance.source_sha256[0].sha256;
-    assert_eq!(sha, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53");
+    assert_eq!(
+        sha,
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    );
     roundtrip(SMOLLM, Dtype::F16, None, root.path());
 }
 
@@ -70,7 +78,9 @@ fn gemma3_roundtrip_f32_and_f16() {
     assert_eq!(v.num_layers(), 18);
     assert_eq!(v.embeddings().1, [262144, 640]);
     assert!(v.tensor("model.layers.5.self_attn.q_norm.weight").is_ok());
-    assert!(v.tensor("model.layers.17.post_feedforward_layernorm.weight").is_ok());
+    assert!(v
+        .tensor("model.layers.17.post_feedforward_layernorm.weight")
+        .is_ok());
     assert!(infer_vindex::verify(&t).unwrap().is_ok());
     std::fs::remove_dir_all(&t).unwrap();
     roundtrip(GEMMA, Dtype::F16, Some(tok), root.path());

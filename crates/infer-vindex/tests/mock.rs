@@ -49,13 +49,28 @@ fn roundtrip_f32_bit_exact() {
     assert_eq!(v.num_layers(), 3);
     assert_eq!(v.config(), &src.config);
     assert_eq!(v.intermediate_size(1).unwrap(), 80);
-    assert_eq!(v.tokenizer_json().unwrap(), src.tokenizer_json.clone().unwrap());
-    assert_eq!(v.tokenizer_config_json(), src.tokenizer_config_json.as_deref());
+    assert_eq!(
+        v.tokenizer_json().unwrap(),
+        src.tokenizer_json.clone().unwrap()
+    );
+    assert_eq!(
+        v.tokenizer_config_json(),
+        src.tokenizer_config_json.as_deref()
+    );
     assert_eq!(v.chat_template(), Some("{{ messages }}"));
     // Unclassifiable tensors are kept in other_weights.bin.
-    assert_eq!(v.entry("model.layers.2.mlp.router.weight").unwrap().0, files::OTHER_BIN);
-    assert_eq!(v.entry("model.layers.0.self_attn.q_norm.weight").unwrap().0, files::ATTN_WEIGHTS_BIN);
-    assert_eq!(v.entry("model.layers.0.input_layernorm.weight").unwrap().0, files::NORMS_BIN);
+    assert_eq!(
+        v.entry("model.layers.2.mlp.router.weight").unwrap().0,
+        files::OTHER_BIN
+    );
+    assert_eq!(
+        v.entry("model.layers.0.self_attn.q_norm.weight").unwrap().0,
+        files::ATTN_WEIGHTS_BIN
+    );
+    assert_eq!(
+        v.entry("model.layers.0.input_layernorm.weight").unwrap().0,
+        files::NORMS_BIN
+    );
     // Every tensor is 64-byte aligned.
     for k in v.keys() {
         assert_eq!(v.entry(k).unwrap().1.offset % 64, 0, "{k}");
@@ -92,14 +107,24 @@ fn roundtrip_f16_equals_f16_rounding_and_halves_files() {
     let v = Vindex::open(&t16).unwrap();
     assert_eq!(v.dtype(), Dtype::F16);
     assert_eq!(assert_roundtrip(&mock_source(&DIMS), &v), 49);
-    for f in [files::EMBEDDINGS_BIN, files::GATE_VECTORS_BIN, files::DOWN_FEATURES_BIN] {
+    for f in [
+        files::EMBEDDINGS_BIN,
+        files::GATE_VECTORS_BIN,
+        files::DOWN_FEATURES_BIN,
+    ] {
         let a = std::fs::metadata(t32.join(f)).unwrap().len();
         let b = std::fs::metadata(t16.join(f)).unwrap().len();
-        assert!(b * 2 <= a + 64 * 3 && b * 2 >= a - 64 * 3, "{f}: f32 {a} B, f16 {b} B");
+        assert!(
+            b * 2 <= a + 64 * 3 && b * 2 >= a - 64 * 3,
+            "{f}: f32 {a} B, f16 {b} B"
+        );
     }
     // f32-only accessors refuse an f16 vindex with guidance; f16 views work.
     let e = v.gate_vectors(0).unwrap_err();
-    assert!(matches!(e, VindexError::WrongDtype { .. }) && e.to_string().contains("gate_vectors_f16"), "{e}");
+    assert!(
+        matches!(e, VindexError::WrongDtype { .. }) && e.to_string().contains("gate_vectors_f16"),
+        "{e}"
+    );
     assert!(v.down_layer_matrix(0).is_err() && v.up_layer_matrix(0).is_err());
     assert_eq!(v.gate_vectors_f16(2).unwrap().len(), 80 * 32);
 }
@@ -110,7 +135,10 @@ fn views_point_into_the_mmap() {
     let v = Vindex::open(&target).unwrap();
     let inside = |file: &str, ptr: usize, bytes: usize| {
         let r = v.mapped_range(file).unwrap();
-        assert!(r.start <= ptr && ptr + bytes <= r.end, "{file}: {ptr:#x}+{bytes} not in {r:?}");
+        assert!(
+            r.start <= ptr && ptr + bytes <= r.end,
+            "{file}: {ptr:#x}+{bytes} not in {r:?}"
+        );
     };
     for l in 0..3 {
         let g = v.gate_vectors(l).unwrap();
@@ -136,10 +164,25 @@ fn views_point_into_the_mmap() {
 fn out_of_range_and_unknown_keys_are_errors() {
     let (_root, target) = built(Dtype::F32);
     let v = Vindex::open(&target).unwrap();
-    assert!(matches!(v.gate_vectors(3), Err(VindexError::LayerOutOfRange { layer: 3, num_layers: 3 })));
-    assert!(matches!(v.down_layer_matrix(99), Err(VindexError::LayerOutOfRange { .. })));
-    assert!(matches!(v.up_layer(7), Err(VindexError::LayerOutOfRange { .. })));
-    assert!(matches!(v.tensor("nope"), Err(VindexError::NoSuchTensor { .. })));
+    assert!(matches!(
+        v.gate_vectors(3),
+        Err(VindexError::LayerOutOfRange {
+            layer: 3,
+            num_layers: 3
+        })
+    ));
+    assert!(matches!(
+        v.down_layer_matrix(99),
+        Err(VindexError::LayerOutOfRange { .. })
+    ));
+    assert!(matches!(
+        v.up_layer(7),
+        Err(VindexError::LayerOutOfRange { .. })
+    ));
+    assert!(matches!(
+        v.tensor("nope"),
+        Err(VindexError::NoSuchTensor { .. })
+    ));
     // FFN keys point to the per-layer accessors.
     let e = v.tensor("model.layers.0.mlp.down_proj.weight").unwrap_err();
     assert!(e.to_string().contains("down_layer"), "{e}");
@@ -160,7 +203,8 @@ fn tied_model_has_no_lm_head() {
 /// Rewrite index.json through a closure on its JSON value.
 fn edit_index(target: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let p = target.join(files::INDEX_JSON);
-    let mut j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let mut j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     f(&mut j);
     std::fs::write(&p, serde_json::to_string_pretty(&j).unwrap()).unwrap();
 }
@@ -186,7 +230,17 @@ fn corrupt_index_json_is_a_named_error() {
     std::fs::write(&p, &text).unwrap();
     edit_index(&target, |j| j["format_version"] = 2.into());
     let e = Vindex::open(&target).err().unwrap();
-    assert!(matches!(e, VindexError::BadVersion { found: 2, expected: 1, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            VindexError::BadVersion {
+                found: 2,
+                expected: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     std::fs::write(&p, &text).unwrap();
     edit_index(&target, |j| {
@@ -201,7 +255,12 @@ fn truncated_bin_is_a_named_error() {
     let (_root, target) = built(Dtype::F32);
     let p = target.join(files::DOWN_FEATURES_BIN);
     let len = std::fs::metadata(&p).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len - 100).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
     let e = Vindex::open(&target).err().unwrap();
     assert!(matches!(e, VindexError::SizeMismatch { .. }), "{e}");
     assert!(e.to_string().contains("down_features.bin"), "{e}");
@@ -222,7 +281,8 @@ fn missing_file_is_a_named_error() {
 fn manifest_length_disagreeing_with_shape_is_refused() {
     let (_root, target) = built(Dtype::F32);
     let mp = target.join(files::ATTN_WEIGHTS_MANIFEST);
-    let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
     let key = m[1]["key"].as_str().unwrap().to_string();
     let len = m[1]["length"].as_u64().unwrap();
     m[1]["length"] = (len - 4).into();
@@ -239,7 +299,10 @@ fn manifest_length_disagreeing_with_shape_is_refused() {
     let e = Vindex::open(&target).err().unwrap();
     assert!(matches!(e, VindexError::BadEntry { .. }), "{e}");
     let s = e.to_string();
-    assert!(s.contains("attn_weights.bin") && s.contains(&key) && s.contains("length"), "{s}");
+    assert!(
+        s.contains("attn_weights.bin") && s.contains(&key) && s.contains("length"),
+        "{s}"
+    );
 
     // An entry whose format tag is missing is refused too (never defaulted).
     m[1]["length"] = len.into();
@@ -254,7 +317,10 @@ fn manifest_length_disagreeing_with_shape_is_refused() {
         }
     });
     let s = open_err(&target);
-    assert!(s.contains("attn_weights_manifest.json") && s.contains("format"), "{s}");
+    assert!(
+        s.contains("attn_weights_manifest.json") && s.contains("format"),
+        "{s}"
+    );
 }
 
 #[test]
@@ -272,7 +338,10 @@ fn verify_reports_sha256_mismatch_by_file() {
     let report = verify(&target).unwrap();
     assert_eq!(report.mismatches.len(), 1, "{report}");
     assert_eq!(report.mismatches[0].file, files::GATE_VECTORS_BIN);
-    assert!(report.to_string().contains("MISMATCH gate_vectors.bin"), "{report}");
+    assert!(
+        report.to_string().contains("MISMATCH gate_vectors.bin"),
+        "{report}"
+    );
     std::fs::remove_file(target.join(files::TOKENIZER_JSON)).unwrap();
     let report = verify(&target).unwrap();
     assert_eq!(report.mismatches.len(), 2, "{report}");
@@ -301,7 +370,10 @@ fn failed_build_leaves_nothing_and_keeps_old_target() {
         let t = src.tensors;
         // Rebuild the mock with a read failure in the middle of layer 1.
         let infos = t.tensors().to_vec();
-        let data = infos.iter().map(|i| t.read_f32(&i.name).unwrap().data).collect();
+        let data = infos
+            .iter()
+            .map(|i| t.read_f32(&i.name).unwrap().data)
+            .collect();
         src.tensors = Box::new(MockTensors {
             infos,
             data,
@@ -312,7 +384,11 @@ fn failed_build_leaves_nothing_and_keeps_old_target() {
     };
     let e = build(&failing(), &target, &opts(Dtype::F32)).unwrap_err();
     assert!(e.to_string().contains("simulated read failure"), "{e}");
-    assert!(dir_names(root.path()).is_empty(), "{:?}", dir_names(root.path()));
+    assert!(
+        dir_names(root.path()).is_empty(),
+        "{:?}",
+        dir_names(root.path())
+    );
     // With --force over an existing vindex, a failure keeps the old one intact.
     build(&mock_source(&DIMS), &target, &opts(Dtype::F32)).unwrap();
     let o = BuildOptions {
@@ -341,7 +417,10 @@ fn tokenizer_sources() {
     build(&src, &root.path().join("b.vindex"), &o).unwrap();
     let v = Vindex::open(&root.path().join("b.vindex")).unwrap();
     assert!(v.tokenizer_json_path().is_none());
-    assert!(matches!(v.tokenizer_json(), Err(VindexError::Absent { .. })));
+    assert!(matches!(
+        v.tokenizer_json(),
+        Err(VindexError::Absent { .. })
+    ));
 
     let tok = root.path().join("tok.json");
     std::fs::write(&tok, r#"{"model":{"type":"WordLevel"}}"#).unwrap();
@@ -351,7 +430,10 @@ fn tokenizer_sources() {
     };
     build(&src, &root.path().join("c.vindex"), &o).unwrap();
     let v = Vindex::open(&root.path().join("c.vindex")).unwrap();
-    assert_eq!(v.tokenizer_json().unwrap(), r#"{"model":{"type":"WordLevel"}}"#);
+    assert_eq!(
+        v.tokenizer_json().unwrap(),
+        r#"{"model":{"type":"WordLevel"}}"#
+    );
 
     std::fs::write(&tok, "not json").unwrap();
     let o = BuildOptions {
@@ -384,10 +466,19 @@ fn index_records_provenance_and_hashes() {
     assert_eq!(ix.layers.len(), 3);
     for f in &ix.files {
         assert_eq!(f.sha256.len(), 64, "{}", f.name);
-        assert_eq!(std::fs::metadata(target.join(&f.name)).unwrap().len(), f.bytes);
+        assert_eq!(
+            std::fs::metadata(target.join(&f.name)).unwrap().len(),
+            f.bytes
+        );
     }
     let d = infer_vindex::describe(&v);
-    for s in ["gate_vectors.bin", "llama", "vocab 96", "3 layers", "\"hidden_size\": 32"] {
+    for s in [
+        "gate_vectors.bin",
+        "llama",
+        "vocab 96",
+        "3 layers",
+        "\"hidden_size\": 32",
+    ] {
         assert!(d.contains(s), "describe lacks '{s}':\n{d}");
     }
 }

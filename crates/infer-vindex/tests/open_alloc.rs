@@ -64,12 +64,21 @@ fn open_allocates_no_weight_sized_buffers() {
     let dm = v.down_layer_matrix(2).unwrap();
     let (e, _) = v.embeddings();
     TRACK.store(false, Ordering::SeqCst);
-    assert_eq!(g.len() + dm.len() + e.len(), 2 * d.inter * d.hidden + d.vocab * d.hidden);
+    assert_eq!(
+        g.len() + dm.len() + e.len(),
+        2 * d.inter * d.hidden + d.vocab * d.hidden
+    );
 
     let largest = LARGEST.load(Ordering::SeqCst);
     let total = TOTAL.load(Ordering::SeqCst);
     eprintln!("open + views: largest allocation {largest} B, total {total} B; weights {weights} B");
     assert!(weights > 10_000_000, "test model too small: {weights} B");
-    assert!(largest < smallest_matrix / 4, "largest allocation {largest} B during open");
-    assert!(total < (weights / 50) as usize, "allocated {total} B in total during open");
+    assert!(
+        largest < smallest_matrix / 4,
+        "largest allocation {largest} B during open"
+    );
+    assert!(
+        total < (weights / 50) as usize,
+        "allocated {total} B in total during open"
+    );
 }

@@ -9,9 +9,14 @@
 //! defaults in `family.rs`.
 
 use super::family::{family, supported, Family};
-use super::GgufFile;
+use super::{GgufFile, GgufValue};
 use crate::names::ROPE_FACTOR_TENSORS;
 use crate::{LayerKind, ModelConfig, ModelError, RopeScaling};
+
+/// `v` as the f64 of its shortest round-tripping decimal representation.
+fn f32_to_f64_decimal(v: f32) -> f64 {
+    v.to_string().parse().unwrap_or(v as f64)
+}
 
 /// Typed metadata access with errors that name the file and key.
 struct Meta<'a> {
@@ -50,10 +55,14 @@ impl Meta<'_> {
     fn req_usize(&self, k: &str) -> Result<usize, ModelError> {
         self.opt_usize(k)?.ok_or_else(|| self.missing(k))
     }
+    /// An optional `{arch}.k` float. An `f32` is widened through its shortest decimal form
+    /// (f32 `1e-5` → f64 `1e-5`, not `9.99999974e-6`), recovering the decimal the converter
+    /// wrote, so GGUF and HF configs of one model compare equal.
     fn opt_f64(&self, k: &str) -> Result<Option<f64>, ModelError> {
         let key = self.key(k);
         match self.g.metadata(&key) {
             None => Ok(None),
+            Some(GgufValue::F32(v)) => Ok(Some(f32_to_f64_decimal(*v))),
             Some(_) => self
                 .g
                 .get_f64(&key)

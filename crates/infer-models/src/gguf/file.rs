@@ -370,10 +370,12 @@ impl GgufFile {
         self.metadata(key)?.as_f64()
     }
 
+    /// A `bool` metadata value.
     pub fn get_bool(&self, key: &str) -> Option<bool> {
         self.metadata(key)?.as_bool()
     }
 
+    /// A `string` metadata value.
     pub fn get_str(&self, key: &str) -> Option<&str> {
         self.metadata(key)?.as_str()
     }

@@ -6,12 +6,12 @@
 
 /// Check the shape and return `(head_dim, half)`.
 fn geometry(len: usize, rows: usize, n_head: usize) -> Result<(usize, usize), String> {
-    if rows == 0 || n_head == 0 || !len.is_multiple_of(rows) {
+    if rows == 0 || n_head == 0 || len % rows != 0 {
         return Err(format!(
             "{len} values cannot be {rows} rows split into {n_head} heads"
         ));
     }
-    if !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
+    if rows % n_head != 0 || (rows / n_head) % 2 != 0 {
         return Err(format!(
             "{rows} rows do not split into {n_head} heads of even size"
         ));

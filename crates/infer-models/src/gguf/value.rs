@@ -10,7 +10,8 @@ const MAX_DEPTH: usize = 8;
 /// a corrupt count can never cause a large allocation before the data is actually there.
 const MAX_PREALLOC: usize = 1 << 16;
 
-/// One metadata value. Scalars keep their GGUF type; arrays are typed ([`GgufArray`]).
+/// One metadata value. Scalars keep their GGUF type (variant = GGUF type: `U8` is type 0 …
+/// `F64` type 12; strings are UTF-8); arrays are typed ([`GgufArray`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum GgufValue {
     U8(u8),
@@ -158,6 +159,7 @@ impl GgufValue {
         }
     }
 
+    /// A `bool` value.
     pub fn as_bool(&self) -> Option<bool> {
         match *self {
             Self::Bool(v) => Some(v),
@@ -165,6 +167,7 @@ impl GgufValue {
         }
     }
 
+    /// A `string` value.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Self::String(s) => Some(s),
@@ -172,6 +175,7 @@ impl GgufValue {
         }
     }
 
+    /// An `array` value.
     pub fn as_array(&self) -> Option<&GgufArray> {
         match self {
             Self::Array(a) => Some(a),
@@ -249,6 +253,7 @@ impl GgufArray {
         }
     }
 
+    /// True for an array of no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -87,7 +87,7 @@ impl Writer {
     }
     /// Pad to `align` bytes (the data section start).
     pub fn pad(&mut self, align: usize) -> &mut Self {
-        while !self.buf.len().is_multiple_of(align) {
+        while self.buf.len() % align != 0 {
             self.buf.push(0);
         }
         self

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use half::f16;
 use infer_models::arch::{QkvLayout, TensorTransform};
-use infer_models::{ModelConfig, ModelError, ModelSource, SourceKind, Tensor, TensorInfo, TensorSource};
+use infer_models::{
+    ModelConfig, ModelError, ModelSource, SourceKind, Tensor, TensorInfo, TensorSource,
+};
 use infer_quant::QuantFormat;
 use infer_vindex::classify::{classify, Role};
 use infer_vindex::{Dtype, FloatSlice, Vindex};
@@ -15,17 +17,27 @@ pub fn shared_dir() -> PathBuf {
     let p = std::env::var_os("INFER_SHARED")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    assert!(p.is_dir(), "shared test data not found at {} (set INFER_SHARED)", p.display());
+    assert!(
+        p.is_dir(),
+        "shared test data not found at {} (set INFER_SHARED)",
+        p.display()
+    );
     p
 }
 
 /// A model file under `$INFER_MODELS` (default `~/.cache/infer/models`); panics when missing.
 pub fn model_file(name: &str) -> PathBuf {
-    let dir = std::env::var_os("INFER_MODELS").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/infer/models")
-    });
+    let dir = std::env::var_os("INFER_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/infer/models")
+        });
     let p = dir.join(name);
-    assert!(p.is_file(), "model {} not found (set INFER_MODELS; fetch per shared/models/README.md)", p.display());
+    assert!(
+        p.is_file(),
+        "model {} not found (set INFER_MODELS; fetch per shared/models/README.md)",
+        p.display()
+    );
     p
 }
 
@@ -51,10 +63,14 @@ impl TensorSource for MockTensors {
                 msg: "simulated read failure".into(),
             });
         }
-        let i = self.infos.iter().position(|t| t.name == name).ok_or(ModelError::NoSuchTensor {
-            path: "mock".into(),
-            name: name.into(),
-        })?;
+        let i = self
+            .infos
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or(ModelError::NoSuchTensor {
+                path: "mock".into(),
+                name: name.into(),
+            })?;
         Ok(Tensor {
             shape: self.infos[i].shape.clone(),
             data: self.data[i].clone(),
@@ -191,11 +207,19 @@ fn fetch(v: &Vindex, key: &str, shape: &[usize]) -> (Vec<f32>, Vec<usize>, Quant
             (s, sh.to_vec())
         }
         (Role::LmHead, _) => {
-            let (s, sh) = v.lm_head().unwrap_or_else(|| panic!("{key}: lm_head not stored"));
+            let (s, sh) = v
+                .lm_head()
+                .unwrap_or_else(|| panic!("{key}: lm_head not stored"));
             (s, sh.to_vec())
         }
-        (Role::FfnGate, Some(l)) => (v.gate_layer(l).unwrap(), v.entry(key).unwrap().1.shape.clone()),
-        (Role::FfnUp, Some(l)) => (v.up_layer(l).unwrap(), v.entry(key).unwrap().1.shape.clone()),
+        (Role::FfnGate, Some(l)) => (
+            v.gate_layer(l).unwrap(),
+            v.entry(key).unwrap().1.shape.clone(),
+        ),
+        (Role::FfnUp, Some(l)) => (
+            v.up_layer(l).unwrap(),
+            v.entry(key).unwrap().1.shape.clone(),
+        ),
         (Role::FfnDown, Some(l)) => {
             let sh = v.entry(key).unwrap().1.shape.clone(); // [I, H]
             let s = v.down_layer(l).unwrap();
@@ -216,8 +240,16 @@ fn assert_values(what: &str, got: &[f32], fmt: QuantFormat, want: &[f32], want_f
     assert_eq!(got.len(), want.len(), "{what}: length");
     assert_eq!(fmt == QuantFormat::F16, want_f16, "{what}: stored as {fmt}");
     for (k, (a, b)) in got.iter().zip(want).enumerate() {
-        let b = if want_f16 { f16::from_f32(*b).to_f32() } else { *b };
-        assert_eq!(a.to_bits(), b.to_bits(), "{what}[{k}]: stored {a}, expected {b}");
+        let b = if want_f16 {
+            f16::from_f32(*b).to_f32()
+        } else {
+            *b
+        };
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "{what}[{k}]: stored {a}, expected {b}"
+        );
     }
 }
 
@@ -234,7 +266,10 @@ pub fn assert_roundtrip(src: &ModelSource, v: &Vindex) -> usize {
         let Some(key) = arch.canonical_name(&info.name) else {
             continue;
         };
-        let t = src.tensors.read_f32(&info.name).expect("source tensor readable");
+        let t = src
+            .tensors
+            .read_f32(&info.name)
+            .expect("source tensor readable");
         let want_f16 = f16_tier && info.shape.len() >= 2;
         let what = format!("{} ({key})", info.name);
         match arch.source_transform(&info.name) {
@@ -268,7 +303,11 @@ pub fn assert_roundtrip(src: &ModelSource, v: &Vindex) -> usize {
                         let block = src.config.head_dim * cols;
                         let heads = src.config.num_attention_heads;
                         (0..heads)
-                            .flat_map(|h| parts.iter().flat_map(move |p| p.0[h * block..(h + 1) * block].to_vec()))
+                            .flat_map(|h| {
+                                parts
+                                    .iter()
+                                    .flat_map(move |p| p.0[h * block..(h + 1) * block].to_vec())
+                            })
                             .collect()
                     }
                     _ => parts.iter().flat_map(|p| p.0.clone()).collect(),
@@ -290,6 +329,10 @@ pub fn assert_roundtrip(src: &ModelSource, v: &Vindex) -> usize {
         }
         n += 1;
     }
-    assert_eq!(v.keys().count(), stored, "vindex holds exactly the source's tensors");
+    assert_eq!(
+        v.keys().count(),
+        stored,
+        "vindex holds exactly the source's tensors"
+    );
     n
 }
