@@ -3,7 +3,7 @@
 use infer_compute::{ops, ComputeBackend};
 use infer_models::{Activation, FfnType, NormType};
 
-use crate::layer::{FullPipelineLayer, Linear, NormWeights, WalkFfn};
+use crate::layer::{DownLayout, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, WalkFfn};
 use crate::{InferenceError, KvCache, Model};
 
 /// Which logits a forward pass returns.
@@ -102,6 +102,9 @@ impl Model<'_> {
         let lm = self.lm_head.as_deref().unwrap_or(&self.embeddings);
         let mut logits = vec![0.0; n_rows * self.vocab_size];
         backend.matmul_transb(&normed, lm, n_rows, h, self.vocab_size, &mut logits);
+        if let Some(b) = &self.lm_head_bias {
+            add_bias(&mut logits, b);
+        }
         let div = self.arch.logits_divisor();
         if div != 1.0 {
             logits.iter_mut().for_each(|v| *v /= div);
@@ -188,7 +191,7 @@ impl Model<'_> {
                 Some(n) => maybe_norm(Some(n), x, g.norm_type, g.eps, g.norm_offset),
                 None => normed,
             };
-            let ffn_out = self.ffn(backend, &layer.ffn, &ffn_in, t, g);
+            let ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g);
             for ((xi, a), f) in x.iter_mut().zip(&attn_out).zip(&ffn_out) {
                 *xi += (a + f) * g.residual_multiplier;
             }
@@ -196,43 +199,92 @@ impl Model<'_> {
         }
         residual_add(x, &attn_out, g.residual_multiplier);
         let ffn_in = maybe_norm(layer.pre_ffn_norm.as_ref(), x, g.norm_type, g.eps, g.norm_offset);
-        let mut ffn_out = self.ffn(backend, &layer.ffn, &ffn_in, t, g);
+        let mut ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g);
         if let Some(n) = &layer.post_ffn_norm {
             ffn_out = maybe_norm(Some(n), &ffn_out, g.norm_type, g.eps, g.norm_offset);
         }
         residual_add(x, &ffn_out, g.residual_multiplier);
         Ok(())
     }
+}
 
-    /// Walk FFN: `Σᵢ act(gᵢ·x)(uᵢ·x) dᵢ` over all features (exact), as matrix products:
-    /// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]`, then `A · D` with D feature-major `[inter, hidden]`.
-    fn ffn(&self, backend: &dyn ComputeBackend, w: &WalkFfn<'_>, x: &[f32], t: usize, g: &crate::LayerGeometry) -> Vec<f32> {
-        let (h, inter) = (g.hidden_size, g.intermediate_size);
-        let mut up = vec![0.0; t * inter];
-        backend.matmul_transb(x, &w.up, t, h, inter, &mut up);
-        if let Some(b) = &w.up_bias {
-            add_bias(&mut up, b);
-        }
-        let act: fn(f32) -> f32 = match g.activation {
-            Activation::Silu => ops::silu,
-            Activation::GeluTanh => ops::gelu_tanh,
-            Activation::Gelu => ops::gelu,
-        };
-        match (g.ffn_type, &w.gate) {
-            (FfnType::Gated, Some(gate_w)) => {
-                let mut gate = vec![0.0; t * inter];
-                backend.matmul_transb(x, gate_w, t, h, inter, &mut gate);
-                up.iter_mut().zip(&gate).for_each(|(u, gv)| *u *= act(*gv));
-            }
-            _ => up.iter_mut().for_each(|u| *u = act(*u)),
-        }
-        let mut out = vec![0.0; t * h];
-        backend.matmul(&up, &w.down, t, inter, h, &mut out);
-        if let Some(b) = &w.down_bias {
-            add_bias(&mut out, b);
-        }
-        out
+fn ffn(backend: &dyn ComputeBackend, w: &Ffn<'_>, x: &[f32], t: usize, g: &crate::LayerGeometry) -> Vec<f32> {
+    match w {
+        Ffn::Walk(w) => walk_ffn(backend, w, x, t, g),
+        Ffn::Moe(m) => moe_ffn(backend, m, x, t, g),
     }
+}
+
+/// Walk FFN: `Σᵢ act(gᵢ·x)(uᵢ·x) dᵢ` over all features (exact), as matrix products:
+/// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]`, then `A · D` (D feature-major `[inter, hidden]`,
+/// or `A · Dᵀ` for a Linear-layout down).
+fn walk_ffn(backend: &dyn ComputeBackend, w: &WalkFfn<'_>, x: &[f32], t: usize, g: &crate::LayerGeometry) -> Vec<f32> {
+    let (h, inter) = (g.hidden_size, w.intermediate_size);
+    let mut up = vec![0.0; t * inter];
+    backend.matmul_transb(x, &w.up, t, h, inter, &mut up);
+    if let Some(b) = &w.up_bias {
+        add_bias(&mut up, b);
+    }
+    let act: fn(f32) -> f32 = match g.activation {
+        Activation::Silu => ops::silu,
+        Activation::GeluTanh => ops::gelu_tanh,
+        Activation::Gelu => ops::gelu,
+    };
+    match (g.ffn_type, &w.gate) {
+        (FfnType::Gated, Some(gate_w)) => {
+            let mut gate = vec![0.0; t * inter];
+            backend.matmul_transb(x, gate_w, t, h, inter, &mut gate);
+            up.iter_mut().zip(&gate).for_each(|(u, gv)| *u *= act(*gv));
+        }
+        _ => up.iter_mut().for_each(|u| *u = act(*u)),
+    }
+    let mut out = vec![0.0; t * h];
+    match w.down_layout {
+        DownLayout::FeatureMajor => backend.matmul(&up, &w.down, t, inter, h, &mut out),
+        DownLayout::Linear => backend.matmul_transb(&up, &w.down, t, inter, h, &mut out),
+    }
+    if let Some(b) = &w.down_bias {
+        add_bias(&mut out, b);
+    }
+    out
+}
+
+/// Mixture of experts, per token: softmax router, top-k experts weighted by their probability
+/// (renormalised when `norm_topk_prob`; ties → lower expert index), plus the shared expert
+/// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`).
+fn moe_ffn(backend: &dyn ComputeBackend, m: &MoeFfn<'_>, x: &[f32], t: usize, g: &crate::LayerGeometry) -> Vec<f32> {
+    let h = g.hidden_size;
+    let n = m.experts.len();
+    let mut router = vec![0.0; t * n];
+    backend.matmul_transb(x, &m.router, t, h, n, &mut router);
+    let mut out = vec![0.0; t * h];
+    for (row, (xr, probs)) in x.chunks_exact(h).zip(router.chunks_exact_mut(n)).enumerate() {
+        ops::softmax_inplace(probs);
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let chosen = &order[..m.top_k.min(n)];
+        let sum: f32 = chosen.iter().map(|&e| probs[e]).sum();
+        let o = &mut out[row * h..(row + 1) * h];
+        for &e in chosen {
+            let weight = if m.norm_topk_prob { probs[e] / sum } else { probs[e] };
+            let y = walk_ffn(backend, &m.experts[e], xr, 1, g);
+            o.iter_mut().zip(&y).for_each(|(a, b)| *a += weight * b);
+        }
+    }
+    if let Some(shared) = &m.shared {
+        let y = walk_ffn(backend, shared, x, t, g);
+        for (row, (o, yr)) in out.chunks_exact_mut(h).zip(y.chunks_exact(h)).enumerate() {
+            let gate = match &m.shared_gate {
+                Some(sg) => {
+                    let z = ops::dot(&x[row * h..(row + 1) * h], sg);
+                    1.0 / (1.0 + (-z).exp())
+                }
+                None => 1.0,
+            };
+            o.iter_mut().zip(yr).for_each(|(a, b)| *a += gate * b);
+        }
+    }
+    out
 }
 
 fn residual_add(x: &mut [f32], branch: &[f32], mult: f32) {

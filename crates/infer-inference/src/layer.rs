@@ -70,6 +70,8 @@ pub enum AttnPath {
 pub enum FfnPath {
     /// Walk FFN over feature-major gate/up/down vectors, all features (exact).
     WalkF32,
+    /// Mixture of experts: router, top-k experts (f32), optional shared expert.
+    MoeF32,
 }
 
 impl fmt::Display for AttnPath {
@@ -84,19 +86,53 @@ impl fmt::Display for FfnPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FfnPath::WalkF32 => f.write_str("walk FFN f32, all features (exact)"),
+            FfnPath::MoeF32 => f.write_str("MoE f32 (router, top-k experts)"),
         }
     }
 }
 
-/// Walk-FFN weights: feature-major `[intermediate, hidden]` gate, up and down vectors.
+/// How a down projection is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DownLayout {
+    /// `[intermediate, hidden]`: one feature's down vector is a row (the vindex FFN tier).
+    FeatureMajor,
+    /// `[hidden, intermediate]`: HF Linear layout (MoE experts as stored).
+    Linear,
+}
+
+/// Walk-FFN weights: `[intermediate, hidden]` gate and up vectors, down per [`DownLayout`].
 /// `gate` is `None` for non-gated (`FfnType::Standard`) FFNs.
 #[derive(Clone, Debug)]
 pub struct WalkFfn<'a> {
+    pub intermediate_size: usize,
     pub gate: Option<Cow<'a, [f32]>>,
     pub up: Cow<'a, [f32]>,
     pub down: Cow<'a, [f32]>,
+    pub down_layout: DownLayout,
     pub up_bias: Option<Cow<'a, [f32]>>,
     pub down_bias: Option<Cow<'a, [f32]>>,
+}
+
+/// Mixture-of-experts FFN (Mixtral, Qwen2-MoE): softmax router over experts, the top
+/// `top_k` experts weighted by their router probability (renormalised when `norm_topk_prob`),
+/// plus an always-on shared expert scaled by `sigmoid(x · shared_gate)` (Qwen2-MoE).
+#[derive(Clone, Debug)]
+pub struct MoeFfn<'a> {
+    /// `[num_experts, hidden]`.
+    pub router: Cow<'a, [f32]>,
+    pub experts: Vec<WalkFfn<'a>>,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+    pub shared: Option<WalkFfn<'a>>,
+    /// `[hidden]`.
+    pub shared_gate: Option<Cow<'a, [f32]>>,
+}
+
+/// A layer's FFN.
+#[derive(Clone, Debug)]
+pub enum Ffn<'a> {
+    Walk(WalkFfn<'a>),
+    Moe(MoeFfn<'a>),
 }
 
 /// One transformer block ready to run.
@@ -115,5 +151,5 @@ pub struct FullPipelineLayer<'a> {
     pub wk: Linear<'a>,
     pub wv: Linear<'a>,
     pub wo: Linear<'a>,
-    pub ffn: WalkFfn<'a>,
+    pub ffn: Ffn<'a>,
 }

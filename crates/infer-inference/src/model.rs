@@ -6,7 +6,7 @@ use infer_compute::{AttentionParams, RopeConfig, RopeScaling as ComputeRopeScali
 use infer_models::{architecture_for, ModelArchitecture, RopeScaling};
 use infer_vindex::{FloatSlice, Vindex};
 
-use crate::layer::{AttnPath, FfnPath, FullPipelineLayer, LayerGeometry, Linear, NormWeights, WalkFfn};
+use crate::layer::{AttnPath, DownLayout, Ffn, FfnPath, FullPipelineLayer, LayerGeometry, Linear, MoeFfn, NormWeights, WalkFfn};
 use crate::InferenceError;
 
 /// A model ready to run: embeddings, one [`FullPipelineLayer`] per layer, final norm, lm_head.
@@ -21,6 +21,8 @@ pub struct Model<'a> {
     pub final_norm: NormWeights<'a>,
     /// `[vocab, hidden]` output projection; `None` when tied to the embeddings.
     pub lm_head: Option<Cow<'a, [f32]>>,
+    /// `[vocab]` output bias (phi), if any.
+    pub lm_head_bias: Option<Cow<'a, [f32]>>,
     pub hidden_size: usize,
     pub vocab_size: usize,
 }
@@ -158,11 +160,12 @@ impl<'a> Model<'a> {
             Some((s, _)) => Some(widen(s)),
             None => None,
         };
+        let lm_head_bias = arch.lm_head_bias_key().map(|k| required(v, &k, vocab)).transpose()?;
         let position_embeddings = match arch.position_embed_key() {
             Some(k) => Some(widen(v.tensor(&k).map_err(|_| InferenceError::MissingTensor(k))?.0)),
             None => None,
         };
-        Ok(Model { arch, embeddings, position_embeddings, layers, final_norm, lm_head, hidden_size: hidden, vocab_size: vocab })
+        Ok(Model { arch, embeddings, position_embeddings, layers, final_norm, lm_head, lm_head_bias, hidden_size: hidden, vocab_size: vocab })
     }
 
     /// One line per layer: which path its attention and FFN take (`--explain`).
@@ -187,29 +190,17 @@ impl<'a> Model<'a> {
 fn build_layer<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize) -> Result<FullPipelineLayer<'a>, InferenceError> {
     let g = layer_geometry(arch, l);
     let hidden = g.hidden_size;
-    let inter = g.intermediate_size;
     let (q_norm_len, k_norm_len) =
         if g.qk_norm_whole_projection { (g.q_dim(), g.kv_dim()) } else { (g.head_dim, g.head_dim) };
-    let gate = match g.ffn_type {
-        infer_models::FfnType::Gated => {
-            let s = v.gate_layer(l)?;
-            Some(check_len(widen(s), &format!("layer {l} gate vectors"), inter * hidden)?)
-        }
-        infer_models::FfnType::Standard => None,
-    };
-    let up = check_len(widen(v.up_layer(l)?), &format!("layer {l} up features"), inter * hidden)?;
-    let down = check_len(widen(v.down_layer(l)?), &format!("layer {l} down features"), inter * hidden)?;
-    let ffn = WalkFfn {
-        gate,
-        up,
-        down,
-        up_bias: arch.ffn_up_bias_key(l).map(|k| required(v, &k, inter)).transpose()?,
-        down_bias: arch.ffn_down_bias_key(l).map(|k| required(v, &k, hidden)).transpose()?,
+    let (ffn, ffn_path) = if arch.num_experts_for_layer(l) > 0 {
+        (Ffn::Moe(moe_ffn(v, arch, l, hidden)?), FfnPath::MoeF32)
+    } else {
+        (Ffn::Walk(walk_ffn(v, arch, l, &g)?), FfnPath::WalkF32)
     };
     let norm_len = hidden;
     Ok(FullPipelineLayer {
         attn_path: AttnPath::F32,
-        ffn_path: FfnPath::WalkF32,
+        ffn_path,
         pre_attn_norm: optional_norm(v, arch, arch.pre_attn_norm_key(l), norm_len)?,
         post_attn_norm: optional_norm(v, arch, arch.post_attn_norm_key(l), norm_len)?,
         pre_ffn_norm: optional_norm(v, arch, arch.pre_ffn_norm_key(l), norm_len)?,
@@ -230,4 +221,59 @@ fn check_len<'a>(data: Cow<'a, [f32]>, what: &str, len: usize) -> Result<Cow<'a,
         return Err(InferenceError::BadShape { key: what.to_string(), expected: len, found: data.len() });
     }
     Ok(data)
+}
+
+/// The dense FFN of layer `l` from the vindex FFN tier (feature-major, zero-copy for f32).
+fn walk_ffn<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize, g: &LayerGeometry) -> Result<WalkFfn<'a>, InferenceError> {
+    let (hidden, inter) = (g.hidden_size, g.intermediate_size);
+    let gate = match g.ffn_type {
+        infer_models::FfnType::Gated => {
+            Some(check_len(widen(v.gate_layer(l)?), &format!("layer {l} gate vectors"), inter * hidden)?)
+        }
+        infer_models::FfnType::Standard => None,
+    };
+    Ok(WalkFfn {
+        intermediate_size: inter,
+        gate,
+        up: check_len(widen(v.up_layer(l)?), &format!("layer {l} up features"), inter * hidden)?,
+        down: check_len(widen(v.down_layer(l)?), &format!("layer {l} down features"), inter * hidden)?,
+        down_layout: DownLayout::FeatureMajor,
+        up_bias: arch.ffn_up_bias_key(l).map(|k| required(v, &k, inter)).transpose()?,
+        down_bias: arch.ffn_down_bias_key(l).map(|k| required(v, &k, hidden)).transpose()?,
+    })
+}
+
+/// A gated expert stored as HF Linear matrices (gate/up `[inter, hidden]`, down `[hidden, inter]`).
+fn expert<'a>(v: &'a Vindex, keys: [String; 3], inter: usize, hidden: usize) -> Result<WalkFfn<'a>, InferenceError> {
+    let [gate, up, down] = keys;
+    Ok(WalkFfn {
+        intermediate_size: inter,
+        gate: Some(required(v, &gate, inter * hidden)?),
+        up: required(v, &up, inter * hidden)?,
+        down: required(v, &down, inter * hidden)?,
+        down_layout: DownLayout::Linear,
+        up_bias: None,
+        down_bias: None,
+    })
+}
+
+fn moe_ffn<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize, hidden: usize) -> Result<MoeFfn<'a>, InferenceError> {
+    let n = arch.num_experts_for_layer(l);
+    let inter = arch.intermediate_size_for_layer(l);
+    let router_key = arch.moe_router_key(l).ok_or_else(|| InferenceError::Architecture(format!("layer {l}: MoE without a router")))?;
+    let experts = (0..n)
+        .map(|e| expert(v, [arch.expert_gate_key(l, e), arch.expert_up_key(l, e), arch.expert_down_key(l, e)], inter, hidden))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shared = match (arch.shared_expert_keys(l), arch.shared_expert_intermediate_size()) {
+        (Some(keys), Some(si)) => Some(expert(v, keys, si, hidden)?),
+        _ => None,
+    };
+    Ok(MoeFfn {
+        router: required(v, &router_key, n * hidden)?,
+        experts,
+        top_k: arch.num_experts_per_tok(),
+        norm_topk_prob: arch.norm_topk_prob(),
+        shared,
+        shared_gate: arch.shared_expert_gate_key(l).map(|k| required(v, &k, hidden)).transpose()?,
+    })
 }

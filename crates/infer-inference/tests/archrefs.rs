@@ -1,4 +1,4 @@
-//! Llama and Gemma-3 archrefs cases against HF transformers (float64 reference stored as f32):
+//! Every archrefs case (Llama and Gemma-3 first) against HF transformers (float64 reference stored as f32):
 //! full-sequence logits and per-layer hidden states within 1e-4 × std of the reference, and
 //! KV-cache decode equal to full recomputation (the reference's greedy `generated` tokens).
 
@@ -91,4 +91,28 @@ fn llama_matches_hf() {
 #[test]
 fn gemma3_matches_hf() {
     check_case("gemma3");
+}
+
+/// Every case folder under archrefs (a newly added folder of the same shape is picked up).
+#[test]
+fn every_archrefs_case_matches_hf() {
+    let root = shared_dir().join("archrefs");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .expect("archrefs")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("reference.safetensors").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "llama" && n != "gemma3")
+        .collect();
+    names.sort();
+    assert!(names.len() >= 17, "expected the 19 archrefs cases, found {}", names.len() + 2);
+    let failed: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            let ok = std::panic::catch_unwind(|| check_case(n)).is_ok();
+            println!("archrefs {n}: {}", if ok { "ok" } else { "FAILED" });
+            !ok
+        })
+        .collect();
+    assert!(failed.is_empty(), "archrefs cases failed: {failed:?}");
 }
