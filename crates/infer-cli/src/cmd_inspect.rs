@@ -17,7 +17,8 @@ pub struct InspectArgs {
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let path = &args.path;
     if path.join("index.json").is_file() {
-        let v = infer_vindex::Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))?;
+        let v = infer_vindex::Vindex::open(path)
+            .with_context(|| format!("opening vindex {}", path.display()))?;
         crate::print_stdout(&infer_vindex::describe(&v));
         return Ok(());
     }
@@ -30,7 +31,11 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     writeln!(out, "layers:        {}", c.num_hidden_layers)?;
     writeln!(out, "hidden_size:   {}", c.hidden_size)?;
     writeln!(out, "intermediate:  {}", c.intermediate_size)?;
-    writeln!(out, "heads:         {} (KV heads {}, head_dim {})", c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+    writeln!(
+        out,
+        "heads:         {} (KV heads {}, head_dim {})",
+        c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    )?;
     writeln!(out, "vocab:         {}", c.vocab_size)?;
     writeln!(out, "norm eps:      {}", c.norm_eps)?;
     write!(out, "rope:          base {}", c.rope_theta)?;
@@ -45,18 +50,40 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     }
     writeln!(out)?;
     if let Some(w) = c.sliding_window {
-        let sliding: Vec<String> =
-            (0..arch.num_layers()).filter(|&l| arch.sliding_window_for_layer(l).is_some()).map(|l| l.to_string()).collect();
-        writeln!(out, "sliding:       window {w} on layers [{}]", sliding.join(", "))?;
+        let sliding: Vec<String> = (0..arch.num_layers())
+            .filter(|&l| arch.sliding_window_for_layer(l).is_some())
+            .map(|l| l.to_string())
+            .collect();
+        writeln!(
+            out,
+            "sliding:       window {w} on layers [{}]",
+            sliding.join(", ")
+        )?;
     }
     writeln!(out, "tied embeddings: {}", c.tie_word_embeddings)?;
     writeln!(out, "config:        {}", serde_json::to_string(c)?)?;
     let tensors = src.tensors.tensors();
     let total: usize = tensors.iter().map(|t| t.bytes).sum();
-    writeln!(out, "\n{} tensors, {:.1} MB", tensors.len(), total as f64 / 1e6)?;
-    writeln!(out, "{:<60} {:<20} {:<6} {:>12}", "name", "shape", "dtype", "bytes")?;
+    writeln!(
+        out,
+        "\n{} tensors, {:.1} MB",
+        tensors.len(),
+        total as f64 / 1e6
+    )?;
+    writeln!(
+        out,
+        "{:<60} {:<20} {:<6} {:>12}",
+        "name", "shape", "dtype", "bytes"
+    )?;
     for t in tensors {
-        writeln!(out, "{:<60} {:<20} {:<6} {:>12}", t.name, format!("{:?}", t.shape), t.dtype.name(), t.bytes)?;
+        writeln!(
+            out,
+            "{:<60} {:<20} {:<6} {:>12}",
+            t.name,
+            format!("{:?}", t.shape),
+            t.dtype.name(),
+            t.bytes
+        )?;
     }
     crate::print_stdout(&out);
     Ok(())

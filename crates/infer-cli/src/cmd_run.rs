@@ -10,7 +10,9 @@ use clap::Args;
 use infer_compute::CpuBackend;
 use infer_inference::chat::{ChatTemplate, Message, CHATML_TEMPLATE, GEMMA_TEMPLATE};
 use infer_inference::forward::Logits;
-use infer_inference::{GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams, Tokenizer};
+use infer_inference::{
+    GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams, Tokenizer,
+};
 use infer_vindex::Vindex;
 
 /// Sampling and generation flags shared by `run` and `chat`.
@@ -139,10 +141,14 @@ struct Loaded {
     tokenizer: Tokenizer,
 }
 
-fn load(path: &PathBuf) -> anyhow::Result<Loaded> {
-    let vindex = Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))?;
-    let json = vindex.tokenizer_json().with_context(|| format!("{}: reading tokenizer", path.display()))?;
-    let tokenizer = Tokenizer::from_json(&json).with_context(|| format!("{}: tokenizer.json", path.display()))?;
+fn load(path: &std::path::Path) -> anyhow::Result<Loaded> {
+    let vindex =
+        Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))?;
+    let json = vindex
+        .tokenizer_json()
+        .with_context(|| format!("{}: reading tokenizer", path.display()))?;
+    let tokenizer = Tokenizer::from_json(&json)
+        .with_context(|| format!("{}: tokenizer.json", path.display()))?;
     Ok(Loaded { vindex, tokenizer })
 }
 
@@ -161,7 +167,16 @@ fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<u
 /// End-of-generation ids: the config's EOS ids plus the usual end-of-turn tokens in the vocab.
 fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
     let mut ids = model.arch.config().eos_token_ids.clone();
-    for t in ["<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>", "</s>", "<|eot_id|>", "<|end_of_text|>", "<|end|>"] {
+    for t in [
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<end_of_turn>",
+        "<eos>",
+        "</s>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
+        "<|end|>",
+    ] {
         if let Some(id) = tok.token_to_id(t) {
             ids.push(id);
         }
@@ -171,16 +186,29 @@ fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
     ids
 }
 
+/// True while tokens are being generated: Ctrl-C then stops generation cleanly (stats are
+/// still printed); at any other time (e.g. the chat prompt) it exits.
+static GENERATING: AtomicBool = AtomicBool::new(false);
+
 fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
-    // A second Ctrl-C while stopping exits at once.
     let _ = ctrlc::set_handler(move || {
-        if f.swap(true, Ordering::SeqCst) {
+        // A second Ctrl-C while stopping exits at once.
+        if !GENERATING.load(Ordering::SeqCst) || f.swap(true, Ordering::SeqCst) {
+            eprintln!();
             std::process::exit(130);
         }
     });
     flag
+}
+
+/// Run `f` with Ctrl-C meaning "stop generating".
+fn generating<T>(f: impl FnOnce() -> T) -> T {
+    GENERATING.store(true, Ordering::SeqCst);
+    let out = f();
+    GENERATING.store(false, Ordering::SeqCst);
+    out
 }
 
 fn print_stats(s: &GenerationStats) {
@@ -215,9 +243,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let interrupt = interrupt_flag();
     let mut stdout = std::io::stdout();
-    let stats = gen.generate(&prompt, &mut sampler, &opts, &interrupt, |piece| {
-        let _ = stdout.write_all(piece.as_bytes());
-        let _ = stdout.flush();
+    let stats = generating(|| {
+        gen.generate(&prompt, &mut sampler, &opts, &interrupt, |piece| {
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        })
     })?;
     println!();
     print_stats(&stats);
@@ -233,7 +263,11 @@ fn chat_template(v: &Vindex, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
     };
     let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
     let cfg = v.config();
-    Ok(ChatTemplate::new(&source, &name(cfg.bos_token_id), &name(cfg.eos_token_ids.first().copied()))?)
+    Ok(ChatTemplate::new(
+        &source,
+        &name(cfg.bos_token_id),
+        &name(cfg.eos_token_ids.first().copied()),
+    )?)
 }
 
 pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
@@ -258,6 +292,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         messages.push(Message::new("system", s));
     }
     let stdin = std::io::stdin();
+    let mut fed: Vec<u32> = Vec::new();
     let interactive = args.prompt.is_none();
     loop {
         let user = match &args.prompt {
@@ -278,27 +313,38 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
             }
         };
         messages.push(Message::new("user", &user));
-        // Re-render the whole conversation and run it from a fresh cache: templates may
-        // rewrite earlier turns, so re-using the cache could silently diverge.
+        // Re-render the whole conversation (templates may rewrite earlier turns) and re-use
+        // the KV cache for the prefix that is unchanged.
         let text = template.render(&messages, true)?;
         let ids = l.tokenizer.encode(&text, false)?;
-        gen.cache.clear();
+        let keep = common_prefix(&fed, &ids).min(ids.len().saturating_sub(1));
+        gen.cache.truncate(keep);
+        fed.truncate(keep);
         interrupt.store(false, Ordering::SeqCst);
         let mut reply = String::new();
         let mut stdout = std::io::stdout();
-        let stats = gen.generate(&ids, &mut sampler, &opts, &interrupt, |piece| {
-            reply.push_str(piece);
-            let _ = stdout.write_all(piece.as_bytes());
-            let _ = stdout.flush();
+        let stats = generating(|| {
+            gen.generate(&ids, &mut sampler, &opts, &interrupt, |piece| {
+                reply.push_str(piece);
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            })
         })?;
         println!();
         print_stats(&stats);
+        // The cache holds the prompt and every generated token but the last one.
+        fed.extend_from_slice(&ids[keep..]);
+        fed.extend_from_slice(&stats.tokens[..stats.tokens.len().saturating_sub(1)]);
         messages.push(Message::new("assistant", reply.trim()));
         if !interactive {
             break;
         }
     }
     Ok(())
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
@@ -331,17 +377,29 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_logits(out: &PathBuf, ids: &[u32], logits: &[f32], vocab: usize) -> anyhow::Result<()> {
+fn write_logits(
+    out: &std::path::Path,
+    ids: &[u32],
+    logits: &[f32],
+    vocab: usize,
+) -> anyhow::Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
     let logit_bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let id_bytes: Vec<u8> = ids.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
     let t = ids.len();
     let tensors = vec![
-        ("logits", TensorView::new(Dtype::F32, vec![t, vocab], &logit_bytes)?),
-        ("input_ids", TensorView::new(Dtype::I64, vec![t], &id_bytes)?),
+        (
+            "logits",
+            TensorView::new(Dtype::F32, vec![t, vocab], &logit_bytes)?,
+        ),
+        (
+            "input_ids",
+            TensorView::new(Dtype::I64, vec![t], &id_bytes)?,
+        ),
     ];
     let tmp = out.with_extension("safetensors.tmp");
-    safetensors::serialize_to_file(tensors, &None, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    safetensors::serialize_to_file(tensors, &None, &tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
     Ok(())
 }

@@ -36,7 +36,11 @@ enum Command {
 pub(crate) fn print_stdout(text: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    if out.write_all(text.as_bytes()).and_then(|_| out.flush()).is_err() {
+    if out
+        .write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .is_err()
+    {
         std::process::exit(0);
     }
 }

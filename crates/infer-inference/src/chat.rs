@@ -14,7 +14,10 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Self {
-        Message { role: role.to_string(), content: content.to_string() }
+        Message {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
     }
 }
 
@@ -36,17 +39,34 @@ impl ChatTemplate {
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, InferenceError> {
         let mut env = minijinja::Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_template_owned("chat".to_string(), source.to_string())
             .map_err(|e| InferenceError::Template(e.to_string()))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
     }
 
     /// Render a conversation; `add_generation_prompt` appends the assistant-turn opener.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, InferenceError> {
-        let tmpl = self.env.get_template("chat").map_err(|e| InferenceError::Template(e.to_string()))?;
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, InferenceError> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| InferenceError::Template(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -64,15 +84,29 @@ mod tests {
     #[test]
     fn chatml_renders_the_reference_prompt() {
         let t = ChatTemplate::new(CHATML_TEMPLATE, "", "<|im_end|>").unwrap();
-        let s = t.render(&[Message::new("user", "What is the capital of France?")], true).unwrap();
-        assert_eq!(s, "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n");
+        let s = t
+            .render(
+                &[Message::new("user", "What is the capital of France?")],
+                true,
+            )
+            .unwrap();
+        assert_eq!(
+            s,
+            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
     fn gemma_template_maps_assistant_to_model() {
         let t = ChatTemplate::new(GEMMA_TEMPLATE, "<bos>", "<eos>").unwrap();
         let s = t
-            .render(&[Message::new("user", " Hi "), Message::new("assistant", "Hello")], true)
+            .render(
+                &[
+                    Message::new("user", " Hi "),
+                    Message::new("assistant", "Hello"),
+                ],
+                true,
+            )
             .unwrap();
         assert_eq!(
             s,

@@ -8,7 +8,11 @@ pub enum InferenceError {
     #[error("vindex is missing tensor '{0}' needed by this architecture")]
     MissingTensor(String),
     #[error("tensor '{key}': expected {expected} values, found {found}")]
-    BadShape { key: String, expected: usize, found: usize },
+    BadShape {
+        key: String,
+        expected: usize,
+        found: usize,
+    },
     #[error("{0}")]
     Architecture(String),
     #[error("KV cache full: {needed} positions needed, context size is {capacity} (use a larger --ctx or a shorter prompt)")]

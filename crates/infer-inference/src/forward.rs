@@ -91,8 +91,15 @@ impl Model<'_> {
         };
         let n_rows = rows.len() / h;
         let mut normed = vec![0.0; rows.len()];
-        apply_norm(&self.final_norm, rows, &mut normed, self.layers[0].geometry.norm_type, self.norm_eps(), self.norm_offset());
-        if let Some(hs) = hidden_out.as_deref_mut() {
+        apply_norm(
+            &self.final_norm,
+            rows,
+            &mut normed,
+            self.layers[0].geometry.norm_type,
+            self.norm_eps(),
+            self.norm_offset(),
+        );
+        if let Some(hs) = hidden_out {
             if which == Logits::All {
                 if let Some(last) = hs.last_mut() {
                     last.clone_from(&normed);
@@ -132,16 +139,21 @@ impl Model<'_> {
         for (&tok, &pos) in tokens.iter().zip(positions) {
             let id = tok as usize;
             if id >= self.vocab_size {
-                return Err(InferenceError::TokenOutOfRange { id: tok, vocab: self.vocab_size });
+                return Err(InferenceError::TokenOutOfRange {
+                    id: tok,
+                    vocab: self.vocab_size,
+                });
             }
             let row = &self.embeddings[id * h..(id + 1) * h];
             x.extend(row.iter().map(|v| v * scale));
             if let Some(pe) = &self.position_embeddings {
                 let n = x.len();
-                let p = pe.get(pos * h..(pos + 1) * h).ok_or(InferenceError::ContextFull {
-                    needed: pos + 1,
-                    capacity: pe.len() / h,
-                })?;
+                let p = pe
+                    .get(pos * h..(pos + 1) * h)
+                    .ok_or(InferenceError::ContextFull {
+                        needed: pos + 1,
+                        capacity: pe.len() / h,
+                    })?;
                 x[n - h..].iter_mut().zip(p).for_each(|(a, b)| *a += b);
             }
         }
@@ -159,13 +171,23 @@ impl Model<'_> {
     ) -> Result<(), InferenceError> {
         let g = &layer.geometry;
         let t = positions.len();
-        let normed = maybe_norm(layer.pre_attn_norm.as_ref(), x, g.norm_type, g.eps, g.norm_offset);
+        let normed = maybe_norm(
+            layer.pre_attn_norm.as_ref(),
+            x,
+            g.norm_type,
+            g.eps,
+            g.norm_offset,
+        );
 
         // Attention: projections, q/k norms, RoPE, cache, attention, output projection.
         let mut q = project(backend, &layer.wq, &normed, t);
         let mut k = project(backend, &layer.wk, &normed, t);
         let v = project(backend, &layer.wv, &normed, t);
-        let qk_norm_width = if g.qk_norm_whole_projection { None } else { Some(g.head_dim) };
+        let qk_norm_width = if g.qk_norm_whole_projection {
+            None
+        } else {
+            Some(g.head_dim)
+        };
         if let Some(n) = &layer.q_norm {
             norm_rows(n, &mut q, qk_norm_width, g);
         }
@@ -198,7 +220,13 @@ impl Model<'_> {
             return Ok(());
         }
         residual_add(x, &attn_out, g.residual_multiplier);
-        let ffn_in = maybe_norm(layer.pre_ffn_norm.as_ref(), x, g.norm_type, g.eps, g.norm_offset);
+        let ffn_in = maybe_norm(
+            layer.pre_ffn_norm.as_ref(),
+            x,
+            g.norm_type,
+            g.eps,
+            g.norm_offset,
+        );
         let mut ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g);
         if let Some(n) = &layer.post_ffn_norm {
             ffn_out = maybe_norm(Some(n), &ffn_out, g.norm_type, g.eps, g.norm_offset);
@@ -208,7 +236,13 @@ impl Model<'_> {
     }
 }
 
-fn ffn(backend: &dyn ComputeBackend, w: &Ffn<'_>, x: &[f32], t: usize, g: &crate::LayerGeometry) -> Vec<f32> {
+fn ffn(
+    backend: &dyn ComputeBackend,
+    w: &Ffn<'_>,
+    x: &[f32],
+    t: usize,
+    g: &crate::LayerGeometry,
+) -> Vec<f32> {
     match w {
         Ffn::Walk(w) => walk_ffn(backend, w, x, t, g),
         Ffn::Moe(m) => moe_ffn(backend, m, x, t, g),
@@ -218,7 +252,13 @@ fn ffn(backend: &dyn ComputeBackend, w: &Ffn<'_>, x: &[f32], t: usize, g: &crate
 /// Walk FFN: `Σᵢ act(gᵢ·x)(uᵢ·x) dᵢ` over all features (exact), as matrix products:
 /// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]`, then `A · D` (D feature-major `[inter, hidden]`,
 /// or `A · Dᵀ` for a Linear-layout down).
-fn walk_ffn(backend: &dyn ComputeBackend, w: &WalkFfn<'_>, x: &[f32], t: usize, g: &crate::LayerGeometry) -> Vec<f32> {
+fn walk_ffn(
+    backend: &dyn ComputeBackend,
+    w: &WalkFfn<'_>,
+    x: &[f32],
+    t: usize,
+    g: &crate::LayerGeometry,
+) -> Vec<f32> {
     let (h, inter) = (g.hidden_size, w.intermediate_size);
     let mut up = vec![0.0; t * inter];
     backend.matmul_transb(x, &w.up, t, h, inter, &mut up);
@@ -252,13 +292,23 @@ fn walk_ffn(backend: &dyn ComputeBackend, w: &WalkFfn<'_>, x: &[f32], t: usize, 
 /// Mixture of experts, per token: softmax router, top-k experts weighted by their probability
 /// (renormalised when `norm_topk_prob`; ties → lower expert index), plus the shared expert
 /// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`).
-fn moe_ffn(backend: &dyn ComputeBackend, m: &MoeFfn<'_>, x: &[f32], t: usize, g: &crate::LayerGeometry) -> Vec<f32> {
+fn moe_ffn(
+    backend: &dyn ComputeBackend,
+    m: &MoeFfn<'_>,
+    x: &[f32],
+    t: usize,
+    g: &crate::LayerGeometry,
+) -> Vec<f32> {
     let h = g.hidden_size;
     let n = m.experts.len();
     let mut router = vec![0.0; t * n];
     backend.matmul_transb(x, &m.router, t, h, n, &mut router);
     let mut out = vec![0.0; t * h];
-    for (row, (xr, probs)) in x.chunks_exact(h).zip(router.chunks_exact_mut(n)).enumerate() {
+    for (row, (xr, probs)) in x
+        .chunks_exact(h)
+        .zip(router.chunks_exact_mut(n))
+        .enumerate()
+    {
         ops::softmax_inplace(probs);
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
@@ -266,7 +316,11 @@ fn moe_ffn(backend: &dyn ComputeBackend, m: &MoeFfn<'_>, x: &[f32], t: usize, g:
         let sum: f32 = chosen.iter().map(|&e| probs[e]).sum();
         let o = &mut out[row * h..(row + 1) * h];
         for &e in chosen {
-            let weight = if m.norm_topk_prob { probs[e] / sum } else { probs[e] };
+            let weight = if m.norm_topk_prob {
+                probs[e] / sum
+            } else {
+                probs[e]
+            };
             let y = walk_ffn(backend, &m.experts[e], xr, 1, g);
             o.iter_mut().zip(&y).for_each(|(a, b)| *a += weight * b);
         }
@@ -311,7 +365,14 @@ fn project(backend: &dyn ComputeBackend, w: &Linear<'_>, x: &[f32], t: usize) ->
     out
 }
 
-fn apply_norm(n: &NormWeights<'_>, x: &[f32], out: &mut [f32], ty: NormType, eps: f32, offset: f32) {
+fn apply_norm(
+    n: &NormWeights<'_>,
+    x: &[f32],
+    out: &mut [f32],
+    ty: NormType,
+    eps: f32,
+    offset: f32,
+) {
     match ty {
         NormType::RmsNorm => ops::rms_norm(x, &n.weight, eps, offset, out),
         NormType::LayerNorm => ops::layer_norm(x, &n.weight, n.bias.as_deref(), eps, out),
@@ -319,7 +380,13 @@ fn apply_norm(n: &NormWeights<'_>, x: &[f32], out: &mut [f32], ty: NormType, eps
 }
 
 /// Normalise every row (row length = the norm's width), or copy when there is no norm.
-fn maybe_norm(n: Option<&NormWeights<'_>>, x: &[f32], ty: NormType, eps: f32, offset: f32) -> Vec<f32> {
+fn maybe_norm(
+    n: Option<&NormWeights<'_>>,
+    x: &[f32],
+    ty: NormType,
+    eps: f32,
+    offset: f32,
+) -> Vec<f32> {
     match n {
         Some(n) => {
             let mut out = vec![0.0; x.len()];

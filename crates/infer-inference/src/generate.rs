@@ -62,8 +62,18 @@ pub struct Generator<'m, 'a> {
 }
 
 impl<'m, 'a> Generator<'m, 'a> {
-    pub fn new(model: &'m Model<'a>, backend: &'m dyn ComputeBackend, tokenizer: &'m Tokenizer, context: usize) -> Self {
-        Generator { model, backend, tokenizer, cache: model.new_cache(context) }
+    pub fn new(
+        model: &'m Model<'a>,
+        backend: &'m dyn ComputeBackend,
+        tokenizer: &'m Tokenizer,
+        context: usize,
+    ) -> Self {
+        Generator {
+            model,
+            backend,
+            tokenizer,
+            cache: model.new_cache(context),
+        }
     }
 
     /// Generate from `prompt` ids appended to whatever the cache already holds (chat turns keep
@@ -83,7 +93,9 @@ impl<'m, 'a> Generator<'m, 'a> {
         self.cache.check_room(prompt.len())?;
         let mut history: Vec<u32> = prompt.to_vec();
         let t0 = Instant::now();
-        let mut logits = self.model.forward(self.backend, prompt, &mut self.cache, Logits::Last)?;
+        let mut logits = self
+            .model
+            .forward(self.backend, prompt, &mut self.cache, Logits::Last)?;
         let prefill_time = t0.elapsed();
         let t1 = Instant::now();
         let mut streamer = TextStreamer::new(self.tokenizer);
@@ -113,7 +125,9 @@ impl<'m, 'a> Generator<'m, 'a> {
             if self.cache.check_room(1).is_err() {
                 break StopReason::ContextFull;
             }
-            logits = self.model.forward(self.backend, &[next], &mut self.cache, Logits::Last)?;
+            logits = self
+                .model
+                .forward(self.backend, &[next], &mut self.cache, Logits::Last)?;
         };
         if stop != StopReason::StopString {
             out.flush(&mut on_text);
@@ -137,14 +151,23 @@ struct StopFilter<'s> {
 
 impl<'s> StopFilter<'s> {
     fn new(stops: &'s [String]) -> Self {
-        StopFilter { stops, pending: String::new() }
+        StopFilter {
+            stops,
+            pending: String::new(),
+        }
     }
 
     /// Append text; emit what can no longer be part of a stop string. True when a stop string
     /// appeared (the text before it is emitted, the rest dropped).
     fn push(&mut self, piece: &str, emit: &mut impl FnMut(&str)) -> bool {
         self.pending.push_str(piece);
-        if let Some(pos) = self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some(pos) = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
             emit(&self.pending[..pos]);
             self.pending.clear();
             return true;
@@ -175,7 +198,11 @@ impl<'s> StopFilter<'s> {
 fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
     (1..stop.len().min(text.len() + 1))
         .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n)
+                && stop.is_char_boundary(n)
+                && text.ends_with(&stop[..n])
+        })
         .unwrap_or(0)
 }
 

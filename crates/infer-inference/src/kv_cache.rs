@@ -41,7 +41,10 @@ impl KvCache {
     /// Error unless `n` more positions fit.
     pub fn check_room(&self, n: usize) -> Result<(), InferenceError> {
         if self.len + n > self.capacity {
-            return Err(InferenceError::ContextFull { needed: self.len + n, capacity: self.capacity });
+            return Err(InferenceError::ContextFull {
+                needed: self.len + n,
+                capacity: self.capacity,
+            });
         }
         Ok(())
     }
@@ -49,7 +52,12 @@ impl KvCache {
     /// Write `k`, `v` (`[n, kv_dim]`) of layer `layer` at positions `len..len+n` (not yet
     /// committed: call [`KvCache::advance`] after the last layer). Returns the layer's K and V
     /// for positions `0..len+n`.
-    pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<(&[f32], &[f32]), InferenceError> {
+    pub fn write(
+        &mut self,
+        layer: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(&[f32], &[f32]), InferenceError> {
         let d = self.kv_dims[layer];
         let n = k.len() / d;
         self.check_room(n)?;

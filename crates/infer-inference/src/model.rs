@@ -6,7 +6,10 @@ use infer_compute::{AttentionParams, RopeConfig, RopeScaling as ComputeRopeScali
 use infer_models::{architecture_for, ModelArchitecture, RopeScaling};
 use infer_vindex::{FloatSlice, Vindex};
 
-use crate::layer::{AttnPath, DownLayout, Ffn, FfnPath, FullPipelineLayer, LayerGeometry, Linear, MoeFfn, NormWeights, WalkFfn};
+use crate::layer::{
+    AttnPath, DownLayout, Ffn, FfnPath, FullPipelineLayer, LayerGeometry, Linear, MoeFfn,
+    NormWeights, WalkFfn,
+};
 use crate::InferenceError;
 
 /// A model ready to run: embeddings, one [`FullPipelineLayer`] per layer, final norm, lm_head.
@@ -36,16 +39,26 @@ fn widen(s: FloatSlice<'_>) -> Cow<'_, [f32]> {
 
 /// Look up a tensor the architecture requires; check its element count.
 fn required<'a>(v: &'a Vindex, key: &str, len: usize) -> Result<Cow<'a, [f32]>, InferenceError> {
-    let (s, _shape) = v.tensor(key).map_err(|_| InferenceError::MissingTensor(key.to_string()))?;
+    let (s, _shape) = v
+        .tensor(key)
+        .map_err(|_| InferenceError::MissingTensor(key.to_string()))?;
     let data = widen(s);
     if data.len() != len {
-        return Err(InferenceError::BadShape { key: key.to_string(), expected: len, found: data.len() });
+        return Err(InferenceError::BadShape {
+            key: key.to_string(),
+            expected: len,
+            found: data.len(),
+        });
     }
     Ok(data)
 }
 
 /// Look up a tensor that may legitimately be absent (biases, optional norms).
-fn optional<'a>(v: &'a Vindex, key: &str, len: usize) -> Result<Option<Cow<'a, [f32]>>, InferenceError> {
+fn optional<'a>(
+    v: &'a Vindex,
+    key: &str,
+    len: usize,
+) -> Result<Option<Cow<'a, [f32]>>, InferenceError> {
     if !v.has_tensor(key) {
         return Ok(None);
     }
@@ -53,12 +66,20 @@ fn optional<'a>(v: &'a Vindex, key: &str, len: usize) -> Result<Option<Cow<'a, [
 }
 
 /// A norm the architecture names: weight required, LayerNorm bias when the family has one.
-fn norm<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, key: &str, len: usize) -> Result<NormWeights<'a>, InferenceError> {
+fn norm<'a>(
+    v: &'a Vindex,
+    arch: &dyn ModelArchitecture,
+    key: &str,
+    len: usize,
+) -> Result<NormWeights<'a>, InferenceError> {
     let bias = match arch.norm_bias_key(key) {
         Some(b) => optional(v, &b, len)?,
         None => None,
     };
-    Ok(NormWeights { weight: required(v, key, len)?, bias })
+    Ok(NormWeights {
+        weight: required(v, key, len)?,
+        bias,
+    })
 }
 
 /// A norm the architecture may have (`None` key: the family has no such norm).
@@ -83,7 +104,12 @@ fn linear<'a>(
         Some(b) => optional(v, &b, out_features)?,
         None => None,
     };
-    Ok(Linear { weight: required(v, key, out_features * in_features)?, bias, out_features, in_features })
+    Ok(Linear {
+        weight: required(v, key, out_features * in_features)?,
+        bias,
+        out_features,
+        in_features,
+    })
 }
 
 /// Convert the config's RoPE scaling to the compute crate's (which cannot import infer-models).
@@ -91,9 +117,17 @@ fn compute_scaling(s: Option<RopeScaling>) -> ComputeRopeScaling {
     match s {
         None => ComputeRopeScaling::None,
         Some(RopeScaling::Linear { factor }) => ComputeRopeScaling::Linear { factor },
-        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
-            ComputeRopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }
-        }
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => ComputeRopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        },
     }
 }
 
@@ -156,16 +190,30 @@ impl<'a> Model<'a> {
             layers.push(build_layer(v, arch.as_ref(), l)?);
         }
         let final_norm = norm(v, arch.as_ref(), &arch.final_norm_key(), hidden)?;
-        let lm_head = match v.lm_head() {
-            Some((s, _)) => Some(widen(s)),
-            None => None,
-        };
-        let lm_head_bias = arch.lm_head_bias_key().map(|k| required(v, &k, vocab)).transpose()?;
+        let lm_head = v.lm_head().map(|(s, _)| widen(s));
+        let lm_head_bias = arch
+            .lm_head_bias_key()
+            .map(|k| required(v, &k, vocab))
+            .transpose()?;
         let position_embeddings = match arch.position_embed_key() {
-            Some(k) => Some(widen(v.tensor(&k).map_err(|_| InferenceError::MissingTensor(k))?.0)),
+            Some(k) => Some(widen(
+                v.tensor(&k)
+                    .map_err(|_| InferenceError::MissingTensor(k))?
+                    .0,
+            )),
             None => None,
         };
-        Ok(Model { arch, embeddings, position_embeddings, layers, final_norm, lm_head, lm_head_bias, hidden_size: hidden, vocab_size: vocab })
+        Ok(Model {
+            arch,
+            embeddings,
+            position_embeddings,
+            layers,
+            final_norm,
+            lm_head,
+            lm_head_bias,
+            hidden_size: hidden,
+            vocab_size: vocab,
+        })
     }
 
     /// One line per layer: which path its attention and FFN take (`--explain`).
@@ -178,20 +226,33 @@ impl<'a> Model<'a> {
                 None => "full attention".into(),
             };
             let rope = match &g.rope {
-                Some(r) => format!("RoPE base {} rotary {}/{}", r.base, r.rotary_dim, r.head_dim),
+                Some(r) => format!(
+                    "RoPE base {} rotary {}/{}",
+                    r.base, r.rotary_dim, r.head_dim
+                ),
                 None => "learned positions".into(),
             };
-            s.push_str(&format!("layer {l:>3}: {} [{window}, {rope}]; {}\n", layer.attn_path, layer.ffn_path));
+            s.push_str(&format!(
+                "layer {l:>3}: {} [{window}, {rope}]; {}\n",
+                layer.attn_path, layer.ffn_path
+            ));
         }
         s
     }
 }
 
-fn build_layer<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize) -> Result<FullPipelineLayer<'a>, InferenceError> {
+fn build_layer<'a>(
+    v: &'a Vindex,
+    arch: &dyn ModelArchitecture,
+    l: usize,
+) -> Result<FullPipelineLayer<'a>, InferenceError> {
     let g = layer_geometry(arch, l);
     let hidden = g.hidden_size;
-    let (q_norm_len, k_norm_len) =
-        if g.qk_norm_whole_projection { (g.q_dim(), g.kv_dim()) } else { (g.head_dim, g.head_dim) };
+    let (q_norm_len, k_norm_len) = if g.qk_norm_whole_projection {
+        (g.q_dim(), g.kv_dim())
+    } else {
+        (g.head_dim, g.head_dim)
+    };
     let (ffn, ffn_path) = if arch.num_experts_for_layer(l) > 0 {
         (Ffn::Moe(moe_ffn(v, arch, l, hidden)?), FfnPath::MoeF32)
     } else {
@@ -207,44 +268,102 @@ fn build_layer<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize) -> Res
         post_ffn_norm: optional_norm(v, arch, arch.post_ffn_norm_key(l), norm_len)?,
         q_norm: optional_norm(v, arch, arch.q_norm_key(l), q_norm_len)?,
         k_norm: optional_norm(v, arch, arch.k_norm_key(l), k_norm_len)?,
-        wq: linear(v, &arch.attn_q_key(l), arch.attn_q_bias_key(l), g.q_dim(), hidden)?,
-        wk: linear(v, &arch.attn_k_key(l), arch.attn_k_bias_key(l), g.kv_dim(), hidden)?,
-        wv: linear(v, &arch.attn_v_key(l), arch.attn_v_bias_key(l), g.kv_dim(), hidden)?,
-        wo: linear(v, &arch.attn_o_key(l), arch.attn_o_bias_key(l), hidden, g.q_dim())?,
+        wq: linear(
+            v,
+            &arch.attn_q_key(l),
+            arch.attn_q_bias_key(l),
+            g.q_dim(),
+            hidden,
+        )?,
+        wk: linear(
+            v,
+            &arch.attn_k_key(l),
+            arch.attn_k_bias_key(l),
+            g.kv_dim(),
+            hidden,
+        )?,
+        wv: linear(
+            v,
+            &arch.attn_v_key(l),
+            arch.attn_v_bias_key(l),
+            g.kv_dim(),
+            hidden,
+        )?,
+        wo: linear(
+            v,
+            &arch.attn_o_key(l),
+            arch.attn_o_bias_key(l),
+            hidden,
+            g.q_dim(),
+        )?,
         ffn,
         geometry: g,
     })
 }
 
-fn check_len<'a>(data: Cow<'a, [f32]>, what: &str, len: usize) -> Result<Cow<'a, [f32]>, InferenceError> {
+fn check_len<'a>(
+    data: Cow<'a, [f32]>,
+    what: &str,
+    len: usize,
+) -> Result<Cow<'a, [f32]>, InferenceError> {
     if data.len() != len {
-        return Err(InferenceError::BadShape { key: what.to_string(), expected: len, found: data.len() });
+        return Err(InferenceError::BadShape {
+            key: what.to_string(),
+            expected: len,
+            found: data.len(),
+        });
     }
     Ok(data)
 }
 
 /// The dense FFN of layer `l` from the vindex FFN tier (feature-major, zero-copy for f32).
-fn walk_ffn<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize, g: &LayerGeometry) -> Result<WalkFfn<'a>, InferenceError> {
+fn walk_ffn<'a>(
+    v: &'a Vindex,
+    arch: &dyn ModelArchitecture,
+    l: usize,
+    g: &LayerGeometry,
+) -> Result<WalkFfn<'a>, InferenceError> {
     let (hidden, inter) = (g.hidden_size, g.intermediate_size);
     let gate = match g.ffn_type {
-        infer_models::FfnType::Gated => {
-            Some(check_len(widen(v.gate_layer(l)?), &format!("layer {l} gate vectors"), inter * hidden)?)
-        }
+        infer_models::FfnType::Gated => Some(check_len(
+            widen(v.gate_layer(l)?),
+            &format!("layer {l} gate vectors"),
+            inter * hidden,
+        )?),
         infer_models::FfnType::Standard => None,
     };
     Ok(WalkFfn {
         intermediate_size: inter,
         gate,
-        up: check_len(widen(v.up_layer(l)?), &format!("layer {l} up features"), inter * hidden)?,
-        down: check_len(widen(v.down_layer(l)?), &format!("layer {l} down features"), inter * hidden)?,
+        up: check_len(
+            widen(v.up_layer(l)?),
+            &format!("layer {l} up features"),
+            inter * hidden,
+        )?,
+        down: check_len(
+            widen(v.down_layer(l)?),
+            &format!("layer {l} down features"),
+            inter * hidden,
+        )?,
         down_layout: DownLayout::FeatureMajor,
-        up_bias: arch.ffn_up_bias_key(l).map(|k| required(v, &k, inter)).transpose()?,
-        down_bias: arch.ffn_down_bias_key(l).map(|k| required(v, &k, hidden)).transpose()?,
+        up_bias: arch
+            .ffn_up_bias_key(l)
+            .map(|k| required(v, &k, inter))
+            .transpose()?,
+        down_bias: arch
+            .ffn_down_bias_key(l)
+            .map(|k| required(v, &k, hidden))
+            .transpose()?,
     })
 }
 
 /// A gated expert stored as HF Linear matrices (gate/up `[inter, hidden]`, down `[hidden, inter]`).
-fn expert<'a>(v: &'a Vindex, keys: [String; 3], inter: usize, hidden: usize) -> Result<WalkFfn<'a>, InferenceError> {
+fn expert<'a>(
+    v: &'a Vindex,
+    keys: [String; 3],
+    inter: usize,
+    hidden: usize,
+) -> Result<WalkFfn<'a>, InferenceError> {
     let [gate, up, down] = keys;
     Ok(WalkFfn {
         intermediate_size: inter,
@@ -257,14 +376,35 @@ fn expert<'a>(v: &'a Vindex, keys: [String; 3], inter: usize, hidden: usize) -> 
     })
 }
 
-fn moe_ffn<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize, hidden: usize) -> Result<MoeFfn<'a>, InferenceError> {
+fn moe_ffn<'a>(
+    v: &'a Vindex,
+    arch: &dyn ModelArchitecture,
+    l: usize,
+    hidden: usize,
+) -> Result<MoeFfn<'a>, InferenceError> {
     let n = arch.num_experts_for_layer(l);
     let inter = arch.intermediate_size_for_layer(l);
-    let router_key = arch.moe_router_key(l).ok_or_else(|| InferenceError::Architecture(format!("layer {l}: MoE without a router")))?;
+    let router_key = arch
+        .moe_router_key(l)
+        .ok_or_else(|| InferenceError::Architecture(format!("layer {l}: MoE without a router")))?;
     let experts = (0..n)
-        .map(|e| expert(v, [arch.expert_gate_key(l, e), arch.expert_up_key(l, e), arch.expert_down_key(l, e)], inter, hidden))
+        .map(|e| {
+            expert(
+                v,
+                [
+                    arch.expert_gate_key(l, e),
+                    arch.expert_up_key(l, e),
+                    arch.expert_down_key(l, e),
+                ],
+                inter,
+                hidden,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    let shared = match (arch.shared_expert_keys(l), arch.shared_expert_intermediate_size()) {
+    let shared = match (
+        arch.shared_expert_keys(l),
+        arch.shared_expert_intermediate_size(),
+    ) {
         (Some(keys), Some(si)) => Some(expert(v, keys, si, hidden)?),
         _ => None,
     };
@@ -274,6 +414,9 @@ fn moe_ffn<'a>(v: &'a Vindex, arch: &dyn ModelArchitecture, l: usize, hidden: us
         top_k: arch.num_experts_per_tok(),
         norm_topk_prob: arch.norm_topk_prob(),
         shared,
-        shared_gate: arch.shared_expert_gate_key(l).map(|k| required(v, &k, hidden)).transpose()?,
+        shared_gate: arch
+            .shared_expert_gate_key(l)
+            .map(|k| required(v, &k, hidden))
+            .transpose()?,
     })
 }

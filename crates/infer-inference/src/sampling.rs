@@ -26,7 +26,15 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
@@ -68,7 +76,11 @@ impl Sampler {
             seen.dedup();
             for id in seen {
                 if let Some(v) = logits.get_mut(id as usize) {
-                    *v = if *v > 0.0 { *v / p.repeat_penalty } else { *v * p.repeat_penalty };
+                    *v = if *v > 0.0 {
+                        *v / p.repeat_penalty
+                    } else {
+                        *v * p.repeat_penalty
+                    };
                 }
             }
         }
@@ -76,7 +88,11 @@ impl Sampler {
             return argmax(&logits);
         }
         // Candidates sorted by logit, descending (ties: smaller id first).
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
@@ -132,18 +148,37 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_top_k_one_is_greedy() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 17) as f32 * 0.3).collect();
-        let p = SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
-        let a: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..20).map(|_| s.sample(&logits, &[])).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..20).map(|_| s.sample(&logits, &[])).collect() };
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..Default::default()
+        };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..20).map(|_| s.sample(&logits, &[])).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..20).map(|_| s.sample(&logits, &[])).collect()
+        };
         assert_eq!(a, b);
-        assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 1, "temperature sampling should vary");
+        assert!(
+            a.iter().collect::<std::collections::HashSet<_>>().len() > 1,
+            "temperature sampling should vary"
+        );
         let mut s = Sampler::new(SamplingParams { top_k: 1, ..p });
         assert_eq!(s.sample(&logits, &[]), argmax(&logits));
     }
 
     #[test]
     fn repetition_penalty_demotes_seen_tokens() {
-        let mut s = Sampler::new(SamplingParams { repeat_penalty: 2.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            repeat_penalty: 2.0,
+            ..Default::default()
+        });
         assert_eq!(s.sample(&[2.0, 1.5], &[0]), 1);
     }
 }

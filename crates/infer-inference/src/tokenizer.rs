@@ -10,20 +10,27 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Parse a `tokenizer.json` document.
     pub fn from_json(json: &str) -> Result<Self, InferenceError> {
-        let inner = json.parse::<tokenizers::Tokenizer>().map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+        let inner = json
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
         Ok(Tokenizer { inner })
     }
 
     /// Encode text. `add_special` applies the tokenizer's post-processor (e.g. Gemma's `<bos>`);
     /// special-token markup in the text (`<|im_start|>`) is always recognised.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, InferenceError> {
-        let enc = self.inner.encode(text, add_special).map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, add_special)
+            .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Decode ids to text (special tokens kept when `skip_special` is false).
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, InferenceError> {
-        self.inner.decode(ids, skip_special).map_err(|e| InferenceError::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| InferenceError::Tokenizer(e.to_string()))
     }
 
     /// The id of a token string, e.g. `"<end_of_turn>"`.
@@ -46,14 +53,21 @@ pub struct TextStreamer<'t> {
 
 impl<'t> TextStreamer<'t> {
     pub fn new(tok: &'t Tokenizer) -> Self {
-        TextStreamer { tok, ids: Vec::new(), emitted: 0 }
+        TextStreamer {
+            tok,
+            ids: Vec::new(),
+            emitted: 0,
+        }
     }
 
     /// Add a token; returns newly completed text, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>, InferenceError> {
         self.ids.push(id);
         let text = self.tok.decode(&self.ids, true)?;
-        if text.ends_with('\u{FFFD}') || text.len() <= self.emitted || !text.is_char_boundary(self.emitted) {
+        if text.ends_with('\u{FFFD}')
+            || text.len() <= self.emitted
+            || !text.is_char_boundary(self.emitted)
+        {
             return Ok(None);
         }
         let piece = text[self.emitted..].to_string();

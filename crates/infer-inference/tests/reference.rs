@@ -22,8 +22,14 @@ struct RealModel {
     gguf: &'static str,
 }
 
-const SMOLLM2: RealModel = RealModel { reference: "smollm2-135m-instruct", gguf: "SmolLM2-135M-Instruct.Q4_1.gguf" };
-const GEMMA3: RealModel = RealModel { reference: "gemma3-270m", gguf: "gemma-3-270m-q4_k_m.gguf" };
+const SMOLLM2: RealModel = RealModel {
+    reference: "smollm2-135m-instruct",
+    gguf: "SmolLM2-135M-Instruct.Q4_1.gguf",
+};
+const GEMMA3: RealModel = RealModel {
+    reference: "gemma3-270m",
+    gguf: "gemma-3-270m-q4_k_m.gguf",
+};
 
 /// Gemma's GGUF has a SentencePiece vocabulary: its tokenizer.json comes from ../shared/models.
 fn gemma_tokenizer(dir: &std::path::Path) -> PathBuf {
@@ -37,13 +43,23 @@ fn gemma_tokenizer(dir: &std::path::Path) -> PathBuf {
 
 /// Extract each real model once per test binary (f32 or f16 tier).
 fn vindex(m: &RealModel, dtype: &'static str) -> &'static Vindex {
-    static CELLS: [OnceLock<(tempfile::TempDir, Vindex)>; 4] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static CELLS: [OnceLock<(tempfile::TempDir, Vindex)>; 4] = [
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+    ];
     let slot = (m.reference == GEMMA3.reference) as usize * 2 + (dtype == "f16") as usize;
     let (_, v) = CELLS[slot].get_or_init(|| {
         let tmp = tempfile::tempdir().expect("tempdir");
         let tok = (m.reference == GEMMA3.reference).then(|| gemma_tokenizer(tmp.path()));
-        let path = extract(&models_dir().join(m.gguf), tmp.path(), m.reference, dtype, tok);
+        let path = extract(
+            &models_dir().join(m.gguf),
+            tmp.path(),
+            m.reference,
+            dtype,
+            tok,
+        );
         let v = Vindex::open(&path).expect("open vindex");
         (tmp, v)
     });
@@ -58,7 +74,10 @@ struct Prompt {
 }
 
 fn prompts(m: &RealModel) -> Vec<Prompt> {
-    let path = shared_dir().join("reference").join(m.reference).join("index.json");
+    let path = shared_dir()
+        .join("reference")
+        .join(m.reference)
+        .join("index.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let index: serde_json::Value = serde_json::from_str(&text).expect("index.json");
     index["prompts"]
@@ -68,7 +87,12 @@ fn prompts(m: &RealModel) -> Vec<Prompt> {
         .map(|p| Prompt {
             name: p["name"].as_str().expect("name").to_string(),
             text: p["text"].as_str().expect("text").to_string(),
-            input_ids: p["input_ids"].as_array().expect("ids").iter().map(|v| v.as_u64().expect("id") as u32).collect(),
+            input_ids: p["input_ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|v| v.as_u64().expect("id") as u32)
+                .collect(),
             file: p["file"].as_str().expect("file").to_string(),
         })
         .collect()
@@ -87,7 +111,12 @@ struct Agreement {
 fn compare(m: &RealModel, v: &Vindex, p: &Prompt) -> Agreement {
     let model = Model::from_vindex(v).expect("model");
     let backend = CpuBackend::new();
-    let r = StFile::open(&shared_dir().join("reference").join(m.reference).join(&p.file));
+    let r = StFile::open(
+        &shared_dir()
+            .join("reference")
+            .join(m.reference)
+            .join(&p.file),
+    );
     let ids = r.i64_as_u32("input_ids");
     assert_eq!(ids, p.input_ids);
     let t = ids.len();
@@ -97,7 +126,9 @@ fn compare(m: &RealModel, v: &Vindex, p: &Prompt) -> Agreement {
     let k = topk_logits.len() / t;
 
     let mut cache = model.new_cache(t + 40);
-    let logits = model.forward(&backend, &ids, &mut cache, Logits::All).expect("forward");
+    let logits = model
+        .forward(&backend, &ids, &mut cache, Logits::All)
+        .expect("forward");
     let (mut max_topk_diff, mut top1_agree, mut top1_checked) = (0f32, 0, 0);
     for pos in 0..t {
         let row = &logits[pos * vocab..(pos + 1) * vocab];
@@ -129,26 +160,69 @@ fn compare(m: &RealModel, v: &Vindex, p: &Prompt) -> Agreement {
         }
         greedy_agree += 1;
         if step + 1 < greedy_ids.len() {
-            last = model.forward(&backend, &[got], &mut cache, Logits::Last).expect("decode");
+            last = model
+                .forward(&backend, &[got], &mut cache, Logits::Last)
+                .expect("decode");
         }
     }
-    Agreement { max_topk_diff, max_last_diff, top1_agree, top1_checked, greedy_agree, greedy_comparable }
+    Agreement {
+        max_topk_diff,
+        max_last_diff,
+        top1_agree,
+        top1_checked,
+        greedy_agree,
+        greedy_comparable,
+    }
 }
 
 fn check_f32(m: &RealModel) {
     let v = vindex(m, "f32");
-    let tok = Tokenizer::from_json(&v.tokenizer_json().expect("tokenizer")).expect("tokenizer.json");
+    let tok =
+        Tokenizer::from_json(&v.tokenizer_json().expect("tokenizer")).expect("tokenizer.json");
     for p in prompts(m) {
-        assert_eq!(tok.encode(&p.text, true).expect("encode"), p.input_ids, "{}/{}: tokenization", m.reference, p.name);
+        assert_eq!(
+            tok.encode(&p.text, true).expect("encode"),
+            p.input_ids,
+            "{}/{}: tokenization",
+            m.reference,
+            p.name
+        );
         let a = compare(m, v, &p);
         println!(
             "{}/{} f32: max|Δ| top-32 {:.2e}, last {:.2e}; top-1 {}/{}; greedy {}/{}",
-            m.reference, p.name, a.max_topk_diff, a.max_last_diff, a.top1_agree, a.top1_checked, a.greedy_agree, a.greedy_comparable
+            m.reference,
+            p.name,
+            a.max_topk_diff,
+            a.max_last_diff,
+            a.top1_agree,
+            a.top1_checked,
+            a.greedy_agree,
+            a.greedy_comparable
         );
-        assert!(a.max_topk_diff <= LOGIT_TOL, "{}/{}: top-k logits differ by {}", m.reference, p.name, a.max_topk_diff);
-        assert!(a.max_last_diff <= LOGIT_TOL, "{}/{}: last logits differ by {}", m.reference, p.name, a.max_last_diff);
-        assert_eq!(a.top1_agree, a.top1_checked, "{}/{}: top-1 mismatch", m.reference, p.name);
-        assert_eq!(a.greedy_agree, a.greedy_comparable, "{}/{}: greedy continuation diverged", m.reference, p.name);
+        assert!(
+            a.max_topk_diff <= LOGIT_TOL,
+            "{}/{}: top-k logits differ by {}",
+            m.reference,
+            p.name,
+            a.max_topk_diff
+        );
+        assert!(
+            a.max_last_diff <= LOGIT_TOL,
+            "{}/{}: last logits differ by {}",
+            m.reference,
+            p.name,
+            a.max_last_diff
+        );
+        assert_eq!(
+            a.top1_agree, a.top1_checked,
+            "{}/{}: top-1 mismatch",
+            m.reference, p.name
+        );
+        assert_eq!(
+            a.greedy_agree, a.greedy_comparable,
+            "{}/{}: greedy continuation diverged",
+            m.reference, p.name
+        );
     }
 }
 

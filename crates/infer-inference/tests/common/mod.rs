@@ -11,16 +11,27 @@ pub fn shared_dir() -> PathBuf {
     let p = std::env::var_os("INFER_SHARED")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    assert!(p.is_dir(), "shared reference data not found at {} (set INFER_SHARED)", p.display());
+    assert!(
+        p.is_dir(),
+        "shared reference data not found at {} (set INFER_SHARED)",
+        p.display()
+    );
     p
 }
 
 /// Folder of the real GGUFs (`INFER_MODELS`, default `~/.cache/infer/models`).
 pub fn models_dir() -> PathBuf {
-    let p = std::env::var_os("INFER_MODELS").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/infer/models")
-    });
-    assert!(p.is_dir(), "real models not found at {} (run scripts/fetch-models.sh or set INFER_MODELS)", p.display());
+    let p = std::env::var_os("INFER_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
+                .join(".cache/infer/models")
+        });
+    assert!(
+        p.is_dir(),
+        "real models not found at {} (run scripts/fetch-models.sh or set INFER_MODELS)",
+        p.display()
+    );
     p
 }
 
@@ -44,19 +55,30 @@ impl StFile {
     }
 
     pub fn shape(&self, name: &str) -> Vec<usize> {
-        self.st().tensor(name).unwrap_or_else(|_| panic!("no tensor {name}")).shape().to_vec()
+        self.st()
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("no tensor {name}"))
+            .shape()
+            .to_vec()
     }
 
     pub fn f32(&self, name: &str) -> Vec<f32> {
         let st = self.st();
-        let t = st.tensor(name).unwrap_or_else(|_| panic!("no tensor {name}"));
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("no tensor {name}"));
         assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
-        t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
     }
 
     pub fn i64_as_u32(&self, name: &str) -> Vec<u32> {
         let st = self.st();
-        let t = st.tensor(name).unwrap_or_else(|_| panic!("no tensor {name}"));
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("no tensor {name}"));
         assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
         t.data()
             .chunks_exact(8)
@@ -75,11 +97,20 @@ pub fn std_dev(x: &[f32]) -> f64 {
 /// Largest absolute difference.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() as f64)
+        .fold(0.0, f64::max)
 }
 
 /// Extract `source` (HF folder or GGUF) into a fresh vindex under `dir`.
-pub fn extract(source: &Path, dir: &Path, name: &str, dtype: &str, tokenizer: Option<PathBuf>) -> PathBuf {
+pub fn extract(
+    source: &Path,
+    dir: &Path,
+    name: &str,
+    dtype: &str,
+    tokenizer: Option<PathBuf>,
+) -> PathBuf {
     let out = dir.join(format!("{name}.vindex"));
     let opts = infer_vindex::BuildOptions {
         dtype: dtype.parse().expect("dtype"),
@@ -88,6 +119,7 @@ pub fn extract(source: &Path, dir: &Path, name: &str, dtype: &str, tokenizer: Op
         tokenizer,
         ..Default::default()
     };
-    infer_vindex::extract(source, &out, &opts).unwrap_or_else(|e| panic!("extract {}: {e}", source.display()));
+    infer_vindex::extract(source, &out, &opts)
+        .unwrap_or_else(|e| panic!("extract {}: {e}", source.display()));
     out
 }
