@@ -4,7 +4,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod cmd_bench;
 mod cmd_inspect;
+mod cmd_perplexity;
 mod cmd_run;
 mod cmd_vindex;
 
@@ -30,6 +32,10 @@ enum Command {
     Chat(cmd_run::ChatArgs),
     /// One full-sequence forward: top-10 of the last position, optionally all logits to a file.
     Logits(cmd_run::LogitsArgs),
+    /// Prompt and decode tokens/s (median of repeats), effective GB/s, peak RSS.
+    Bench(cmd_bench::BenchArgs),
+    /// Perplexity of a text file (llama-perplexity scoring: second half of each window).
+    Perplexity(cmd_perplexity::PerplexityArgs),
 }
 
 /// Write to stdout; a closed pipe (`infer inspect … | head`) ends quietly instead of panicking.
@@ -68,6 +74,8 @@ fn main() -> ExitCode {
         Command::Run(a) => cmd_run::run(a),
         Command::Chat(a) => cmd_run::chat(a),
         Command::Logits(a) => cmd_run::logits(a),
+        Command::Bench(a) => cmd_bench::run(a),
+        Command::Perplexity(a) => cmd_perplexity::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -216,6 +216,16 @@ impl<'a> Model<'a> {
         })
     }
 
+    /// Bytes of weights one decoded token reads: every layer's matrices and norms, the final
+    /// norm and the output projection (embeddings count once more only when untied, since a
+    /// token's embedding row is negligible).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let f = std::mem::size_of::<f32>();
+        let layer_bytes: usize = self.layers.iter().map(|l| l.weight_count() * f).sum();
+        let lm = self.lm_head.as_ref().map_or(self.embeddings.len(), |w| w.len());
+        layer_bytes + (self.final_norm.weight.len() + lm) * f
+    }
+
     /// One line per layer: which path its attention and FFN take (`--explain`).
     pub fn explain(&self) -> String {
         let mut s = String::new();

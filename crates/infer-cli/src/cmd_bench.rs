@@ -1,0 +1,134 @@
+//! `infer bench`: prompt (prefill) and decode tokens/s of a vindex, llama-bench style.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use infer_compute::CpuBackend;
+use infer_inference::forward::Logits;
+use infer_inference::Model;
+use infer_vindex::Vindex;
+
+/// Arguments of `infer bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// The vindex directory.
+    pub vindex: PathBuf,
+    /// Prompt tokens processed in one batch (pp test); 0 skips it.
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Tokens decoded one at a time (tg test); 0 skips it.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Repetitions; the median is reported.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub repetitions: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Peak resident set size of this process in bytes (Linux `VmHWM`), if known.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.repetitions == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    if let Some(t) = args.threads {
+        if t == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("setting up the thread pool")?;
+    }
+    let vindex = Vindex::open(&args.vindex).with_context(|| format!("opening vindex {}", args.vindex.display()))?;
+    let model = Model::from_vindex(&vindex)?;
+    let backend = CpuBackend::new();
+    let ctx = args.n_prompt + args.n_gen + 1;
+    let max = model.arch.config().max_position_embeddings;
+    if ctx > max {
+        bail!("-p {} + -n {} exceeds the model's maximum context {max}", args.n_prompt, args.n_gen);
+    }
+    // Deterministic pseudo-random prompt ids, as llama-bench uses random tokens.
+    let vocab = model.vocab_size as u64;
+    let ids: Vec<u32> = (0..args.n_prompt.max(1) as u64).map(|i| ((i * 2654435761 + 12345) % vocab) as u32).collect();
+
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    for _ in 0..args.repetitions {
+        if args.n_prompt > 0 {
+            let mut cache = model.new_cache(ctx);
+            let t0 = Instant::now();
+            model.forward(&backend, &ids[..args.n_prompt], &mut cache, Logits::Last)?;
+            pp.push(args.n_prompt as f64 / t0.elapsed().as_secs_f64());
+        }
+        if args.n_gen > 0 {
+            let mut cache = model.new_cache(ctx);
+            let mut tok = ids[0];
+            let t0 = Instant::now();
+            for _ in 0..args.n_gen {
+                let logits = model.forward(&backend, &[tok], &mut cache, Logits::Last)?;
+                tok = infer_inference::sampling::argmax(&logits);
+            }
+            tg.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
+        }
+    }
+    let threads = rayon::current_num_threads();
+    let bytes = model.weight_bytes_per_token() as f64;
+    let pp_med = (!pp.is_empty()).then(|| median(pp));
+    let tg_med = (!tg.is_empty()).then(|| median(tg));
+    let gbs = tg_med.map(|t| t * bytes / 1e9);
+    let rss = peak_rss_bytes();
+    let name = args.vindex.display().to_string();
+    if args.json {
+        let j = serde_json::json!({
+            "vindex": name,
+            "model_type": model.arch.config().model_type,
+            "threads": threads,
+            "n_prompt": args.n_prompt,
+            "n_gen": args.n_gen,
+            "repetitions": args.repetitions,
+            "pp_tokens_per_s": pp_med,
+            "tg_tokens_per_s": tg_med,
+            "weight_bytes_per_token": bytes,
+            "tg_effective_gb_per_s": gbs,
+            "peak_rss_bytes": rss,
+        });
+        println!("{j}");
+    } else {
+        println!("| vindex | threads | test | tokens/s |");
+        println!("|---|---|---|---|");
+        if let Some(v) = pp_med {
+            println!("| {name} | {threads} | pp{} | {v:.2} |", args.n_prompt);
+        }
+        if let Some(v) = tg_med {
+            println!("| {name} | {threads} | tg{} | {v:.2} |", args.n_gen);
+        }
+        if let Some(g) = gbs {
+            println!("decode reads {:.1} MB of weights per token: {g:.1} GB/s effective", bytes / 1e6);
+        }
+        if let Some(r) = rss {
+            println!("peak RSS {:.1} MB", r as f64 / 1e6);
+        }
+    }
+    Ok(())
+}
