@@ -176,16 +176,27 @@ impl FullPipelineLayer<'_> {
     /// f32 values of weights one token reads in this layer (MoE: the top-k experts, taking
     /// the first experts as representative, plus router and shared expert).
     pub fn weight_count(&self) -> usize {
-        let norms = [&self.pre_attn_norm, &self.post_attn_norm, &self.pre_ffn_norm, &self.post_ffn_norm, &self.q_norm, &self.k_norm]
-            .iter()
-            .map(|n| n.as_ref().map_or(0, |n| n.len()))
-            .sum::<usize>();
+        let norms = [
+            &self.pre_attn_norm,
+            &self.post_attn_norm,
+            &self.pre_ffn_norm,
+            &self.post_ffn_norm,
+            &self.q_norm,
+            &self.k_norm,
+        ]
+        .iter()
+        .map(|n| n.as_ref().map_or(0, |n| n.len()))
+        .sum::<usize>();
         let attn = self.wq.len() + self.wk.len() + self.wv.len() + self.wo.len();
         let ffn = match &self.ffn {
             Ffn::Walk(w) => w.len(),
             Ffn::Moe(m) => {
                 m.router.len()
-                    + m.experts.iter().take(m.top_k).map(|e| e.len()).sum::<usize>()
+                    + m.experts
+                        .iter()
+                        .take(m.top_k)
+                        .map(|e| e.len())
+                        .sum::<usize>()
                     + m.shared.as_ref().map_or(0, |s| s.len())
             }
         };

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod kv_cache;
 pub mod layer;
 pub mod model;
+pub mod perplexity;
 pub mod sampling;
 pub mod tokenizer;
 

@@ -222,7 +222,10 @@ impl<'a> Model<'a> {
     pub fn weight_bytes_per_token(&self) -> usize {
         let f = std::mem::size_of::<f32>();
         let layer_bytes: usize = self.layers.iter().map(|l| l.weight_count() * f).sum();
-        let lm = self.lm_head.as_ref().map_or(self.embeddings.len(), |w| w.len());
+        let lm = self
+            .lm_head
+            .as_ref()
+            .map_or(self.embeddings.len(), |w| w.len());
         layer_bytes + (self.final_norm.weight.len() + lm) * f
     }
 

@@ -257,3 +257,46 @@ fn smollm2_f16_tier_reported() {
 fn gemma3_f16_tier_reported() {
     report_f16(&GEMMA3);
 }
+
+/// f32 path perplexity within 0.1% of the f32 reference value.
+fn check_perplexity(m: &RealModel) {
+    let v = vindex(m, "f32");
+    let tok =
+        Tokenizer::from_json(&v.tokenizer_json().expect("tokenizer")).expect("tokenizer.json");
+    let text = std::fs::read_to_string(shared_dir().join("reference/perplexity.txt"))
+        .expect("perplexity.txt");
+    let tokens = tok.encode(&text, true).expect("encode");
+    let bos = tok.encode("", true).expect("encode").first().copied();
+    let model = Model::from_vindex(v).expect("model");
+    let r = infer_inference::perplexity::perplexity(
+        &model,
+        &CpuBackend::new(),
+        &tokens,
+        512,
+        bos,
+        |_, _, _| {},
+    )
+    .expect("perplexity");
+    println!(
+        "{} f32 PPL {:.4} +/- {:.4} (reference {})",
+        m.reference, r.ppl, r.error, m.ppl
+    );
+    assert_eq!((r.windows, r.scored_tokens), (8, 2040));
+    assert!(
+        (r.ppl / m.ppl - 1.0).abs() < 1e-3,
+        "{}: PPL {} vs reference {}",
+        m.reference,
+        r.ppl,
+        m.ppl
+    );
+}
+
+#[test]
+fn smollm2_f32_perplexity_matches_reference() {
+    check_perplexity(&SMOLLM2);
+}
+
+#[test]
+fn gemma3_f32_perplexity_matches_reference() {
+    check_perplexity(&GEMMA3);
+}
