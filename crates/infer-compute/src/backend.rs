@@ -55,8 +55,18 @@ pub trait ComputeBackend: Send + Sync {
     /// `rows` consecutive rows of ggml blocks of `format` (each row `format.bytes_for(cols)`
     /// bytes, the layout of ggml / llama.cpp tensors and of the vindex quantized tiers).
     ///
-    /// Errors: `cols` not a multiple of the format's block size, `bytes.len()` not equal to
-    /// `rows * bytes_for(cols)`, or a format this backend has no kernel for.
+    /// - `bytes`: `rows * format.bytes_for(cols)` bytes; `x`: `[cols]` f32; `y`: `[rows]` f32,
+    ///   fully overwritten.
+    /// - Numerics (CPU backend): like llama.cpp, Q4_K and Q6_K weights are multiplied with `x`
+    ///   quantized once to Q8_K, and Q4_0, Q5_0 and Q8_0 weights with `x` quantized to Q8_0
+    ///   (integer block dot products, see [`crate::vec_dot`]); so `y` carries the activation
+    ///   quantization error (relative ~1e-3 of Σ|wᵢxᵢ|) as in llama.cpp. Other formats with a
+    ///   ggml dequantizer (Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q8_K, F16, BF16, F32) are dequantized
+    ///   exactly and multiplied in f32.
+    ///
+    /// Errors: [`ComputeError::UnsupportedFormat`] for a format without kernel (Q8_1),
+    /// [`ComputeError::Quant`] when `cols` is not a multiple of the format's block size,
+    /// [`ComputeError::ShapeMismatch`] when `bytes.len() != rows * bytes_for(cols)`.
     /// Panics if `x.len() != cols` or `y.len() != rows`.
     fn quant_matvec(
         &self,
@@ -67,4 +77,49 @@ pub trait ComputeBackend: Send + Sync {
         cols: usize,
         y: &mut [f32],
     ) -> Result<(), ComputeError>;
+
+    /// Quantized matrix product for prefill: `Y[m×rows] = X[m×cols] · W[rows×cols]ᵀ`, `W` stored
+    /// as in [`quant_matvec`](Self::quant_matvec).
+    ///
+    /// - `x`: `[m, cols]` row-major f32 (one activation row per token); `y`: `[m, rows]`
+    ///   row-major f32, fully overwritten. Row `i` of `y` equals `quant_matvec` of row `i` of `x`
+    ///   (same kernels, same rounding), computed with each weight row read once per tile of
+    ///   activation rows.
+    ///
+    /// Errors as [`quant_matvec`](Self::quant_matvec). Panics if `x.len() != m*cols` or
+    /// `y.len() != m*rows`. The default implementation calls `quant_matvec` per row.
+    #[allow(clippy::too_many_arguments)]
+    fn quant_matmul(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        m: usize,
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        assert_eq!(
+            x.len(),
+            m * cols,
+            "quant_matmul: x is not m*cols = {m}*{cols}"
+        );
+        assert_eq!(
+            y.len(),
+            m * rows,
+            "quant_matmul: y is not m*rows = {m}*{rows}"
+        );
+        for i in 0..m {
+            let xi = &x[i * cols..(i + 1) * cols];
+            self.quant_matvec(
+                format,
+                bytes,
+                xi,
+                rows,
+                cols,
+                &mut y[i * rows..(i + 1) * rows],
+            )?;
+        }
+        Ok(())
+    }
 }

@@ -3,7 +3,8 @@
 //!
 //! Everything here works on plain `&[f32]` activations in row-major layout and never reads the
 //! vindex: callers hand in slices (mmap views or owned buffers) and shapes. Quantized weights
-//! arrive as `(&[u8], QuantFormat)` pairs (see [`ComputeBackend::quant_matvec`]).
+//! arrive as `(&[u8], QuantFormat)` pairs (see [`ComputeBackend::quant_matvec`] and
+//! [`ComputeBackend::quant_matmul`]); their fused dot-product kernels live in [`vec_dot`].
 
 mod attention;
 mod backend;
@@ -11,6 +12,7 @@ mod cpu;
 mod error;
 pub mod ops;
 mod rope;
+pub mod vec_dot;
 
 pub use attention::{attention, AttentionParams};
 pub use backend::ComputeBackend;
@@ -18,3 +20,4 @@ pub use cpu::CpuBackend;
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;
 pub use rope::{apply_rope, Rope, RopeConfig, RopeScaling};
+pub use vec_dot::Isa;

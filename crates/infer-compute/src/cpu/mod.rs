@@ -5,21 +5,44 @@ mod dot;
 mod gemv;
 mod matmul;
 mod quant;
+mod quant_fallback;
 
+use crate::vec_dot::Isa;
 use crate::{ComputeBackend, ComputeError};
 use infer_quant::QuantFormat;
 
 pub use dot::dot;
 
-/// f32 CPU implementation of [`ComputeBackend`]. Stateless; uses rayon's global thread pool
+/// CPU implementation of [`ComputeBackend`]: f32 products plus fused quantized kernels.
+/// Holds only the instruction set of its quantized kernels; uses rayon's global thread pool
 /// (size it with `RAYON_NUM_THREADS` or `rayon::ThreadPoolBuilder`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackend;
+#[derive(Clone, Copy, Debug)]
+pub struct CpuBackend {
+    isa: Isa,
+}
 
 impl CpuBackend {
-    /// A CPU backend on rayon's global thread pool.
+    /// A CPU backend on rayon's global thread pool, with the fastest quantized kernels this CPU
+    /// supports ([`Isa::best`], detected at run time).
     pub fn new() -> Self {
-        CpuBackend
+        CpuBackend { isa: Isa::best() }
+    }
+
+    /// A CPU backend whose quantized kernels use `isa` (e.g. [`Isa::Generic`] to run the scalar
+    /// reference kernels). `None` if this CPU cannot run `isa`.
+    pub fn with_isa(isa: Isa) -> Option<Self> {
+        isa.is_available().then_some(CpuBackend { isa })
+    }
+
+    /// The instruction set of this backend's quantized kernels.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -49,6 +72,19 @@ impl ComputeBackend for CpuBackend {
         cols: usize,
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
-        quant::quant_matvec(format, bytes, x, rows, cols, y)
+        quant::quant_matvec(self.isa, format, bytes, x, rows, cols, y)
+    }
+
+    fn quant_matmul(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        m: usize,
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        quant::quant_matmul(self.isa, format, bytes, x, m, rows, cols, y)
     }
 }

@@ -7,7 +7,7 @@
 //! The `unsafe` kernels need AVX2, FMA and F16C; the safe wrappers here are `pub(crate)` and are
 //! only handed out by [`super::kernel`] after run-time detection ([`super::Isa::Avx2`]).
 
-use super::layout::BlockPair;
+use super::layout::{f16_bits_to_f32, BlockPair};
 use infer_quant::{q4_0, q4_k, q5_0, q6_k, q8_0, q8_k};
 use std::arch::x86_64::*;
 
@@ -52,12 +52,25 @@ safe_wrapper!(
     vec_dot_q6_k_q8_k, BlockPair::Q6_K_Q8_K, q6_k_q8_k
 );
 
-/// f16 at `p` (unaligned, little-endian) to f32 with F16C.
+/// The two consecutive f16 at `p` (unaligned, little-endian) as f32 lanes 0 and 1, with F16C.
+/// One 32-bit load + `vcvtph2ps`: a 16-bit load would become a `vpinsrw` merging into an
+/// arbitrary register (often the loop's accumulator), a false dependency across iterations.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16(p: *const u8) -> f32 {
-    let h = (p as *const u16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+unsafe fn f16_pair(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()))
+}
+
+/// `f16(a) * f16(b)` broadcast to 8 lanes. Both halves go through one `vmovd` + `vcvtph2ps`, so
+/// the conversion has no false dependency on another register (a lone `vpinsrw` would merge into
+/// whatever register the compiler picks, often the loop's accumulator).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_product_x8(a: *const u8, b: *const u8) -> __m256 {
+    let ha = (a as *const u16).read_unaligned() as u32;
+    let hb = (b as *const u16).read_unaligned() as u32;
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((ha | (hb << 16)) as i32));
+    _mm256_broadcastss_ps(_mm_mul_ss(v, _mm_movehdup_ps(v)))
 }
 
 /// Horizontal sum of 8 f32 (ggml `hsum_float_8`).
@@ -115,7 +128,7 @@ unsafe fn q4_0_q8_0(nb: usize, x: *const u8, y: *const u8) -> f32 {
     for ib in 0..nb {
         let xb = x.add(ib * q4_0::BLOCK_BYTES);
         let yb = y.add(ib * q8_0::BLOCK_BYTES);
-        let d = _mm256_set1_ps(f16(xb.add(q4_0::D_OFFSET)) * f16(yb.add(q8_0::D_OFFSET)));
+        let d = f16_product_x8(xb.add(q4_0::D_OFFSET), yb.add(q8_0::D_OFFSET));
         let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(q4_0::QS_OFFSET)), off);
         let qy = _mm256_loadu_si256(yb.add(q8_0::QS_OFFSET) as *const __m256i);
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
@@ -130,7 +143,7 @@ unsafe fn q5_0_q8_0(nb: usize, x: *const u8, y: *const u8) -> f32 {
     for ib in 0..nb {
         let xb = x.add(ib * q5_0::BLOCK_BYTES);
         let yb = y.add(ib * q8_0::BLOCK_BYTES);
-        let d = _mm256_set1_ps(f16(xb.add(q5_0::D_OFFSET)) * f16(yb.add(q8_0::D_OFFSET)));
+        let d = f16_product_x8(xb.add(q5_0::D_OFFSET), yb.add(q8_0::D_OFFSET));
         // Missing 5th bit → OR 0xF0, i.e. (nibble − 16) as i8; present → nibble (= q − 16 + 16).
         let bxhi = _mm256_andnot_si256(bytes_from_bits_32(xb.add(q5_0::QH_OFFSET)), hi);
         let qx = _mm256_or_si256(bytes_from_nibbles_32(xb.add(q5_0::QS_OFFSET)), bxhi);
@@ -146,7 +159,7 @@ unsafe fn q8_0_q8_0(nb: usize, x: *const u8, y: *const u8) -> f32 {
     for ib in 0..nb {
         let xb = x.add(ib * q8_0::BLOCK_BYTES);
         let yb = y.add(ib * q8_0::BLOCK_BYTES);
-        let d = _mm256_set1_ps(f16(xb.add(q8_0::D_OFFSET)) * f16(yb.add(q8_0::D_OFFSET)));
+        let d = f16_product_x8(xb.add(q8_0::D_OFFSET), yb.add(q8_0::D_OFFSET));
         let qx = _mm256_loadu_si256(xb.add(q8_0::QS_OFFSET) as *const __m256i);
         let qy = _mm256_loadu_si256(yb.add(q8_0::QS_OFFSET) as *const __m256i);
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
@@ -163,8 +176,11 @@ unsafe fn q4_k_q8_k(nb: usize, x: *const u8, y: *const u8) -> f32 {
         let xb = x.add(i * q4_k::BLOCK_BYTES);
         let yb = y.add(i * q8_k::BLOCK_BYTES);
         let yd = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
-        let d = yd * f16(xb.add(q4_k::D_OFFSET));
-        let dmin = -yd * f16(xb.add(q4_k::DMIN_OFFSET));
+        // d and dmin are adjacent f16 fields.
+        const _: () = assert!(q4_k::DMIN_OFFSET == q4_k::D_OFFSET + 2);
+        let dd = f16_pair(xb.add(q4_k::D_OFFSET));
+        let d = yd * _mm_cvtss_f32(dd);
+        let dmin = -yd * _mm_cvtss_f32(_mm_movehdup_ps(dd));
 
         let sc = std::slice::from_raw_parts(xb.add(q4_k::SCALES_OFFSET), 12);
         let utmp = super::layout::q4k_scales_mins(sc);
@@ -180,12 +196,15 @@ unsafe fn q4_k_q8_k(nb: usize, x: *const u8, y: *const u8) -> f32 {
         let prod = _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
         acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
 
+        let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+        let scales = _mm256_inserti128_si256(_mm256_castsi128_si256(sc128), sc128, 1);
+
         let mut q4 = xb.add(q4_k::QS_OFFSET);
         let mut q8 = yb.add(q8_k::QS_OFFSET);
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
-            let scale_l = _mm256_set1_epi16(utmp[2 * j] as i16);
-            let scale_h = _mm256_set1_epi16(utmp[2 * j + 1] as i16);
+            let scale_l = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
+            let scale_h = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
 
             let q4bits = _mm256_loadu_si256(q4 as *const __m256i);
             q4 = q4.add(32);
@@ -207,6 +226,27 @@ unsafe fn q4_k_q8_k(nb: usize, x: *const u8, y: *const u8) -> f32 {
     acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
     acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
     hsum_float_8(acc) + _mm_cvtss_f32(acc_m)
+}
+
+/// ggml `get_scale_shuffle_k4(i)`: the i16 lane `i` of each 128-bit half broadcast to 8 lanes.
+const SCALE_SHUFFLE_K4: [[u8; 32]; 8] = {
+    let mut t = [[0u8; 32]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut k = 0;
+        while k < 32 {
+            t[i][k] = (2 * i + k % 2) as u8;
+            k += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_shuffle_k4(i: usize) -> __m256i {
+    _mm256_loadu_si256(SCALE_SHUFFLE_K4[i].as_ptr() as *const __m256i)
 }
 
 /// ggml `get_scale_shuffle(i)`: bytes `2i` ×8 then `2i + 1` ×8.
@@ -233,7 +273,10 @@ unsafe fn q6_k_q8_k(nb: usize, x: *const u8, y: *const u8) -> f32 {
     for i in 0..nb {
         let xb = x.add(i * q6_k::BLOCK_BYTES);
         let yb = y.add(i * q8_k::BLOCK_BYTES);
-        let d = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned() * f16(xb.add(q6_k::D_OFFSET));
+        // Scalar conversion: a lone F16C conversion compiles to a `vpinsrw` merging into the
+        // accumulator register, a false loop-carried dependency.
+        let xd = f16_bits_to_f32((xb.add(q6_k::D_OFFSET) as *const u16).read_unaligned());
+        let d = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned() * xd;
 
         let mut q4 = xb.add(q6_k::QL_OFFSET);
         let mut qh = xb.add(q6_k::QH_OFFSET);

@@ -11,6 +11,9 @@
 //! multiple of the block size or a slice holds fewer than `n / block` blocks (programmer errors:
 //! the mat-vec entry points check byte counts from files before calling).
 
+// The ports keep ggml's indexed loops so they can be checked line by line against the C source.
+#![allow(clippy::needless_range_loop)]
+
 use super::layout::{f16_at, f32_at, q4k_scales_mins, BlockPair};
 use infer_quant::{q4_0, q4_k, q5_0, q6_k, q8_0, q8_k};
 

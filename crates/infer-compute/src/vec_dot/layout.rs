@@ -1,18 +1,39 @@
 //! Block-pair geometry and little-endian field readers shared by the scalar and SIMD kernels.
 
-use infer_quant::float16::f16_to_f32;
 use infer_quant::{q4_0, q4_k, q5_0, q6_k, q8_0, q8_k};
 
-/// Read the little-endian f16 at `b[off..off + 2]` as f32.
+/// Read the little-endian f16 at `b[off..off + 2]` as f32 (bit-identical to
+/// `infer_quant::float16::f16_to_f32`; inlined scalar code).
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
+    f16_bits_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
 }
 
 /// Read the little-endian f32 at `b[off..off + 4]`.
 #[inline(always)]
 pub(crate) fn f32_at(b: &[u8], off: usize) -> f32 {
     f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// f16 bits to f32 without F16C and without subnormal f32 arithmetic (which costs a microcode
+/// assist on x86), bit-identical to `half` / F16C: normals by rebasing the exponent in integer
+/// arithmetic, subnormals as `mantissa · 2⁻²⁴` (exact), ±inf kept, NaN quieted
+/// (`sign | 0x7FC00000 | mantissa << 13`). Used where a vector conversion of one scalar would
+/// create a false dependency (see `avx2::q6_k_q8_k`).
+#[inline(always)]
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    let bits = if em < 0x0400 {
+        (em as f32 * (1.0 / 16_777_216.0)).to_bits()
+    } else if em < 0x7c00 {
+        (em << 13) + ((127 - 15) << 23)
+    } else {
+        let nan = if em > 0x7c00 { 0x0040_0000 } else { 0 };
+        0x7f80_0000 | ((em & 0x3ff) << 13) | nan
+    };
+    f32::from_bits(bits | sign)
 }
 
 /// The 8 six-bit scales (bytes 0..8) and 8 six-bit mins (bytes 8..16) of a Q4_K/Q5_K block from
@@ -85,6 +106,7 @@ impl BlockPair {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use infer_quant::float16::f16_to_f32;
 
     /// ggml `get_scale_min_k4`, straight from its definition.
     fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
@@ -95,6 +117,14 @@ mod tests {
                 (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
                 (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
             )
+        }
+    }
+
+    #[test]
+    fn scalar_f16_conversion_matches_half_for_all_patterns() {
+        for h in 0..=u16::MAX {
+            let want = f16_to_f32(h).to_bits();
+            assert_eq!(f16_bits_to_f32(h).to_bits(), want, "f16 bits {h:#06x}");
         }
     }
 

@@ -1,0 +1,233 @@
+//! Quantized matrix–vector and matrix–matrix products on ggml block bytes.
+//!
+//! Formats with a fused kernel ([`crate::vec_dot::activation_format`]: Q4_K, Q6_K, Q4_0, Q5_0,
+//! Q8_0) quantize the activations once (Q8_K or Q8_0), then run the integer dot product of
+//! [`crate::vec_dot`] per weight row, rows split across rayon's pool. Every other format with a
+//! ggml dequantizer takes the dequantize-then-dot path of [`super::quant_fallback`].
+
+use super::quant_fallback;
+use crate::vec_dot::{self, Isa, VecDotFn};
+use crate::ComputeError;
+use infer_quant::QuantFormat;
+use rayon::prelude::*;
+
+/// Below this many weight bytes (× activation rows) a product runs on the calling thread.
+const PAR_MIN_BYTES: usize = 64 * 1024;
+/// Parallel tasks per thread (load balance on a shared machine).
+const TASKS_PER_THREAD: usize = 4;
+/// Smallest task, in weight bytes × activation rows.
+const MIN_TASK_BYTES: usize = 16 * 1024;
+/// Activation rows per tile of [`quant_matmul`]: their quantized blocks stay in L2 while a task's
+/// weight rows are swept over them.
+const ACT_TILE: usize = 32;
+
+/// How a product over `rows` weight rows is cut into tasks.
+pub(super) struct Split {
+    /// Run on the calling thread.
+    pub serial: bool,
+    /// Weight rows per parallel task (≥ 1).
+    pub rows_per_task: usize,
+}
+
+impl Split {
+    /// `cost_per_row`: bytes touched per weight row (row bytes × activation rows).
+    pub fn new(rows: usize, cost_per_row: usize) -> Split {
+        let threads = rayon::current_num_threads();
+        let total = rows.saturating_mul(cost_per_row);
+        let serial = threads <= 1 || total < PAR_MIN_BYTES;
+        let by_balance = rows.div_ceil(threads * TASKS_PER_THREAD);
+        let by_size = MIN_TASK_BYTES.div_ceil(cost_per_row.max(1));
+        Split {
+            serial,
+            rows_per_task: by_balance.max(by_size).max(1),
+        }
+    }
+}
+
+/// Formats this backend can multiply: a fused kernel or a ggml dequantizer (all but Q8_1).
+fn supported(format: QuantFormat) -> bool {
+    format != QuantFormat::Q8_1
+}
+
+/// Check the weight bytes of a `rows × cols` matrix of `format`; returns the bytes per row.
+fn check_weights(
+    format: QuantFormat,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Result<usize, ComputeError> {
+    if !supported(format) {
+        return Err(ComputeError::UnsupportedFormat {
+            backend: "cpu".to_string(),
+            format,
+        });
+    }
+    let row_bytes = format.bytes_for(cols)?;
+    let expected = rows
+        .checked_mul(row_bytes)
+        .ok_or(ComputeError::ShapeMismatch {
+            what: "quantized matrix (rows * row bytes overflows)",
+            expected: usize::MAX,
+            got: bytes.len(),
+            unit: "bytes",
+        })?;
+    if bytes.len() != expected {
+        return Err(ComputeError::ShapeMismatch {
+            what: "quantized matrix bytes (rows * bytes per row)",
+            expected,
+            got: bytes.len(),
+            unit: "bytes",
+        });
+    }
+    Ok(row_bytes)
+}
+
+/// The fused kernel and activation format for `format`, preferring `isa`.
+fn fused(format: QuantFormat, isa: Isa) -> Option<(QuantFormat, VecDotFn)> {
+    let act = vec_dot::activation_format(format)?;
+    let k = vec_dot::kernel(format, isa).or_else(|| vec_dot::kernel(format, Isa::Generic))?;
+    Some((act, k))
+}
+
+/// `y[rows] = W·x`; see [`crate::ComputeBackend::quant_matvec`].
+pub fn quant_matvec(
+    isa: Isa,
+    format: QuantFormat,
+    bytes: &[u8],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    y: &mut [f32],
+) -> Result<(), ComputeError> {
+    assert_eq!(
+        x.len(),
+        cols,
+        "quant_matvec: x has {} values, want cols = {cols}",
+        x.len()
+    );
+    assert_eq!(
+        y.len(),
+        rows,
+        "quant_matvec: y has {} values, want rows = {rows}",
+        y.len()
+    );
+    let row_bytes = check_weights(format, bytes, rows, cols)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    let Some((act_format, kern)) = fused(format, isa) else {
+        return quant_fallback::matmul_t(format, bytes, x, 1, cols, row_bytes, y);
+    };
+    let mut act = vec![0u8; act_format.bytes_for(cols)?];
+    vec_dot::quantize_activations(act_format, x, &mut act)?;
+    let split = Split::new(rows, row_bytes);
+    let task = |ys: &mut [f32], ws: &[u8]| {
+        for (yi, w) in ys.iter_mut().zip(ws.chunks_exact(row_bytes)) {
+            *yi = kern(cols, w, &act);
+        }
+    };
+    if split.serial {
+        task(y, bytes);
+    } else {
+        y.par_chunks_mut(split.rows_per_task)
+            .zip(bytes.par_chunks(split.rows_per_task * row_bytes))
+            .for_each(|(ys, ws)| task(ys, ws));
+    }
+    Ok(())
+}
+
+/// `y[m×rows] = x[m×cols] · Wᵀ`; see [`crate::ComputeBackend::quant_matmul`].
+#[allow(clippy::too_many_arguments)]
+pub fn quant_matmul(
+    isa: Isa,
+    format: QuantFormat,
+    bytes: &[u8],
+    x: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+    y: &mut [f32],
+) -> Result<(), ComputeError> {
+    assert_eq!(
+        x.len(),
+        m * cols,
+        "quant_matmul: x has {} values, want m*cols = {m}*{cols}",
+        x.len()
+    );
+    assert_eq!(
+        y.len(),
+        m * rows,
+        "quant_matmul: y has {} values, want m*rows = {m}*{rows}",
+        y.len()
+    );
+    if m == 1 {
+        return quant_matvec(isa, format, bytes, x, rows, cols, y);
+    }
+    let row_bytes = check_weights(format, bytes, rows, cols)?;
+    if m == 0 || rows == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    // Results are produced weight-row-major ([rows, m]) so that each task owns whole weight
+    // rows, then transposed into y.
+    let mut yt = vec![0f32; rows * m];
+    match fused(format, isa) {
+        None => quant_fallback::matmul_t(format, bytes, x, m, cols, row_bytes, &mut yt)?,
+        Some((act_format, kern)) => {
+            let act_row = act_format.bytes_for(cols)?;
+            let mut act = vec![0u8; m * act_row];
+            for (xi, ai) in x.chunks_exact(cols).zip(act.chunks_exact_mut(act_row)) {
+                vec_dot::quantize_activations(act_format, xi, ai)?;
+            }
+            fused_matmul_t(kern, bytes, &act, m, cols, row_bytes, act_row, &mut yt);
+        }
+    }
+    for (r, yr) in yt.chunks_exact(m).enumerate() {
+        for (i, &v) in yr.iter().enumerate() {
+            y[i * rows + r] = v;
+        }
+    }
+    Ok(())
+}
+
+/// `yt[r*m + i] = kern(W[r], act[i])`: tasks own blocks of weight rows; inside a task the
+/// activation rows are taken in tiles of [`ACT_TILE`], and each weight row of the task is swept
+/// over the tile (weights read once per tile, from L1/L2).
+#[allow(clippy::too_many_arguments)]
+fn fused_matmul_t(
+    kern: VecDotFn,
+    bytes: &[u8],
+    act: &[u8],
+    m: usize,
+    cols: usize,
+    row_bytes: usize,
+    act_row: usize,
+    yt: &mut [f32],
+) {
+    let rows = yt.len() / m;
+    let task = |ys: &mut [f32], ws: &[u8]| {
+        for t0 in (0..m).step_by(ACT_TILE) {
+            let t1 = (t0 + ACT_TILE).min(m);
+            for (yr, w) in ys.chunks_exact_mut(m).zip(ws.chunks_exact(row_bytes)) {
+                for i in t0..t1 {
+                    yr[i] = kern(cols, w, &act[i * act_row..(i + 1) * act_row]);
+                }
+            }
+        }
+    };
+    let split = Split::new(rows, row_bytes * m);
+    if split.serial {
+        task(yt, bytes);
+    } else {
+        yt.par_chunks_mut(split.rows_per_task * m)
+            .zip(bytes.par_chunks(split.rows_per_task * row_bytes))
+            .for_each(|(ys, ws)| task(ys, ws));
+    }
+}
