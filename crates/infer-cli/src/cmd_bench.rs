@@ -10,9 +10,13 @@ use infer_inference::forward::Logits;
 use infer_inference::Model;
 use infer_vindex::Vindex;
 
+use crate::format_args::FormatArgs;
+
 /// Arguments of `infer bench`.
 #[derive(Args)]
 pub struct BenchArgs {
+    #[command(flatten)]
+    pub formats: FormatArgs,
     /// The vindex directory.
     pub vindex: PathBuf,
     /// Prompt tokens processed in one batch (pp test); 0 skips it.
@@ -58,19 +62,29 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if t == 0 {
             bail!("--threads must be at least 1");
         }
-        rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("setting up the thread pool")?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global()
+            .context("setting up the thread pool")?;
     }
-    let vindex = Vindex::open(&args.vindex).with_context(|| format!("opening vindex {}", args.vindex.display()))?;
-    let model = Model::from_vindex(&vindex)?;
+    let vindex = Vindex::open(&args.vindex)
+        .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
+    let model = Model::from_vindex_with(&vindex, &args.formats.request())?;
     let backend = CpuBackend::new();
     let ctx = args.n_prompt + args.n_gen + 1;
     let max = model.arch.config().max_position_embeddings;
     if ctx > max {
-        bail!("-p {} + -n {} exceeds the model's maximum context {max}", args.n_prompt, args.n_gen);
+        bail!(
+            "-p {} + -n {} exceeds the model's maximum context {max}",
+            args.n_prompt,
+            args.n_gen
+        );
     }
     // Deterministic pseudo-random prompt ids, as llama-bench uses random tokens.
     let vocab = model.vocab_size as u64;
-    let ids: Vec<u32> = (0..args.n_prompt.max(1) as u64).map(|i| ((i * 2654435761 + 12345) % vocab) as u32).collect();
+    let ids: Vec<u32> = (0..args.n_prompt.max(1) as u64)
+        .map(|i| ((i * 2654435761 + 12345) % vocab) as u32)
+        .collect();
 
     let mut pp = Vec::new();
     let mut tg = Vec::new();
@@ -124,7 +138,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             println!("| {name} | {threads} | tg{} | {v:.2} |", args.n_gen);
         }
         if let Some(g) = gbs {
-            println!("decode reads {:.1} MB of weights per token: {g:.1} GB/s effective", bytes / 1e6);
+            println!(
+                "decode reads {:.1} MB of weights per token: {g:.1} GB/s effective",
+                bytes / 1e6
+            );
         }
         if let Some(r) = rss {
             println!("peak RSS {:.1} MB", r as f64 / 1e6);

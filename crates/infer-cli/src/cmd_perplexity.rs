@@ -9,9 +9,13 @@ use infer_inference::perplexity::perplexity;
 use infer_inference::{Model, Tokenizer};
 use infer_vindex::Vindex;
 
+use crate::format_args::FormatArgs;
+
 /// Arguments of `infer perplexity`.
 #[derive(Args)]
 pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub formats: FormatArgs,
     /// The vindex directory.
     pub vindex: PathBuf,
     /// UTF-8 text file to score.
@@ -33,7 +37,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
     let tok = Tokenizer::from_json(&vindex.tokenizer_json()?)?;
-    let model = Model::from_vindex(&vindex)?;
+    let model = Model::from_vindex_with(&vindex, &args.formats.request())?;
     let max = model.arch.config().max_position_embeddings;
     if args.ctx > max {
         bail!(

@@ -15,6 +15,8 @@ use infer_inference::{
 };
 use infer_vindex::Vindex;
 
+use crate::format_args::FormatArgs;
+
 /// Sampling and generation flags shared by `run` and `chat`.
 #[derive(Args, Clone)]
 pub struct SamplingArgs {
@@ -48,6 +50,8 @@ pub struct SamplingArgs {
     /// Print which path each layer's attention and FFN takes, then continue.
     #[arg(long)]
     pub explain: bool,
+    #[command(flatten)]
+    pub formats: FormatArgs,
 }
 
 fn parse_f32(s: &str) -> Result<f32, String> {
@@ -133,6 +137,8 @@ pub struct LogitsArgs {
     /// Write `logits` f32 [T, vocab] and `input_ids` i64 [T] to this safetensors file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub formats: FormatArgs,
 }
 
 /// An opened vindex with its tokenizer.
@@ -224,7 +230,7 @@ fn print_stats(s: &GenerationStats) {
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let l = load(&args.vindex)?;
-    let model = Model::from_vindex(&l.vindex)?;
+    let model = Model::from_vindex_with(&l.vindex, &args.sampling.formats.request())?;
     if args.sampling.explain {
         eprint!("{}", model.explain());
     }
@@ -272,7 +278,7 @@ fn chat_template(v: &Vindex, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
 
 pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let l = load(&args.vindex)?;
-    let model = Model::from_vindex(&l.vindex)?;
+    let model = Model::from_vindex_with(&l.vindex, &args.sampling.formats.request())?;
     if args.sampling.explain {
         eprint!("{}", model.explain());
     }
@@ -349,7 +355,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     let l = load(&args.vindex)?;
-    let model = Model::from_vindex(&l.vindex)?;
+    let model = Model::from_vindex_with(&l.vindex, &args.formats.request())?;
     let ids = match (&args.prompt, &args.ids) {
         (Some(p), _) => l.tokenizer.encode(p, true)?,
         (None, Some(ids)) => ids.clone(),

@@ -122,4 +122,22 @@ pub trait ComputeBackend: Send + Sync {
         }
         Ok(())
     }
+
+    /// `y[m×rows] = x[m×cols] · Wᵀ` for the seed's Q8 attention format: int8 `values`
+    /// `[rows, cols]` and f32 `scales` `[rows, cols/32]` (the vindex `attn_q8_layer_data`).
+    /// Activations are quantized to int8 per 32 values. Errors: shapes that disagree with the
+    /// buffers, `cols` not a multiple of 32.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_matmul(
+        &self,
+        values: &[u8],
+        scales: &[f32],
+        x: &[f32],
+        m: usize,
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        crate::q8_split::q8_matmul(values, scales, x, m, rows, cols, y)
+    }
 }

@@ -11,6 +11,7 @@ mod backend;
 mod cpu;
 mod error;
 pub mod ops;
+pub mod q8_split;
 mod rope;
 pub mod vec_dot;
 

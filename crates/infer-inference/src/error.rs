@@ -23,6 +23,10 @@ pub enum InferenceError {
     Tokenizer(String),
     #[error("chat template: {0}")]
     Template(String),
+    #[error("format plan: {0}")]
+    Plan(String),
+    #[error("compute: {0}")]
+    Compute(#[from] infer_compute::ComputeError),
     #[error("empty input: nothing to run")]
     EmptyInput,
 }

@@ -3,7 +3,10 @@
 use infer_compute::{ops, ComputeBackend};
 use infer_models::{Activation, FfnType, NormType};
 
-use crate::layer::{DownLayout, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, WalkFfn};
+use crate::layer::{
+    DenseFfn, DownLayout, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, QuantWeight,
+    WalkFfn, WeightData,
+};
 use crate::{InferenceError, KvCache, Model};
 
 /// Which logits a forward pass returns.
@@ -106,9 +109,18 @@ impl Model<'_> {
                 }
             }
         }
-        let lm = self.lm_head.as_deref().unwrap_or(&self.embeddings);
         let mut logits = vec![0.0; n_rows * self.vocab_size];
-        backend.matmul_transb(&normed, lm, n_rows, h, self.vocab_size, &mut logits);
+        match &self.lm_head {
+            Some(w) => matmul_weight(backend, w, &normed, n_rows, h, self.vocab_size, &mut logits)?,
+            None => backend.matmul_transb(
+                &normed,
+                &self.embeddings,
+                n_rows,
+                h,
+                self.vocab_size,
+                &mut logits,
+            ),
+        }
         if let Some(b) = &self.lm_head_bias {
             add_bias(&mut logits, b);
         }
@@ -180,9 +192,9 @@ impl Model<'_> {
         );
 
         // Attention: projections, q/k norms, RoPE, cache, attention, output projection.
-        let mut q = project(backend, &layer.wq, &normed, t);
-        let mut k = project(backend, &layer.wk, &normed, t);
-        let v = project(backend, &layer.wv, &normed, t);
+        let mut q = project(backend, &layer.wq, &normed, t)?;
+        let mut k = project(backend, &layer.wk, &normed, t)?;
+        let v = project(backend, &layer.wv, &normed, t)?;
         let qk_norm_width = if g.qk_norm_whole_projection {
             None
         } else {
@@ -202,7 +214,7 @@ impl Model<'_> {
         let t_kv = positions[0] + t;
         let mut attn = vec![0.0; t * g.q_dim()];
         infer_compute::attention(&q, k_all, v_all, positions, t_kv, &g.attention, &mut attn);
-        let mut attn_out = project(backend, &layer.wo, &attn, t);
+        let mut attn_out = project(backend, &layer.wo, &attn, t)?;
         if let Some(n) = &layer.post_attn_norm {
             attn_out = maybe_norm(Some(n), &attn_out, g.norm_type, g.eps, g.norm_offset);
         }
@@ -213,7 +225,7 @@ impl Model<'_> {
                 Some(n) => maybe_norm(Some(n), x, g.norm_type, g.eps, g.norm_offset),
                 None => normed,
             };
-            let ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g);
+            let ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g)?;
             for ((xi, a), f) in x.iter_mut().zip(&attn_out).zip(&ffn_out) {
                 *xi += (a + f) * g.residual_multiplier;
             }
@@ -227,7 +239,7 @@ impl Model<'_> {
             g.eps,
             g.norm_offset,
         );
-        let mut ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g);
+        let mut ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g)?;
         if let Some(n) = &layer.post_ffn_norm {
             ffn_out = maybe_norm(Some(n), &ffn_out, g.norm_type, g.eps, g.norm_offset);
         }
@@ -242,10 +254,39 @@ fn ffn(
     x: &[f32],
     t: usize,
     g: &crate::LayerGeometry,
-) -> Vec<f32> {
-    match w {
+) -> Result<Vec<f32>, InferenceError> {
+    Ok(match w {
         Ffn::Walk(w) => walk_ffn(backend, w, x, t, g),
+        Ffn::Dense(d) => dense_ffn(backend, d, x, t, g)?,
         Ffn::Moe(m) => moe_ffn(backend, m, x, t, g),
+    })
+}
+
+/// A dense FFN over Linear-layout (quantized) matrices: `down(act(gate(x)) ⊙ up(x))`.
+fn dense_ffn(
+    backend: &dyn ComputeBackend,
+    d: &DenseFfn<'_>,
+    x: &[f32],
+    t: usize,
+    g: &crate::LayerGeometry,
+) -> Result<Vec<f32>, InferenceError> {
+    let act = activation_fn(g.activation);
+    let mut up = project(backend, &d.up, x, t)?;
+    match (&d.gate, g.ffn_type) {
+        (Some(gate), FfnType::Gated) => {
+            let gate = project(backend, gate, x, t)?;
+            up.iter_mut().zip(&gate).for_each(|(u, gv)| *u *= act(*gv));
+        }
+        _ => up.iter_mut().for_each(|u| *u = act(*u)),
+    }
+    project(backend, &d.down, &up, t)
+}
+
+fn activation_fn(a: Activation) -> fn(f32) -> f32 {
+    match a {
+        Activation::Silu => ops::silu,
+        Activation::GeluTanh => ops::gelu_tanh,
+        Activation::Gelu => ops::gelu,
     }
 }
 
@@ -265,11 +306,7 @@ fn walk_ffn(
     if let Some(b) = &w.up_bias {
         add_bias(&mut up, b);
     }
-    let act: fn(f32) -> f32 = match g.activation {
-        Activation::Silu => ops::silu,
-        Activation::GeluTanh => ops::gelu_tanh,
-        Activation::Gelu => ops::gelu,
-    };
+    let act = activation_fn(g.activation);
     match (g.ffn_type, &w.gate) {
         (FfnType::Gated, Some(gate_w)) => {
             let mut gate = vec![0.0; t * inter];
@@ -356,13 +393,58 @@ fn add_bias(rows: &mut [f32], bias: &[f32]) {
 }
 
 /// `x · Wᵀ + b` for `t` rows.
-fn project(backend: &dyn ComputeBackend, w: &Linear<'_>, x: &[f32], t: usize) -> Vec<f32> {
+fn project(
+    backend: &dyn ComputeBackend,
+    w: &Linear<'_>,
+    x: &[f32],
+    t: usize,
+) -> Result<Vec<f32>, InferenceError> {
     let mut out = vec![0.0; t * w.out_features];
-    backend.matmul_transb(x, &w.weight, t, w.in_features, w.out_features, &mut out);
+    matmul_weight(
+        backend,
+        &w.weight,
+        x,
+        t,
+        w.in_features,
+        w.out_features,
+        &mut out,
+    )?;
     if let Some(b) = &w.bias {
         add_bias(&mut out, b);
     }
-    out
+    Ok(out)
+}
+
+/// `out[t×n] = x[t×k] · Wᵀ` for a weight `[n, k]` in any supported format; the format tag
+/// picks the kernel.
+fn matmul_weight(
+    backend: &dyn ComputeBackend,
+    w: &WeightData<'_>,
+    x: &[f32],
+    t: usize,
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+) -> Result<(), InferenceError> {
+    match w {
+        WeightData::F32(w) => backend.matmul_transb(x, w, t, k, n, out),
+        WeightData::Quant(QuantWeight {
+            data,
+            scales: Some(scales),
+            ..
+        }) => backend.q8_matmul(data, scales, x, t, n, k, out)?,
+        WeightData::Quant(QuantWeight {
+            data,
+            scales: None,
+            format,
+        }) if t == 1 => backend.quant_matvec(*format, data, x, n, k, out)?,
+        WeightData::Quant(QuantWeight {
+            data,
+            scales: None,
+            format,
+        }) => backend.quant_matmul(*format, data, x, t, n, k, out)?,
+    }
+    Ok(())
 }
 
 fn apply_norm(

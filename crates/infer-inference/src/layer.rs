@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use infer_compute::QuantFormat;
 use infer_compute::{AttentionParams, RopeConfig};
 use infer_models::{Activation, FfnType, NormType};
 
@@ -49,10 +50,48 @@ pub struct NormWeights<'a> {
     pub bias: Option<Cow<'a, [f32]>>,
 }
 
-/// A Linear layer: weight `[out, in]` row-major f32 (HF layout) and optional bias `[out]`.
+/// Quantized weight bytes straight from the vindex mmap (the seed's `QuantWeight`): ggml
+/// blocks of `format`, rows = output features; `scales` is `Some` only for the seed's Q8
+/// attention format (int8 values with a separate f32 scale per 32 values).
+#[derive(Clone, Copy, Debug)]
+pub struct QuantWeight<'a> {
+    pub data: &'a [u8],
+    pub scales: Option<&'a [f32]>,
+    pub format: QuantFormat,
+}
+
+/// A weight matrix `[out, in]` (HF Linear layout) in f32 or a quantized format.
+#[derive(Clone, Debug)]
+pub enum WeightData<'a> {
+    F32(Cow<'a, [f32]>),
+    Quant(QuantWeight<'a>),
+}
+
+impl WeightData<'_> {
+    /// Bytes read when the whole matrix is used once.
+    pub fn byte_len(&self) -> usize {
+        match self {
+            WeightData::F32(w) => w.len() * 4,
+            WeightData::Quant(q) => q.data.len() + q.scales.map_or(0, |s| s.len() * 4),
+        }
+    }
+
+    /// Short description for `--explain`: `f32`, `Q4_K`, `Q8 (int8 + f32 scales)`.
+    pub fn describe(&self) -> String {
+        match self {
+            WeightData::F32(_) => "f32".into(),
+            WeightData::Quant(QuantWeight {
+                scales: Some(_), ..
+            }) => "Q8".into(),
+            WeightData::Quant(q) => q.format.name().into(),
+        }
+    }
+}
+
+/// A Linear layer: weight `[out, in]` (HF layout) and optional f32 bias `[out]`.
 #[derive(Clone, Debug)]
 pub struct Linear<'a> {
-    pub weight: Cow<'a, [f32]>,
+    pub weight: WeightData<'a>,
     pub bias: Option<Cow<'a, [f32]>>,
     pub out_features: usize,
     pub in_features: usize,
@@ -63,6 +102,10 @@ pub struct Linear<'a> {
 pub enum AttnPath {
     /// f32 projections through `matmul_transb` (from the vindex f32 or f16 tier).
     F32,
+    /// The seed's Q8 tier: int8 + f32 scales, int8 activations.
+    Q8,
+    /// The Q4_K tier (Q, K, O Q4_K; V Q6_K; Q5_0/Q8_0 where rows are not multiples of 256).
+    Q4K,
 }
 
 /// Which kernel path a layer's FFN takes (printed by `--explain`).
@@ -72,12 +115,18 @@ pub enum FfnPath {
     WalkF32,
     /// Mixture of experts: router, top-k experts (f32), optional shared expert.
     MoeF32,
+    /// Interleaved Q4_K tier (gate, up Q4_K; down Q6_K; fallbacks per row length).
+    Q4K,
+    /// Interleaved Q4_0 tier.
+    Q4,
 }
 
 impl fmt::Display for AttnPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AttnPath::F32 => f.write_str("attention f32 (matmul_transb)"),
+            AttnPath::Q8 => f.write_str("attention Q8 (int8 + f32 scales)"),
+            AttnPath::Q4K => f.write_str("attention Q4_K tier"),
         }
     }
 }
@@ -87,6 +136,8 @@ impl fmt::Display for FfnPath {
         match self {
             FfnPath::WalkF32 => f.write_str("walk FFN f32, all features (exact)"),
             FfnPath::MoeF32 => f.write_str("MoE f32 (router, top-k experts)"),
+            FfnPath::Q4K => f.write_str("FFN interleaved Q4_K tier"),
+            FfnPath::Q4 => f.write_str("FFN interleaved Q4_0 tier"),
         }
     }
 }
@@ -128,10 +179,20 @@ pub struct MoeFfn<'a> {
     pub shared_gate: Option<Cow<'a, [f32]>>,
 }
 
+/// A dense FFN with HF Linear-layout matrices (the quantized interleaved tiers):
+/// `down(act(gate(x)) · up(x))`, or `down(act(up(x)))` without a gate.
+#[derive(Clone, Debug)]
+pub struct DenseFfn<'a> {
+    pub gate: Option<Linear<'a>>,
+    pub up: Linear<'a>,
+    pub down: Linear<'a>,
+}
+
 /// A layer's FFN.
 #[derive(Clone, Debug)]
 pub enum Ffn<'a> {
     Walk(WalkFfn<'a>),
+    Dense(DenseFfn<'a>),
     Moe(MoeFfn<'a>),
 }
 
@@ -155,27 +216,40 @@ pub struct FullPipelineLayer<'a> {
 }
 
 impl NormWeights<'_> {
-    fn len(&self) -> usize {
-        self.weight.len() + self.bias.as_ref().map_or(0, |b| b.len())
+    fn byte_len(&self) -> usize {
+        (self.weight.len() + self.bias.as_ref().map_or(0, |b| b.len())) * 4
     }
 }
 
 impl Linear<'_> {
-    fn len(&self) -> usize {
-        self.weight.len() + self.bias.as_ref().map_or(0, |b| b.len())
+    fn byte_len(&self) -> usize {
+        self.weight.byte_len() + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
 }
 
 impl WalkFfn<'_> {
-    fn len(&self) -> usize {
-        self.gate.as_ref().map_or(0, |g| g.len()) + self.up.len() + self.down.len()
+    fn byte_len(&self) -> usize {
+        (self.gate.as_ref().map_or(0, |g| g.len()) + self.up.len() + self.down.len()) * 4
     }
 }
 
 impl FullPipelineLayer<'_> {
-    /// f32 values of weights one token reads in this layer (MoE: the top-k experts, taking
-    /// the first experts as representative, plus router and shared expert).
-    pub fn weight_count(&self) -> usize {
+    /// `" (gate Q4_K, up Q4_K, down Q6_K)"` for quantized dense FFNs, empty otherwise.
+    pub fn ffn_formats(&self) -> String {
+        match &self.ffn {
+            Ffn::Dense(d) => format!(
+                " (gate {}, up {}, down {})",
+                d.gate.as_ref().map_or("-".into(), |g| g.weight.describe()),
+                d.up.weight.describe(),
+                d.down.weight.describe()
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// Bytes of weights one token reads in this layer (MoE: the first top-k experts as
+    /// representative, plus router and shared expert).
+    pub fn weight_bytes(&self) -> usize {
         let norms = [
             &self.pre_attn_norm,
             &self.post_attn_norm,
@@ -185,19 +259,23 @@ impl FullPipelineLayer<'_> {
             &self.k_norm,
         ]
         .iter()
-        .map(|n| n.as_ref().map_or(0, |n| n.len()))
+        .map(|n| n.as_ref().map_or(0, |n| n.byte_len()))
         .sum::<usize>();
-        let attn = self.wq.len() + self.wk.len() + self.wv.len() + self.wo.len();
+        let attn =
+            self.wq.byte_len() + self.wk.byte_len() + self.wv.byte_len() + self.wo.byte_len();
         let ffn = match &self.ffn {
-            Ffn::Walk(w) => w.len(),
+            Ffn::Walk(w) => w.byte_len(),
+            Ffn::Dense(d) => {
+                d.gate.as_ref().map_or(0, |g| g.byte_len()) + d.up.byte_len() + d.down.byte_len()
+            }
             Ffn::Moe(m) => {
-                m.router.len()
+                m.router.len() * 4
                     + m.experts
                         .iter()
                         .take(m.top_k)
-                        .map(|e| e.len())
+                        .map(|e| e.byte_len())
                         .sum::<usize>()
-                    + m.shared.as_ref().map_or(0, |s| s.len())
+                    + m.shared.as_ref().map_or(0, |s| s.byte_len())
             }
         };
         norms + attn + ffn

@@ -10,6 +10,7 @@ pub mod kv_cache;
 pub mod layer;
 pub mod model;
 pub mod perplexity;
+pub mod plan;
 pub mod sampling;
 pub mod tokenizer;
 
@@ -18,5 +19,6 @@ pub use generate::{GenerateOptions, GenerationStats, Generator, StopReason};
 pub use kv_cache::KvCache;
 pub use layer::{AttnPath, FfnPath, FullPipelineLayer, LayerGeometry};
 pub use model::Model;
+pub use plan::{AttnChoice, FfnChoice, FormatPlan, FormatRequest, LmHeadChoice};
 pub use sampling::{Sampler, SamplingParams};
 pub use tokenizer::{TextStreamer, Tokenizer};

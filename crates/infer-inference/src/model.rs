@@ -2,14 +2,15 @@
 
 use std::borrow::Cow;
 
-use infer_compute::{AttentionParams, RopeConfig, RopeScaling as ComputeRopeScaling};
+use infer_compute::{AttentionParams, QuantFormat, RopeConfig, RopeScaling as ComputeRopeScaling};
 use infer_models::{architecture_for, ModelArchitecture, RopeScaling};
 use infer_vindex::{FloatSlice, Vindex};
 
 use crate::layer::{
-    AttnPath, DownLayout, Ffn, FfnPath, FullPipelineLayer, LayerGeometry, Linear, MoeFfn,
-    NormWeights, WalkFfn,
+    AttnPath, DenseFfn, DownLayout, Ffn, FfnPath, FullPipelineLayer, LayerGeometry, Linear, MoeFfn,
+    NormWeights, QuantWeight, WalkFfn, WeightData,
 };
+use crate::plan::{FormatPlan, FormatRequest};
 use crate::InferenceError;
 
 /// A model ready to run: embeddings, one [`FullPipelineLayer`] per layer, final norm, lm_head.
@@ -22,12 +23,15 @@ pub struct Model<'a> {
     pub position_embeddings: Option<Cow<'a, [f32]>>,
     pub layers: Vec<FullPipelineLayer<'a>>,
     pub final_norm: NormWeights<'a>,
-    /// `[vocab, hidden]` output projection; `None` when tied to the embeddings.
-    pub lm_head: Option<Cow<'a, [f32]>>,
+    /// `[vocab, hidden]` output projection from the plan's tier; `None` when it is the f32
+    /// embeddings (tied, float tier).
+    pub lm_head: Option<WeightData<'a>>,
     /// `[vocab]` output bias (phi), if any.
     pub lm_head_bias: Option<Cow<'a, [f32]>>,
     pub hidden_size: usize,
     pub vocab_size: usize,
+    /// Which tier each part runs from.
+    pub plan: FormatPlan,
 }
 
 fn widen(s: FloatSlice<'_>) -> Cow<'_, [f32]> {
@@ -105,7 +109,7 @@ fn linear<'a>(
         None => None,
     };
     Ok(Linear {
-        weight: required(v, key, out_features * in_features)?,
+        weight: WeightData::F32(required(v, key, out_features * in_features)?),
         bias,
         out_features,
         in_features,
@@ -169,9 +173,19 @@ pub fn layer_geometry(arch: &dyn ModelArchitecture, l: usize) -> LayerGeometry {
 }
 
 impl<'a> Model<'a> {
-    /// Assemble the model from an open vindex. Errors: unknown architecture, a tensor the
-    /// architecture needs is missing or has the wrong size.
+    /// Assemble the model from an open vindex with the best available formats. Errors:
+    /// unknown architecture, a tensor the architecture needs is missing or has the wrong size.
     pub fn from_vindex(v: &'a Vindex) -> Result<Self, InferenceError> {
+        Self::from_vindex_with(v, &FormatRequest::default())
+    }
+
+    /// Assemble the model with explicit format requests (`--attn`, `--ffn`, `--lm-head`).
+    /// Errors: as [`Model::from_vindex`], or a requested tier the vindex lacks.
+    pub fn from_vindex_with(
+        v: &'a Vindex,
+        request: &FormatRequest,
+    ) -> Result<Self, InferenceError> {
+        let plan = request.resolve(v)?;
         let config = v.config().clone();
         let arch = architecture_for(&config).map_err(InferenceError::Architecture)?;
         let hidden = arch.hidden_size();
@@ -187,10 +201,18 @@ impl<'a> Model<'a> {
         }
         let mut layers = Vec::with_capacity(arch.num_layers());
         for l in 0..arch.num_layers() {
-            layers.push(build_layer(v, arch.as_ref(), l)?);
+            layers.push(build_layer(v, arch.as_ref(), l, &plan)?);
         }
         let final_norm = norm(v, arch.as_ref(), &arch.final_norm_key(), hidden)?;
-        let lm_head = v.lm_head().map(|(s, _)| widen(s));
+        let lm_head = if plan.lm_head_q4 {
+            Some(WeightData::Quant(QuantWeight {
+                data: v.lm_head_q4_data()?,
+                scales: None,
+                format: QuantFormat::Q4_0,
+            }))
+        } else {
+            v.lm_head().map(|(s, _)| WeightData::F32(widen(s)))
+        };
         let lm_head_bias = arch
             .lm_head_bias_key()
             .map(|k| required(v, &k, vocab))
@@ -213,6 +235,7 @@ impl<'a> Model<'a> {
             lm_head_bias,
             hidden_size: hidden,
             vocab_size: vocab,
+            plan,
         })
     }
 
@@ -220,18 +243,21 @@ impl<'a> Model<'a> {
     /// norm and the output projection (embeddings count once more only when untied, since a
     /// token's embedding row is negligible).
     pub fn weight_bytes_per_token(&self) -> usize {
-        let f = std::mem::size_of::<f32>();
-        let layer_bytes: usize = self.layers.iter().map(|l| l.weight_count() * f).sum();
+        let layer_bytes: usize = self.layers.iter().map(|l| l.weight_bytes()).sum();
         let lm = self
             .lm_head
             .as_ref()
-            .map_or(self.embeddings.len(), |w| w.len());
-        layer_bytes + (self.final_norm.weight.len() + lm) * f
+            .map_or(self.embeddings.len() * 4, |w| w.byte_len());
+        layer_bytes + self.final_norm.weight.len() * 4 + lm
     }
 
     /// One line per layer: which path its attention and FFN take (`--explain`).
     pub fn explain(&self) -> String {
-        let mut s = String::new();
+        let lm = self
+            .lm_head
+            .as_ref()
+            .map_or("f32 (tied embeddings)".to_string(), |w| w.describe());
+        let mut s = format!("plan: {}\noutput projection: {lm}\n", self.plan);
         for (l, layer) in self.layers.iter().enumerate() {
             let g = &layer.geometry;
             let window = match g.attention.sliding_window {
@@ -246,18 +272,181 @@ impl<'a> Model<'a> {
                 None => "learned positions".into(),
             };
             s.push_str(&format!(
-                "layer {l:>3}: {} [{window}, {rope}]; {}\n",
-                layer.attn_path, layer.ffn_path
+                "layer {l:>3}: {} (q {}, k {}, v {}, o {}) [{window}, {rope}]; {}{}\n",
+                layer.attn_path,
+                layer.wq.weight.describe(),
+                layer.wk.weight.describe(),
+                layer.wv.weight.describe(),
+                layer.wo.weight.describe(),
+                layer.ffn_path,
+                layer.ffn_formats(),
             ));
         }
         s
     }
 }
 
+/// A quantized matrix `[out, in]` from the vindex; its byte count must match the geometry.
+fn quant_weight<'a>(
+    what: String,
+    data: &'a [u8],
+    scales: Option<&'a [f32]>,
+    format: QuantFormat,
+    out_features: usize,
+    in_features: usize,
+) -> Result<WeightData<'a>, InferenceError> {
+    let expected = match scales {
+        Some(_) => out_features * in_features,
+        None => format
+            .expected_bytes(&[out_features, in_features])
+            .map_err(|e| InferenceError::Plan(format!("{what}: {e}")))?,
+    };
+    if data.len() != expected {
+        return Err(InferenceError::BadShape {
+            key: what,
+            expected,
+            found: data.len(),
+        });
+    }
+    Ok(WeightData::Quant(QuantWeight {
+        data,
+        scales,
+        format,
+    }))
+}
+
+fn with_weight<'a>(mut lin: Linear<'a>, weight: WeightData<'a>) -> Linear<'a> {
+    lin.weight = weight;
+    lin
+}
+
+/// Attention projections per the plan: biases always come from the float tier.
+fn attention_weights<'a>(
+    v: &'a Vindex,
+    arch: &dyn ModelArchitecture,
+    l: usize,
+    g: &LayerGeometry,
+    plan: &FormatPlan,
+) -> Result<[Linear<'a>; 4], InferenceError> {
+    let hidden = g.hidden_size;
+    let shapes = [
+        (g.q_dim(), hidden),
+        (g.kv_dim(), hidden),
+        (g.kv_dim(), hidden),
+        (hidden, g.q_dim()),
+    ];
+    let keys = [
+        arch.attn_q_key(l),
+        arch.attn_k_key(l),
+        arch.attn_v_key(l),
+        arch.attn_o_key(l),
+    ];
+    let biases = [
+        arch.attn_q_bias_key(l),
+        arch.attn_k_bias_key(l),
+        arch.attn_v_bias_key(l),
+        arch.attn_o_bias_key(l),
+    ];
+    let float = |i: usize| linear(v, &keys[i], biases[i].clone(), shapes[i].0, shapes[i].1);
+    let bias_only = |i: usize| -> Result<Linear<'a>, InferenceError> {
+        let bias = match &biases[i] {
+            Some(b) => optional(v, b, shapes[i].0)?,
+            None => None,
+        };
+        Ok(Linear {
+            weight: WeightData::F32(Cow::Borrowed(&[])),
+            bias,
+            out_features: shapes[i].0,
+            in_features: shapes[i].1,
+        })
+    };
+    let mut out = Vec::with_capacity(4);
+    match plan.attn {
+        AttnPath::F32 => {
+            for i in 0..4 {
+                out.push(float(i)?);
+            }
+        }
+        AttnPath::Q4K => {
+            let data = v.attn_q4k_layer_data(l)?;
+            for (i, (bytes, format)) in data.into_iter().enumerate() {
+                let w = quant_weight(
+                    keys[i].clone(),
+                    bytes,
+                    None,
+                    format,
+                    shapes[i].0,
+                    shapes[i].1,
+                )?;
+                out.push(with_weight(bias_only(i)?, w));
+            }
+        }
+        AttnPath::Q8 => {
+            let data = v.attn_q8_layer_data(l)?;
+            for (i, (values, scales)) in data.into_iter().enumerate() {
+                let w = quant_weight(
+                    keys[i].clone(),
+                    values,
+                    Some(scales),
+                    QuantFormat::Q8_0,
+                    shapes[i].0,
+                    shapes[i].1,
+                )?;
+                out.push(with_weight(bias_only(i)?, w));
+            }
+        }
+    }
+    let [q, k, vv, o]: [Linear<'a>; 4] = out
+        .try_into()
+        .map_err(|_| InferenceError::Plan("attention weights".into()))?;
+    Ok([q, k, vv, o])
+}
+
+/// A dense FFN from a quantized interleaved tier (gate, up `[inter, hidden]`; down `[hidden, inter]`).
+fn dense_ffn<'a>(
+    v: &'a Vindex,
+    arch: &dyn ModelArchitecture,
+    l: usize,
+    g: &LayerGeometry,
+    path: FfnPath,
+) -> Result<DenseFfn<'a>, InferenceError> {
+    let (hidden, inter) = (g.hidden_size, g.intermediate_size);
+    let [(gb, gf), (ub, uf), (db, df)] = match path {
+        FfnPath::Q4 => v.ffn_q4_layer_data(l)?,
+        _ => v.ffn_q4k_layer_data(l)?,
+    };
+    let bias = |k: Option<String>, n: usize| k.map(|k| required(v, &k, n)).transpose();
+    let gate = match g.ffn_type {
+        infer_models::FfnType::Gated => Some(Linear {
+            weight: quant_weight(format!("layer {l} gate"), gb, None, gf, inter, hidden)?,
+            bias: bias(arch.ffn_gate_bias_key(l), inter)?,
+            out_features: inter,
+            in_features: hidden,
+        }),
+        infer_models::FfnType::Standard => None,
+    };
+    Ok(DenseFfn {
+        gate,
+        up: Linear {
+            weight: quant_weight(format!("layer {l} up"), ub, None, uf, inter, hidden)?,
+            bias: bias(arch.ffn_up_bias_key(l), inter)?,
+            out_features: inter,
+            in_features: hidden,
+        },
+        down: Linear {
+            weight: quant_weight(format!("layer {l} down"), db, None, df, hidden, inter)?,
+            bias: bias(arch.ffn_down_bias_key(l), hidden)?,
+            out_features: hidden,
+            in_features: inter,
+        },
+    })
+}
+
 fn build_layer<'a>(
     v: &'a Vindex,
     arch: &dyn ModelArchitecture,
     l: usize,
+    plan: &FormatPlan,
 ) -> Result<FullPipelineLayer<'a>, InferenceError> {
     let g = layer_geometry(arch, l);
     let hidden = g.hidden_size;
@@ -268,12 +457,15 @@ fn build_layer<'a>(
     };
     let (ffn, ffn_path) = if arch.num_experts_for_layer(l) > 0 {
         (Ffn::Moe(moe_ffn(v, arch, l, hidden)?), FfnPath::MoeF32)
-    } else {
+    } else if plan.ffn == FfnPath::WalkF32 {
         (Ffn::Walk(walk_ffn(v, arch, l, &g)?), FfnPath::WalkF32)
+    } else {
+        (Ffn::Dense(dense_ffn(v, arch, l, &g, plan.ffn)?), plan.ffn)
     };
+    let [wq, wk, wv, wo] = attention_weights(v, arch, l, &g, plan)?;
     let norm_len = hidden;
     Ok(FullPipelineLayer {
-        attn_path: AttnPath::F32,
+        attn_path: plan.attn,
         ffn_path,
         pre_attn_norm: optional_norm(v, arch, arch.pre_attn_norm_key(l), norm_len)?,
         post_attn_norm: optional_norm(v, arch, arch.post_attn_norm_key(l), norm_len)?,
@@ -281,34 +473,10 @@ fn build_layer<'a>(
         post_ffn_norm: optional_norm(v, arch, arch.post_ffn_norm_key(l), norm_len)?,
         q_norm: optional_norm(v, arch, arch.q_norm_key(l), q_norm_len)?,
         k_norm: optional_norm(v, arch, arch.k_norm_key(l), k_norm_len)?,
-        wq: linear(
-            v,
-            &arch.attn_q_key(l),
-            arch.attn_q_bias_key(l),
-            g.q_dim(),
-            hidden,
-        )?,
-        wk: linear(
-            v,
-            &arch.attn_k_key(l),
-            arch.attn_k_bias_key(l),
-            g.kv_dim(),
-            hidden,
-        )?,
-        wv: linear(
-            v,
-            &arch.attn_v_key(l),
-            arch.attn_v_bias_key(l),
-            g.kv_dim(),
-            hidden,
-        )?,
-        wo: linear(
-            v,
-            &arch.attn_o_key(l),
-            arch.attn_o_bias_key(l),
-            hidden,
-            g.q_dim(),
-        )?,
+        wq,
+        wk,
+        wv,
+        wo,
         ffn,
         geometry: g,
     })

@@ -1,0 +1,160 @@
+//! Mat-vec/mat-mat over the seed's Q8 attention format: int8 weights `[rows, cols]` with one f32
+//! scale per 32 consecutive values of a row (`w = q · scale`, ggml `dequantize_row_q8_0`
+//! semantics with the scale kept in f32 and stored apart from the values).
+//!
+//! Activations are quantized once per row to int8 with one f32 scale per 32 values
+//! (`d = max|x| / 127`, `q = round(x / d)`, as ggml `quantize_row_q8_0_ref` but with an f32
+//! `d`), then each block contributes `(Σ qw·qx) · sw · sx` with the sum in i32.
+
+use rayon::prelude::*;
+
+use crate::ComputeError;
+
+/// Values per scale.
+pub const Q8_BLOCK: usize = 32;
+
+/// Quantize one activation row to int8 values + f32 scales per 32.
+fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    for ((xb, qb), db) in x
+        .chunks_exact(Q8_BLOCK)
+        .zip(q.chunks_exact_mut(Q8_BLOCK))
+        .zip(d.iter_mut())
+    {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        for (qv, &xv) in qb.iter_mut().zip(xb) {
+            *qv = (xv * inv).round() as i8;
+        }
+        *db = scale;
+    }
+}
+
+fn dot_row(w: &[u8], ws: &[f32], q: &[i8], qs: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (((wb, &sw), qb), &sx) in w
+        .chunks_exact(Q8_BLOCK)
+        .zip(ws)
+        .zip(q.chunks_exact(Q8_BLOCK))
+        .zip(qs)
+    {
+        let mut s = 0i32;
+        for (&a, &b) in wb.iter().zip(qb) {
+            s += (a as i8 as i32) * (b as i32);
+        }
+        acc += s as f32 * sw * sx;
+    }
+    acc
+}
+
+/// `y[m×rows] = x[m×cols] · Wᵀ` for int8 `values` `[rows, cols]` and `scales` `[rows, cols/32]`.
+/// Errors: `cols` not a multiple of 32, or a buffer length that disagrees with the shape.
+pub fn q8_matmul(
+    values: &[u8],
+    scales: &[f32],
+    x: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+    y: &mut [f32],
+) -> Result<(), ComputeError> {
+    let check = |what: &'static str, expected: usize, got: usize, unit: &'static str| {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(ComputeError::ShapeMismatch {
+                what,
+                expected,
+                got,
+                unit,
+            })
+        }
+    };
+    check(
+        "q8 columns (multiple of 32)",
+        cols.div_ceil(Q8_BLOCK) * Q8_BLOCK,
+        cols,
+        "values",
+    )?;
+    check("q8 values", rows * cols, values.len(), "bytes")?;
+    check("q8 scales", rows * cols / Q8_BLOCK, scales.len(), "scales")?;
+    check("q8 activations", m * cols, x.len(), "values")?;
+    check("q8 output", m * rows, y.len(), "values")?;
+    let nb = cols / Q8_BLOCK;
+    let mut q = vec![0i8; m * cols];
+    let mut qs = vec![0f32; m * nb];
+    for ((xr, qr), sr) in x
+        .chunks_exact(cols.max(1))
+        .zip(q.chunks_exact_mut(cols.max(1)))
+        .zip(qs.chunks_exact_mut(nb.max(1)))
+    {
+        quantize_row(xr, qr, sr);
+    }
+    // Output column r of every activation row: weight row r is read once for all m rows.
+    let mut yt = vec![0f32; rows * m];
+    yt.par_chunks_mut(m.max(1))
+        .enumerate()
+        .for_each(|(r, out)| {
+            let w = &values[r * cols..(r + 1) * cols];
+            let ws = &scales[r * nb..(r + 1) * nb];
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = dot_row(
+                    w,
+                    ws,
+                    &q[i * cols..(i + 1) * cols],
+                    &qs[i * nb..(i + 1) * nb],
+                );
+            }
+        });
+    for r in 0..rows {
+        for i in 0..m {
+            y[i * rows + r] = yt[r * m + i];
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_f64_reference_on_dequantized_values() {
+        let (rows, cols, m) = (5, 96, 3);
+        let values: Vec<u8> = (0..rows * cols)
+            .map(|i| ((i * 37 % 255) as i32 - 127) as i8 as u8)
+            .collect();
+        let scales: Vec<f32> = (0..rows * cols / 32)
+            .map(|i| 0.01 + i as f32 * 0.003)
+            .collect();
+        let x: Vec<f32> = (0..m * cols)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1)
+            .collect();
+        let mut y = vec![f32::NAN; m * rows];
+        q8_matmul(&values, &scales, &x, m, rows, cols, &mut y).unwrap();
+        for i in 0..m {
+            for r in 0..rows {
+                let mut exact = 0f64;
+                let mut mag = 0f64;
+                for c in 0..cols {
+                    let w =
+                        (values[r * cols + c] as i8) as f64 * scales[r * cols / 32 + c / 32] as f64;
+                    exact += w * x[i * cols + c] as f64;
+                    mag += (w * x[i * cols + c] as f64).abs();
+                }
+                let got = y[i * rows + r] as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-2 * mag,
+                    "row {r} act {i}: {got} vs {exact}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        let mut y = vec![0.0; 2];
+        assert!(q8_matmul(&[0; 62], &[1.0; 2], &[0.0; 31], 1, 2, 31, &mut y).is_err());
+        assert!(q8_matmul(&[0; 64], &[1.0; 1], &[0.0; 32], 1, 2, 32, &mut y).is_err());
+    }
+}
