@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use infer_vindex::{BuildOptions, Dtype};
+use infer_vindex::{BuildOptions, Dtype, QuantTiers};
 
 /// Arguments of `infer extract`.
 #[derive(Args)]
@@ -26,6 +26,23 @@ pub struct ExtractArgs {
     /// Build a weights-only vindex when the source has no usable tokenizer.
     #[arg(long, conflicts_with = "tokenizer")]
     pub no_tokenizer: bool,
+    /// Quantized tiers to write besides the float tier: q4k (Q4_K attention + interleaved Q4_K
+    /// FFN; V and FFN down in Q6_K), q8 (int8 attention + f32 scales), q4 (Q4_0 FFN, gate
+    /// vectors, lm_head), all, none, or a comma list. K-quants fall back to Q5_0/Q8_0 for rows
+    /// that are not a multiple of 256 values.
+    #[arg(long, default_value = "q4k", value_parser = parse_quant)]
+    pub quant: QuantTiers,
+    /// Store FFN down in Q4_K instead of Q6_K in interleaved_q4k.bin.
+    #[arg(long)]
+    pub down_q4k: bool,
+    /// Dequantize and requantize GGUF tensors even when they already have the target format
+    /// (default: copy their blocks unchanged).
+    #[arg(long)]
+    pub requantize: bool,
+}
+
+fn parse_quant(s: &str) -> Result<QuantTiers, String> {
+    s.parse()
 }
 
 fn parse_dtype(s: &str) -> Result<Dtype, String> {
@@ -49,6 +66,9 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
         tokenizer: args.tokenizer.clone(),
         allow_no_tokenizer: args.no_tokenizer,
         progress: true,
+        quant: args.quant,
+        down_q4k: args.down_q4k,
+        requantize: args.requantize,
     };
     let start = std::time::Instant::now();
     let index = infer_vindex::extract(&args.source, &args.output, &opts).with_context(|| {
@@ -60,10 +80,12 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
     })?;
     let bytes: u64 = index.files.iter().map(|f| f.bytes).sum();
     eprintln!(
-        "wrote {} ({} {}, {} layers, {} files, {:.1} MiB) in {:.1} s",
+        "wrote {} ({} {}, tiers {}, {} passthrough tensors, {} layers, {} files, {:.1} MiB) in {:.1} s",
         args.output.display(),
         index.model_type,
         index.dtype,
+        index.tiers.join("+"),
+        index.passthrough.len(),
         index.shapes.num_layers,
         index.files.len() + 1,
         bytes as f64 / (1 << 20) as f64,

@@ -19,6 +19,10 @@ pub struct FormatArgs {
 
 impl FormatArgs {
     pub fn request(&self) -> FormatRequest {
-        FormatRequest { attn: self.attn, ffn: self.ffn, lm_head: self.lm_head }
+        FormatRequest {
+            attn: self.attn,
+            ffn: self.ffn,
+            lm_head: self.lm_head,
+        }
     }
 }

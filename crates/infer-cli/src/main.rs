@@ -7,8 +7,10 @@ use clap::{Parser, Subcommand};
 mod cmd_bench;
 mod cmd_inspect;
 mod cmd_perplexity;
+mod cmd_quant_stats;
 mod cmd_run;
 mod cmd_vindex;
+mod format_args;
 
 /// infer — transformer checkpoints to vindex, and fast inference from a vindex.
 #[derive(Parser)]
@@ -36,6 +38,8 @@ enum Command {
     Bench(cmd_bench::BenchArgs),
     /// Perplexity of a text file (llama-perplexity scoring: second half of each window).
     Perplexity(cmd_perplexity::PerplexityArgs),
+    /// Relative RMSE of every stored quantized tensor against the vindex's float tier.
+    QuantStats(cmd_quant_stats::QuantStatsArgs),
 }
 
 /// Write to stdout; a closed pipe (`infer inspect … | head`) ends quietly instead of panicking.
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Extract(a) => cmd_vindex::extract(a),
         Command::Verify(a) => cmd_vindex::verify(a),
+        Command::QuantStats(a) => cmd_quant_stats::run(a),
         Command::Run(a) => cmd_run::run(a),
         Command::Chat(a) => cmd_run::chat(a),
         Command::Logits(a) => cmd_run::logits(a),

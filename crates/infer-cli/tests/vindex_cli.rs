@@ -147,3 +147,63 @@ fn extract_force_and_verify() {
     assert!(!o.status.success());
     assert!(text(&o).contains("f8"), "{}", text(&o));
 }
+
+/// `--quant all` writes every quantized tier; `quant-stats --json` reports every quantized
+/// tensor with its relative RMSE; the default is the q4k tier; a bad `--quant` is refused.
+#[test]
+fn extract_quant_all_and_quant_stats() {
+    let gguf = model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let g = gguf.to_str().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let target = root.path().join("q.vindex");
+    let t = target.to_str().unwrap();
+    let o = infer(&["extract", g, "-o", t, "--quant", "all"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for f in [
+        "attn_weights_q4k.bin",
+        "attn_weights_q8.bin",
+        "attn_weights_q8_scales.bin",
+        "interleaved_q4k.bin",
+        "interleaved_q4.bin",
+        "gate_vectors_q4.bin",
+        "lm_head_q4.bin",
+    ] {
+        assert!(target.join(f).is_file(), "{f}");
+    }
+    let o = infer(&["verify", t]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = infer(&["quant-stats", t, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stats: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let stats = stats.as_array().unwrap();
+    // 30 layers × (4 q4k attn + 4 q8 attn + 3 q4k FFN + 3 q4 FFN + 1 gate q4) + lm_head.
+    assert_eq!(stats.len(), 30 * 15 + 1);
+    for s in stats {
+        let (fmt, rel) = (
+            s["format"].as_str().unwrap(),
+            s["rel_rmse"].as_f64().unwrap(),
+        );
+        let bound = match fmt {
+            "Q8_0" => 0.01,
+            "Q6_K" => 0.03,
+            "Q5_0" | "Q4_K" => 0.1,
+            "Q4_0" => 0.15,
+            other => panic!("format {other}"),
+        };
+        assert!(rel > 0.0 && rel < bound, "{s}");
+    }
+    let o = infer(&["quant-stats", t]);
+    assert!(text(&o).contains("summary"), "{}", text(&o));
+
+    // Default: the q4k tier.
+    let t2 = root.path().join("d.vindex");
+    let o = infer(&["extract", g, "-o", t2.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let index = std::fs::read_to_string(t2.join("index.json")).unwrap();
+    assert!(index.contains("\"q4k\""), "default tiers");
+    assert!(!t2.join("interleaved_q4.bin").exists());
+
+    let o = infer(&["extract", g, "-o", "y.vindex", "--quant", "q3"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("q3"), "{}", text(&o));
+}

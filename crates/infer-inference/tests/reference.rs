@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use common::*;
 use infer_compute::CpuBackend;
 use infer_inference::forward::Logits;
-use infer_inference::{Model, Tokenizer};
+use infer_inference::{AttnChoice, FfnChoice, FormatRequest, LmHeadChoice, Model, Tokenizer};
 use infer_vindex::Vindex;
 
 const LOGIT_TOL: f32 = 1e-3;
@@ -20,15 +20,19 @@ const MARGIN: f32 = 2e-3;
 struct RealModel {
     reference: &'static str,
     gguf: &'static str,
+    /// f32 reference perplexity on reference/perplexity.txt (c = 512), from reference/ppl.md.
+    ppl: f64,
 }
 
 const SMOLLM2: RealModel = RealModel {
     reference: "smollm2-135m-instruct",
     gguf: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    ppl: 18.3418,
 };
 const GEMMA3: RealModel = RealModel {
     reference: "gemma3-270m",
     gguf: "gemma-3-270m-q4_k_m.gguf",
+    ppl: 14.8925,
 };
 
 /// Gemma's GGUF has a SentencePiece vocabulary: its tokenizer.json comes from ../shared/models.
@@ -53,12 +57,20 @@ fn vindex(m: &RealModel, dtype: &'static str) -> &'static Vindex {
     let (_, v) = CELLS[slot].get_or_init(|| {
         let tmp = tempfile::tempdir().expect("tempdir");
         let tok = (m.reference == GEMMA3.reference).then(|| gemma_tokenizer(tmp.path()));
-        let path = extract(
+        // The f32 vindex also carries every quantized tier (reported below); the f32 checks
+        // request the f32 tier explicitly.
+        let quant = if dtype == "f32" {
+            infer_vindex::QuantTiers::ALL
+        } else {
+            infer_vindex::QuantTiers::NONE
+        };
+        let path = extract_with(
             &models_dir().join(m.gguf),
             tmp.path(),
             m.reference,
             dtype,
             tok,
+            quant,
         );
         let v = Vindex::open(&path).expect("open vindex");
         (tmp, v)
@@ -108,8 +120,15 @@ struct Agreement {
     greedy_comparable: usize,
 }
 
-fn compare(m: &RealModel, v: &Vindex, p: &Prompt) -> Agreement {
-    let model = Model::from_vindex(v).expect("model");
+/// The float tier only: f32 attention, walk FFN, float lm_head.
+const FLOAT: FormatRequest = FormatRequest {
+    attn: AttnChoice::F32,
+    ffn: FfnChoice::Walk,
+    lm_head: LmHeadChoice::F32,
+};
+
+fn compare(m: &RealModel, v: &Vindex, p: &Prompt, request: &FormatRequest) -> Agreement {
+    let model = Model::from_vindex_with(v, request).expect("model");
     let backend = CpuBackend::new();
     let r = StFile::open(
         &shared_dir()
@@ -187,7 +206,7 @@ fn check_f32(m: &RealModel) {
             m.reference,
             p.name
         );
-        let a = compare(m, v, &p);
+        let a = compare(m, v, &p, &FLOAT);
         println!(
             "{}/{} f32: max|Δ| top-32 {:.2e}, last {:.2e}; top-1 {}/{}; greedy {}/{}",
             m.reference,
@@ -229,7 +248,7 @@ fn check_f32(m: &RealModel) {
 fn report_f16(m: &RealModel) {
     let v = vindex(m, "f16");
     for p in prompts(m) {
-        let a = compare(m, v, &p);
+        let a = compare(m, v, &p, &FLOAT);
         println!(
             "{}/{} f16 tier (reported, not asserted): max|Δ| top-32 {:.3e}, last {:.3e}; top-1 {}/{}; greedy {}/{}",
             m.reference, p.name, a.max_topk_diff, a.max_last_diff, a.top1_agree, a.top1_checked, a.greedy_agree, a.greedy_comparable
@@ -267,7 +286,7 @@ fn check_perplexity(m: &RealModel) {
         .expect("perplexity.txt");
     let tokens = tok.encode(&text, true).expect("encode");
     let bos = tok.encode("", true).expect("encode").first().copied();
-    let model = Model::from_vindex(v).expect("model");
+    let model = Model::from_vindex_with(v, &FLOAT).expect("model");
     let r = infer_inference::perplexity::perplexity(
         &model,
         &CpuBackend::new(),
@@ -299,4 +318,75 @@ fn smollm2_f32_perplexity_matches_reference() {
 #[test]
 fn gemma3_f32_perplexity_matches_reference() {
     check_perplexity(&GEMMA3);
+}
+
+/// Quantized tiers against the reference (reported, not asserted beyond sanity): top-1
+/// agreement over prompt positions, greedy agreement length, max |Δ| of the last logits.
+fn report_quantized(m: &RealModel) {
+    let v = vindex(m, "f32");
+    let plans = [
+        (
+            "q4k attn + q4k ffn",
+            FormatRequest {
+                attn: AttnChoice::Q4K,
+                ffn: FfnChoice::Q4K,
+                lm_head: LmHeadChoice::F32,
+            },
+        ),
+        (
+            "q8 attn + q4k ffn",
+            FormatRequest {
+                attn: AttnChoice::Q8,
+                ffn: FfnChoice::Q4K,
+                lm_head: LmHeadChoice::F32,
+            },
+        ),
+        (
+            "q4k + q4_0 lm_head",
+            FormatRequest {
+                attn: AttnChoice::Q4K,
+                ffn: FfnChoice::Q4K,
+                lm_head: LmHeadChoice::Q4,
+            },
+        ),
+        (
+            "q8 attn + q4 ffn + q4 lm_head",
+            FormatRequest {
+                attn: AttnChoice::Q8,
+                ffn: FfnChoice::Q4,
+                lm_head: LmHeadChoice::Q4,
+            },
+        ),
+    ];
+    for (name, req) in plans {
+        let (mut top1, mut checked, mut greedy, mut comparable, mut worst) = (0, 0, 0, 0, 0f32);
+        for p in prompts(m) {
+            let a = compare(m, v, &p, &req);
+            top1 += a.top1_agree;
+            checked += a.top1_checked;
+            greedy += a.greedy_agree;
+            comparable += a.greedy_comparable;
+            worst = worst.max(a.max_last_diff);
+            assert!(a.max_last_diff.is_finite(), "{name}: non-finite logits");
+        }
+        println!(
+            "{} {name} (reported): top-1 {top1}/{checked} ({:.1}%), greedy tokens equal to the reference {greedy}/{comparable}, max|Δ| last logits {worst:.3}",
+            m.reference,
+            100.0 * top1 as f64 / checked as f64
+        );
+        assert!(
+            top1 * 2 > checked,
+            "{name}: top-1 agreement below 50% means the tier is broken"
+        );
+    }
+}
+
+#[test]
+fn smollm2_quantized_tiers_reported() {
+    report_quantized(&SMOLLM2);
+}
+
+#[test]
+fn gemma3_quantized_tiers_reported() {
+    report_quantized(&GEMMA3);
 }

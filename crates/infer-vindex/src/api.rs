@@ -218,7 +218,7 @@ impl Vindex {
         matches!(self.entries.get(key), Some((_, _, Kind::Plain)))
     }
 
-    fn check_layer(&self, layer: usize) -> Result<(), VindexError> {
+    pub(crate) fn check_layer(&self, layer: usize) -> Result<(), VindexError> {
         if layer >= self.num_layers() {
             return Err(VindexError::LayerOutOfRange {
                 layer,

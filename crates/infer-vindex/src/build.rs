@@ -21,6 +21,8 @@ use crate::hash::sha256_file;
 use crate::index::{
     Dtype, FileHash, LayerEntries, Provenance, Shapes, VindexIndex, FORMAT_VERSION,
 };
+use crate::quant_build::QuantBuilder;
+use crate::tier::QuantTiers;
 use crate::tokenizer_src::resolve_tokenizer;
 use crate::transform::{apply, plan_outputs, transpose};
 use crate::writer::{write_text, BinWriter};
@@ -39,6 +41,14 @@ pub struct BuildOptions {
     pub allow_no_tokenizer: bool,
     /// Draw a progress bar on stderr (indicatif hides it when stderr is not a terminal).
     pub progress: bool,
+    /// Quantized tiers to write besides the float tier (default: none; the CLI defaults to
+    /// [`QuantTiers::Q4K`]).
+    pub quant: QuantTiers,
+    /// Store FFN down in Q4_K instead of Q6_K in `interleaved_q4k.bin`.
+    pub down_q4k: bool,
+    /// Always dequantize → requantize, never copy a GGUF tensor's blocks that already have the
+    /// target format.
+    pub requantize: bool,
 }
 
 impl Default for BuildOptions {
@@ -49,6 +59,9 @@ impl Default for BuildOptions {
             tokenizer: None,
             allow_no_tokenizer: false,
             progress: false,
+            quant: QuantTiers::NONE,
+            down_q4k: false,
+            requantize: false,
         }
     }
 }
@@ -272,6 +285,9 @@ fn write_all(
     let cfg = &source.config;
     let num_layers = cfg.num_hidden_layers;
     let mut w = Writers::create(dir)?;
+    let tied = !plan.iter().any(|p| p.has_role(Role::LmHead));
+    let mut qb = QuantBuilder::new(source, dir, opts, tied)?;
+    let mut cur_layer = None;
     let mut layers = vec![LayerEntries::default(); num_layers];
     let pb = progress_bar(opts, plan.len());
 
@@ -298,6 +314,10 @@ fn write_all(
     );
 
     for p in order {
+        if p.layer() != cur_layer {
+            qb.flush()?;
+            cur_layer = p.layer();
+        }
         pb.set_message(match p.layer() {
             Some(l) if l < num_layers => format!("layer {l}/{num_layers}"),
             _ => "global tensors".to_string(),
@@ -316,7 +336,20 @@ fn write_all(
             ));
         }
         let parts = apply(cfg, t.data, &t.shape, p.transform);
+        // GGUF passthrough needs the stored tensor to be the source tensor unchanged.
+        let one_to_one = matches!(p.transform, TensorTransform::AsIs) && p.outs.len() == 1;
+        let src_name = one_to_one.then_some(p.info.name.as_str());
         for (o, data) in p.outs.iter().zip(parts) {
+            if o.place.layer.map_or(true, |l| l < num_layers) {
+                qb.add(
+                    o.place.role,
+                    o.place.layer,
+                    &o.key,
+                    &o.shape,
+                    &data,
+                    src_name,
+                )?;
+            }
             let format = if o.shape.len() <= 1 {
                 QuantFormat::F32
             } else {
@@ -373,6 +406,7 @@ fn write_all(
     finish(w.down, None)?;
     let lm_head = finish(w.lm_head, None)?;
     finish(w.other, Some(files::OTHER_MANIFEST))?;
+    let (quant_tiers, passthrough) = qb.finish(dir, &mut file_hashes)?;
 
     if let Some(text) = tokenizer_json {
         file_hashes.push(write_text(dir, files::TOKENIZER_JSON, text)?);
@@ -401,7 +435,10 @@ fn write_all(
             num_layers,
         },
         dtype: opts.dtype,
-        tiers: vec![opts.dtype.name().to_string()],
+        tiers: std::iter::once(opts.dtype.name().to_string())
+            .chain(quant_tiers.iter().map(|t| t.name().to_string()))
+            .collect(),
+        passthrough,
         embeddings,
         lm_head,
         layers,
@@ -428,13 +465,14 @@ fn provenance(source: &ModelSource) -> Result<Provenance, VindexError> {
     let (kind, weight_files): (&str, Vec<PathBuf>) = match source.kind {
         SourceKind::Gguf => ("gguf", vec![source.path.clone()]),
         SourceKind::HfFolder => {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(&source.path)
-                .map_err(|e| VindexError::io(&source.path, e))?
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                .collect();
+            // Only the model's weight files (`model.safetensors`, or the shards named by
+            // `model.safetensors.index.json`), not every *.safetensors lying in the folder.
+            // (A source that opened has them; an in-memory test source may not: hash none.)
+            let mut v = infer_models::hf::safetensors_files(&source.path)
+                .map(|(v, _)| v)
+                .unwrap_or_default();
             v.sort();
+            v.dedup();
             ("hf_folder", v)
         }
     };

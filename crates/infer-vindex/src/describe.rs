@@ -43,6 +43,13 @@ pub fn describe(v: &Vindex) -> String {
         ix.tiers.join(", "),
         ix.dtype
     );
+    if !ix.passthrough.is_empty() {
+        let _ = writeln!(
+            s,
+            "passthrough {} quantized tensors copied unchanged from the GGUF's blocks",
+            ix.passthrough.len()
+        );
+    }
     let sh = &ix.shapes;
     let _ = writeln!(
         s,

@@ -33,6 +33,51 @@ pub const TOKENIZER_CONFIG_JSON: &str = "tokenizer_config.json";
 /// Jinja chat template, when the source has one.
 pub const CHAT_TEMPLATE_JINJA: &str = "chat_template.jinja";
 
+/// Attention Q, K, V, O per layer (in that order), `[out, in]`: Q, K, O in Q4_K and V in Q6_K,
+/// or Q5_0 / Q8_0 for a tensor whose row length is not a multiple of 256 (the manifest's format
+/// tag is the truth). Described by [`ATTN_Q4K_MANIFEST`].
+pub const ATTN_Q4K_BIN: &str = "attn_weights_q4k.bin";
+/// Manifest of [`ATTN_Q4K_BIN`].
+pub const ATTN_Q4K_MANIFEST: &str = "attn_weights_q4k_manifest.json";
+/// Attention Q, K, V, O per layer as int8 values (Q8_0's `qs`, `[out, in]`, format tag `I8`);
+/// their per-32 f32 scales are in [`ATTN_Q8_SCALES_BIN`]. Described by [`ATTN_Q8_MANIFEST`].
+pub const ATTN_Q8_BIN: &str = "attn_weights_q8.bin";
+/// Manifest of [`ATTN_Q8_BIN`] (entries with format `I8`).
+pub const ATTN_Q8_MANIFEST: &str = "attn_weights_q8_manifest.json";
+/// f32 scales of [`ATTN_Q8_BIN`], `[out, in/32]` per tensor (Q8_0's `d`, widened exactly).
+pub const ATTN_Q8_SCALES_BIN: &str = "attn_weights_q8_scales.bin";
+/// Manifest of [`ATTN_Q8_SCALES_BIN`].
+pub const ATTN_Q8_SCALES_MANIFEST: &str = "attn_weights_q8_scales_manifest.json";
+/// FFN gate, up, down per layer (in that order) in HF Linear layout `[out, in]` (gate/up
+/// `[intermediate, hidden]`, down `[hidden, intermediate]`): gate/up Q4_K, down Q6_K (Q4_K
+/// with `--down-q4k`), with Q5_0 / Q8_0 fallbacks per tensor. See [`INTERLEAVED_Q4K_MANIFEST`].
+pub const INTERLEAVED_Q4K_BIN: &str = "interleaved_q4k.bin";
+/// Manifest of [`INTERLEAVED_Q4K_BIN`].
+pub const INTERLEAVED_Q4K_MANIFEST: &str = "interleaved_q4k_manifest.json";
+/// FFN gate, up, down per layer in Q4_0, `[out, in]` as [`INTERLEAVED_Q4K_BIN`].
+pub const INTERLEAVED_Q4_BIN: &str = "interleaved_q4.bin";
+/// Manifest of [`INTERLEAVED_Q4_BIN`].
+pub const INTERLEAVED_Q4_MANIFEST: &str = "interleaved_q4_manifest.json";
+/// FFN gate rows `[intermediate, hidden]` per layer in Q4_0 (the quantized gate KNN index).
+pub const GATE_Q4_BIN: &str = "gate_vectors_q4.bin";
+/// Manifest of [`GATE_Q4_BIN`].
+pub const GATE_Q4_MANIFEST: &str = "gate_vectors_q4_manifest.json";
+/// Output projection `[vocab, hidden]` in Q4_0 (from the embeddings when tied).
+pub const LM_HEAD_Q4_BIN: &str = "lm_head_q4.bin";
+/// Manifest of [`LM_HEAD_Q4_BIN`].
+pub const LM_HEAD_Q4_MANIFEST: &str = "lm_head_q4_manifest.json";
+
+/// The quantized tensor files whose manifests hold ggml-format [`crate::TensorEntry`]s, as
+/// `(bin, manifest)` (the I8 plane [`ATTN_Q8_BIN`] has its own entry type).
+pub const QUANT_BINS: &[(&str, &str)] = &[
+    (ATTN_Q4K_BIN, ATTN_Q4K_MANIFEST),
+    (ATTN_Q8_SCALES_BIN, ATTN_Q8_SCALES_MANIFEST),
+    (INTERLEAVED_Q4K_BIN, INTERLEAVED_Q4K_MANIFEST),
+    (INTERLEAVED_Q4_BIN, INTERLEAVED_Q4_MANIFEST),
+    (GATE_Q4_BIN, GATE_Q4_MANIFEST),
+    (LM_HEAD_Q4_BIN, LM_HEAD_Q4_MANIFEST),
+];
+
 /// The tensor data files that have a separate JSON manifest, as `(bin, manifest)`.
 pub const MANIFESTED_BINS: &[(&str, &str)] = &[
     (NORMS_BIN, NORMS_MANIFEST),
@@ -50,6 +95,13 @@ pub const BIN_FILES: &[&str] = &[
     ATTN_WEIGHTS_BIN,
     LM_HEAD_BIN,
     OTHER_BIN,
+    ATTN_Q4K_BIN,
+    ATTN_Q8_BIN,
+    ATTN_Q8_SCALES_BIN,
+    INTERLEAVED_Q4K_BIN,
+    INTERLEAVED_Q4_BIN,
+    GATE_Q4_BIN,
+    LM_HEAD_Q4_BIN,
 ];
 
 /// Name of the temporary build directory for a target named `name` (`.NAME.tmp-PID`), created

@@ -100,6 +100,23 @@ pub struct LayerEntries {
     pub down: Option<TensorEntry>,
 }
 
+/// A quantized tensor whose ggml blocks were copied unchanged from the GGUF source (no
+/// dequantize → requantize round trip; `infer extract --requantize` turns this off).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Passthrough {
+    /// Vindex file holding the tensor (one of the quantized tier files).
+    pub file: String,
+    /// Canonical tensor key.
+    pub key: String,
+    /// ggml format of the copied blocks (equal to the source tensor's type).
+    #[serde(with = "crate::manifest::format_tag")]
+    pub format: QuantFormat,
+    /// GGUF tensor name the blocks came from.
+    pub source_tensor: String,
+    /// True when whole rows were reordered to undo llama.cpp's Q/K row permutation.
+    pub rows_unpermuted: bool,
+}
+
 /// The parsed `index.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VindexIndex {
@@ -114,8 +131,13 @@ pub struct VindexIndex {
     pub shapes: Shapes,
     /// Dtype of the float tier's matrices.
     pub dtype: Dtype,
-    /// Tiers present: `"f32"` or `"f16"` today; quantized tiers add their names later.
+    /// Tiers present, by [`crate::Tier::name`]: the float tier (`"f32"` or `"f16"`), then any of
+    /// `"q4k"`, `"q8"`, `"q4"`.
     pub tiers: Vec<String>,
+    /// Quantized tensors copied unchanged from a GGUF source (empty when none, or for vindexes
+    /// without quantized tiers).
+    #[serde(default)]
+    pub passthrough: Vec<Passthrough>,
     /// `embeddings.bin`'s one entry, `[vocab, hidden]`.
     pub embeddings: TensorEntry,
     /// `lm_head.bin`'s one entry, `[vocab, hidden]`; `None` when absent (tied).

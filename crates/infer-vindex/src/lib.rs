@@ -14,6 +14,13 @@
 //! manifests of `{key, shape, format, offset, length}`; `lm_head.bin` when untied. Every tensor
 //! starts at a 64-byte aligned offset; values are little-endian f32 or f16 (matrices in the
 //! chosen dtype, 1-D tensors always f32).
+//!
+//! Quantized tiers ([`Tier`], chosen with [`BuildOptions::quant`], written by
+//! [`quant_build`]): raw ggml blocks in HF Linear layout `[out, in]` with a manifest per file
+//! whose `format` tag is per tensor (K-quants fall back to Q5_0/Q8_0 for rows that are not a
+//! multiple of 256). The data-provider API ([`Vindex::attn_q4k_layer_data`],
+//! [`Vindex::ffn_q4k_layer_data`], [`Vindex::attn_q8_layer_data`], …) hands out the bytes with
+//! their format; [`quant_stats`] measures their error against the float tier.
 
 mod api;
 mod atomic;
@@ -26,6 +33,10 @@ mod hash;
 pub mod index;
 mod load;
 pub mod manifest;
+mod quant_api;
+pub mod quant_build;
+mod quant_stats;
+pub mod tier;
 mod tokenizer_src;
 pub mod transform;
 mod verify;
@@ -35,7 +46,12 @@ pub use api::FloatSlice;
 pub use build::{build, extract, BuildOptions};
 pub use describe::describe;
 pub use error::VindexError;
-pub use index::{Dtype, FileHash, LayerEntries, Provenance, Shapes, VindexIndex, FORMAT_VERSION};
+pub use index::{
+    Dtype, FileHash, LayerEntries, Passthrough, Provenance, Shapes, VindexIndex, FORMAT_VERSION,
+};
 pub use load::Vindex;
-pub use manifest::{TensorEntry, TENSOR_ALIGN};
+pub use manifest::{I8Entry, TensorEntry, I8_TAG, TENSOR_ALIGN};
+pub use quant_api::Q8Slices;
+pub use quant_stats::{dequantize_stored, quant_stats, reference_f32, QuantStat};
+pub use tier::{QuantTiers, Tier};
 pub use verify::{verify, FileMismatch, VerifyReport};

@@ -13,7 +13,8 @@ use memmap2::Mmap;
 
 use crate::files;
 use crate::index::VindexIndex;
-use crate::manifest::{parse_manifest, TensorEntry};
+use crate::manifest::{parse_i8_manifest, parse_manifest, I8Entry, TensorEntry};
+use crate::tier::Tier;
 use crate::VindexError;
 
 #[cfg(target_endian = "big")]
@@ -39,6 +40,12 @@ pub struct Vindex {
     pub(crate) entries: HashMap<String, (&'static str, TensorEntry, Kind)>,
     pub(crate) tokenizer_config: Option<String>,
     pub(crate) chat_template: Option<String>,
+    /// Tiers listed in index.json (validated: known names, required files present).
+    pub(crate) tiers: Vec<Tier>,
+    /// Quantized files → key → entry (ggml block formats; F32 for the Q8 scales).
+    pub(crate) quant: HashMap<&'static str, HashMap<String, TensorEntry>>,
+    /// The Q8 tier's int8 plane: key → entry.
+    pub(crate) q8_values: HashMap<String, I8Entry>,
 }
 
 fn read_text(path: &Path) -> Result<String, VindexError> {
@@ -112,8 +119,12 @@ impl Vindex {
             entries: HashMap::new(),
             tokenizer_config: None,
             chat_template: None,
+            tiers: Vec::new(),
+            quant: HashMap::new(),
+            q8_values: HashMap::new(),
         };
         v.load_entries()?;
+        v.load_quant()?;
         if v.index.file(files::TOKENIZER_CONFIG_JSON).is_some() {
             v.tokenizer_config = Some(read_text(&path.join(files::TOKENIZER_CONFIG_JSON))?);
         }
@@ -156,6 +167,122 @@ impl Vindex {
             return Err(bad("key appears twice".into()));
         }
         self.entries.insert(e.key.clone(), (file, e, kind));
+        Ok(())
+    }
+
+    /// Parse the tiers and every quantized manifest; validate each entry against its file
+    /// (length = `QuantFormat::expected_bytes`, alignment, bounds, 2-D shape, format allowed in
+    /// that file) and the Q8 value/scale pairing.
+    fn load_quant(&mut self) -> Result<(), VindexError> {
+        let index_path = self.path.join(files::INDEX_JSON);
+        for name in &self.index.tiers {
+            let t = Tier::from_name(name).ok_or_else(|| VindexError::BadJson {
+                path: index_path.clone(),
+                msg: format!("unknown tier '{name}' in 'tiers'"),
+            })?;
+            for f in t.required_files() {
+                if self.index.file(f).is_none() {
+                    return Err(VindexError::MissingFile {
+                        path: self.path.join(f),
+                    });
+                }
+            }
+            self.tiers.push(t);
+        }
+        for &(bin, manifest) in files::QUANT_BINS {
+            let (has_bin, has_manifest) = (
+                self.index.file(bin).is_some(),
+                self.index.file(manifest).is_some(),
+            );
+            if !has_bin && !has_manifest {
+                continue;
+            }
+            let missing = if has_bin { manifest } else { bin };
+            if !(has_bin && has_manifest) {
+                return Err(VindexError::MissingFile {
+                    path: self.path.join(missing),
+                });
+            }
+            let p = self.path.join(bin);
+            let len = self.maps.get(bin).map_or(0, |m| m.len());
+            let mp = self.path.join(manifest);
+            let mut map = HashMap::new();
+            for e in parse_manifest(&mp, &read_text(&mp)?)? {
+                e.validate(&p, len)?;
+                let bad = |msg: String| VindexError::BadEntry {
+                    path: p.clone(),
+                    key: e.key.clone(),
+                    msg,
+                };
+                let float = matches!(
+                    e.format,
+                    QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16
+                );
+                if (bin == files::ATTN_Q8_SCALES_BIN) != (e.format == QuantFormat::F32)
+                    || (bin != files::ATTN_Q8_SCALES_BIN && float)
+                {
+                    return Err(bad(format!(
+                        "format {} is not allowed in this file (block formats only; F32 scales only in {})",
+                        e.format,
+                        files::ATTN_Q8_SCALES_BIN
+                    )));
+                }
+                if e.shape.len() != 2 {
+                    return Err(bad(format!("shape {:?} is not 2-D", e.shape)));
+                }
+                if map.contains_key(&e.key) {
+                    return Err(bad("key appears twice".into()));
+                }
+                map.insert(e.key.clone(), e);
+            }
+            self.quant.insert(bin, map);
+        }
+        let (bin, manifest) = (files::ATTN_Q8_BIN, files::ATTN_Q8_MANIFEST);
+        if self.index.file(bin).is_some() || self.index.file(manifest).is_some() {
+            let p = self.path.join(bin);
+            let mp = self.path.join(manifest);
+            if self.index.file(bin).is_none() {
+                return Err(VindexError::MissingFile { path: p });
+            }
+            let len = self.maps.get(bin).map_or(0, |m| m.len());
+            let scales = self.quant.get(files::ATTN_Q8_SCALES_BIN);
+            for e in parse_i8_manifest(&mp, &read_text(&mp)?)? {
+                e.validate(&p, len)?;
+                let bad = |msg: String| VindexError::BadEntry {
+                    path: p.clone(),
+                    key: e.key.clone(),
+                    msg,
+                };
+                let [r, c] = e.shape[..] else {
+                    return Err(bad(format!("shape {:?} is not 2-D", e.shape)));
+                };
+                if c % 32 != 0 {
+                    return Err(bad(format!(
+                        "rows of {c} values are not whole blocks of 32"
+                    )));
+                }
+                match scales.and_then(|m| m.get(&e.key)) {
+                    Some(s) if s.shape == [r, c / 32] => {}
+                    Some(s) => {
+                        return Err(bad(format!(
+                            "scales in {} have shape {:?}, expected [{r}, {}]",
+                            files::ATTN_Q8_SCALES_BIN,
+                            s.shape,
+                            c / 32
+                        )))
+                    }
+                    None => {
+                        return Err(bad(format!(
+                            "no scales entry in {}",
+                            files::ATTN_Q8_SCALES_BIN
+                        )))
+                    }
+                }
+                if self.q8_values.insert(e.key.clone(), e.clone()).is_some() {
+                    return Err(bad("key appears twice".into()));
+                }
+            }
+        }
         Ok(())
     }
 

@@ -77,6 +77,75 @@ impl TensorEntry {
     }
 }
 
+/// Format tag of the int8 value plane of the Q8 attention tier (ggml's `GGML_TYPE_I8` name).
+pub const I8_TAG: &str = "I8";
+
+/// One tensor of the int8 value plane ([`crate::files::ATTN_Q8_BIN`]): the same
+/// `{key, shape, format, offset, length}` as [`TensorEntry`], with `format` always `"I8"`
+/// (one signed byte per value, so `length == numel`). Its f32 scales are a [`TensorEntry`] of
+/// the same key in [`crate::files::ATTN_Q8_SCALES_BIN`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct I8Entry {
+    /// Canonical tensor name.
+    pub key: String,
+    /// Row-major shape `[out, in]`.
+    pub shape: Vec<usize>,
+    /// Always [`I8_TAG`] (required in JSON).
+    pub format: String,
+    /// Byte offset in the file; a multiple of [`TENSOR_ALIGN`].
+    pub offset: usize,
+    /// Byte length (= number of values).
+    pub length: usize,
+}
+
+impl I8Entry {
+    /// Check tag, length (= numel), alignment and bounds against a file of `file_len` bytes.
+    /// Errors: [`VindexError::BadEntry`] naming `file` and the key.
+    pub fn validate(&self, file: &Path, file_len: usize) -> Result<(), VindexError> {
+        let bad = |msg: String| VindexError::BadEntry {
+            path: file.to_path_buf(),
+            key: self.key.clone(),
+            msg,
+        };
+        if self.format != I8_TAG {
+            return Err(bad(format!(
+                "format '{}' in the int8 plane (expected {I8_TAG})",
+                self.format
+            )));
+        }
+        let numel: usize = self.shape.iter().product();
+        if self.length != numel {
+            return Err(bad(format!(
+                "length {} bytes but shape {:?} in I8 needs {numel}",
+                self.length, self.shape
+            )));
+        }
+        if self.offset % TENSOR_ALIGN != 0 {
+            return Err(bad(format!(
+                "offset {} is not a multiple of {TENSOR_ALIGN}",
+                self.offset
+            )));
+        }
+        match self.offset.checked_add(self.length) {
+            Some(end) if end <= file_len => Ok(()),
+            _ => Err(bad(format!(
+                "bytes {}..{} lie outside the file ({file_len} bytes)",
+                self.offset,
+                self.offset.saturating_add(self.length)
+            ))),
+        }
+    }
+}
+
+/// Parse the int8-plane manifest's text. Errors: [`VindexError::BadJson`] naming `path`.
+pub fn parse_i8_manifest(path: &Path, text: &str) -> Result<Vec<I8Entry>, VindexError> {
+    serde_json::from_str(text).map_err(|e| VindexError::BadJson {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })
+}
+
 /// A manifest file: the entries of one `.bin`, in file order.
 pub type Manifest = Vec<TensorEntry>;
 
@@ -89,7 +158,7 @@ pub fn parse_manifest(path: &Path, text: &str) -> Result<Manifest, VindexError> 
 }
 
 /// Serde for [`QuantFormat`] as its ggml name (`"F32"`, `"Q4_K"`).
-mod format_tag {
+pub(crate) mod format_tag {
     use infer_quant::QuantFormat;
     use serde::{Deserialize, Deserializer, Serializer};
 

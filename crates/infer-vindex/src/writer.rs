@@ -103,6 +103,50 @@ impl BinWriter {
         Ok(entry)
     }
 
+    /// Pad to the next [`TENSOR_ALIGN`] boundary, append `bytes` unchanged, and return the
+    /// offset they start at (records no entry: for planes whose entries the caller keeps).
+    pub fn append_aligned(&mut self, bytes: &[u8]) -> Result<usize, VindexError> {
+        let pad = (TENSOR_ALIGN - self.pos % TENSOR_ALIGN) % TENSOR_ALIGN;
+        self.write_bytes(&[0u8; TENSOR_ALIGN][..pad])?;
+        let offset = self.pos;
+        self.write_bytes(bytes)?;
+        Ok(offset)
+    }
+
+    /// Append already-encoded `bytes` (ggml blocks of `format`, rows concatenated, `shape`
+    /// row-major) at the next aligned offset and record the entry.
+    /// Errors: [`VindexError::BadEntry`] when `bytes.len()` differs from
+    /// `format.expected_bytes(shape)`; I/O naming the file.
+    pub fn write_raw(
+        &mut self,
+        key: &str,
+        shape: &[usize],
+        format: QuantFormat,
+        bytes: &[u8],
+    ) -> Result<TensorEntry, VindexError> {
+        let expected = format.expected_bytes(shape).map_err(|e| e.to_string());
+        if expected.as_ref() != Ok(&bytes.len()) {
+            return Err(VindexError::BadEntry {
+                path: self.path.clone(),
+                key: key.to_string(),
+                msg: format!(
+                    "{} bytes for shape {shape:?} in {format} (expected {expected:?})",
+                    bytes.len()
+                ),
+            });
+        }
+        let offset = self.append_aligned(bytes)?;
+        let entry = TensorEntry {
+            key: key.to_string(),
+            shape: shape.to_vec(),
+            format,
+            offset,
+            length: bytes.len(),
+        };
+        self.entries.push(entry.clone());
+        Ok(entry)
+    }
+
     /// True when no tensor was written.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()

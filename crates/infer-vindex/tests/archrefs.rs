@@ -43,6 +43,17 @@ fn roundtrip(dtype: Dtype) {
                 let n = assert_roundtrip(&src, &v);
                 assert_eq!(v.config(), &src.config, "{case}: config");
                 assert_eq!(index.shapes.num_layers, src.config.num_hidden_layers);
+                // Provenance hashes the model's weight files only (not reference.safetensors).
+                let hashed: Vec<&str> = index
+                    .provenance
+                    .source_sha256
+                    .iter()
+                    .map(|h| h.name.as_str())
+                    .collect();
+                assert!(
+                    !hashed.is_empty() && hashed.iter().all(|n| n.starts_with("model")),
+                    "{case}: provenance hashes {hashed:?}"
+                );
                 assert!(
                     infer_vindex::verify(&target).unwrap().is_ok(),
                     "{case}: verify"

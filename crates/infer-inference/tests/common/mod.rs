@@ -103,7 +103,7 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Extract `source` (HF folder or GGUF) into a fresh vindex under `dir`.
+/// Extract `source` (HF folder or GGUF) into a fresh vindex under `dir` (float tier only).
 pub fn extract(
     source: &Path,
     dir: &Path,
@@ -111,12 +111,32 @@ pub fn extract(
     dtype: &str,
     tokenizer: Option<PathBuf>,
 ) -> PathBuf {
+    extract_with(
+        source,
+        dir,
+        name,
+        dtype,
+        tokenizer,
+        infer_vindex::QuantTiers::NONE,
+    )
+}
+
+/// As [`extract`], also writing the quantized tiers `quant`.
+pub fn extract_with(
+    source: &Path,
+    dir: &Path,
+    name: &str,
+    dtype: &str,
+    tokenizer: Option<PathBuf>,
+    quant: infer_vindex::QuantTiers,
+) -> PathBuf {
     let out = dir.join(format!("{name}.vindex"));
     let opts = infer_vindex::BuildOptions {
         dtype: dtype.parse().expect("dtype"),
         force: true,
         allow_no_tokenizer: tokenizer.is_none(),
         tokenizer,
+        quant,
         ..Default::default()
     };
     infer_vindex::extract(source, &out, &opts)

@@ -18,7 +18,7 @@ mod value;
 
 pub use config::config_from_gguf;
 pub use file::{GgufFile, GgufTensorInfo, DEFAULT_ALIGNMENT};
-pub use permute::{permute_qk_rows, unpermute_qk_rows};
-pub use source::{open_gguf_source, GgufTensors};
+pub use permute::{permute_qk_rows, unpermute_qk_byte_rows, unpermute_qk_rows};
+pub use source::{open_gguf_source, GgufTensors, RawBlocks};
 pub use tokenizer::tokenizer_json_from_gguf;
 pub use value::{GgufArray, GgufValue};

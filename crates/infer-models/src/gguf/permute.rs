@@ -39,6 +39,25 @@ pub fn unpermute_qk_rows(data: &[f32], rows: usize, n_head: usize) -> Result<Vec
     Ok(out)
 }
 
+/// [`unpermute_qk_rows`] on raw bytes: `data` is `rows` equal-length rows of any encoding (e.g.
+/// whole ggml blocks of a quantized row), moved as units from GGUF to HF row order.
+/// Errors (as a message) as [`unpermute_qk_rows`].
+pub fn unpermute_qk_byte_rows(data: &[u8], rows: usize, n_head: usize) -> Result<Vec<u8>, String> {
+    let (hd, half) = geometry(data.len(), rows, n_head)?;
+    let cols = data.len() / rows;
+    let mut out = vec![0u8; data.len()];
+    for h in 0..n_head {
+        for s in 0..2 {
+            for j in 0..half {
+                let hf = h * hd + s * half + j;
+                let gg = h * hd + 2 * j + s;
+                out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gg * cols..(gg + 1) * cols]);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// llama.cpp's forward permutation (HF row order → GGUF row order); the inverse of
 /// [`unpermute_qk_rows`]. Used to write GGUF-ordered test data.
 pub fn permute_qk_rows(data: &[f32], rows: usize, n_head: usize) -> Result<Vec<f32>, String> {
@@ -79,5 +98,10 @@ mod tests {
         assert_eq!(unpermute_qk_rows(&gg, rows, n_head).unwrap(), hf);
         assert!(unpermute_qk_rows(&hf, rows, 5).is_err());
         assert!(unpermute_qk_rows(&hf[..7], 3, 1).is_err());
+        // Byte rows move exactly like f32 rows.
+        let bytes: Vec<u8> = gg.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let back = unpermute_qk_byte_rows(&bytes, rows, n_head).unwrap();
+        let want: Vec<u8> = hf.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(back, want);
     }
 }

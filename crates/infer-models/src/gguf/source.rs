@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::family::family;
-use super::permute::unpermute_qk_rows;
+use super::permute::{unpermute_qk_byte_rows, unpermute_qk_rows};
 use super::{config_from_gguf, tokenizer_json_from_gguf, GgufFile};
 use crate::names::{gguf_to_hf_name, MappedName};
 use crate::{ModelConfig, ModelError, ModelSource, SourceKind, Tensor, TensorInfo, TensorSource};
@@ -22,6 +22,9 @@ enum Fixup {
     /// Gemma norm weight stored as `1 + w`.
     MinusOne,
 }
+
+/// A tensor's raw ggml blocks (borrowed, or owned when rows were reordered) and its info.
+pub type RawBlocks<'a> = (std::borrow::Cow<'a, [u8]>, crate::TensorInfo);
 
 /// The tensors of a GGUF file by HF name (see [`crate::names`]), in file order.
 pub struct GgufTensors {
@@ -115,6 +118,40 @@ impl GgufTensors {
                 name: hf_name.to_string(),
             })?;
         self.file.tensor_bytes(g)
+    }
+
+    /// A tensor's raw ggml blocks with its storage format, in HF row order: llama.cpp's Q/K row
+    /// permutation is undone on whole rows (each row is whole blocks), so the bytes dequantize
+    /// to exactly [`TensorSource::read_f32`]'s values. `Ok(None)` for a tensor whose stored values
+    /// differ from HF's by more than row order (Gemma's `+1` norms).
+    /// Errors: [`ModelError::NoSuchTensor`]; [`ModelError::BadTensor`] when the rows do not split
+    /// into the permutation's heads.
+    pub fn raw_blocks_hf_order(&self, hf_name: &str) -> Result<Option<RawBlocks<'_>>, ModelError> {
+        let path = self.file.path();
+        let &i = self
+            .index
+            .get(hf_name)
+            .ok_or_else(|| ModelError::NoSuchTensor {
+                path: path.to_path_buf(),
+                name: hf_name.to_string(),
+            })?;
+        let info = self.infos[i].clone();
+        let bytes = self.file.tensor_bytes(&self.gguf_names[i])?;
+        match self.fixups[i] {
+            Fixup::None => Ok(Some((std::borrow::Cow::Borrowed(bytes), info))),
+            Fixup::MinusOne => Ok(None),
+            Fixup::UnpermuteRows { n_head } => {
+                let rows = info.shape.first().copied().unwrap_or(0);
+                let out = unpermute_qk_byte_rows(bytes, rows, n_head).map_err(|msg| {
+                    ModelError::BadTensor {
+                        path: path.to_path_buf(),
+                        name: hf_name.to_string(),
+                        msg,
+                    }
+                })?;
+                Ok(Some((std::borrow::Cow::Owned(out), info)))
+            }
+        }
     }
 
     /// The parsed file.

@@ -1,0 +1,444 @@
+//! The quantized tiers at build time: which tensors go to which quantized file in which ggml
+//! format, GGUF passthrough, and the writers with their manifests.
+//!
+//! Matrices are stored in HF Linear layout `[out, in]` (rows = output features), so ggml blocks
+//! run along a row's input dimension. A row length that is not a multiple of 256 cannot hold
+//! K-quant blocks: like llama.cpp's `llama_tensor_get_type` fallback, Q4_K becomes Q5_0 and Q6_K
+//! becomes Q8_0 for that tensor; the manifest records the format actually stored.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use infer_models::gguf::GgufTensors;
+use infer_models::ModelSource;
+use infer_quant::{q8_0, QuantFormat};
+use rayon::prelude::*;
+
+use crate::build::BuildOptions;
+use crate::classify::Role;
+use crate::files;
+use crate::index::{FileHash, Passthrough};
+use crate::manifest::{I8Entry, TensorEntry, I8_TAG};
+use crate::tier::{QuantTiers, Tier};
+use crate::writer::{write_text, BinWriter};
+use crate::VindexError;
+
+/// The format a `[rows, row_len]` matrix is stored in when `desired` is asked for: K-quants fall
+/// back to Q5_0 (from Q4_K) or Q8_0 (from Q6_K) when `row_len % 256 != 0` (llama.cpp's rule).
+/// Errors (as a message): a row length that is not a multiple of the resulting block size.
+pub fn storage_format(desired: QuantFormat, row_len: usize) -> Result<QuantFormat, String> {
+    let f = match desired {
+        QuantFormat::Q4_K if row_len % 256 != 0 => QuantFormat::Q5_0,
+        QuantFormat::Q6_K if row_len % 256 != 0 => QuantFormat::Q8_0,
+        f => f,
+    };
+    if row_len == 0 || row_len % f.block_elems() != 0 {
+        return Err(format!(
+            "rows of {row_len} values are not a multiple of {f}'s block of {} values",
+            f.block_elems()
+        ));
+    }
+    Ok(f)
+}
+
+/// Quantize `data` (rows of `n_per_row`) to `format` with ggml's reference quantizer
+/// ([`infer_quant::quantize`], no imatrix), in parallel over row chunks on the current rayon
+/// pool. The bytes equal a serial call's: every row is quantized independently.
+pub fn quantize_rows_par(
+    format: QuantFormat,
+    data: &[f32],
+    n_per_row: usize,
+) -> Result<Vec<u8>, infer_quant::QuantError> {
+    if n_per_row == 0 || data.len() % n_per_row != 0 {
+        return infer_quant::quantize(format, data, n_per_row, None);
+    }
+    // About 64 Ki values per task: enough work per task, enough tasks to balance.
+    let rows_per_chunk = (65536 / n_per_row).max(1);
+    let parts: Result<Vec<Vec<u8>>, _> = data
+        .par_chunks(rows_per_chunk * n_per_row)
+        .map(|c| infer_quant::quantize(format, c, n_per_row, None))
+        .collect();
+    Ok(parts?.concat())
+}
+
+/// Split Q8_0 blocks into the int8 value plane and the f32 scale plane (one `d` per 32 values,
+/// widened exactly from f16), the Q8 tier's layout. `bytes.len()` must be a multiple of 34.
+pub fn split_q8_0(bytes: &[u8]) -> (Vec<u8>, Vec<f32>) {
+    let n = bytes.len() / q8_0::BLOCK_BYTES;
+    let mut values = Vec::with_capacity(n * 32);
+    let mut scales = Vec::with_capacity(n);
+    for b in bytes.chunks_exact(q8_0::BLOCK_BYTES) {
+        scales.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+        values.extend_from_slice(&b[2..]);
+    }
+    (values, scales)
+}
+
+/// Encoded blocks, with `(GGUF tensor name, rows un-permuted)` when passed through.
+type Encoded = (Vec<u8>, Option<(String, bool)>);
+
+/// Position of an attention projection in a layer's Q, K, V, O order.
+pub(crate) fn attn_rank(key: &str) -> Option<usize> {
+    ["q_proj", "k_proj", "v_proj", "o_proj"]
+        .iter()
+        .position(|p| key.ends_with(&format!("self_attn.{p}.weight")))
+}
+
+/// One quantized tensor waiting for its layer to complete (so each layer's tensors are written
+/// in Q, K, V, O / gate, up, down order whatever the source order).
+struct Pending {
+    file: &'static str,
+    rank: usize,
+    key: String,
+    shape: Vec<usize>,
+    format: QuantFormat,
+    bytes: Vec<u8>,
+}
+
+/// Writes the selected quantized tiers while the float builder streams tensors.
+pub(crate) struct QuantBuilder {
+    tiers: QuantTiers,
+    down_q4k: bool,
+    requantize: bool,
+    tied: bool,
+    gguf: Option<GgufTensors>,
+    source_path: PathBuf,
+    writers: HashMap<&'static str, BinWriter>,
+    q8_values: Vec<I8Entry>,
+    pending: Vec<Pending>,
+    passthrough: Vec<Passthrough>,
+}
+
+/// The files of each quantized tier.
+fn tier_files(t: Tier) -> &'static [&'static str] {
+    t.required_files()
+}
+
+impl QuantBuilder {
+    /// Create the writers of the tiers `opts.quant` selects. `tied`: the model has no lm_head
+    /// tensor (the Q4_0 lm_head is then quantized from the embeddings).
+    pub fn new(
+        source: &ModelSource,
+        dir: &Path,
+        opts: &BuildOptions,
+        tied: bool,
+    ) -> Result<Self, VindexError> {
+        let mut writers = HashMap::new();
+        for t in opts.quant.tiers() {
+            for &f in tier_files(t) {
+                writers.insert(f, BinWriter::create(dir, f)?);
+            }
+        }
+        let gguf = match (&source.gguf, opts.quant.is_none()) {
+            (Some(g), false) => Some(GgufTensors::new(g.clone(), &source.config)?),
+            _ => None,
+        };
+        Ok(QuantBuilder {
+            tiers: opts.quant,
+            down_q4k: opts.down_q4k,
+            requantize: opts.requantize,
+            tied,
+            gguf,
+            source_path: source.path.clone(),
+            writers,
+            q8_values: Vec::new(),
+            pending: Vec::new(),
+            passthrough: Vec::new(),
+        })
+    }
+
+    /// `(file, rank, desired format, stored key)` of every quantized copy of a tensor.
+    fn targets(&self, role: Role, key: &str) -> Vec<(&'static str, usize, QuantFormat, String)> {
+        let t = self.tiers;
+        let mut v = Vec::new();
+        let k = key.to_string();
+        match role {
+            Role::Attention => {
+                if let Some(r) = attn_rank(key) {
+                    if t.q4k {
+                        let f = if r == 2 {
+                            QuantFormat::Q6_K
+                        } else {
+                            QuantFormat::Q4_K
+                        };
+                        v.push((files::ATTN_Q4K_BIN, r, f, k.clone()));
+                    }
+                    if t.q8 {
+                        v.push((files::ATTN_Q8_BIN, r, QuantFormat::Q8_0, k));
+                    }
+                }
+            }
+            Role::FfnGate | Role::FfnUp | Role::FfnDown => {
+                let r = match role {
+                    Role::FfnGate => 0,
+                    Role::FfnUp => 1,
+                    _ => 2,
+                };
+                if t.q4k {
+                    let f = if r == 2 && !self.down_q4k {
+                        QuantFormat::Q6_K
+                    } else {
+                        QuantFormat::Q4_K
+                    };
+                    v.push((files::INTERLEAVED_Q4K_BIN, r, f, k.clone()));
+                }
+                if t.q4 {
+                    v.push((files::INTERLEAVED_Q4_BIN, r, QuantFormat::Q4_0, k.clone()));
+                    if r == 0 {
+                        v.push((files::GATE_Q4_BIN, 0, QuantFormat::Q4_0, k));
+                    }
+                }
+            }
+            Role::LmHead if t.q4 => {
+                v.push((files::LM_HEAD_Q4_BIN, 0, QuantFormat::Q4_0, k));
+            }
+            Role::Embedding if t.q4 && self.tied => {
+                v.push((
+                    files::LM_HEAD_Q4_BIN,
+                    0,
+                    QuantFormat::Q4_0,
+                    "lm_head.weight".to_string(),
+                ));
+            }
+            _ => {}
+        }
+        v
+    }
+
+    /// Quantize one stored tensor (`data` row-major in HF layout `shape = [out, in]`) into every
+    /// selected tier it belongs to. `src`: the source tensor's name when it maps 1:1 (no
+    /// split/transpose), which allows GGUF passthrough.
+    /// Errors: [`VindexError::BadSource`] for a row length no target format can hold.
+    pub fn add(
+        &mut self,
+        role: Role,
+        layer: Option<usize>,
+        key: &str,
+        shape: &[usize],
+        data: &[f32],
+        src: Option<&str>,
+    ) -> Result<(), VindexError> {
+        let targets = self.targets(role, key);
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let source_path = self.source_path.clone();
+        let bad = |msg: String| VindexError::BadSource {
+            path: source_path.clone(),
+            msg: format!("tensor '{key}' {shape:?}: {msg}"),
+        };
+        if shape.len() != 2 {
+            return Err(bad("a quantized tier needs a 2-D matrix".into()));
+        }
+        let row = shape[1];
+        let mut cache: HashMap<QuantFormat, Encoded> = HashMap::new();
+        for (file, rank, desired, out_key) in targets {
+            let format = storage_format(desired, row).map_err(|m| bad(format!("{file}: {m}")))?;
+            if let std::collections::hash_map::Entry::Vacant(slot) = cache.entry(format) {
+                slot.insert(self.encode(key, shape, data, format, src)?);
+            }
+            let (bytes, pass) = &cache[&format];
+            if let Some((source_tensor, rows_unpermuted)) = pass {
+                self.passthrough.push(Passthrough {
+                    file: file.to_string(),
+                    key: out_key.clone(),
+                    format,
+                    source_tensor: source_tensor.clone(),
+                    rows_unpermuted: *rows_unpermuted,
+                });
+            }
+            let p = Pending {
+                file,
+                rank,
+                key: out_key,
+                shape: shape.to_vec(),
+                format,
+                bytes: bytes.clone(),
+            };
+            if layer.is_some() {
+                self.pending.push(p);
+            } else {
+                self.write(p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tensor's blocks in `format`: the GGUF's own blocks when the source tensor already has
+    /// that format and shape (unless `requantize`), else ggml's reference quantizer.
+    fn encode(
+        &self,
+        key: &str,
+        shape: &[usize],
+        data: &[f32],
+        format: QuantFormat,
+        src: Option<&str>,
+    ) -> Result<Encoded, VindexError> {
+        if let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) {
+            if let Some((bytes, info)) = g.raw_blocks_hf_order(src)? {
+                if info.dtype == format && info.shape == shape {
+                    let unpermuted = matches!(bytes, Cow::Owned(_));
+                    let name = g.gguf_name(src).unwrap_or(src).to_string();
+                    return Ok((bytes.into_owned(), Some((name, unpermuted))));
+                }
+            }
+        }
+        let bytes =
+            quantize_rows_par(format, data, shape[1]).map_err(|e| VindexError::BadSource {
+                path: self.source_path.clone(),
+                msg: format!("tensor '{key}': quantize to {format}: {e}"),
+            })?;
+        Ok((bytes, None))
+    }
+
+    fn writer(&mut self, file: &'static str) -> Result<&mut BinWriter, VindexError> {
+        let dir_hint = self.source_path.clone();
+        self.writers.get_mut(file).ok_or(VindexError::BadSource {
+            path: dir_hint,
+            msg: format!("internal: no writer for {file}"),
+        })
+    }
+
+    fn write(&mut self, p: Pending) -> Result<(), VindexError> {
+        if p.file == files::ATTN_Q8_BIN {
+            let (values, scales) = split_q8_0(&p.bytes);
+            let offset = self.writer(files::ATTN_Q8_BIN)?.append_aligned(&values)?;
+            self.q8_values.push(I8Entry {
+                key: p.key.clone(),
+                shape: p.shape.clone(),
+                format: I8_TAG.to_string(),
+                offset,
+                length: values.len(),
+            });
+            let sshape = [p.shape[0], p.shape[1] / q8_0::BLOCK_ELEMS];
+            self.writer(files::ATTN_Q8_SCALES_BIN)?.write_tensor(
+                &p.key,
+                &sshape,
+                QuantFormat::F32,
+                &scales,
+            )?;
+        } else {
+            self.writer(p.file)?
+                .write_raw(&p.key, &p.shape, p.format, &p.bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Write the pending tensors of the layer just finished, per file in rank order.
+    pub fn flush(&mut self) -> Result<(), VindexError> {
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.sort_by_key(|p| p.rank);
+        for p in pending {
+            self.write(p)?;
+        }
+        Ok(())
+    }
+
+    /// Finish every file, write the manifests, and push their hashes to `hashes`. Returns the
+    /// tiers whose files are all present, and the passthrough record.
+    pub fn finish(
+        mut self,
+        dir: &Path,
+        hashes: &mut Vec<FileHash>,
+    ) -> Result<(Vec<Tier>, Vec<Passthrough>), VindexError> {
+        self.flush()?;
+        let mut written: Vec<&'static str> = Vec::new();
+        let json = |path: PathBuf, r: serde_json::Result<String>| {
+            r.map_err(|e| VindexError::BadJson {
+                path,
+                msg: e.to_string(),
+            })
+        };
+        // The I8 plane: entries are kept here, not in the writer.
+        if let Some(w) = self.writers.remove(files::ATTN_Q8_BIN) {
+            if self.q8_values.is_empty() {
+                w.discard()?;
+            } else {
+                let (h, _) = w.finish()?;
+                hashes.push(h);
+                let m = files::ATTN_Q8_MANIFEST;
+                let text = json(dir.join(m), serde_json::to_string_pretty(&self.q8_values))?;
+                hashes.push(write_text(dir, m, &text)?);
+                written.push(files::ATTN_Q8_BIN);
+            }
+        }
+        for &(bin, manifest) in files::QUANT_BINS {
+            let Some(w) = self.writers.remove(bin) else {
+                continue;
+            };
+            if w.is_empty() {
+                w.discard()?;
+                continue;
+            }
+            let (h, entries): (FileHash, Vec<TensorEntry>) = w.finish()?;
+            hashes.push(h);
+            let text = json(dir.join(manifest), serde_json::to_string_pretty(&entries))?;
+            hashes.push(write_text(dir, manifest, &text)?);
+            written.push(bin);
+        }
+        let tiers = self
+            .tiers
+            .tiers()
+            .into_iter()
+            .filter(|t| t.required_files().iter().all(|f| written.contains(f)))
+            .collect();
+        Ok((tiers, self.passthrough))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_quants_fall_back_like_llama_cpp() {
+        assert_eq!(
+            storage_format(QuantFormat::Q4_K, 1536).unwrap(),
+            QuantFormat::Q4_K
+        );
+        assert_eq!(
+            storage_format(QuantFormat::Q4_K, 576).unwrap(),
+            QuantFormat::Q5_0
+        );
+        assert_eq!(
+            storage_format(QuantFormat::Q6_K, 640).unwrap(),
+            QuantFormat::Q8_0
+        );
+        assert_eq!(
+            storage_format(QuantFormat::Q4_0, 640).unwrap(),
+            QuantFormat::Q4_0
+        );
+        let e = storage_format(QuantFormat::Q4_0, 80).unwrap_err();
+        assert!(e.contains("80") && e.contains("Q4_0"), "{e}");
+        assert!(storage_format(QuantFormat::Q4_K, 48).is_err());
+    }
+
+    #[test]
+    fn parallel_quantize_equals_serial() {
+        let data: Vec<f32> = (0..300 * 512)
+            .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
+            .collect();
+        for f in [QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::Q4_0] {
+            let a = quantize_rows_par(f, &data, 512).unwrap();
+            let b = infer_quant::quantize(f, &data, 512, None).unwrap();
+            assert_eq!(a, b, "{f}");
+        }
+    }
+
+    #[test]
+    fn q8_split_matches_q8_0_dequant() {
+        let data: Vec<f32> = (0..4 * 64).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let q = infer_quant::quantize(QuantFormat::Q8_0, &data, 64, None).unwrap();
+        let (values, scales) = split_q8_0(&q);
+        assert_eq!(values.len(), data.len());
+        assert_eq!(scales.len(), data.len() / 32);
+        let want = infer_quant::dequantize_to_vec(QuantFormat::Q8_0, &q, data.len()).unwrap();
+        for (i, w) in want.iter().enumerate() {
+            let got = values[i] as i8 as f32 * scales[i / 32];
+            assert_eq!(got.to_bits(), w.to_bits(), "{i}");
+        }
+        assert_eq!(attn_rank("model.layers.3.self_attn.v_proj.weight"), Some(2));
+        assert_eq!(attn_rank("model.layers.3.self_attn.v_proj.bias"), None);
+    }
+}
