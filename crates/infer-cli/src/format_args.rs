@@ -12,7 +12,7 @@ pub struct FormatArgs {
     /// FFN weights: auto (Q4_K → Q4_0 → walk FFN f32), walk, q4, q4k.
     #[arg(long = "ffn", default_value = "auto", value_parser = clap::value_parser!(FfnChoice))]
     pub ffn: FfnChoice,
-    /// Output projection: auto (Q4_0 when present and the FFN is quantized), f32, q4.
+    /// Output projection: auto (with a quantized FFN: q4k tier's Q6_K, else q4 tier's Q4_0), f32, q6k, q4.
     #[arg(long = "lm-head", default_value = "auto", value_parser = clap::value_parser!(LmHeadChoice))]
     pub lm_head: LmHeadChoice,
 }

@@ -19,6 +19,6 @@ pub use generate::{GenerateOptions, GenerationStats, Generator, StopReason};
 pub use kv_cache::KvCache;
 pub use layer::{AttnPath, FfnPath, FullPipelineLayer, LayerGeometry};
 pub use model::Model;
-pub use plan::{AttnChoice, FfnChoice, FormatPlan, FormatRequest, LmHeadChoice};
+pub use plan::{AttnChoice, FfnChoice, FormatPlan, FormatRequest, LmHeadChoice, LmHeadPath};
 pub use sampling::{Sampler, SamplingParams};
 pub use tokenizer::{TextStreamer, Tokenizer};

@@ -10,7 +10,7 @@ use crate::layer::{
     AttnPath, DenseFfn, DownLayout, Ffn, FfnPath, FullPipelineLayer, LayerGeometry, Linear, MoeFfn,
     NormWeights, QuantWeight, WalkFfn, WeightData,
 };
-use crate::plan::{FormatPlan, FormatRequest};
+use crate::plan::{FormatPlan, FormatRequest, LmHeadPath};
 use crate::InferenceError;
 
 /// A model ready to run: embeddings, one [`FullPipelineLayer`] per layer, final norm, lm_head.
@@ -204,14 +204,27 @@ impl<'a> Model<'a> {
             layers.push(build_layer(v, arch.as_ref(), l, &plan)?);
         }
         let final_norm = norm(v, arch.as_ref(), &arch.final_norm_key(), hidden)?;
-        let lm_head = if plan.lm_head_q4 {
-            Some(WeightData::Quant(QuantWeight {
-                data: v.lm_head_q4_data()?,
-                scales: None,
-                format: QuantFormat::Q4_0,
-            }))
-        } else {
-            v.lm_head().map(|(s, _)| WeightData::F32(widen(s)))
+        let lm_head = match plan.lm_head {
+            LmHeadPath::Q6K => {
+                let (data, format) = v.lm_head_q6k_data()?;
+                Some(quant_weight(
+                    "lm_head".into(),
+                    data,
+                    None,
+                    format,
+                    vocab,
+                    hidden,
+                )?)
+            }
+            LmHeadPath::Q4 => Some(quant_weight(
+                "lm_head".into(),
+                v.lm_head_q4_data()?,
+                None,
+                QuantFormat::Q4_0,
+                vocab,
+                hidden,
+            )?),
+            LmHeadPath::Float => v.lm_head().map(|(s, _)| WeightData::F32(widen(s))),
         };
         let lm_head_bias = arch
             .lm_head_bias_key()

@@ -36,10 +36,23 @@ pub enum FfnChoice {
 /// Requested output-projection format (`--lm-head`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LmHeadChoice {
-    /// Q4_0 when the vindex has it and the FFN runs quantized; otherwise f32.
+    /// When the FFN runs quantized: the q4k tier's Q6_K/Q8_0 output matrix, else the q4
+    /// tier's Q4_0 one; otherwise the float tier.
     #[default]
     Auto,
     F32,
+    Q6K,
+    Q4,
+}
+
+/// Which output matrix the logits come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LmHeadPath {
+    /// The float tier (lm_head, or the embeddings when tied).
+    Float,
+    /// `lm_head_q6k.bin` of the q4k tier (Q6_K, or Q8_0 for rows not a multiple of 256).
+    Q6K,
+    /// `lm_head_q4.bin` of the q4 tier (Q4_0).
     Q4,
 }
 
@@ -57,8 +70,8 @@ pub struct FormatPlan {
     pub attn: AttnPath,
     /// FFN path of dense layers (MoE layers always run their experts in f32).
     pub ffn: FfnPath,
-    /// Output projection from the Q4_0 tier (`true`) or the float tier.
-    pub lm_head_q4: bool,
+    /// Which output matrix the logits come from.
+    pub lm_head: LmHeadPath,
 }
 
 fn missing(what: &str, tier: Tier) -> InferenceError {
@@ -88,17 +101,17 @@ impl FormatRequest {
             FfnChoice::Q4K if v.has_tier(Tier::Q4K) => FfnPath::Q4K,
             FfnChoice::Q4K => return Err(missing("--ffn q4k", Tier::Q4K)),
         };
-        let lm_head_q4 = match self.lm_head {
-            LmHeadChoice::Auto => v.has_tier(Tier::Q4) && ffn != FfnPath::WalkF32,
-            LmHeadChoice::F32 => false,
-            LmHeadChoice::Q4 if v.has_tier(Tier::Q4) => true,
+        let quantized_ffn = ffn != FfnPath::WalkF32;
+        let lm_head = match self.lm_head {
+            LmHeadChoice::Auto if quantized_ffn && v.has_tier(Tier::Q4K) => LmHeadPath::Q6K,
+            LmHeadChoice::Auto if quantized_ffn && v.has_tier(Tier::Q4) => LmHeadPath::Q4,
+            LmHeadChoice::Auto | LmHeadChoice::F32 => LmHeadPath::Float,
+            LmHeadChoice::Q6K if v.has_tier(Tier::Q4K) => LmHeadPath::Q6K,
+            LmHeadChoice::Q6K => return Err(missing("--lm-head q6k", Tier::Q4K)),
+            LmHeadChoice::Q4 if v.has_tier(Tier::Q4) => LmHeadPath::Q4,
             LmHeadChoice::Q4 => return Err(missing("--lm-head q4", Tier::Q4)),
         };
-        Ok(FormatPlan {
-            attn,
-            ffn,
-            lm_head_q4,
-        })
+        Ok(FormatPlan { attn, ffn, lm_head })
     }
 }
 
@@ -118,20 +131,15 @@ macro_rules! parse_choice {
 
 parse_choice!(AttnChoice, "auto" => AttnChoice::Auto, "f32" => AttnChoice::F32, "q8" => AttnChoice::Q8, "q4k" => AttnChoice::Q4K);
 parse_choice!(FfnChoice, "auto" => FfnChoice::Auto, "walk" => FfnChoice::Walk, "q4" => FfnChoice::Q4, "q4k" => FfnChoice::Q4K);
-parse_choice!(LmHeadChoice, "auto" => LmHeadChoice::Auto, "f32" => LmHeadChoice::F32, "q4" => LmHeadChoice::Q4);
+parse_choice!(LmHeadChoice, "auto" => LmHeadChoice::Auto, "f32" => LmHeadChoice::F32, "q6k" => LmHeadChoice::Q6K, "q4" => LmHeadChoice::Q4);
 
 impl fmt::Display for FormatPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}; {}; lm_head {}",
-            self.attn,
-            self.ffn,
-            if self.lm_head_q4 {
-                "Q4_0"
-            } else {
-                "float tier"
-            }
-        )
+        let lm = match self.lm_head {
+            LmHeadPath::Float => "float tier",
+            LmHeadPath::Q6K => "q4k tier (Q6_K/Q8_0)",
+            LmHeadPath::Q4 => "q4 tier (Q4_0)",
+        };
+        write!(f, "{}; {}; lm_head {lm}", self.attn, self.ffn)
     }
 }

@@ -326,7 +326,11 @@ fn report_quantized(m: &RealModel) {
     let v = vindex(m, "f32");
     let plans = [
         (
-            "q4k attn + q4k ffn",
+            "default plan (q4k attn + q4k ffn + Q6_K/Q8_0 lm_head)",
+            FormatRequest::default(),
+        ),
+        (
+            "q4k attn + q4k ffn + f32 lm_head",
             FormatRequest {
                 attn: AttnChoice::Q4K,
                 ffn: FfnChoice::Q4K,
@@ -338,15 +342,7 @@ fn report_quantized(m: &RealModel) {
             FormatRequest {
                 attn: AttnChoice::Q8,
                 ffn: FfnChoice::Q4K,
-                lm_head: LmHeadChoice::F32,
-            },
-        ),
-        (
-            "q4k + q4_0 lm_head",
-            FormatRequest {
-                attn: AttnChoice::Q4K,
-                ffn: FfnChoice::Q4K,
-                lm_head: LmHeadChoice::Q4,
+                lm_head: LmHeadChoice::Q6K,
             },
         ),
         (

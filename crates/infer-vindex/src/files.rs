@@ -66,6 +66,11 @@ pub const GATE_Q4_MANIFEST: &str = "gate_vectors_q4_manifest.json";
 pub const LM_HEAD_Q4_BIN: &str = "lm_head_q4.bin";
 /// Manifest of [`LM_HEAD_Q4_BIN`].
 pub const LM_HEAD_Q4_MANIFEST: &str = "lm_head_q4_manifest.json";
+/// Output projection `[vocab, hidden]` in Q6_K (Q8_0 when rows are not a multiple of 256), the
+/// q4k tier's output matrix, as llama.cpp's Q4_K_M keeps `output` in Q6_K.
+pub const LM_HEAD_Q6K_BIN: &str = "lm_head_q6k.bin";
+/// Manifest of [`LM_HEAD_Q6K_BIN`].
+pub const LM_HEAD_Q6K_MANIFEST: &str = "lm_head_q6k_manifest.json";
 
 /// The quantized tensor files whose manifests hold ggml-format [`crate::TensorEntry`]s, as
 /// `(bin, manifest)` (the I8 plane [`ATTN_Q8_BIN`] has its own entry type).
@@ -76,6 +81,7 @@ pub const QUANT_BINS: &[(&str, &str)] = &[
     (INTERLEAVED_Q4_BIN, INTERLEAVED_Q4_MANIFEST),
     (GATE_Q4_BIN, GATE_Q4_MANIFEST),
     (LM_HEAD_Q4_BIN, LM_HEAD_Q4_MANIFEST),
+    (LM_HEAD_Q6K_BIN, LM_HEAD_Q6K_MANIFEST),
 ];
 
 /// The tensor data files that have a separate JSON manifest, as `(bin, manifest)`.
@@ -102,6 +108,7 @@ pub const BIN_FILES: &[&str] = &[
     INTERLEAVED_Q4_BIN,
     GATE_Q4_BIN,
     LM_HEAD_Q4_BIN,
+    LM_HEAD_Q6K_BIN,
 ];
 
 /// Name of the temporary build directory for a target named `name` (`.NAME.tmp-PID`), created

@@ -185,4 +185,12 @@ impl Vindex {
             .quant_tensor(files::LM_HEAD_Q4_BIN, "lm_head.weight")?
             .0)
     }
+
+    /// The output projection `[vocab, hidden]` of the q4k tier with its stored format (Q6_K,
+    /// or Q8_0 when rows are not a multiple of 256), from the embeddings when tied.
+    /// Errors: [`VindexError::Absent`] without the q4k tier.
+    pub fn lm_head_q6k_data(&self) -> Result<(&[u8], QuantFormat), VindexError> {
+        let (b, e) = self.quant_tensor(files::LM_HEAD_Q6K_BIN, "lm_head.weight")?;
+        Ok((b, e.format))
+    }
 }

@@ -190,16 +190,22 @@ impl QuantBuilder {
                     }
                 }
             }
-            Role::LmHead if t.q4 => {
-                v.push((files::LM_HEAD_Q4_BIN, 0, QuantFormat::Q4_0, k));
+            Role::LmHead => {
+                if t.q4k {
+                    v.push((files::LM_HEAD_Q6K_BIN, 0, QuantFormat::Q6_K, k.clone()));
+                }
+                if t.q4 {
+                    v.push((files::LM_HEAD_Q4_BIN, 0, QuantFormat::Q4_0, k));
+                }
             }
-            Role::Embedding if t.q4 && self.tied => {
-                v.push((
-                    files::LM_HEAD_Q4_BIN,
-                    0,
-                    QuantFormat::Q4_0,
-                    "lm_head.weight".to_string(),
-                ));
+            Role::Embedding if self.tied => {
+                let head = "lm_head.weight".to_string();
+                if t.q4k {
+                    v.push((files::LM_HEAD_Q6K_BIN, 0, QuantFormat::Q6_K, head.clone()));
+                }
+                if t.q4 {
+                    v.push((files::LM_HEAD_Q4_BIN, 0, QuantFormat::Q4_0, head));
+                }
             }
             _ => {}
         }

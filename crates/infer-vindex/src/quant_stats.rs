@@ -12,13 +12,14 @@ use crate::load::Vindex;
 use crate::VindexError;
 
 /// Files in report order.
-const REPORT_FILES: [&str; 6] = [
+const REPORT_FILES: [&str; 7] = [
     files::ATTN_Q4K_BIN,
     files::ATTN_Q8_BIN,
     files::INTERLEAVED_Q4K_BIN,
     files::INTERLEAVED_Q4_BIN,
     files::GATE_Q4_BIN,
     files::LM_HEAD_Q4_BIN,
+    files::LM_HEAD_Q6K_BIN,
 ];
 
 /// Error of one stored quantized tensor.

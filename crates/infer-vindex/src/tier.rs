@@ -10,7 +10,8 @@ pub enum Tier {
     F32,
     /// f16 float tier (as F32, matrices in f16).
     F16,
-    /// [`files::ATTN_Q4K_BIN`] + [`files::INTERLEAVED_Q4K_BIN`] (Q4_K/Q6_K, Q5_0/Q8_0 fallbacks).
+    /// [`files::ATTN_Q4K_BIN`] + [`files::INTERLEAVED_Q4K_BIN`] + [`files::LM_HEAD_Q6K_BIN`]
+    /// (Q4_K/Q6_K, Q5_0/Q8_0 fallbacks).
     Q4K,
     /// [`files::ATTN_Q8_BIN`] + [`files::ATTN_Q8_SCALES_BIN`] (int8 + f32 scale per 32 values).
     Q8,
@@ -43,7 +44,11 @@ impl Tier {
     pub fn required_files(self) -> &'static [&'static str] {
         match self {
             Tier::F32 | Tier::F16 => &[],
-            Tier::Q4K => &[files::ATTN_Q4K_BIN, files::INTERLEAVED_Q4K_BIN],
+            Tier::Q4K => &[
+                files::ATTN_Q4K_BIN,
+                files::INTERLEAVED_Q4K_BIN,
+                files::LM_HEAD_Q6K_BIN,
+            ],
             Tier::Q8 => &[files::ATTN_Q8_BIN, files::ATTN_Q8_SCALES_BIN],
             Tier::Q4 => &[
                 files::INTERLEAVED_Q4_BIN,
