@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use infer_compute::{AttentionParams, QuantFormat, RopeConfig, RopeScaling as ComputeRopeScaling};
 use infer_models::{architecture_for, ModelArchitecture, RopeScaling};
-use infer_vindex::{FloatSlice, Vindex};
+use infer_vindex::{FloatSlice, Tier, Vindex};
 
 use crate::layer::{
     AttnPath, DenseFfn, DownLayout, Ffn, FfnPath, FullPipelineLayer, LayerGeometry, Linear, MoeFfn,
@@ -424,19 +424,25 @@ fn dense_ffn<'a>(
     path: FfnPath,
 ) -> Result<DenseFfn<'a>, InferenceError> {
     let (hidden, inter) = (g.hidden_size, g.intermediate_size);
-    let [(gb, gf), (ub, uf), (db, df)] = match path {
-        FfnPath::Q4 => v.ffn_q4_layer_data(l)?,
-        _ => v.ffn_q4k_layer_data(l)?,
+    let tier = match path {
+        FfnPath::Q4 => Tier::Q4,
+        _ => Tier::Q4K,
     };
+    let (gate_data, [(ub, uf), (db, df)]) = v.ffn_quant_layer(tier, l)?;
     let bias = |k: Option<String>, n: usize| k.map(|k| required(v, &k, n)).transpose();
-    let gate = match g.ffn_type {
-        infer_models::FfnType::Gated => Some(Linear {
+    let gate = match (g.ffn_type, gate_data) {
+        (infer_models::FfnType::Gated, Some((gb, gf))) => Some(Linear {
             weight: quant_weight(format!("layer {l} gate"), gb, None, gf, inter, hidden)?,
             bias: bias(arch.ffn_gate_bias_key(l), inter)?,
             out_features: inter,
             in_features: hidden,
         }),
-        infer_models::FfnType::Standard => None,
+        (infer_models::FfnType::Gated, None) => {
+            return Err(InferenceError::MissingTensor(format!(
+                "layer {l} quantized FFN gate"
+            )))
+        }
+        (infer_models::FfnType::Standard, _) => None,
     };
     Ok(DenseFfn {
         gate,

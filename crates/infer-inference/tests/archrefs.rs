@@ -7,18 +7,74 @@ mod common;
 use common::*;
 use infer_compute::CpuBackend;
 use infer_inference::forward::Logits;
-use infer_inference::Model;
+use infer_inference::{AttnChoice, FfnChoice, FormatRequest, LmHeadChoice, Model};
 use infer_vindex::Vindex;
 
 /// Relative tolerance: max |Δ| ≤ TOL × std(reference).
 const TOL: f64 = 1e-4;
 
+/// The float tier only: f32 attention, walk FFN, float lm_head.
+const FLOAT: FormatRequest = FormatRequest {
+    attn: AttnChoice::F32,
+    ffn: FfnChoice::Walk,
+    lm_head: LmHeadChoice::F32,
+};
+
+/// The default quantized plan against the reference: cosine similarity of all logits and
+/// top-1 agreement over positions (random tiny models have tiny margins, so these are reported;
+/// asserted only finite and cosine > 0.9).
+fn report_quantized(case: &str, vindex: &Vindex, r: &StFile) {
+    let model = Model::from_vindex(vindex).expect("quantized model");
+    let backend = CpuBackend::new();
+    let shape = r.shape("input_ids");
+    let (batch, t) = (shape[0], shape[1]);
+    let ids = r.i64_as_u32("input_ids");
+    let reference = r.f32("logits");
+    let vocab = model.vocab_size;
+    let (mut dot, mut na, mut nb, mut agree) = (0f64, 0f64, 0f64, 0usize);
+    for b in 0..batch {
+        let mut cache = model.new_cache(t);
+        let logits = model
+            .forward(&backend, &ids[b * t..(b + 1) * t], &mut cache, Logits::All)
+            .expect("forward");
+        let refl = &reference[b * t * vocab..(b + 1) * t * vocab];
+        for (x, y) in logits.iter().zip(refl) {
+            dot += *x as f64 * *y as f64;
+            na += (*x as f64).powi(2);
+            nb += (*y as f64).powi(2);
+        }
+        for pos in 0..t {
+            let row = pos * vocab..(pos + 1) * vocab;
+            agree += (infer_inference::sampling::argmax(&logits[row.clone()])
+                == infer_inference::sampling::argmax(&refl[row])) as usize;
+        }
+    }
+    let cosine = dot / (na.sqrt() * nb.sqrt());
+    println!(
+        "{case} quantized ({}): logits cosine {cosine:.5}, top-1 agreement {agree}/{}",
+        model.plan,
+        batch * t
+    );
+    assert!(
+        cosine.is_finite() && cosine > 0.9,
+        "{case}: quantized cosine {cosine}"
+    );
+}
+
 fn check_case(case: &str) {
     let dir = shared_dir().join("archrefs").join(case);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let vpath = extract(&dir, tmp.path(), case, "f32", None);
+    // The f32 tier plus the default quantized tier (q4k), which is reported at the end.
+    let vpath = extract_with(
+        &dir,
+        tmp.path(),
+        case,
+        "f32",
+        None,
+        infer_vindex::QuantTiers::Q4K,
+    );
     let vindex = Vindex::open(&vpath).expect("open vindex");
-    let model = Model::from_vindex(&vindex).expect("model");
+    let model = Model::from_vindex_with(&vindex, &FLOAT).expect("model");
     let backend = CpuBackend::new();
     let r = StFile::open(&dir.join("reference.safetensors"));
     let ids_shape = r.shape("input_ids");
@@ -115,6 +171,7 @@ fn check_case(case: &str) {
             .forward(&backend, &[got], &mut cache, Logits::Last)
             .expect("decode");
     }
+    report_quantized(case, &vindex, &r);
 }
 
 #[test]

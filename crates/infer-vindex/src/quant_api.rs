@@ -147,6 +147,42 @@ impl Vindex {
         self.ffn_quant(files::INTERLEAVED_Q4_BIN, layer)
     }
 
+    /// Gate (`None` for a non-gated FFN: GPT-2, StarCoder2, phi, GPT-NeoX), up and down of
+    /// `layer` from the q4k ([`Tier::Q4K`]) or q4 ([`Tier::Q4`]) FFN tier, with stored formats.
+    /// Errors: layer out of range; another tier; [`VindexError::Absent`] without the tier or
+    /// without up/down.
+    #[allow(clippy::type_complexity)]
+    pub fn ffn_quant_layer(
+        &self,
+        tier: Tier,
+        layer: usize,
+    ) -> Result<(Option<(&[u8], QuantFormat)>, [(&[u8], QuantFormat); 2]), VindexError> {
+        let file = match tier {
+            Tier::Q4K => files::INTERLEAVED_Q4K_BIN,
+            Tier::Q4 => files::INTERLEAVED_Q4_BIN,
+            _ => {
+                return Err(VindexError::Absent {
+                    path: self.path.clone(),
+                    what: format!("a quantized FFN in tier '{tier}'"),
+                })
+            }
+        };
+        let get = |p: &str| -> Result<(&[u8], QuantFormat), VindexError> {
+            let (b, e) = self.quant_tensor(file, &self.layer_key(layer, "mlp", p)?)?;
+            Ok((b, e.format))
+        };
+        let gate_key = self.layer_key(layer, "mlp", "gate_proj")?;
+        let gate = match self
+            .quant
+            .get(file)
+            .is_some_and(|m| m.contains_key(&gate_key))
+        {
+            true => Some(get("gate_proj")?),
+            false => None,
+        };
+        Ok((gate, [get("up_proj")?, get("down_proj")?]))
+    }
+
     fn ffn_quant(
         &self,
         file: &'static str,
