@@ -4,6 +4,18 @@
 use crate::ComputeError;
 use infer_quant::QuantFormat;
 
+/// One weight matrix of a [`ComputeBackend::quant_matmul_many`] call, with its output.
+///
+/// - `bytes`: `rows` rows of ggml blocks of `format` (as in
+///   [`ComputeBackend::quant_matvec`]); `y`: `[m, rows]` row-major f32, fully overwritten.
+#[derive(Debug)]
+pub struct QuantProj<'a> {
+    pub format: QuantFormat,
+    pub bytes: &'a [u8],
+    pub rows: usize,
+    pub y: &'a mut [f32],
+}
+
 /// Matrix products used by inference. All matrices are row-major f32 unless stated.
 ///
 /// Weight matrices are stored like a PyTorch `nn.Linear` weight: `[out, in]`, one output
@@ -119,6 +131,27 @@ pub trait ComputeBackend: Send + Sync {
                 cols,
                 &mut y[i * rows..(i + 1) * rows],
             )?;
+        }
+        Ok(())
+    }
+
+    /// Several quantized products of the **same** activations (a fused QKV or gate+up
+    /// projection): for each `p` in `projs`, `p.y[m×p.rows] = x[m×cols] · p.Wᵀ`.
+    ///
+    /// Each output equals [`quant_matmul`](Self::quant_matmul) of its matrix bit for bit; the
+    /// CPU backend quantizes `x` once per activation format and runs all matrices in one
+    /// parallel region. Errors as [`quant_matvec`](Self::quant_matvec), naming no matrix:
+    /// callers check shapes before. Panics if `x.len() != m*cols` or a `p.y.len() != m*p.rows`.
+    /// The default implementation calls `quant_matmul` per matrix.
+    fn quant_matmul_many(
+        &self,
+        x: &[f32],
+        m: usize,
+        cols: usize,
+        projs: &mut [QuantProj<'_>],
+    ) -> Result<(), ComputeError> {
+        for p in projs.iter_mut() {
+            self.quant_matmul(p.format, p.bytes, x, m, p.rows, cols, p.y)?;
         }
         Ok(())
     }

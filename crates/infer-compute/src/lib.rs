@@ -16,7 +16,7 @@ mod rope;
 pub mod vec_dot;
 
 pub use attention::{attention, AttentionParams};
-pub use backend::ComputeBackend;
+pub use backend::{ComputeBackend, QuantProj};
 pub use cpu::CpuBackend;
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;

@@ -4,7 +4,9 @@
 //!
 //! Activations are quantized once per row to int8 with one f32 scale per 32 values
 //! (`d = max|x| / 127`, `q = round(x / d)`, as ggml `quantize_row_q8_0_ref` but with an f32
-//! `d`), then each block contributes `(Σ qw·qx) · sw · sx` with the sum in i32.
+//! `d`), then each block contributes `(Σ qw·qx) · sw · sx` with the sum in i32. On x86-64 with
+//! AVX2 the blocks run through the tile kernels of `vec_dot::avx2_tile` (`(sw·sx)·Σ` per block,
+//! one FMA; several activation rows per weight row), else through the scalar loop below.
 
 use rayon::prelude::*;
 
@@ -90,7 +92,51 @@ pub fn q8_matmul(
     {
         quantize_row(xr, qr, sr);
     }
-    // Output column r of every activation row: weight row r is read once for all m rows.
+    #[cfg(target_arch = "x86_64")]
+    if crate::vec_dot::avx2_available() && m > 0 && rows > 0 && cols > 0 {
+        let acts = crate::vec_dot::Q8Rows {
+            qs: q,
+            d: qs,
+            m,
+            cols,
+        };
+        let out = crate::vec_dot::OutMat::rows_last(y, m, rows);
+        let split = crate::cpu::Split::new(rows, cols * m);
+        let rpt = split.rows_per_task;
+        // SAFETY: AVX2 detected; task k owns weight rows k·rpt.. and exactly those columns of
+        // `y` (in bounds: `out` covers m × rows); `y` outlives the parallel region.
+        let task = |k: usize, vs: &[u8]| unsafe {
+            let sc = &scales[k * rpt * nb..k * rpt * nb + vs.len() / Q8_BLOCK];
+            crate::vec_dot::avx2_tile::rows_times_acts_q8s(vs, sc, &acts, out.at_row(k * rpt))
+        };
+        if split.serial {
+            task(0, values);
+        } else {
+            values
+                .par_chunks(rpt * cols)
+                .enumerate()
+                .for_each(|(k, vs)| task(k, vs));
+        }
+        return Ok(());
+    }
+    scalar_matmul(values, scales, &q, &qs, m, rows, cols, y);
+    Ok(())
+}
+
+/// The portable path: `y[i*rows + r] = dot_row(W_r, A_i)` with quantized activations `q`/`qs`;
+/// weight row r is read once for all m rows.
+#[allow(clippy::too_many_arguments)]
+fn scalar_matmul(
+    values: &[u8],
+    scales: &[f32],
+    q: &[i8],
+    qs: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+    y: &mut [f32],
+) {
+    let nb = cols / Q8_BLOCK;
     let mut yt = vec![0f32; rows * m];
     yt.par_chunks_mut(m.max(1))
         .enumerate()
@@ -111,12 +157,75 @@ pub fn q8_matmul(
             y[i * rows + r] = yt[r * m + i];
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tiled_path_matches_scalar_path_on_many_shapes() {
+        let mut state = 0x1234_5678u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for cols in [32usize, 96, 576] {
+            for (m, rows) in [
+                (1usize, 1usize),
+                (1, 67),
+                (2, 7),
+                (3, 300),
+                (5, 9),
+                (9, 33),
+                (13, 64),
+            ] {
+                let nb = cols / 32;
+                let values: Vec<u8> = (0..rows * cols)
+                    .map(|_| ((next() % 255) as i32 - 127) as i8 as u8)
+                    .collect();
+                let scales: Vec<f32> = (0..rows * nb)
+                    .map(|_| (next() % 1000) as f32 * 1e-5)
+                    .collect();
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-3)
+                    .collect();
+                let mut y = vec![f32::NAN; m * rows];
+                q8_matmul(&values, &scales, &x, m, rows, cols, &mut y).unwrap();
+                let mut q = vec![0i8; m * cols];
+                let mut qs = vec![0f32; m * nb];
+                for ((xr, qr), sr) in x
+                    .chunks_exact(cols)
+                    .zip(q.chunks_exact_mut(cols))
+                    .zip(qs.chunks_exact_mut(nb))
+                {
+                    quantize_row(xr, qr, sr);
+                }
+                let mut want = vec![f32::NAN; m * rows];
+                scalar_matmul(&values, &scales, &q, &qs, m, rows, cols, &mut want);
+                for i in 0..m {
+                    for r in 0..rows {
+                        let mag: f64 = (0..cols)
+                            .map(|c| {
+                                (values[r * cols + c] as i8 as f64
+                                    * scales[r * nb + c / 32] as f64
+                                    * q[i * cols + c] as f64
+                                    * qs[i * nb + c / 32] as f64)
+                                    .abs()
+                            })
+                            .sum();
+                        let (g, w) = (y[i * rows + r], want[i * rows + r]);
+                        assert!(
+                            g.is_finite() && (g as f64 - w as f64).abs() <= 2e-6 * mag.max(1e-30),
+                            "m={m} {rows}x{cols} row {r} act {i}: {g} vs scalar {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn matches_f64_reference_on_dequantized_values() {

@@ -85,7 +85,7 @@ impl RopeConfig {
 
     fn check(&self) {
         assert!(
-            self.rotary_dim % 2 == 0 && self.rotary_dim <= self.head_dim,
+            self.rotary_dim.is_multiple_of(2) && self.rotary_dim <= self.head_dim,
             "RoPE: rotary_dim {} must be even and <= head_dim {}",
             self.rotary_dim,
             self.head_dim

@@ -49,7 +49,7 @@ fn naive(
                     if let Some(c) = p.softcap {
                         d = c as f64 * (d / c as f64).tanh();
                     }
-                    let visible = j <= qp && p.sliding_window.map_or(true, |w| qp - j < w);
+                    let visible = j <= qp && p.sliding_window.is_none_or(|w| qp - j < w);
                     if visible {
                         d
                     } else {

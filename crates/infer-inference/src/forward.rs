@@ -1,6 +1,6 @@
 //! The forward pass — one loop for prefill (many tokens) and decode (one token).
 
-use infer_compute::{ops, ComputeBackend};
+use infer_compute::{ops, ComputeBackend, QuantProj};
 use infer_models::{Activation, FfnType, NormType};
 
 use crate::layer::{
@@ -192,9 +192,8 @@ impl Model<'_> {
         );
 
         // Attention: projections, q/k norms, RoPE, cache, attention, output projection.
-        let mut q = project(backend, &layer.wq, &normed, t)?;
-        let mut k = project(backend, &layer.wk, &normed, t)?;
-        let v = project(backend, &layer.wv, &normed, t)?;
+        let [mut q, mut k, v] =
+            project_many(backend, [&layer.wq, &layer.wk, &layer.wv], &normed, t)?;
         let qk_norm_width = if g.qk_norm_whole_projection {
             None
         } else {
@@ -270,15 +269,26 @@ fn dense_ffn(
     t: usize,
     g: &crate::LayerGeometry,
 ) -> Result<Vec<f32>, InferenceError> {
-    let act = activation_fn(g.activation);
-    let mut up = project(backend, &d.up, x, t)?;
-    match (&d.gate, g.ffn_type) {
+    // Quantized tiers: the vectorised activations of `ops::gated_mul_fast` (≤ 4e-7 relative
+    // from the exact f64 SiLU, ≤ 1e-5 for tanh-GELU: far below the activation quantization
+    // error of these paths).
+    let act = match g.activation {
+        Activation::Silu => ops::Activation::Silu,
+        Activation::GeluTanh => ops::Activation::GeluTanh,
+        Activation::Gelu => ops::Activation::Gelu,
+    };
+    let up = match (&d.gate, g.ffn_type) {
         (Some(gate), FfnType::Gated) => {
-            let gate = project(backend, gate, x, t)?;
-            up.iter_mut().zip(&gate).for_each(|(u, gv)| *u *= act(*gv));
+            let [gate, mut up] = project_many(backend, [gate, &d.up], x, t)?;
+            ops::gated_mul_fast(act, &gate, &mut up);
+            up
         }
-        _ => up.iter_mut().for_each(|u| *u = act(*u)),
-    }
+        _ => {
+            let mut up = project(backend, &d.up, x, t)?;
+            ops::act_fast_inplace(act, &mut up);
+            up
+        }
+    };
     project(backend, &d.down, &up, t)
 }
 
@@ -413,6 +423,50 @@ fn project(
         add_bias(&mut out, b);
     }
     Ok(out)
+}
+
+/// `x · Wᵢᵀ + bᵢ` for `t` rows and `N` Linear layers with the same input: one
+/// [`ComputeBackend::quant_matmul_many`] call (activations quantized once, one parallel region)
+/// when every weight is in a ggml block format, else one [`project`] each.
+fn project_many<const N: usize>(
+    backend: &dyn ComputeBackend,
+    ws: [&Linear<'_>; N],
+    x: &[f32],
+    t: usize,
+) -> Result<[Vec<f32>; N], InferenceError> {
+    let fused = ws.iter().all(|w| {
+        w.in_features == ws[0].in_features
+            && matches!(
+                w.weight,
+                WeightData::Quant(QuantWeight { scales: None, .. })
+            )
+    });
+    if !fused {
+        let mut outs: [Vec<f32>; N] = std::array::from_fn(|_| Vec::new());
+        for (o, w) in outs.iter_mut().zip(ws) {
+            *o = project(backend, w, x, t)?;
+        }
+        return Ok(outs);
+    }
+    let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| vec![0.0; t * ws[i].out_features]);
+    let mut projs: Vec<QuantProj<'_>> = Vec::with_capacity(N);
+    for (o, w) in outs.iter_mut().zip(ws) {
+        if let WeightData::Quant(q) = &w.weight {
+            projs.push(QuantProj {
+                format: q.format,
+                bytes: q.data,
+                rows: w.out_features,
+                y: o,
+            });
+        }
+    }
+    backend.quant_matmul_many(x, t, ws[0].in_features, &mut projs)?;
+    for (o, w) in outs.iter_mut().zip(ws) {
+        if let Some(b) = &w.bias {
+            add_bias(o, b);
+        }
+    }
+    Ok(outs)
 }
 
 /// `out[t×n] = x[t×k] · Wᵀ` for a weight `[n, k]` in any supported format; the format tag

@@ -6,12 +6,15 @@ mod gemv;
 mod matmul;
 mod quant;
 mod quant_fallback;
+mod quant_many;
+mod quant_tile;
 
 use crate::vec_dot::Isa;
-use crate::{ComputeBackend, ComputeError};
+use crate::{ComputeBackend, ComputeError, QuantProj};
 use infer_quant::QuantFormat;
 
 pub use dot::dot;
+pub(crate) use quant::Split;
 
 /// CPU implementation of [`ComputeBackend`]: f32 products plus fused quantized kernels.
 /// Holds only the instruction set of its quantized kernels; uses rayon's global thread pool
@@ -86,5 +89,15 @@ impl ComputeBackend for CpuBackend {
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
         quant::quant_matmul(self.isa, format, bytes, x, m, rows, cols, y)
+    }
+
+    fn quant_matmul_many(
+        &self,
+        x: &[f32],
+        m: usize,
+        cols: usize,
+        projs: &mut [QuantProj<'_>],
+    ) -> Result<(), ComputeError> {
+        quant_many::quant_matmul_many(self.isa, x, m, cols, projs)
     }
 }

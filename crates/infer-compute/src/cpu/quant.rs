@@ -2,10 +2,14 @@
 //!
 //! Formats with a fused kernel ([`crate::vec_dot::activation_format`]: Q4_K, Q6_K, Q4_0, Q5_0,
 //! Q8_0) quantize the activations once (Q8_K or Q8_0), then run the integer dot product of
-//! [`crate::vec_dot`] per weight row, rows split across rayon's pool. Every other format with a
-//! ggml dequantizer takes the dequantize-then-dot path of [`super::quant_fallback`].
+//! [`crate::vec_dot`] per weight row, rows split across rayon's pool. On x86-64 with AVX2,
+//! Q4_0/Q5_0/Q8_0 (and Q6_K with AVX-512VL/BW) take the tile kernels of [`super::quant_tile`]
+//! instead (one weight row against several activation rows; same integer block sums). Every
+//! other format with a ggml dequantizer takes the dequantize-then-dot path of
+//! [`super::quant_fallback`].
 
 use super::quant_fallback;
+use super::quant_tile;
 use crate::vec_dot::{self, Isa, VecDotFn};
 use crate::ComputeError;
 use infer_quant::QuantFormat;
@@ -22,7 +26,7 @@ const MIN_TASK_BYTES: usize = 16 * 1024;
 const ACT_TILE: usize = 32;
 
 /// How a product over `rows` weight rows is cut into tasks.
-pub(super) struct Split {
+pub(crate) struct Split {
     /// Run on the calling thread.
     pub serial: bool,
     /// Weight rows per parallel task (≥ 1).
@@ -42,6 +46,11 @@ impl Split {
             rows_per_task: by_balance.max(by_size).max(1),
         }
     }
+
+    /// True when work of `total` bytes (weight bytes × activation rows) runs serially.
+    pub fn serial_for(total: usize) -> bool {
+        rayon::current_num_threads() <= 1 || total < PAR_MIN_BYTES
+    }
 }
 
 /// Formats this backend can multiply: a fused kernel or a ggml dequantizer (all but Q8_1).
@@ -50,7 +59,7 @@ fn supported(format: QuantFormat) -> bool {
 }
 
 /// Check the weight bytes of a `rows × cols` matrix of `format`; returns the bytes per row.
-fn check_weights(
+pub(super) fn check_weights(
     format: QuantFormat,
     bytes: &[u8],
     rows: usize,
@@ -83,7 +92,7 @@ fn check_weights(
 }
 
 /// The fused kernel and activation format for `format`, preferring `isa`.
-fn fused(format: QuantFormat, isa: Isa) -> Option<(QuantFormat, VecDotFn)> {
+pub(super) fn fused(format: QuantFormat, isa: Isa) -> Option<(QuantFormat, VecDotFn)> {
     let act = vec_dot::activation_format(format)?;
     let k = vec_dot::kernel(format, isa).or_else(|| vec_dot::kernel(format, Isa::Generic))?;
     Some((act, k))
@@ -118,6 +127,9 @@ pub fn quant_matvec(
     if cols == 0 {
         y.fill(0.0);
         return Ok(());
+    }
+    if let Some(t) = quant_tile::tiled(format, isa) {
+        return quant_tile::quantize_and_matmul(t, bytes, x, 1, cols, row_bytes, y);
     }
     let Some((act_format, kern)) = fused(format, isa) else {
         return quant_fallback::matmul_t(format, bytes, x, 1, cols, row_bytes, y);
@@ -177,6 +189,9 @@ pub fn quant_matmul(
     }
     // Results are produced weight-row-major ([rows, m]) so that each task owns whole weight
     // rows, then transposed into y.
+    if let Some(t) = quant_tile::tiled(format, isa) {
+        return quant_tile::quantize_and_matmul(t, bytes, x, m, cols, row_bytes, y);
+    }
     let mut yt = vec![0f32; rows * m];
     match fused(format, isa) {
         None => quant_fallback::matmul_t(format, bytes, x, m, cols, row_bytes, &mut yt)?,
@@ -189,12 +204,30 @@ pub fn quant_matmul(
             fused_matmul_t(kern, bytes, &act, m, cols, row_bytes, act_row, &mut yt);
         }
     }
-    for (r, yr) in yt.chunks_exact(m).enumerate() {
-        for (i, &v) in yr.iter().enumerate() {
-            y[i * rows + r] = v;
+    transpose_into(&yt, m, rows, y);
+    Ok(())
+}
+
+/// `y[i*rows + r] = yt[r*m + i]`: `[rows, m]` to `[m, rows]`.
+/// Blocked in 16 × 16 tiles, so both sides stay within a few cache lines per tile.
+pub(super) fn transpose_into(yt: &[f32], m: usize, rows: usize, y: &mut [f32]) {
+    const B: usize = 16;
+    assert!(
+        yt.len() == m * rows && y.len() == m * rows,
+        "transpose: lengths"
+    );
+    for r0 in (0..rows).step_by(B) {
+        let r1 = (r0 + B).min(rows);
+        for i0 in (0..m).step_by(B) {
+            let i1 = (i0 + B).min(m);
+            for r in r0..r1 {
+                let src = &yt[r * m + i0..r * m + i1];
+                for (k, &v) in src.iter().enumerate() {
+                    y[(i0 + k) * rows + r] = v;
+                }
+            }
         }
     }
-    Ok(())
 }
 
 /// `yt[r*m + i] = kern(W[r], act[i])`: tasks own blocks of weight rows; inside a task the

@@ -6,10 +6,12 @@
 mod activation;
 mod elementwise;
 mod erf;
+mod fast_act;
 mod norm;
 
 pub use crate::cpu::dot;
 pub use activation::{gelu, gelu_tanh, silu, Activation};
 pub use elementwise::{add_inplace, scale_inplace, softcap, softcap_inplace, softmax_inplace};
 pub use erf::{erf, erfc};
+pub use fast_act::{act_fast_inplace, gated_mul_fast};
 pub use norm::{layer_norm, rms_norm, rms_norm_inplace};

@@ -89,7 +89,7 @@ pub fn layer_norm(x: &[f32], w: &[f32], b: Option<&[f32]>, eps: f32, out: &mut [
 
 fn check_rows(what: &str, n: usize, d: usize) {
     assert!(
-        (d == 0 && n == 0) || (d != 0 && n % d == 0),
+        (d == 0 && n == 0) || (d != 0 && n.is_multiple_of(d)),
         "{what}: input of {n} values is not whole rows of {d}"
     );
 }

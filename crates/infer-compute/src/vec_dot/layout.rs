@@ -87,7 +87,7 @@ impl BlockPair {
     pub(crate) fn blocks(self, n: usize, x: &[u8], y: &[u8]) -> usize {
         let (be, xb, yb) = self.geometry();
         assert!(
-            n % be == 0,
+            n.is_multiple_of(be),
             "{self:?} dot: n = {n} is not a multiple of {be}"
         );
         let nb = n / be;

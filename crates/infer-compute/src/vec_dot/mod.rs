@@ -14,6 +14,10 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod avx2_dispatch;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_tile;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_q6k;
 pub mod generic;
 mod layout;
 
@@ -118,4 +122,102 @@ pub fn quantize_activations(
         }
     }
     Ok(())
+}
+
+/// Activation rows quantized to Q8_0 (ggml `quantize_row_q8_0_ref`) and split for the tile
+/// kernels: `qs` `[m, cols]` int8 quants, `d` `[m, cols/32]` block scales as f32 (the stored f16
+/// value, converted exactly). Same numbers as [`quantize_activations`] to Q8_0.
+#[derive(Clone, Debug, Default)]
+pub struct Q8Rows {
+    pub(crate) qs: Vec<i8>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) m: usize,
+    pub(crate) cols: usize,
+}
+
+impl Q8Rows {
+    /// Quantize `x` (`[m, cols]` row-major f32, `cols` a multiple of 32).
+    ///
+    /// Errors: [`ComputeError::Quant`] when `cols` is not a multiple of 32. Panics if
+    /// `x.len() != m * cols`.
+    pub fn quantize(x: &[f32], m: usize, cols: usize) -> Result<Self, ComputeError> {
+        assert_eq!(x.len(), m * cols, "Q8Rows: x is not m*cols = {m}*{cols}");
+        let row_bytes = QuantFormat::Q8_0.bytes_for(cols)?;
+        let nb = cols / 32;
+        let mut buf = vec![0u8; row_bytes];
+        let mut qs = vec![0i8; m * cols];
+        let mut d = vec![0f32; m * nb];
+        for ((xr, qr), dr) in x
+            .chunks_exact(cols.max(1))
+            .zip(qs.chunks_exact_mut(cols.max(1)))
+            .zip(d.chunks_exact_mut(nb.max(1)))
+        {
+            infer_quant::q8_0::quantize_row_ref(xr, &mut buf);
+            for ((blk, q), dv) in buf
+                .chunks_exact(infer_quant::q8_0::BLOCK_BYTES)
+                .zip(qr.chunks_exact_mut(32))
+                .zip(dr.iter_mut())
+            {
+                *dv = layout::f16_at(blk, infer_quant::q8_0::D_OFFSET);
+                for (o, b) in q.iter_mut().zip(&blk[infer_quant::q8_0::QS_OFFSET..]) {
+                    *o = *b as i8;
+                }
+            }
+        }
+        Ok(Q8Rows { qs, d, m, cols })
+    }
+
+    /// Number of activation rows.
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+}
+
+/// Destination of a tiled product: the output of (weight row `r`, activation row `i`) lives at
+/// `ptr[r·row_stride + i·act_stride]`. Lets parallel tasks that own disjoint weight rows write
+/// straight into a `[m, rows]` result (no transposed copy).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutMat {
+    ptr: *mut f32,
+    row_stride: usize,
+    act_stride: usize,
+}
+
+// SAFETY: an `OutMat` is only a pointer; users promise (see `put`) that concurrent tasks write
+// disjoint elements of a buffer that outlives them.
+unsafe impl Send for OutMat {}
+unsafe impl Sync for OutMat {}
+
+impl OutMat {
+    /// The `[m, rows]` row-major matrix `y` (`y.len() == m·rows`): element (r, i) at
+    /// `y[i·rows + r]`.
+    pub(crate) fn rows_last(y: &mut [f32], m: usize, rows: usize) -> Self {
+        assert_eq!(y.len(), m * rows, "OutMat: y is not m*rows");
+        OutMat {
+            ptr: y.as_mut_ptr(),
+            row_stride: 1,
+            act_stride: rows,
+        }
+    }
+
+    /// The same matrix seen from weight row `r0` on.
+    ///
+    /// # Safety
+    /// `r0` must be within the matrix.
+    pub(crate) unsafe fn at_row(self, r0: usize) -> Self {
+        OutMat {
+            ptr: self.ptr.add(r0 * self.row_stride),
+            ..self
+        }
+    }
+
+    /// Write element (r, i).
+    ///
+    /// # Safety
+    /// (r, i) must be inside the matrix this was made from, that buffer still alive, and no
+    /// other thread may access the element concurrently.
+    #[inline(always)]
+    pub(crate) unsafe fn put(self, r: usize, i: usize, v: f32) {
+        *self.ptr.add(r * self.row_stride + i * self.act_stride) = v;
+    }
 }

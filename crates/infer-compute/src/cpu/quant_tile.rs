@@ -1,0 +1,164 @@
+//! The tiled path of [`super::quant`]: activations quantized once, then each weight row is
+//! multiplied with all activation rows by a tile kernel (weight blocks unpacked once per tile
+//! of activation rows) — Q4_0, Q5_0 and Q8_0 weights with [`Q8Rows`] activations
+//! (`vec_dot::avx2_tile`, AVX2 or AVX-512 VNNI), Q6_K weights with Q8_K activations
+//! (`vec_dot::avx512_q6k`, AVX-512VL/BW). The same kernels serve mat-vec (one row) and mat-mat,
+//! so both give the same bits per output.
+
+use super::quant::Split;
+use crate::vec_dot::{self, Isa, OutMat, Q8Rows};
+use crate::ComputeError;
+use infer_quant::QuantFormat;
+use rayon::prelude::*;
+
+/// A weight format with a tile kernel in the chosen instruction set.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Tiled {
+    /// Q4_0 / Q5_0 / Q8_0 × Q8_0 split rows.
+    #[cfg(target_arch = "x86_64")]
+    Q0(crate::vec_dot::avx2_tile::Q0),
+    /// Q6_K × Q8_K.
+    Q6K,
+}
+
+/// Quantized activations of a tiled product, borrowed.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum TileActs<'a> {
+    /// For [`Tiled::Q0`].
+    Q8(&'a Q8Rows),
+    /// `m` rows of Q8_K blocks, for [`Tiled::Q6K`].
+    Q8K(&'a [u8]),
+}
+
+impl Tiled {
+    /// The activation format this kernel reads (Q8_0 or Q8_K).
+    pub fn act_format(self) -> QuantFormat {
+        match self {
+            Tiled::Q6K => QuantFormat::Q8_K,
+            #[cfg(target_arch = "x86_64")]
+            Tiled::Q0(_) => QuantFormat::Q8_0,
+        }
+    }
+}
+
+/// The tile kernel for `format` under `isa`: Q4_0, Q5_0, Q8_0 with [`Isa::Avx2`]; Q6_K with
+/// [`Isa::Avx2`] on a CPU with AVX-512VL/BW.
+pub(super) fn tiled(format: QuantFormat, isa: Isa) -> Option<Tiled> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa != Isa::Avx2 || !isa.is_available() {
+            return None;
+        }
+        if format == QuantFormat::Q6_K {
+            return vec_dot::avx512_q6k::available().then_some(Tiled::Q6K);
+        }
+        crate::vec_dot::avx2_tile::q0_of(format).map(Tiled::Q0)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (format, isa);
+        None
+    }
+}
+
+/// `m` rows of Q8_K activations (`m · bytes_for(cols)` bytes).
+pub(super) fn quantize_q8k(x: &[f32], m: usize, cols: usize) -> Result<Vec<u8>, ComputeError> {
+    let ar = QuantFormat::Q8_K.bytes_for(cols)?;
+    let mut out = vec![0u8; m * ar];
+    for (xi, ai) in x
+        .chunks_exact(cols.max(1))
+        .zip(out.chunks_exact_mut(ar.max(1)))
+    {
+        vec_dot::quantize_activations(QuantFormat::Q8_K, xi, ai)?;
+    }
+    Ok(out)
+}
+
+/// `y = x · Wᵀ` (`y` `[m, rows]`) through the tile kernel `t`: quantizes `x` (`[m, cols]`)
+/// once, then [`matmul`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn quantize_and_matmul(
+    t: Tiled,
+    bytes: &[u8],
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    row_bytes: usize,
+    y: &mut [f32],
+) -> Result<(), ComputeError> {
+    if t.act_format() == QuantFormat::Q8_K {
+        let a = quantize_q8k(x, m, cols)?;
+        matmul(t, bytes, TileActs::Q8K(&a), m, cols, row_bytes, y);
+    } else {
+        let a = Q8Rows::quantize(x, m, cols)?;
+        matmul(t, bytes, TileActs::Q8(&a), m, cols, row_bytes, y);
+    }
+    Ok(())
+}
+
+/// `y[i*rows + r] = W[r] · A[i]` for the `rows × cols` weight matrix `bytes` (`row_bytes` per
+/// row, validated by the caller) and the `m` activation rows `acts`; `y` is `[m, rows]`.
+/// Weight rows are split across rayon's pool ([`Split`]); each task writes its own columns of
+/// `y` directly.
+pub(super) fn matmul(
+    t: Tiled,
+    bytes: &[u8],
+    acts: TileActs<'_>,
+    m: usize,
+    cols: usize,
+    row_bytes: usize,
+    y: &mut [f32],
+) {
+    if m == 0 || row_bytes == 0 {
+        return;
+    }
+    let n_rows = bytes.len() / row_bytes;
+    let out = OutMat::rows_last(y, m, n_rows);
+    let split = Split::new(n_rows, row_bytes * m);
+    let rpt = split.rows_per_task;
+    // SAFETY: task k owns weight rows k·rpt.. of `bytes` and exactly those columns of `y`
+    // (in bounds: `out` covers m × n_rows); `y` outlives the parallel region.
+    let task =
+        |k: usize, ws: &[u8]| unsafe { rows(t, ws, row_bytes, acts, m, cols, out.at_row(k * rpt)) };
+    if split.serial {
+        task(0, bytes);
+    } else {
+        bytes
+            .par_chunks(rpt * row_bytes)
+            .enumerate()
+            .for_each(|(k, ws)| task(k, ws));
+    }
+}
+
+/// Element (r, i) of `out` = `W_r · A_i` for the whole weight rows `ws` and the `m` rows of
+/// `acts`. Panics if `acts` is not the activation kind of `t`.
+///
+/// # Safety
+/// `out` must own elements (r, i) for r < `ws.len() / row_bytes`, i < `m`
+/// ([`OutMat::put`]).
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows(
+    t: Tiled,
+    ws: &[u8],
+    row_bytes: usize,
+    acts: TileActs<'_>,
+    m: usize,
+    cols: usize,
+    out: OutMat,
+) {
+    match (t, acts) {
+        #[cfg(target_arch = "x86_64")]
+        (Tiled::Q0(f), TileActs::Q8(a)) => {
+            crate::vec_dot::avx2_tile::rows_times_acts(f, ws, row_bytes, a, out)
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Tiled::Q6K, TileActs::Q8K(a)) => {
+            crate::vec_dot::avx512_q6k::rows_times_acts(ws, row_bytes, cols, a, m, out)
+        }
+        _ => {
+            let _ = (ws, row_bytes, m, cols, out);
+            unreachable!("tile kernel {t:?} given other activations")
+        }
+    }
+}

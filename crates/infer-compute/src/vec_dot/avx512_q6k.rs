@@ -1,0 +1,248 @@
+//! Q6_K × Q8_K tile kernel (AVX2 integer pipeline, compiled for AVX-512VL's 32 vector
+//! registers): one weight row against up to [`TILE`] activation rows, each Q6_K block unpacked
+//! once per tile. Per 32 values ggml's `__AVX2__` `ggml_vec_dot_q6_K_q8_K` computes
+//! `madd(scale, maddubs(q, y) − maddubs(32, y))`; here the `−32·y` term is taken once per block
+//! from the Q8_K group sums (`bsums`, as ggml's newer x86 path does): `Σ scale·(q − 32)·y =
+//! Σ scale·q·y − 32·Σ_g scale_g·bsum_g`, exact in i32 (|maddubs| ≤ 2·63·128, no saturation).
+//! The integer sum of every block equals ggml's; the f32 part is one FMA per block, the same
+//! for every tile width, so mat-vec and mat-mat rows are bit-identical.
+
+use super::layout::f16_bits_to_f32;
+use infer_quant::{q6_k, q8_k};
+use std::arch::x86_64::*;
+
+/// Activation rows per tile.
+pub(crate) const TILE: usize = 4;
+
+/// ggml `get_scale_shuffle(i)`: bytes `2i` ×8 then `2i + 1` ×8.
+const SCALE_SHUFFLE: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut k = 0;
+        while k < 16 {
+            t[i][k] = (2 * i + k / 8) as u8;
+            k += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+#[inline(always)]
+unsafe fn hsum_float_8(x: __m256) -> f32 {
+    let mut res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    _mm_cvtss_f32(res)
+}
+
+/// `out[j] = W_row · A_j` for one Q6_K weight row `w` of `nb` blocks and `N` Q8_K activation
+/// rows `a[j]` (`nb` blocks each).
+///
+/// # Safety
+/// AVX2, FMA, F16C, AVX512F/VL/BW available; the pointers hold `nb` blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f32; N] {
+    let m4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        let xb = w.add(i * q6_k::BLOCK_BYTES);
+        let xd = f16_bits_to_f32((xb.add(q6_k::D_OFFSET) as *const u16).read_unaligned());
+        let scales = _mm_loadu_si128(xb.add(q6_k::SCALES_OFFSET) as *const __m128i);
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for h in 0..2 {
+            let ql = xb.add(q6_k::QL_OFFSET + 64 * h);
+            let qh = _mm256_loadu_si256(xb.add(q6_k::QH_OFFSET + 32 * h) as *const __m256i);
+            let b1 = _mm256_loadu_si256(ql as *const __m256i);
+            let b2 = _mm256_loadu_si256(ql.add(32) as *const __m256i);
+            let hi = |s: i32| {
+                let v = match s {
+                    0 => qh,
+                    2 => _mm256_srli_epi16(qh, 2),
+                    4 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
+                };
+                _mm256_slli_epi16(_mm256_and_si256(v, m2), 4)
+            };
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(b1, m4), hi(0)),
+                _mm256_or_si256(_mm256_and_si256(b2, m4), hi(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), hi(4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4), hi(6)),
+            ];
+            let sc: [__m256i; 4] = std::array::from_fn(|k| {
+                let shuf = _mm_loadu_si128(SCALE_SHUFFLE[4 * h + k].as_ptr() as *const __m128i);
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf))
+            });
+            for j in 0..N {
+                let y = a[j].add(i * q8_k::BLOCK_BYTES + q8_k::QS_OFFSET + 128 * h);
+                for k in 0..4 {
+                    let yv = _mm256_loadu_si256(y.add(32 * k) as *const __m256i);
+                    let p = _mm256_madd_epi16(sc[k], _mm256_maddubs_epi16(q[k], yv));
+                    sumi[j] = _mm256_add_epi32(sumi[j], p);
+                }
+            }
+        }
+        let sc16 = _mm256_cvtepi8_epi16(scales);
+        for j in 0..N {
+            let yb = a[j].add(i * q8_k::BLOCK_BYTES);
+            let bs = _mm256_loadu_si256(yb.add(q8_k::BSUMS_OFFSET) as *const __m256i);
+            let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+            let s = _mm256_sub_epi32(sumi[j], corr);
+            let d = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned() * xd;
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[j]);
+        }
+    }
+    let mut out = [0f32; N];
+    for j in 0..N {
+        out[j] = hsum_float_8(acc[j]);
+    }
+    out
+}
+
+/// The row loop around [`tile`]: element (r, i) of `out` = `W_r · A_i`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+unsafe fn rows_impl(
+    ws: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    acts: &[u8],
+    m: usize,
+    out: super::OutMat,
+) {
+    let ar = nb * q8_k::BLOCK_BYTES;
+    let ap = acts.as_ptr();
+    for (r, w) in ws.chunks_exact(row_bytes).enumerate() {
+        let mut i = 0;
+        while i + TILE <= m {
+            let v = tile::<TILE>(
+                nb,
+                w.as_ptr(),
+                std::array::from_fn(|j| ap.add((i + j) * ar)),
+            );
+            for (j, x) in v.into_iter().enumerate() {
+                out.put(r, i + j, x);
+            }
+            i += TILE;
+        }
+        while i < m {
+            out.put(r, i, tile::<1>(nb, w.as_ptr(), [ap.add(i * ar)])[0]);
+            i += 1;
+        }
+    }
+}
+
+/// True when this CPU can run [`rows_times_acts`] (AVX2/FMA/F16C + AVX512F/VL/BW).
+pub(crate) fn available() -> bool {
+    use std::sync::OnceLock;
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| {
+        super::avx2_available()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bw")
+    })
+}
+
+/// Element (r, i) of `out` = `W_r · A_i` for the Q6_K weight rows `ws` (`row_bytes` each,
+/// `cols / 256` blocks) and `m` Q8_K activation rows `acts` (`m · cols/256` blocks).
+///
+/// Panics on inconsistent lengths or when [`available`] is false.
+///
+/// # Safety
+/// `out` must own elements (r, i) for every r < `ws.len() / row_bytes` and i < `m` (see
+/// [`super::OutMat::put`]).
+pub(crate) unsafe fn rows_times_acts(
+    ws: &[u8],
+    row_bytes: usize,
+    cols: usize,
+    acts: &[u8],
+    m: usize,
+    out: super::OutMat,
+) {
+    assert!(available(), "Q6_K tile kernel needs AVX-512VL/BW");
+    let nb = cols / 256;
+    assert!(cols.is_multiple_of(256) && row_bytes >= nb * q6_k::BLOCK_BYTES && row_bytes > 0);
+    assert!(
+        ws.len().is_multiple_of(row_bytes),
+        "Q6_K tile: partial weight row"
+    );
+    assert!(
+        acts.len() >= m * nb * q8_k::BLOCK_BYTES,
+        "Q6_K tile: activations too short"
+    );
+    rows_impl(ws, row_bytes, nb, acts, m, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Equals the AVX2 `ggml_vec_dot_q6_K_q8_K` port up to f32 accumulation order (same integer
+    /// block sums), and every tile width gives the same bits as `N = 1`.
+    #[test]
+    fn q6k_tile_matches_avx2_kernel() {
+        if !available() {
+            eprintln!("no AVX-512VL/BW on this CPU: nothing to compare");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for nb in [1usize, 2, 6, 8] {
+            let cols = nb * 256;
+            let mut w = vec![0u8; nb * q6_k::BLOCK_BYTES];
+            w.iter_mut().for_each(|b| *b = next() as u8);
+            for blk in w.chunks_exact_mut(q6_k::BLOCK_BYTES) {
+                blk[q6_k::D_OFFSET + 1] &= 0x3b; // finite, moderate f16 scale
+            }
+            let m = 7;
+            let x: Vec<f32> = (0..m * cols)
+                .map(|_| ((next() % 2001) as f32 - 1000.0) * 1e-3)
+                .collect();
+            let ar = infer_quant::QuantFormat::Q8_K.bytes_for(cols).unwrap();
+            let mut acts = vec![0u8; m * ar];
+            for (xr, ab) in x.chunks_exact(cols).zip(acts.chunks_exact_mut(ar)) {
+                infer_quant::q8_k::quantize_row_ref(xr, ab);
+            }
+            let mut out = vec![0f32; m];
+            // SAFETY: one weight row, m activation rows: out is [m, 1].
+            unsafe {
+                let o = super::super::OutMat::rows_last(&mut out, m, 1);
+                rows_times_acts(&w, w.len(), cols, &acts, m, o)
+            };
+            for i in 0..m {
+                let a = &acts[i * ar..(i + 1) * ar];
+                let want = super::super::generic::vec_dot_q6_k_q8_k(cols, &w, a);
+                let one = {
+                    let mut o = [0f32];
+                    // SAFETY: one weight row, one activation row.
+                    unsafe {
+                        let om = super::super::OutMat::rows_last(&mut o, 1, 1);
+                        rows_times_acts(&w, w.len(), cols, a, 1, om)
+                    };
+                    o[0]
+                };
+                assert_eq!(
+                    one.to_bits(),
+                    out[i].to_bits(),
+                    "nb={nb} row {i}: tile vs N=1"
+                );
+                let scale: f32 = want.abs().max(1.0);
+                assert!(
+                    (out[i] - want).abs() <= 1e-5 * scale,
+                    "nb={nb} row {i}: tile {} scalar {want}",
+                    out[i]
+                );
+            }
+        }
+    }
+}
