@@ -7,4 +7,4 @@ export INFER_SHARED="${INFER_SHARED:-$(cd .. && pwd)/shared}"
 export INFER_MODELS="${INFER_MODELS:-${INFER_CACHE:-$HOME/.cache/infer}/models}"
 bash scripts/fetch-models.sh >/dev/null
 cargo clippy --release --workspace --all-targets -- -D warnings
-cargo test --release --workspace
+cargo test --release --workspace --no-fail-fast

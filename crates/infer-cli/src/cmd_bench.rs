@@ -7,7 +7,6 @@ use anyhow::{bail, Context};
 use clap::Args;
 use infer_compute::CpuBackend;
 use infer_inference::forward::Logits;
-use infer_inference::Model;
 use infer_vindex::Vindex;
 
 use crate::format_args::FormatArgs;
@@ -58,9 +57,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        bail!("nothing to measure: -p and -n are both 0");
+    }
     if let Some(t) = args.threads {
-        if t == 0 {
-            bail!("--threads must be at least 1");
+        if t == 0 || t > 256 {
+            bail!("--threads {t}: must be between 1 and 256");
         }
         rayon::ThreadPoolBuilder::new()
             .num_threads(t)
@@ -69,7 +71,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
-    let model = Model::from_vindex_with(&vindex, &args.formats.request())?;
+    let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
     let backend = CpuBackend::new();
     let ctx = args.n_prompt + args.n_gen + 1;
     let max = model.arch.config().max_position_embeddings;
@@ -127,7 +129,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "tg_effective_gb_per_s": gbs,
             "peak_rss_bytes": rss,
         });
-        println!("{j}");
+        crate::print_stdout(&format!("{j}\n"));
     } else {
         println!("| vindex | threads | test | tokens/s |");
         println!("|---|---|---|---|");

@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use infer_compute::CpuBackend;
 use infer_inference::perplexity::perplexity;
-use infer_inference::{Model, Tokenizer};
+use infer_inference::Tokenizer;
 use infer_vindex::Vindex;
 
 use crate::format_args::FormatArgs;
@@ -37,7 +37,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
     let tok = Tokenizer::from_json(&vindex.tokenizer_json()?)?;
-    let model = Model::from_vindex_with(&vindex, &args.formats.request())?;
+    let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
     let max = model.arch.config().max_position_embeddings;
     if args.ctx > max {
         bail!(

@@ -30,7 +30,7 @@ pub struct SamplingArgs {
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
     /// Nucleus sampling threshold in (0, 1] (1 = off).
-    #[arg(long = "top-p", default_value_t = 0.95, value_parser = unit_interval)]
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = open_unit_interval)]
     pub top_p: f32,
     /// Drop tokens below min-p × the top probability, in [0, 1] (0 = off).
     #[arg(long = "min-p", default_value_t = 0.05, value_parser = unit_interval)]
@@ -72,6 +72,13 @@ fn positive(s: &str) -> Result<f32, String> {
     let v = parse_f32(s)?;
     if v <= 0.0 {
         return Err("must be > 0".into());
+    }
+    Ok(v)
+}
+fn open_unit_interval(s: &str) -> Result<f32, String> {
+    let v = parse_f32(s)?;
+    if !(v > 0.0 && v <= 1.0) {
+        return Err("must be in (0, 1]".into());
     }
     Ok(v)
 }
@@ -125,11 +132,12 @@ pub struct ChatArgs {
 
 /// Arguments of `infer logits`.
 #[derive(Args)]
+#[group(id = "input", required = true, multiple = false, args = ["prompt", "ids"])]
 pub struct LogitsArgs {
     /// The vindex directory.
     pub vindex: PathBuf,
     /// Text to tokenize (the tokenizer's BOS rule applies).
-    #[arg(long, conflicts_with = "ids", required_unless_present = "ids")]
+    #[arg(long)]
     pub prompt: Option<String>,
     /// Comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
@@ -147,15 +155,43 @@ struct Loaded {
     tokenizer: Tokenizer,
 }
 
-fn load(path: &std::path::Path) -> anyhow::Result<Loaded> {
-    let vindex =
-        Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))?;
+fn open_vindex(path: &std::path::Path) -> anyhow::Result<Vindex> {
+    Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))
+}
+
+fn load_tokenizer(vindex: &Vindex, path: &std::path::Path) -> anyhow::Result<Tokenizer> {
     let json = vindex
         .tokenizer_json()
         .with_context(|| format!("{}: reading tokenizer", path.display()))?;
-    let tokenizer = Tokenizer::from_json(&json)
-        .with_context(|| format!("{}: tokenizer.json", path.display()))?;
+    Tokenizer::from_json(&json).with_context(|| format!("{}: tokenizer.json", path.display()))
+}
+
+fn load(path: &std::path::Path) -> anyhow::Result<Loaded> {
+    let vindex = open_vindex(path)?;
+    let tokenizer = load_tokenizer(&vindex, path)?;
     Ok(Loaded { vindex, tokenizer })
+}
+
+/// Assemble the model; errors name the vindex (its index.json holds the config).
+pub(crate) fn build_model<'v>(
+    vindex: &'v Vindex,
+    path: &std::path::Path,
+    formats: &FormatArgs,
+) -> anyhow::Result<Model<'v>> {
+    Model::from_vindex_with(vindex, &formats.request()).with_context(|| {
+        format!(
+            "{}: assembling the model from index.json and its files",
+            path.display()
+        )
+    })
+}
+
+/// Exit 130 (as after SIGINT) when generation was interrupted, so scripts can tell output was
+/// cut short.
+fn exit_if_interrupted(stats: &GenerationStats) {
+    if stats.stop == infer_inference::StopReason::Interrupted {
+        std::process::exit(130);
+    }
 }
 
 fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<usize> {
@@ -230,7 +266,7 @@ fn print_stats(s: &GenerationStats) {
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let l = load(&args.vindex)?;
-    let model = Model::from_vindex_with(&l.vindex, &args.sampling.formats.request())?;
+    let model = build_model(&l.vindex, &args.vindex, &args.sampling.formats)?;
     if args.sampling.explain {
         eprint!("{}", model.explain());
     }
@@ -257,6 +293,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     })?;
     println!();
     print_stats(&stats);
+    exit_if_interrupted(&stats);
     Ok(())
 }
 
@@ -277,14 +314,18 @@ fn chat_template(v: &Vindex, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
 }
 
 pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
+    if args.prompt.as_deref().is_some_and(|p| p.trim().is_empty()) {
+        bail!("-p: the message is empty");
+    }
     let l = load(&args.vindex)?;
-    let model = Model::from_vindex_with(&l.vindex, &args.sampling.formats.request())?;
+    let model = build_model(&l.vindex, &args.vindex, &args.sampling.formats)?;
     if args.sampling.explain {
         eprint!("{}", model.explain());
     }
     let backend = CpuBackend::new();
     let ctx = context_size(&model, args.sampling.ctx)?;
-    let template = chat_template(&l.vindex, &l.tokenizer)?;
+    let template = chat_template(&l.vindex, &l.tokenizer)
+        .with_context(|| format!("{}: chat template", args.vindex.display()))?;
     let mut gen = Generator::new(&model, &backend, &l.tokenizer, ctx);
     let mut sampler = Sampler::new(args.sampling.params());
     let opts = GenerateOptions {
@@ -338,6 +379,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         })?;
         println!();
         print_stats(&stats);
+        exit_if_interrupted(&stats);
         // The cache holds the prompt and every generated token but the last one.
         fed.extend_from_slice(&ids[keep..]);
         fed.extend_from_slice(&stats.tokens[..stats.tokens.len().saturating_sub(1)]);
@@ -354,12 +396,20 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
-    let l = load(&args.vindex)?;
-    let model = Model::from_vindex_with(&l.vindex, &args.formats.request())?;
-    let ids = match (&args.prompt, &args.ids) {
-        (Some(p), _) => l.tokenizer.encode(p, true)?,
-        (None, Some(ids)) => ids.clone(),
-        (None, None) => bail!("give --prompt TEXT or --ids 1,2,3"),
+    if let Some(out) = &args.out {
+        check_output_path(out)?;
+    }
+    let vindex = open_vindex(&args.vindex)?;
+    let model = build_model(&vindex, &args.vindex, &args.formats)?;
+    // Token ids need no tokenizer (weights-only vindexes work); text and token names do.
+    let tokenizer = match &args.prompt {
+        Some(_) => Some(load_tokenizer(&vindex, &args.vindex)?),
+        None => load_tokenizer(&vindex, &args.vindex).ok(),
+    };
+    let ids = match (&args.prompt, &args.ids, &tokenizer) {
+        (Some(p), _, Some(tok)) => tok.encode(p, true)?,
+        (None, Some(ids), _) => ids.clone(),
+        _ => bail!("give --prompt TEXT or --ids 1,2,3"),
     };
     if ids.is_empty() {
         bail!("no tokens to run (empty prompt)");
@@ -367,18 +417,48 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     let backend = CpuBackend::new();
     let mut cache = model.new_cache(ids.len());
     let logits = model.forward(&backend, &ids, &mut cache, Logits::All)?;
+    if logits.iter().any(|v| !v.is_finite()) {
+        bail!(
+            "{}: the model produced non-finite logits (corrupt weights or config?)",
+            args.vindex.display()
+        );
+    }
     let vocab = model.vocab_size;
     let last = &logits[(ids.len() - 1) * vocab..];
     let mut order: Vec<usize> = (0..vocab).collect();
     order.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
-    println!("top-10 logits at position {}:", ids.len() - 1);
+    let mut text = format!("top-10 logits at position {}:\n", ids.len() - 1);
     for &i in order.iter().take(10) {
-        let tok = l.tokenizer.id_to_token(i as u32).unwrap_or_default();
-        println!("{i:>8} {:>12.6} {tok:?}", last[i]);
+        let tok = tokenizer
+            .as_ref()
+            .and_then(|t| t.id_to_token(i as u32))
+            .unwrap_or_default();
+        text.push_str(&format!("{i:>8} {:>12.6} {tok:?}\n", last[i]));
     }
+    crate::print_stdout(&text);
     if let Some(out) = &args.out {
         write_logits(out, &ids, &logits, vocab)?;
         eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// Fail before any work when `out` cannot be written: an existing directory, or a parent
+/// that does not exist.
+fn check_output_path(out: &std::path::Path) -> anyhow::Result<()> {
+    if out.is_dir() {
+        bail!("--out {}: is a directory", out.display());
+    }
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        bail!(
+            "--out {}: folder {} does not exist",
+            out.display(),
+            parent.display()
+        );
     }
     Ok(())
 }
@@ -404,8 +484,13 @@ fn write_logits(
         ),
     ];
     let tmp = out.with_extension("safetensors.tmp");
-    safetensors::serialize_to_file(tensors, &None, &tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
-    Ok(())
+    let written = safetensors::serialize_to_file(tensors, &None, &tmp)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))
+        .and_then(|_| {
+            std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }

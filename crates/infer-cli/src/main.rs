@@ -29,30 +29,61 @@ enum Command {
     /// Re-hash every file of a vindex against its index.json.
     Verify(cmd_vindex::VerifyArgs),
     /// Continue a prompt: streams the continuation to stdout, tokens/s to stderr.
+    #[command(allow_negative_numbers = true)]
     Run(cmd_run::RunArgs),
     /// Interactive chat using the model's chat template (or one-shot with -p).
+    #[command(allow_negative_numbers = true)]
     Chat(cmd_run::ChatArgs),
     /// One full-sequence forward: top-10 of the last position, optionally all logits to a file.
+    #[command(allow_negative_numbers = true)]
     Logits(cmd_run::LogitsArgs),
     /// Prompt and decode tokens/s (median of repeats), effective GB/s, peak RSS.
+    #[command(allow_negative_numbers = true)]
     Bench(cmd_bench::BenchArgs),
     /// Perplexity of a text file (llama-perplexity scoring: second half of each window).
+    #[command(allow_negative_numbers = true)]
     Perplexity(cmd_perplexity::PerplexityArgs),
     /// Relative RMSE of every stored quantized tensor against the vindex's float tier.
     QuantStats(cmd_quant_stats::QuantStatsArgs),
 }
 
-/// Write to stdout; a closed pipe (`infer inspect … | head`) ends quietly instead of panicking.
+/// Write to stdout; a closed pipe (`infer inspect … | head`) ends quietly, any other write
+/// error (a full disk) is reported and exits 1.
 pub(crate) fn print_stdout(text: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    if out
-        .write_all(text.as_bytes())
-        .and_then(|_| out.flush())
-        .is_err()
-    {
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        exit_on_output_error(&e.to_string());
+    }
+}
+
+/// A closed pipe is a normal end (exit 0); any other failure to write output is an error
+/// (exit 1), never a panic.
+fn exit_on_output_error(msg: &str) -> ! {
+    if msg.contains("Broken pipe") {
         std::process::exit(0);
     }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "error: cannot write output: {msg}");
+    std::process::exit(1);
+}
+
+/// `println!`/`eprintln!` panic when the stream cannot be written (`>/dev/full`, a closed
+/// pipe); turn exactly those panics into a clean exit instead of a backtrace.
+fn install_output_error_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to") {
+            exit_on_output_error(msg);
+        }
+        default(info);
+    }));
 }
 
 /// The error and its causes, skipping a cause whose text the message already contains
@@ -70,6 +101,7 @@ fn error_chain(e: &anyhow::Error) -> String {
 }
 
 fn main() -> ExitCode {
+    install_output_error_hook();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => cmd_inspect::run(a),
@@ -85,7 +117,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }

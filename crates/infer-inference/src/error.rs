@@ -27,6 +27,8 @@ pub enum InferenceError {
     Plan(String),
     #[error("compute: {0}")]
     Compute(#[from] infer_compute::ComputeError),
+    #[error("the model produced non-finite logits (corrupt weights or config?)")]
+    NonFiniteLogits,
     #[error("empty input: nothing to run")]
     EmptyInput,
 }

@@ -108,6 +108,9 @@ impl<'m, 'a> Generator<'m, 'a> {
             if tokens.len() >= opts.max_tokens {
                 break StopReason::MaxTokens;
             }
+            if logits.iter().any(|v| !v.is_finite()) {
+                return Err(InferenceError::NonFiniteLogits);
+            }
             let next = sampler.sample(&logits, &history);
             tokens.push(next);
             history.push(next);

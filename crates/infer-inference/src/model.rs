@@ -188,6 +188,12 @@ impl<'a> Model<'a> {
         let plan = request.resolve(v)?;
         let config = v.config().clone();
         let arch = architecture_for(&config).map_err(InferenceError::Architecture)?;
+        let eps = arch.norm_eps();
+        if !(eps.is_finite() && eps > 0.0) {
+            return Err(InferenceError::Architecture(format!(
+                "norm_eps {eps} must be a positive number"
+            )));
+        }
         let hidden = arch.hidden_size();
         let vocab = arch.vocab_size();
         let (emb, _) = v.embeddings();
