@@ -17,13 +17,17 @@ pub struct ExtractArgs {
     /// Dtype of the stored matrices: f32 (exact) or f16 (half the size). Norms stay f32.
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     pub dtype: Dtype,
-    /// Replace an existing output directory (only once the new vindex is complete).
+    /// Replace an existing output directory (only once the new vindex is complete). Only a
+    /// vindex (a directory with index.json) or an empty directory is replaced; a file or any
+    /// other directory is refused, so user data is never deleted.
     #[arg(long)]
     pub force: bool,
     /// A tokenizer.json to store (wins over the source's own tokenizer).
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
-    /// Build a weights-only vindex when the source has no usable tokenizer.
+    /// Build a weights-only vindex: store no tokenizer.json, tokenizer_config.json or
+    /// chat_template.jinja, even when the source has them (without this flag a source with no
+    /// usable tokenizer is an error). Such a vindex runs on token ids only.
     #[arg(long, conflicts_with = "tokenizer")]
     pub no_tokenizer: bool,
     /// Quantized tiers to write besides the float tier: q4k (Q4_K attention + interleaved Q4_K
@@ -65,6 +69,7 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
         force: args.force,
         tokenizer: args.tokenizer.clone(),
         allow_no_tokenizer: args.no_tokenizer,
+        skip_tokenizer: args.no_tokenizer,
         progress: true,
         quant: args.quant,
         down_q4k: args.down_q4k,

@@ -109,14 +109,30 @@ fn extract_force_and_verify() {
         target.join("tokenizer.json").is_file() && target.join("chat_template.jinja").is_file()
     );
 
-    // Existing target: refused without --force, replaced with it.
+    // Existing target: refused without --force, replaced with it. --no-tokenizer stores no
+    // tokenizer files even though the GGUF has a tokenizer and a chat template.
     let o = infer(&["extract", gguf.to_str().unwrap(), "-o", t]);
     assert!(!o.status.success());
     assert!(text(&o).contains("already exists"), "{}", text(&o));
-    let o = infer(&["extract", gguf.to_str().unwrap(), "-o", t, "--force"]);
+    let o = infer(&[
+        "extract",
+        gguf.to_str().unwrap(),
+        "-o",
+        t,
+        "--force",
+        "--no-tokenizer",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let index = std::fs::read_to_string(target.join("index.json")).unwrap();
     assert!(index.contains("\"dtype\": \"f32\""));
+    assert!(index.contains("\"has_tokenizer\": false"), "has_tokenizer");
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ] {
+        assert!(!target.join(f).exists(), "--no-tokenizer wrote {f}");
+    }
     assert_eq!(names(root.path()), vec!["smol.vindex"]);
 
     let o = infer(&["verify", t]);
@@ -176,13 +192,32 @@ fn extract_quant_all_and_quant_stats() {
     assert!(o.status.success(), "{}", text(&o));
     let stats: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     let stats = stats.as_array().unwrap();
-    // 30 layers × (4 q4k attn + 4 q8 attn + 3 q4k FFN + 3 q4 FFN + 1 gate q4) + lm_head.
-    assert_eq!(stats.len(), 30 * 15 + 1);
+    // 30 layers × (4 q4k attn + 4 q8 attn + 3 q4k FFN + 3 q4 FFN + 1 gate q4) + lm_head in
+    // lm_head_q4.bin (q4 tier) and in lm_head_q6k.bin (q4k tier).
+    assert_eq!(stats.len(), 30 * 15 + 2);
+    // The tied output matrix in the q4k tier: token_embd is Q8_0 in this GGUF and its rows
+    // (576) are not a multiple of 256, so Q6_K falls back to Q8_0 and the blocks are copied.
+    let head: Vec<_> = stats
+        .iter()
+        .filter(|s| s["file"] == "lm_head_q6k.bin")
+        .collect();
+    assert_eq!(head.len(), 1, "{head:?}");
+    assert_eq!(head[0]["key"], "lm_head.weight");
+    assert_eq!(head[0]["format"], "Q8_0");
+    assert_eq!(head[0]["passthrough"], true, "{}", head[0]);
+    let mut requantized = 0;
     for s in stats {
-        let (fmt, rel) = (
+        let (fmt, rel, max_abs) = (
             s["format"].as_str().unwrap(),
             s["rel_rmse"].as_f64().unwrap(),
+            s["max_abs_err"].as_f64().unwrap(),
         );
+        if s["passthrough"].as_bool().unwrap() {
+            // Copied GGUF blocks against the f32 float tier (the exact dequantized GGUF):
+            // dequantizing them again gives the same f32 values, so the error is exactly 0.
+            assert!(rel == 0.0 && max_abs == 0.0, "{s}");
+            continue;
+        }
         let bound = match fmt {
             "Q8_0" => 0.01,
             "Q6_K" => 0.03,
@@ -190,8 +225,11 @@ fn extract_quant_all_and_quant_stats() {
             "Q4_0" => 0.15,
             other => panic!("format {other}"),
         };
+        // Requantized from the dequantized Q4_1 source: never lossless, within the bound.
         assert!(rel > 0.0 && rel < bound, "{s}");
+        requantized += 1;
     }
+    assert!(requantized >= 30 * 15, "{requantized} requantized tensors");
     let o = infer(&["quant-stats", t]);
     assert!(text(&o).contains("summary"), "{}", text(&o));
 
@@ -206,4 +244,53 @@ fn extract_quant_all_and_quant_stats() {
     let o = infer(&["extract", g, "-o", "y.vindex", "--quant", "q3"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("q3"), "{}", text(&o));
+}
+
+/// `--force` never deletes user data: a non-vindex directory or a regular file at the target is
+/// refused up front (nothing written, nothing parked); `verify` / `quant-stats` on something that
+/// is not a vindex say so plainly.
+#[test]
+fn force_refuses_non_vindex_targets_and_not_a_vindex_errors() {
+    let gguf = model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let g = gguf.to_str().unwrap();
+    let root = tempfile::tempdir().unwrap();
+
+    let important = root.path().join("important");
+    std::fs::create_dir(&important).unwrap();
+    std::fs::write(important.join("thesis.tex"), "years of work").unwrap();
+    let o = infer(&["extract", g, "-o", important.to_str().unwrap(), "--force"]);
+    assert!(!o.status.success());
+    let want = format!("{} exists and is not a vindex", important.display());
+    assert!(text(&o).contains(&want), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(important.join("thesis.tex")).unwrap(),
+        "years of work"
+    );
+
+    let file = root.path().join("existing.txt");
+    std::fs::write(&file, "keep").unwrap();
+    let o = infer(&["extract", g, "-o", file.to_str().unwrap(), "--force"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let want = format!("{} exists and is not a directory", file.display());
+    assert!(text(&o).contains(&want), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+    assert_eq!(
+        names(root.path()),
+        vec!["existing.txt", "important"],
+        "temp or parked dirs left"
+    );
+
+    for cmd in ["verify", "quant-stats"] {
+        let o = infer(&[cmd, important.to_str().unwrap()]);
+        assert!(!o.status.success());
+        let want = format!(
+            "{} is not a vindex (no index.json); build one with `infer extract`",
+            important.display()
+        );
+        assert!(text(&o).contains(&want), "{cmd}: {}", text(&o));
+        let o = infer(&[cmd, g]);
+        assert!(!o.status.success());
+        let want = format!("{g} is a file, not a vindex directory");
+        assert!(text(&o).contains(&want), "{cmd}: {}", text(&o));
+    }
 }

@@ -31,15 +31,46 @@ fn split_target(target: &Path) -> Result<(PathBuf, String), VindexError> {
     Ok((parent, name))
 }
 
+/// Whether an existing `target` may be replaced by a new vindex: with `force`, only a directory
+/// that holds `index.json` (a vindex) or is empty; never a file or a directory of other data.
+/// A missing target is always fine.
+///
+/// Errors: [`VindexError::TargetExists`] (exists, no `force`), [`VindexError::TargetNotDir`]
+/// (a regular file or other non-directory), [`VindexError::TargetNotVindex`] (a non-empty
+/// directory without `index.json`), [`VindexError::Io`] (cannot be inspected).
+pub(crate) fn check_replaceable(target: &Path, force: bool) -> Result<(), VindexError> {
+    let meta = match std::fs::metadata(target) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(VindexError::io(target, e)),
+    };
+    if !force {
+        return Err(VindexError::TargetExists {
+            path: target.to_path_buf(),
+        });
+    }
+    if !meta.is_dir() {
+        return Err(VindexError::TargetNotDir {
+            path: target.to_path_buf(),
+        });
+    }
+    if target.join(crate::files::INDEX_JSON).is_file() {
+        return Ok(());
+    }
+    let mut entries = std::fs::read_dir(target).map_err(|e| VindexError::io(target, e))?;
+    if entries.next().is_none() {
+        return Ok(());
+    }
+    Err(VindexError::TargetNotVindex {
+        path: target.to_path_buf(),
+    })
+}
+
 impl TempBuildDir {
-    /// Refuse an existing `target` unless `force`, remove stale temp dirs of dead builds of the
-    /// same target, and create `.NAME.tmp-PID` beside it.
+    /// Refuse an existing `target` unless it may be replaced ([`check_replaceable`]), remove
+    /// stale temp dirs of dead builds of the same target, and create `.NAME.tmp-PID` beside it.
     pub fn create(target: &Path, force: bool) -> Result<Self, VindexError> {
-        if target.exists() && !force {
-            return Err(VindexError::TargetExists {
-                path: target.to_path_buf(),
-            });
-        }
+        check_replaceable(target, force)?;
         let (parent, name) = split_target(target)?;
         remove_stale(&parent, &name);
         let dir = parent.join(temp_dir_name(&name, std::process::id()));
@@ -59,17 +90,15 @@ impl TempBuildDir {
         &self.dir
     }
 
-    /// Move the finished build to the target. With `force`, an existing target is parked under
-    /// `.NAME.old-PID`, replaced, then deleted; without it, an existing target is an error.
+    /// Move the finished build to the target. With `force`, an existing vindex (or empty
+    /// directory) at the target is parked under `.NAME.old-PID`, replaced, then deleted; anything
+    /// else at the target is an error ([`check_replaceable`], checked again here because the
+    /// target may have changed during the build).
     pub fn commit(mut self, force: bool) -> Result<(), VindexError> {
         let (parent, name) = split_target(&self.target)?;
         let mut parked = None;
+        check_replaceable(&self.target, force)?;
         if self.target.exists() {
-            if !force {
-                return Err(VindexError::TargetExists {
-                    path: self.target.clone(),
-                });
-            }
             let old = parent.join(old_dir_name(&name, std::process::id()));
             if old.exists() {
                 std::fs::remove_dir_all(&old).map_err(|e| VindexError::io(&old, e))?;
@@ -144,6 +173,7 @@ mod tests {
         let target = root.path().join("m.vindex");
         let t = TempBuildDir::create(&target, false).unwrap();
         std::fs::write(t.path().join("a"), "1").unwrap();
+        std::fs::write(t.path().join(crate::files::INDEX_JSON), "{}").unwrap();
         t.commit(false).unwrap();
         assert!(target.join("a").exists());
         assert!(matches!(
@@ -160,6 +190,60 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    /// `--force` never deletes user data: a file or a non-empty non-vindex directory at the
+    /// target is refused (before and at commit) and left untouched; an empty directory is fine.
+    #[test]
+    fn force_replaces_only_a_vindex_or_an_empty_dir() {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("existing.txt");
+        std::fs::write(&file, "keep me").unwrap();
+        let e = TempBuildDir::create(&file, true)
+            .err()
+            .expect("file refused");
+        assert!(matches!(e, VindexError::TargetNotDir { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{} exists and is not a directory", file.display())),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+
+        let data = root.path().join("important");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("thesis.tex"), "years of work").unwrap();
+        let e = TempBuildDir::create(&data, true)
+            .err()
+            .expect("data refused");
+        assert!(matches!(e, VindexError::TargetNotVindex { .. }), "{e}");
+        assert!(e.to_string().contains(&data.display().to_string()), "{e}");
+        assert!(data.join("thesis.tex").is_file());
+
+        // The target turns into user data while the build runs: commit refuses too.
+        let later = root.path().join("later");
+        let t = TempBuildDir::create(&later, true).unwrap();
+        std::fs::create_dir(&later).unwrap();
+        std::fs::write(later.join("notes"), "x").unwrap();
+        let e = t.commit(true).unwrap_err();
+        assert!(matches!(e, VindexError::TargetNotVindex { .. }), "{e}");
+        assert!(later.join("notes").is_file());
+
+        let empty = root.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let t = TempBuildDir::create(&empty, true).unwrap();
+        std::fs::write(t.path().join(crate::files::INDEX_JSON), "{}").unwrap();
+        t.commit(true).unwrap();
+        assert!(empty.join(crate::files::INDEX_JSON).is_file());
+        let names: Vec<_> = std::fs::read_dir(root.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with('.')),
+            "temp dirs left: {names:?}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use infer_models::arch::TensorTransform;
 use infer_models::{ModelSource, SourceKind, TensorInfo};
 use infer_quant::QuantFormat;
 
-use crate::atomic::TempBuildDir;
+use crate::atomic::{check_replaceable, TempBuildDir};
 use crate::classify::{classify, Placement, Role};
 use crate::files;
 use crate::hash::sha256_file;
@@ -37,8 +37,13 @@ pub struct BuildOptions {
     pub force: bool,
     /// A `tokenizer.json` to store; wins over the source's own tokenizer.
     pub tokenizer: Option<PathBuf>,
-    /// Build a weights-only vindex when no tokenizer is found instead of failing.
+    /// Build a weights-only vindex when no tokenizer is found instead of failing (a tokenizer
+    /// that is found is still stored).
     pub allow_no_tokenizer: bool,
+    /// Build a weights-only vindex even when the source has a tokenizer: store no
+    /// `tokenizer.json`, `tokenizer_config.json` or `chat_template.jinja` (`has_tokenizer` is
+    /// false). Wins over `tokenizer`. `infer extract --no-tokenizer` sets it.
+    pub skip_tokenizer: bool,
     /// Draw a progress bar on stderr (indicatif hides it when stderr is not a terminal).
     pub progress: bool,
     /// Quantized tiers to write besides the float tier (default: none; the CLI defaults to
@@ -58,6 +63,7 @@ impl Default for BuildOptions {
             force: false,
             tokenizer: None,
             allow_no_tokenizer: false,
+            skip_tokenizer: false,
             progress: false,
             quant: QuantTiers::NONE,
             down_q4k: false,
@@ -72,6 +78,8 @@ pub fn extract(
     target: &Path,
     opts: &BuildOptions,
 ) -> Result<VindexIndex, VindexError> {
+    // Refuse a target that may not be replaced before reading anything.
+    check_replaceable(target, opts.force)?;
     let source = infer_models::open_source(source_path)?;
     build(&source, target, opts)
 }
@@ -102,7 +110,9 @@ impl Planned<'_> {
 
 /// Build a vindex at `target` from an opened source; returns the written index.
 ///
-/// Errors: [`VindexError::TargetExists`] (no `force`), [`VindexError::NoTokenizer`],
+/// Errors: [`VindexError::TargetExists`] (no `force`), [`VindexError::TargetNotDir`] /
+/// [`VindexError::TargetNotVindex`] (with `force`, the target is a file or a non-empty directory
+/// that is not a vindex: never replaced), [`VindexError::NoTokenizer`],
 /// [`VindexError::BadSource`] (unknown architecture, no embedding, duplicate keys, shapes that
 /// disagree with the config), source read errors, I/O errors. On any error the temp directory
 /// is removed and `target` is untouched.
@@ -111,6 +121,7 @@ pub fn build(
     target: &Path,
     opts: &BuildOptions,
 ) -> Result<VindexIndex, VindexError> {
+    check_replaceable(target, opts.force)?;
     let tokenizer_json = resolve_tokenizer(source, opts)?;
     let plan = plan(source)?;
     let tmp = TempBuildDir::create(target, opts.force)?;
@@ -411,11 +422,13 @@ fn write_all(
     if let Some(text) = tokenizer_json {
         file_hashes.push(write_text(dir, files::TOKENIZER_JSON, text)?);
     }
-    if let Some(text) = &source.tokenizer_config_json {
-        file_hashes.push(write_text(dir, files::TOKENIZER_CONFIG_JSON, text)?);
-    }
-    if let Some(text) = &source.chat_template {
-        file_hashes.push(write_text(dir, files::CHAT_TEMPLATE_JINJA, text)?);
+    if !opts.skip_tokenizer {
+        if let Some(text) = &source.tokenizer_config_json {
+            file_hashes.push(write_text(dir, files::TOKENIZER_CONFIG_JSON, text)?);
+        }
+        if let Some(text) = &source.chat_template {
+            file_hashes.push(write_text(dir, files::CHAT_TEMPLATE_JINJA, text)?);
+        }
     }
 
     let intermediate = layers

@@ -65,6 +65,18 @@ pub enum VindexError {
     /// The build target already exists and `--force` was not given.
     #[error("{path}: already exists (use --force to replace it)")]
     TargetExists { path: PathBuf },
+    /// `--force` was given but the existing target is a regular file (or other non-directory):
+    /// only a directory can be replaced by a vindex.
+    #[error("{path} exists and is not a directory; refusing to replace it")]
+    TargetNotDir { path: PathBuf },
+    /// `--force` was given but the existing target directory is neither a vindex (it has no
+    /// `index.json`) nor empty: replacing it would delete the user's data.
+    #[error("{path} exists and is not a vindex (no index.json) nor an empty directory; refusing to replace it (--force only replaces a vindex)")]
+    TargetNotVindex { path: PathBuf },
+    /// [`crate::Vindex::open`] / [`crate::verify`] on a path that is not a vindex directory:
+    /// `reason` says what it is instead (a file, a directory without `index.json`, nothing).
+    #[error("{path} {reason}")]
+    NotAVindex { path: PathBuf, reason: String },
     /// The source has a tensor the builder cannot place (wrong shape for its role, …) or lacks
     /// one it needs.
     #[error("{path}: {msg}")]

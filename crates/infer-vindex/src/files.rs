@@ -111,6 +111,14 @@ pub const BIN_FILES: &[&str] = &[
     LM_HEAD_Q6K_BIN,
 ];
 
+/// True when `name` is a plain file name inside the vindex directory: not empty, not `.` or
+/// `..`, and free of `/`, `\`, `:` and NUL (so it can be neither absolute nor a path that
+/// leaves the directory). Every file name read from `index.json` must pass this before it is
+/// joined to the vindex path.
+pub fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', ':', '\0'])
+}
+
 /// Name of the temporary build directory for a target named `name` (`.NAME.tmp-PID`), created
 /// in the target's parent so the final rename stays on one file system.
 pub fn temp_dir_name(target_name: &str, pid: u32) -> String {

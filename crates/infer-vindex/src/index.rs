@@ -179,6 +179,22 @@ impl VindexIndex {
                 index.shapes.num_layers
             )));
         }
+        for (i, f) in index.files.iter().enumerate() {
+            if !crate::files::is_plain_file_name(&f.name) {
+                return Err(bad(format!(
+                    "files[{i}].name {:?} is not a plain file name inside the vindex (no '/', '\\', '..', absolute or empty names)",
+                    f.name
+                )));
+            }
+        }
+        for (i, p) in index.passthrough.iter().enumerate() {
+            if !crate::files::is_plain_file_name(&p.file) {
+                return Err(bad(format!(
+                    "passthrough[{i}].file {:?} is not a plain file name inside the vindex",
+                    p.file
+                )));
+            }
+        }
         Ok(index)
     }
 

@@ -60,17 +60,49 @@ fn read_text(path: &Path) -> Result<String, VindexError> {
     })
 }
 
+/// Check that `path` is a vindex directory (a directory holding `index.json`) and return the
+/// path of its `index.json`.
+///
+/// Errors: [`VindexError::NotAVindex`] when `path` does not exist, is a file (e.g. a GGUF given
+/// where a vindex was expected), or is a directory without `index.json`; [`VindexError::Io`]
+/// when it cannot be inspected.
+pub(crate) fn index_json_path(path: &Path) -> Result<PathBuf, VindexError> {
+    let not = |reason: &str| VindexError::NotAVindex {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    };
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_dir() => return Err(not("is a file, not a vindex directory")),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not(
+                "does not exist (expected a vindex directory; build one with `infer extract`)",
+            ))
+        }
+        Err(e) => return Err(VindexError::io(path, e)),
+    }
+    let index_path = path.join(files::INDEX_JSON);
+    match std::fs::metadata(&index_path) {
+        Ok(_) => Ok(index_path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(not(
+            "is not a vindex (no index.json); build one with `infer extract`",
+        )),
+        Err(e) => Err(VindexError::io(&index_path, e)),
+    }
+}
+
 impl Vindex {
     /// Open the vindex directory at `path`.
     ///
-    /// Errors (each naming the file): [`VindexError::MissingFile`] (no index.json, or a listed
-    /// file absent), [`VindexError::BadJson`] / [`VindexError::BadVersion`] (corrupt index.json or
-    /// manifest), [`VindexError::SizeMismatch`] (a file whose size differs from index.json, e.g. a
+    /// Errors (each naming the file): [`VindexError::NotAVindex`] (`path` is missing, a file, or
+    /// a directory without index.json), [`VindexError::MissingFile`] (a listed file absent),
+    /// [`VindexError::BadJson`] / [`VindexError::BadVersion`] (corrupt index.json or manifest,
+    /// or a file name in index.json that is not a plain name inside the directory), [`VindexError::SizeMismatch`] (a file whose size differs from index.json, e.g. a
     /// truncated `.bin`), [`VindexError::BadEntry`] (an entry whose length disagrees with
     /// shape × format, lies outside its file, is misaligned, has a non-float format in a float
     /// file, or a shape that disagrees with the model's dimensions).
     pub fn open(path: &Path) -> Result<Vindex, VindexError> {
-        let index_path = path.join(files::INDEX_JSON);
+        let index_path = index_json_path(path)?;
         let index = VindexIndex::parse(&index_path, &read_text(&index_path)?)?;
 
         // Every listed file exists with its recorded size.

@@ -1,13 +1,15 @@
 //! Where the vindex's `tokenizer.json` comes from: `--tokenizer PATH` (wins), else the source's
 //! own `tokenizer.json`, else (GGUF) one built from the `tokenizer.ggml.*` metadata, else an
-//! error — or nothing, when a weights-only vindex was asked for.
+//! error — or nothing, when a weights-only vindex was asked for (`skip_tokenizer`, or
+//! `allow_no_tokenizer` when none is found).
 
 use infer_models::ModelSource;
 
 use crate::build::BuildOptions;
 use crate::VindexError;
 
-/// The tokenizer.json text to store, or `None` for a weights-only vindex.
+/// The tokenizer.json text to store, or `None` for a weights-only vindex (always `None` with
+/// `skip_tokenizer`).
 ///
 /// Errors: [`VindexError::Io`] / [`VindexError::BadJson`] for an unreadable or non-JSON
 /// `--tokenizer` file; [`VindexError::NoTokenizer`] when none is found and
@@ -16,6 +18,9 @@ pub fn resolve_tokenizer(
     source: &ModelSource,
     opts: &BuildOptions,
 ) -> Result<Option<String>, VindexError> {
+    if opts.skip_tokenizer {
+        return Ok(None);
+    }
     if let Some(path) = &opts.tokenizer {
         let text = std::fs::read_to_string(path).map_err(|e| VindexError::io(path, e))?;
         serde_json::from_str::<serde_json::Value>(&text).map_err(|e| VindexError::BadJson {

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use crate::files;
 use crate::hash::sha256_file;
 use crate::index::VindexIndex;
+use crate::load::index_json_path;
 use crate::VindexError;
 
 /// One file whose content differs from `index.json`.
@@ -68,18 +68,13 @@ impl std::fmt::Display for VerifyReport {
 
 /// Re-hash (sha256) every file listed in `path/index.json` and report differences by file.
 /// A missing or changed file is a mismatch in the report, not an error.
-/// Errors: `index.json` missing, corrupt, or of another version.
+/// Errors: [`VindexError::NotAVindex`] (`path` is missing, a file, or has no `index.json`);
+/// [`VindexError::BadJson`] / [`VindexError::BadVersion`] for a corrupt `index.json`, one of
+/// another version, or one listing a file name that is not a plain name inside the directory
+/// (`../x`, `/etc/passwd`, …: such names are never hashed).
 pub fn verify(path: &Path) -> Result<VerifyReport, VindexError> {
-    let index_path = path.join(files::INDEX_JSON);
-    let text = std::fs::read_to_string(&index_path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            VindexError::MissingFile {
-                path: index_path.clone(),
-            }
-        } else {
-            VindexError::io(&index_path, e)
-        }
-    })?;
+    let index_path = index_json_path(path)?;
+    let text = std::fs::read_to_string(&index_path).map_err(|e| VindexError::io(&index_path, e))?;
     let index = VindexIndex::parse(&index_path, &text)?;
     let mut report = VerifyReport::default();
     for f in &index.files {

@@ -274,7 +274,76 @@ fn missing_file_is_a_named_error() {
     assert!(matches!(e, VindexError::MissingFile { .. }), "{e}");
     assert!(e.to_string().contains("attn_weights_manifest.json"), "{e}");
     let e = open_err(&tempfile::tempdir().unwrap().path().join("none.vindex"));
-    assert!(e.contains("index.json"), "{e}");
+    assert!(
+        e.contains("none.vindex") && e.contains("does not exist"),
+        "{e}"
+    );
+}
+
+/// A directory without index.json, or a file (a GGUF passed by mistake), is "not a vindex",
+/// both for open and verify — not a confusing "missing file"/"Not a directory" error.
+#[test]
+fn not_a_vindex_is_a_clear_error() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("noconf");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), "{}").unwrap();
+    let want = format!(
+        "{} is not a vindex (no index.json); build one with `infer extract`",
+        dir.display()
+    );
+    let e = Vindex::open(&dir).err().unwrap();
+    assert!(matches!(e, VindexError::NotAVindex { .. }), "{e}");
+    assert_eq!(e.to_string(), want);
+    assert_eq!(verify(&dir).unwrap_err().to_string(), want);
+
+    let file = root.path().join("model.gguf");
+    std::fs::write(&file, b"GGUF").unwrap();
+    let want = format!("{} is a file, not a vindex directory", file.display());
+    assert_eq!(Vindex::open(&file).err().unwrap().to_string(), want);
+    assert_eq!(verify(&file).unwrap_err().to_string(), want);
+}
+
+/// File names in index.json that leave the vindex directory (`../`, absolute, `\`, empty) are
+/// refused by open and verify with an error naming index.json, and never hashed.
+#[test]
+fn index_file_names_must_be_plain() {
+    let (root, target) = built(Dtype::F32);
+    // A file outside the vindex that a traversal would reach.
+    std::fs::write(root.path().join("secret"), "s").unwrap();
+    let p = target.join(files::INDEX_JSON);
+    let text = std::fs::read_to_string(&p).unwrap();
+    for bad in [
+        "../secret",
+        "../../etc/passwd",
+        "/etc/passwd",
+        "sub/x.bin",
+        "..\\secret",
+        "..",
+        "",
+    ] {
+        std::fs::write(&p, &text).unwrap();
+        edit_index(&target, |j| {
+            j["files"][0]["name"] = bad.into();
+        });
+        for e in [open_err(&target), verify(&target).unwrap_err().to_string()] {
+            assert!(
+                e.contains("index.json") && e.contains("not a plain file name"),
+                "{bad:?}: {e}"
+            );
+        }
+    }
+    std::fs::write(&p, &text).unwrap();
+    edit_index(&target, |j| {
+        j["passthrough"] = serde_json::json!([{
+            "file": "../secret", "key": "k", "format": "Q4_K",
+            "source_tensor": "t", "rows_unpermuted": false
+        }]);
+    });
+    let e = open_err(&target);
+    assert!(e.contains("passthrough[0].file"), "{e}");
+    std::fs::write(&p, &text).unwrap();
+    assert!(verify(&target).unwrap().is_ok());
 }
 
 #[test]
@@ -434,6 +503,25 @@ fn tokenizer_sources() {
         v.tokenizer_json().unwrap(),
         r#"{"model":{"type":"WordLevel"}}"#
     );
+
+    // skip_tokenizer: weights only even though the source has a tokenizer and a template.
+    let full = mock_source(&DIMS);
+    assert!(full.tokenizer_json.is_some());
+    let o = BuildOptions {
+        skip_tokenizer: true,
+        ..opts(Dtype::F32)
+    };
+    build(&full, &root.path().join("s.vindex"), &o).unwrap();
+    let v = Vindex::open(&root.path().join("s.vindex")).unwrap();
+    assert!(!v.index().has_tokenizer);
+    assert!(v.tokenizer_json_path().is_none());
+    for f in [
+        files::TOKENIZER_JSON,
+        files::TOKENIZER_CONFIG_JSON,
+        files::CHAT_TEMPLATE_JINJA,
+    ] {
+        assert!(!root.path().join("s.vindex").join(f).exists(), "{f}");
+    }
 
     std::fs::write(&tok, "not json").unwrap();
     let o = BuildOptions {
