@@ -59,7 +59,26 @@ impl Model<'_> {
         Ok((logits, hidden))
     }
 
+    /// Runs [`Model::forward_body`] on a worker of rayon's current pool. Called from a thread
+    /// outside the pool (the CLI's main thread), every parallel product would otherwise be
+    /// injected into the pool and the caller put to sleep on a latch until it is done: two
+    /// futex wake-ups per product, ~120 per decoded token. Entering the pool once per forward
+    /// pass makes the nested parallel regions plain work-stealing joins.
     fn forward_inner(
+        &self,
+        backend: &dyn ComputeBackend,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+        hidden_out: Option<&mut HiddenStates>,
+    ) -> Result<Vec<f32>, InferenceError> {
+        if rayon::current_num_threads() <= 1 || rayon::current_thread_index().is_some() {
+            return self.forward_body(backend, tokens, cache, which, hidden_out);
+        }
+        rayon::scope(|_| self.forward_body(backend, tokens, cache, which, hidden_out))
+    }
+
+    fn forward_body(
         &self,
         backend: &dyn ComputeBackend,
         tokens: &[u32],
