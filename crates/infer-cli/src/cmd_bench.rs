@@ -45,6 +45,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// A plain memory-read probe: GB/s of summing a 512 MiB buffer with every pool thread (median
+/// of 5), the ceiling decode's effective bandwidth is compared with.
+fn read_probe_gb_per_s() -> f64 {
+    use rayon::prelude::*;
+    let buf = vec![1u64; 64 << 20];
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let sum: u64 = buf
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+            .sum();
+        std::hint::black_box(sum);
+        runs.push((buf.len() * 8) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    median(runs)
+}
+
 /// Peak resident set size of this process in bytes (Linux `VmHWM`), if known.
 fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -114,6 +132,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let tg_med = (!tg.is_empty()).then(|| median(tg));
     let gbs = tg_med.map(|t| t * bytes / 1e9);
     let rss = peak_rss_bytes();
+    let probe = tg_med.map(|_| read_probe_gb_per_s());
     let name = args.vindex.display().to_string();
     if args.json {
         let j = serde_json::json!({
@@ -127,6 +146,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "tg_tokens_per_s": tg_med,
             "weight_bytes_per_token": bytes,
             "tg_effective_gb_per_s": gbs,
+            "read_probe_gb_per_s": probe,
             "peak_rss_bytes": rss,
         });
         crate::print_stdout(&format!("{j}\n"));
@@ -138,6 +158,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         if let Some(v) = tg_med {
             println!("| {name} | {threads} | tg{} | {v:.2} |", args.n_gen);
+        }
+        if let (Some(g), Some(p)) = (gbs, probe) {
+            println!(
+                "plain memory-read probe: {p:.1} GB/s; decode reaches {:.0}% of it",
+                100.0 * g / p
+            );
         }
         if let Some(g) = gbs {
             println!(

@@ -46,6 +46,28 @@ impl Model<'_> {
         self.forward_inner(backend, tokens, cache, which, None)
     }
 
+    /// Prefill: run the whole prompt as one batch (every layer, matrix-matrix products) and
+    /// return the last position's logits `[vocab]`.
+    pub fn prefill(
+        &self,
+        backend: &dyn ComputeBackend,
+        prompt: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<Vec<f32>, InferenceError> {
+        self.forward(backend, prompt, cache, Logits::Last)
+    }
+
+    /// Decode one token through all layers (the seed's `decode_token`), appending its K/V to
+    /// the cache; returns its logits `[vocab]`.
+    pub fn decode_token(
+        &self,
+        backend: &dyn ComputeBackend,
+        token: u32,
+        cache: &mut KvCache,
+    ) -> Result<Vec<f32>, InferenceError> {
+        self.forward(backend, &[token], cache, Logits::Last)
+    }
+
     /// Like [`Model::forward`], also returning the hidden states after each layer.
     pub fn forward_with_hidden(
         &self,

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use infer_compute::ComputeBackend;
 
-use crate::forward::Logits;
 use crate::{InferenceError, KvCache, Model, Sampler, TextStreamer, Tokenizer};
 
 /// Generation limits and stop conditions.
@@ -93,9 +92,7 @@ impl<'m, 'a> Generator<'m, 'a> {
         self.cache.check_room(prompt.len())?;
         let mut history: Vec<u32> = prompt.to_vec();
         let t0 = Instant::now();
-        let mut logits = self
-            .model
-            .forward(self.backend, prompt, &mut self.cache, Logits::Last)?;
+        let mut logits = self.model.prefill(self.backend, prompt, &mut self.cache)?;
         let prefill_time = t0.elapsed();
         let t1 = Instant::now();
         let mut streamer = TextStreamer::new(self.tokenizer);
@@ -130,7 +127,7 @@ impl<'m, 'a> Generator<'m, 'a> {
             }
             logits = self
                 .model
-                .forward(self.backend, &[next], &mut self.cache, Logits::Last)?;
+                .decode_token(self.backend, next, &mut self.cache)?;
         };
         if stop != StopReason::StopString {
             out.flush(&mut on_text);
