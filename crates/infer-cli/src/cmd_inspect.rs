@@ -19,7 +19,12 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     if path.join("index.json").is_file() {
         let v = infer_vindex::Vindex::open(path)
             .with_context(|| format!("opening vindex {}", path.display()))?;
-        crate::print_stdout(&infer_vindex::describe(&v));
+        let mut out = infer_vindex::describe(&v);
+        if let Ok(arch) = architecture_for(v.config()) {
+            out.push_str("per-layer plan:\n");
+            out.push_str(&infer_inference::model::layer_plan(arch.as_ref()));
+        }
+        crate::print_stdout(&out);
         return Ok(());
     }
     let src = open_source(path)?;
@@ -61,6 +66,8 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         )?;
     }
     writeln!(out, "tied embeddings: {}", c.tie_word_embeddings)?;
+    writeln!(out, "per-layer plan:")?;
+    out.push_str(&infer_inference::model::layer_plan(arch.as_ref()));
     writeln!(out, "config:        {}", serde_json::to_string(c)?)?;
     let tensors = src.tensors.tensors();
     let total: usize = tensors.iter().map(|t| t.bytes).sum();

@@ -278,20 +278,8 @@ impl<'a> Model<'a> {
             .map_or("f32 (tied embeddings)".to_string(), |w| w.describe());
         let mut s = format!("plan: {}\noutput projection: {lm}\n", self.plan);
         for (l, layer) in self.layers.iter().enumerate() {
-            let g = &layer.geometry;
-            let window = match g.attention.sliding_window {
-                Some(w) => format!("sliding window {w}"),
-                None => "full attention".into(),
-            };
-            let rope = match &g.rope {
-                Some(r) => format!(
-                    "RoPE base {} rotary {}/{}",
-                    r.base, r.rotary_dim, r.head_dim
-                ),
-                None => "learned positions".into(),
-            };
             s.push_str(&format!(
-                "layer {l:>3}: {} (q {}, k {}, v {}, o {}) [{window}, {rope}]; {}{}\n",
+                "layer {l:>3}: {} (q {}, k {}, v {}, o {}); {}{}\n           {}\n",
                 layer.attn_path,
                 layer.wq.weight.describe(),
                 layer.wk.weight.describe(),
@@ -299,10 +287,68 @@ impl<'a> Model<'a> {
                 layer.wo.weight.describe(),
                 layer.ffn_path,
                 layer.ffn_formats(),
+                describe_geometry(&layer.geometry),
             ));
         }
         s
     }
+}
+
+/// One line of a layer's architecture: attention kind (sliding/global), heads, RoPE (base,
+/// rotary dims, scaling), norm type, FFN type and activation, residual form.
+pub fn describe_geometry(g: &LayerGeometry) -> String {
+    let window = match g.attention.sliding_window {
+        Some(w) => format!("sliding window {w}"),
+        None => "global attention".into(),
+    };
+    let rope = match &g.rope {
+        Some(r) => {
+            let scaling = match r.scaling {
+                ComputeRopeScaling::None => String::new(),
+                ComputeRopeScaling::Linear { factor } => format!(", linear scaling ×{factor}"),
+                ComputeRopeScaling::Llama3 { factor, .. } => format!(", llama3 scaling ×{factor}"),
+            };
+            format!(
+                "RoPE base {} rotary {}/{}{scaling}",
+                r.base, r.rotary_dim, r.head_dim
+            )
+        }
+        None => "learned positions".into(),
+    };
+    let norm: &str = match (g.norm_type, g.norm_offset) {
+        (infer_models::NormType::RmsNorm, o) if o != 0.0 => "RMSNorm (1 + w)",
+        (infer_models::NormType::RmsNorm, _) => "RMSNorm",
+        (infer_models::NormType::LayerNorm, _) => "LayerNorm",
+    };
+    let ffn = match g.ffn_type {
+        infer_models::FfnType::Gated => format!("gated FFN ({:?})", g.activation),
+        infer_models::FfnType::Standard => format!("standard FFN ({:?})", g.activation),
+    };
+    let residual = if g.parallel_residual {
+        ", parallel residual"
+    } else {
+        ""
+    };
+    let softcap = g
+        .attention
+        .softcap
+        .map_or(String::new(), |c| format!(", soft-cap {c}"));
+    format!(
+        "{window}, {} q / {} kv heads × {}, {rope}, scale {:.5}{softcap}; {norm}; {ffn}{residual}",
+        g.num_q_heads, g.num_kv_heads, g.head_dim, g.attention.scale
+    )
+}
+
+/// Per-layer architecture plan of a config, one line per layer (for `infer inspect`).
+pub fn layer_plan(arch: &dyn ModelArchitecture) -> String {
+    (0..arch.num_layers())
+        .map(|l| {
+            format!(
+                "layer {l:>3}: {}\n",
+                describe_geometry(&layer_geometry(arch, l))
+            )
+        })
+        .collect()
 }
 
 /// A quantized matrix `[out, in]` from the vindex; its byte count must match the geometry.
