@@ -7,6 +7,7 @@ use crate::layer::{
     DenseFfn, DownLayout, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, QuantWeight,
     WalkFfn, WeightData,
 };
+use crate::scratch::{fit, Scratch};
 use crate::{InferenceError, KvCache, Model};
 
 /// Which logits a forward pass returns.
@@ -43,7 +44,25 @@ impl Model<'_> {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>, InferenceError> {
-        self.forward_inner(backend, tokens, cache, which, None)
+        let mut logits = Vec::new();
+        self.forward_into(backend, tokens, cache, which, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] writing the logits (`[vocab]` or `[T, vocab]` f32) into `logits`,
+    /// which is resized to fit. With a reused `logits` buffer and cache, a decode step
+    /// allocates nothing in this crate once the cache's scratch buffers have grown to the
+    /// largest batch seen (kernels of `infer-compute` may still allocate their own temporaries).
+    /// Errors as [`Model::forward`]; on error `logits` holds unspecified values.
+    pub fn forward_into(
+        &self,
+        backend: &dyn ComputeBackend,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), InferenceError> {
+        self.forward_inner(backend, tokens, cache, which, None, logits)
     }
 
     /// Prefill: run the whole prompt as one batch (every layer, matrix-matrix products) and
@@ -77,7 +96,15 @@ impl Model<'_> {
         which: Logits,
     ) -> Result<(Vec<f32>, HiddenStates), InferenceError> {
         let mut hidden = Vec::new();
-        let logits = self.forward_inner(backend, tokens, cache, which, Some(&mut hidden))?;
+        let mut logits = Vec::new();
+        self.forward_inner(
+            backend,
+            tokens,
+            cache,
+            which,
+            Some(&mut hidden),
+            &mut logits,
+        )?;
         Ok((logits, hidden))
     }
 
@@ -93,21 +120,33 @@ impl Model<'_> {
         cache: &mut KvCache,
         which: Logits,
         hidden_out: Option<&mut HiddenStates>,
-    ) -> Result<Vec<f32>, InferenceError> {
-        if rayon::current_num_threads() <= 1 || rayon::current_thread_index().is_some() {
-            return self.forward_body(backend, tokens, cache, which, hidden_out);
-        }
-        rayon::scope(|_| self.forward_body(backend, tokens, cache, which, hidden_out))
+        logits: &mut Vec<f32>,
+    ) -> Result<(), InferenceError> {
+        // The scratch buffers leave the cache for the pass (a move, no allocation) so that
+        // the cache can be written while they are borrowed; they are put back even on error.
+        let mut s = std::mem::take(&mut cache.scratch);
+        let r = if rayon::current_num_threads() <= 1 || rayon::current_thread_index().is_some() {
+            self.forward_body(backend, tokens, cache, &mut s, which, hidden_out, logits)
+        } else {
+            rayon::scope(|_| {
+                self.forward_body(backend, tokens, cache, &mut s, which, hidden_out, logits)
+            })
+        };
+        cache.scratch = s;
+        r
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn forward_body(
         &self,
         backend: &dyn ComputeBackend,
         tokens: &[u32],
         cache: &mut KvCache,
+        s: &mut Scratch,
         which: Logits,
         mut hidden_out: Option<&mut HiddenStates>,
-    ) -> Result<Vec<f32>, InferenceError> {
+        logits: &mut Vec<f32>,
+    ) -> Result<(), InferenceError> {
         if tokens.is_empty() {
             return Err(InferenceError::EmptyInput);
         }
@@ -115,30 +154,31 @@ impl Model<'_> {
         let t = tokens.len();
         let h = self.hidden_size;
         let start = cache.len();
-        let positions: Vec<usize> = (start..start + t).collect();
+        s.positions.clear();
+        s.positions.extend(start..start + t);
 
-        let mut x = self.embed(tokens, &positions)?;
+        self.embed(tokens, &s.positions, &mut s.x)?;
         if let Some(hs) = hidden_out.as_deref_mut() {
-            hs.push(x.clone());
+            hs.push(s.x.clone());
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(backend, layer, l, &mut x, &positions, cache)?;
+            self.layer_forward(backend, layer, l, s, cache)?;
             if let Some(hs) = hidden_out.as_deref_mut() {
-                hs.push(x.clone());
+                hs.push(s.x.clone());
             }
         }
         cache.advance(t);
 
         let rows = match which {
-            Logits::Last => &x[(t - 1) * h..],
-            Logits::All => &x[..],
+            Logits::Last => &s.x[(t - 1) * h..],
+            Logits::All => &s.x[..],
         };
         let n_rows = rows.len() / h;
-        let mut normed = vec![0.0; rows.len()];
+        let normed = fit(&mut s.normed, rows.len());
         apply_norm(
             &self.final_norm,
             rows,
-            &mut normed,
+            normed,
             self.layers[0].geometry.norm_type,
             self.norm_eps(),
             self.norm_offset(),
@@ -146,24 +186,20 @@ impl Model<'_> {
         if let Some(hs) = hidden_out {
             if which == Logits::All {
                 if let Some(last) = hs.last_mut() {
-                    last.clone_from(&normed);
+                    last.clear();
+                    last.extend_from_slice(normed);
                 }
             }
         }
-        let mut logits = vec![0.0; n_rows * self.vocab_size];
+        let logits = fit(logits, n_rows * self.vocab_size);
         match &self.lm_head {
-            Some(w) => matmul_weight(backend, w, &normed, n_rows, h, self.vocab_size, &mut logits)?,
-            None => backend.matmul_transb(
-                &normed,
-                &self.embeddings,
-                n_rows,
-                h,
-                self.vocab_size,
-                &mut logits,
-            ),
+            Some(w) => matmul_weight(backend, w, normed, n_rows, h, self.vocab_size, logits)?,
+            None => {
+                backend.matmul_transb(normed, &self.embeddings, n_rows, h, self.vocab_size, logits)
+            }
         }
         if let Some(b) = &self.lm_head_bias {
-            add_bias(&mut logits, b);
+            add_bias(logits, b);
         }
         let div = self.arch.logits_divisor();
         if div != 1.0 {
@@ -173,7 +209,7 @@ impl Model<'_> {
             let cap = cap as f32;
             logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
         }
-        Ok(logits)
+        Ok(())
     }
 
     fn norm_eps(&self) -> f32 {
@@ -184,11 +220,17 @@ impl Model<'_> {
         self.arch.norm_weight_offset()
     }
 
-    /// Token (and learned position) embeddings times the embedding scale: `[T, hidden]`.
-    fn embed(&self, tokens: &[u32], positions: &[usize]) -> Result<Vec<f32>, InferenceError> {
+    /// Token (and learned position) embeddings times the embedding scale, into `x`:
+    /// `[T, hidden]`.
+    fn embed(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        x: &mut Vec<f32>,
+    ) -> Result<(), InferenceError> {
         let h = self.hidden_size;
         let scale = self.arch.embedding_scale();
-        let mut x = Vec::with_capacity(tokens.len() * h);
+        x.clear();
         for (&tok, &pos) in tokens.iter().zip(positions) {
             let id = tok as usize;
             if id >= self.vocab_size {
@@ -210,106 +252,149 @@ impl Model<'_> {
                 x[n - h..].iter_mut().zip(p).for_each(|(a, b)| *a += b);
             }
         }
-        Ok(x)
+        Ok(())
     }
 
+    /// One block on the residual stream `s.x` `[T, hidden]` at positions `s.positions`.
     fn layer_forward(
         &self,
         backend: &dyn ComputeBackend,
         layer: &FullPipelineLayer<'_>,
         l: usize,
-        x: &mut [f32],
-        positions: &[usize],
+        s: &mut Scratch,
         cache: &mut KvCache,
     ) -> Result<(), InferenceError> {
         let g = &layer.geometry;
+        let positions = &s.positions[..];
         let t = positions.len();
-        let normed = maybe_norm(
+        let (ty, eps, off) = (g.norm_type, g.eps, g.norm_offset);
+        maybe_norm(
             layer.pre_attn_norm.as_ref(),
-            x,
-            g.norm_type,
-            g.eps,
-            g.norm_offset,
+            &s.x,
+            ty,
+            eps,
+            off,
+            &mut s.normed,
         );
 
         // Attention: projections, q/k norms, RoPE, cache, attention, output projection.
-        let [mut q, mut k, v] =
-            project_many(backend, [&layer.wq, &layer.wk, &layer.wv], &normed, t)?;
+        project_many(
+            backend,
+            [&layer.wq, &layer.wk, &layer.wv],
+            &s.normed,
+            t,
+            [&mut s.q, &mut s.k, &mut s.v],
+        )?;
         let qk_norm_width = if g.qk_norm_whole_projection {
             None
         } else {
             Some(g.head_dim)
         };
         if let Some(n) = &layer.q_norm {
-            norm_rows(n, &mut q, qk_norm_width, g);
+            norm_rows(n, &mut s.q, qk_norm_width, g);
         }
         if let Some(n) = &layer.k_norm {
-            norm_rows(n, &mut k, qk_norm_width, g);
+            norm_rows(n, &mut s.k, qk_norm_width, g);
         }
         if let Some(rope) = &g.rope {
-            infer_compute::apply_rope(&mut q, g.num_q_heads, positions, rope);
-            infer_compute::apply_rope(&mut k, g.num_kv_heads, positions, rope);
+            infer_compute::apply_rope(&mut s.q, g.num_q_heads, positions, rope);
+            infer_compute::apply_rope(&mut s.k, g.num_kv_heads, positions, rope);
         }
-        let (k_all, v_all) = cache.write(l, &k, &v)?;
+        let (k_all, v_all) = cache.write(l, &s.k, &s.v)?;
         let t_kv = positions[0] + t;
-        let mut attn = vec![0.0; t * g.q_dim()];
-        infer_compute::attention(&q, k_all, v_all, positions, t_kv, &g.attention, &mut attn);
-        let mut attn_out = project(backend, &layer.wo, &attn, t)?;
+        let attn = fit(&mut s.attn, t * g.q_dim());
+        infer_compute::attention(&s.q, k_all, v_all, positions, t_kv, &g.attention, attn);
+        project(backend, &layer.wo, &s.attn, t, &mut s.attn_out)?;
         if let Some(n) = &layer.post_attn_norm {
-            attn_out = maybe_norm(Some(n), &attn_out, g.norm_type, g.eps, g.norm_offset);
+            maybe_norm(Some(n), &s.attn_out, ty, eps, off, &mut s.tmp);
+            std::mem::swap(&mut s.attn_out, &mut s.tmp);
         }
 
         if g.parallel_residual {
             // x + attn(norm1(x)) + ffn(norm2(x)); phi shares the first norm.
             let ffn_in = match &layer.pre_ffn_norm {
-                Some(n) => maybe_norm(Some(n), x, g.norm_type, g.eps, g.norm_offset),
-                None => normed,
+                Some(n) => {
+                    maybe_norm(Some(n), &s.x, ty, eps, off, &mut s.ffn_in);
+                    &s.ffn_in
+                }
+                None => &s.normed,
             };
-            let ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g)?;
-            for ((xi, a), f) in x.iter_mut().zip(&attn_out).zip(&ffn_out) {
+            ffn(
+                backend,
+                &layer.ffn,
+                ffn_in,
+                t,
+                g,
+                &mut s.gate,
+                &mut s.up,
+                &mut s.ffn_out,
+            )?;
+            for ((xi, a), f) in s.x.iter_mut().zip(&s.attn_out).zip(&s.ffn_out) {
                 *xi += (a + f) * g.residual_multiplier;
             }
             return Ok(());
         }
-        residual_add(x, &attn_out, g.residual_multiplier);
-        let ffn_in = maybe_norm(
+        residual_add(&mut s.x, &s.attn_out, g.residual_multiplier);
+        maybe_norm(
             layer.pre_ffn_norm.as_ref(),
-            x,
-            g.norm_type,
-            g.eps,
-            g.norm_offset,
+            &s.x,
+            ty,
+            eps,
+            off,
+            &mut s.ffn_in,
         );
-        let mut ffn_out = ffn(backend, &layer.ffn, &ffn_in, t, g)?;
+        ffn(
+            backend,
+            &layer.ffn,
+            &s.ffn_in,
+            t,
+            g,
+            &mut s.gate,
+            &mut s.up,
+            &mut s.ffn_out,
+        )?;
         if let Some(n) = &layer.post_ffn_norm {
-            ffn_out = maybe_norm(Some(n), &ffn_out, g.norm_type, g.eps, g.norm_offset);
+            maybe_norm(Some(n), &s.ffn_out, ty, eps, off, &mut s.tmp);
+            std::mem::swap(&mut s.ffn_out, &mut s.tmp);
         }
-        residual_add(x, &ffn_out, g.residual_multiplier);
+        residual_add(&mut s.x, &s.ffn_out, g.residual_multiplier);
         Ok(())
     }
 }
 
+/// The layer's FFN of `x` `[T, hidden]` into `out` `[T, hidden]`; `gate`, `up` are scratch.
+#[allow(clippy::too_many_arguments)]
 fn ffn(
     backend: &dyn ComputeBackend,
     w: &Ffn<'_>,
     x: &[f32],
     t: usize,
     g: &crate::LayerGeometry,
-) -> Result<Vec<f32>, InferenceError> {
-    Ok(match w {
-        Ffn::Walk(w) => walk_ffn(backend, w, x, t, g),
-        Ffn::Dense(d) => dense_ffn(backend, d, x, t, g)?,
-        Ffn::Moe(m) => moe_ffn(backend, m, x, t, g),
-    })
+    gate: &mut Vec<f32>,
+    up: &mut Vec<f32>,
+    out: &mut Vec<f32>,
+) -> Result<(), InferenceError> {
+    match w {
+        Ffn::Walk(w) => *out = walk_ffn(backend, w, x, t, g),
+        Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, gate, up, out)?,
+        Ffn::Moe(m) => *out = moe_ffn(backend, m, x, t, g),
+    }
+    Ok(())
 }
 
-/// A dense FFN over Linear-layout (quantized) matrices: `down(act(gate(x)) ⊙ up(x))`.
+/// A dense FFN over Linear-layout (quantized) matrices: `down(act(gate(x)) ⊙ up(x))`, into
+/// `out`.
+#[allow(clippy::too_many_arguments)]
 fn dense_ffn(
     backend: &dyn ComputeBackend,
     d: &DenseFfn<'_>,
     x: &[f32],
     t: usize,
     g: &crate::LayerGeometry,
-) -> Result<Vec<f32>, InferenceError> {
+    gate_buf: &mut Vec<f32>,
+    up: &mut Vec<f32>,
+    out: &mut Vec<f32>,
+) -> Result<(), InferenceError> {
     // Quantized tiers: the vectorised activations of `ops::gated_mul_fast` (≤ 4e-7 relative
     // from the exact f64 SiLU, ≤ 1e-5 for tanh-GELU: far below the activation quantization
     // error of these paths).
@@ -318,19 +403,17 @@ fn dense_ffn(
         Activation::GeluTanh => ops::Activation::GeluTanh,
         Activation::Gelu => ops::Activation::Gelu,
     };
-    let up = match (&d.gate, g.ffn_type) {
+    match (&d.gate, g.ffn_type) {
         (Some(gate), FfnType::Gated) => {
-            let [gate, mut up] = project_many(backend, [gate, &d.up], x, t)?;
-            ops::gated_mul_fast(act, &gate, &mut up);
-            up
+            project_many(backend, [gate, &d.up], x, t, [&mut *gate_buf, &mut *up])?;
+            ops::gated_mul_fast(act, gate_buf, up);
         }
         _ => {
-            let mut up = project(backend, &d.up, x, t)?;
-            ops::act_fast_inplace(act, &mut up);
-            up
+            project(backend, &d.up, x, t, up)?;
+            ops::act_fast_inplace(act, up);
         }
-    };
-    project(backend, &d.down, &up, t)
+    }
+    project(backend, &d.down, up, t, out)
 }
 
 fn activation_fn(a: Activation) -> fn(f32) -> f32 {
@@ -443,71 +526,66 @@ fn add_bias(rows: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// `x · Wᵀ + b` for `t` rows.
+/// `x · Wᵀ + b` for `t` rows, into `out` (resized to `[t, out_features]`).
 fn project(
     backend: &dyn ComputeBackend,
     w: &Linear<'_>,
     x: &[f32],
     t: usize,
-) -> Result<Vec<f32>, InferenceError> {
-    let mut out = vec![0.0; t * w.out_features];
-    matmul_weight(
-        backend,
-        &w.weight,
-        x,
-        t,
-        w.in_features,
-        w.out_features,
-        &mut out,
-    )?;
+    out: &mut Vec<f32>,
+) -> Result<(), InferenceError> {
+    let out = fit(out, t * w.out_features);
+    matmul_weight(backend, &w.weight, x, t, w.in_features, w.out_features, out)?;
     if let Some(b) = &w.bias {
-        add_bias(&mut out, b);
+        add_bias(out, b);
     }
-    Ok(out)
+    Ok(())
 }
 
-/// `x · Wᵢᵀ + bᵢ` for `t` rows and `N` Linear layers with the same input: one
-/// [`ComputeBackend::quant_matmul_many`] call (activations quantized once, one parallel region)
-/// when every weight is in a ggml block format, else one [`project`] each.
+/// `x · Wᵢᵀ + bᵢ` for `t` rows and `N` Linear layers with the same input, into `outs[i]`
+/// (resized to `[t, out_featuresᵢ]`): one [`ComputeBackend::quant_matmul_many`] call
+/// (activations quantized once, one parallel region) when every weight is in a ggml block
+/// format, else one [`project`] each.
 fn project_many<const N: usize>(
     backend: &dyn ComputeBackend,
     ws: [&Linear<'_>; N],
     x: &[f32],
     t: usize,
-) -> Result<[Vec<f32>; N], InferenceError> {
-    let fused = ws.iter().all(|w| {
-        w.in_features == ws[0].in_features
-            && matches!(
-                w.weight,
-                WeightData::Quant(QuantWeight { scales: None, .. })
-            )
+    mut outs: [&mut Vec<f32>; N],
+) -> Result<(), InferenceError> {
+    let quant = ws.map(|w| match w.weight {
+        WeightData::Quant(q @ QuantWeight { scales: None, .. })
+            if w.in_features == ws[0].in_features =>
+        {
+            Some(q)
+        }
+        _ => None,
     });
-    if !fused {
-        let mut outs: [Vec<f32>; N] = std::array::from_fn(|_| Vec::new());
-        for (o, w) in outs.iter_mut().zip(ws) {
-            *o = project(backend, w, x, t)?;
+    if quant.iter().any(Option::is_none) {
+        for (o, w) in outs.into_iter().zip(ws) {
+            project(backend, w, x, t, o)?;
         }
-        return Ok(outs);
+        return Ok(());
     }
-    let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| vec![0.0; t * ws[i].out_features]);
-    let mut projs: Vec<QuantProj<'_>> = Vec::with_capacity(N);
-    for (o, w) in outs.iter_mut().zip(ws) {
-        if let WeightData::Quant(q) = &w.weight {
-            projs.push(QuantProj {
-                format: q.format,
-                bytes: q.data,
-                rows: w.out_features,
-                y: o,
-            });
+    let mut i = 0;
+    let mut projs = outs.each_mut().map(|o| {
+        let (w, q) = (ws[i], quant[i]);
+        i += 1;
+        QuantProj {
+            // Every entry is `Some` (checked above); `rows: 0` is never reached.
+            format: q.map_or(infer_compute::QuantFormat::Q8_0, |q| q.format),
+            bytes: q.map_or(&[][..], |q| q.data),
+            rows: w.out_features,
+            y: fit(o, t * w.out_features),
         }
-    }
+    });
     backend.quant_matmul_many(x, t, ws[0].in_features, &mut projs)?;
     for (o, w) in outs.iter_mut().zip(ws) {
         if let Some(b) = &w.bias {
             add_bias(o, b);
         }
     }
-    Ok(outs)
+    Ok(())
 }
 
 /// `out[t×n] = x[t×k] · Wᵀ` for a weight `[n, k]` in any supported format; the format tag
@@ -556,27 +634,28 @@ fn apply_norm(
     }
 }
 
-/// Normalise every row (row length = the norm's width), or copy when there is no norm.
+/// Normalise every row of `x` (row length = the norm's width) into `out`, or copy when there
+/// is no norm; `out` is resized to `x.len()`.
 fn maybe_norm(
     n: Option<&NormWeights<'_>>,
     x: &[f32],
     ty: NormType,
     eps: f32,
     offset: f32,
-) -> Vec<f32> {
+    out: &mut Vec<f32>,
+) {
     match n {
-        Some(n) => {
-            let mut out = vec![0.0; x.len()];
-            apply_norm(n, x, &mut out, ty, eps, offset);
-            out
+        Some(n) => apply_norm(n, x, fit(out, x.len()), ty, eps, offset),
+        None => {
+            out.clear();
+            out.extend_from_slice(x);
         }
-        None => x.to_vec(),
     }
 }
 
-/// q/k norm in place: per head (`width = Some(head_dim)`) or over the whole projection.
+/// q/k RMSNorm in place: per head (`width = Some(head_dim)`) or over the whole projection
+/// (the norm weight's length is the row width either way).
 fn norm_rows(n: &NormWeights<'_>, x: &mut [f32], width: Option<usize>, g: &crate::LayerGeometry) {
     let _ = width;
-    let out = maybe_norm(Some(n), x, NormType::RmsNorm, g.eps, g.norm_offset);
-    x.copy_from_slice(&out);
+    ops::rms_norm_inplace(x, &n.weight, g.eps, g.norm_offset);
 }

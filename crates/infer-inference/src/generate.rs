@@ -125,9 +125,14 @@ impl<'m, 'a> Generator<'m, 'a> {
             if self.cache.check_room(1).is_err() {
                 break StopReason::ContextFull;
             }
-            logits = self
-                .model
-                .decode_token(self.backend, next, &mut self.cache)?;
+            // Reuses the logits buffer: no allocation per decoded token in this crate.
+            self.model.forward_into(
+                self.backend,
+                &[next],
+                &mut self.cache,
+                crate::forward::Logits::Last,
+                &mut logits,
+            )?;
         };
         if stop != StopReason::StopString {
             out.flush(&mut on_text);

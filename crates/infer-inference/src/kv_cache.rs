@@ -1,5 +1,6 @@
 //! KV cache: per layer, K and V rows `[capacity, kv_dim]` f32, allocated once.
 
+use crate::scratch::Scratch;
 use crate::InferenceError;
 
 /// Keys and values of every layer for positions `0..len()`, with a fixed capacity (the context
@@ -10,6 +11,8 @@ pub struct KvCache {
     kv_dims: Vec<usize>,
     len: usize,
     capacity: usize,
+    /// Activation buffers reused by every forward pass on this cache (no allocation per token).
+    pub(crate) scratch: Scratch,
 }
 
 impl KvCache {
@@ -21,6 +24,7 @@ impl KvCache {
             kv_dims: kv_dims.to_vec(),
             len: 0,
             capacity,
+            scratch: Scratch::default(),
         }
     }
 

@@ -12,6 +12,7 @@ pub mod model;
 pub mod perplexity;
 pub mod plan;
 pub mod sampling;
+mod scratch;
 pub mod tokenizer;
 
 pub use error::InferenceError;
