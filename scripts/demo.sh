@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache="${INFER_CACHE:-$HOME/.cache/infer}"
-bash scripts/fetch-models.sh "$cache" >/dev/null
+bash scripts/fetch-models.sh "$cache" smollm2 >/dev/null
 cargo build --release --bin infer
 vindex="${VINDEX:-$cache/smollm2.vindex}"
 [ -d "$vindex" ] || ./target/release/infer extract "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$vindex"
