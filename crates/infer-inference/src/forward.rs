@@ -285,16 +285,12 @@ impl Model<'_> {
             t,
             [&mut s.q, &mut s.k, &mut s.v],
         )?;
-        let qk_norm_width = if g.qk_norm_whole_projection {
-            None
-        } else {
-            Some(g.head_dim)
-        };
-        if let Some(n) = &layer.q_norm {
-            norm_rows(n, &mut s.q, qk_norm_width, g);
-        }
-        if let Some(n) = &layer.k_norm {
-            norm_rows(n, &mut s.k, qk_norm_width, g);
+        // q/k RMSNorm: the weight's length is the row width (head_dim per head, or the whole
+        // projection for OLMo-2), so one row-wise norm covers both.
+        for (n, x) in [(&layer.q_norm, &mut s.q), (&layer.k_norm, &mut s.k)] {
+            if let Some(n) = n {
+                ops::rms_norm_inplace(x, &n.weight, g.eps, g.norm_offset);
+            }
         }
         if let Some(rope) = &g.rope {
             infer_compute::apply_rope(&mut s.q, g.num_q_heads, positions, rope);
@@ -651,11 +647,4 @@ fn maybe_norm(
             out.extend_from_slice(x);
         }
     }
-}
-
-/// q/k RMSNorm in place: per head (`width = Some(head_dim)`) or over the whole projection
-/// (the norm weight's length is the row width either way).
-fn norm_rows(n: &NormWeights<'_>, x: &mut [f32], width: Option<usize>, g: &crate::LayerGeometry) {
-    let _ = width;
-    ops::rms_norm_inplace(x, &n.weight, g.eps, g.norm_offset);
 }

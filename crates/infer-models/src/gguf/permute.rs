@@ -20,60 +20,59 @@ fn geometry(len: usize, rows: usize, n_head: usize) -> Result<(usize, usize), St
     Ok((hd, hd / 2))
 }
 
-/// Undo llama.cpp's permutation: `data` is `rows × (len/rows)` row-major in GGUF row order
-/// (a weight `[n_head·head_dim, in]`, or a bias with one value per row); returns HF row order.
-/// Errors (as a message) when `rows` is not `n_head` heads of even size.
-pub fn unpermute_qk_rows(data: &[f32], rows: usize, n_head: usize) -> Result<Vec<f32>, String> {
+/// Which way [`move_rows`] moves rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    GgufToHf,
+    HfToGguf,
+}
+
+/// Reorder `rows` equal-length rows of `data` between GGUF and HF row order, per head:
+/// HF row `h·hd + s·hd/2 + j` ↔ GGUF row `h·hd + 2j + s`.
+fn move_rows<T: Copy + Default>(
+    data: &[T],
+    rows: usize,
+    n_head: usize,
+    dir: Direction,
+) -> Result<Vec<T>, String> {
     let (hd, half) = geometry(data.len(), rows, n_head)?;
     let cols = data.len() / rows;
-    let mut out = vec![0f32; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..n_head {
         for s in 0..2 {
             for j in 0..half {
                 let hf = h * hd + s * half + j;
                 let gg = h * hd + 2 * j + s;
-                out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gg * cols..(gg + 1) * cols]);
+                let (to, from) = match dir {
+                    Direction::GgufToHf => (hf, gg),
+                    Direction::HfToGguf => (gg, hf),
+                };
+                out[to * cols..(to + 1) * cols]
+                    .copy_from_slice(&data[from * cols..(from + 1) * cols]);
             }
         }
     }
     Ok(out)
+}
+
+/// Undo llama.cpp's permutation: `data` is `rows × (len/rows)` row-major in GGUF row order
+/// (a weight `[n_head·head_dim, in]`, or a bias with one value per row); returns HF row order.
+/// Errors (as a message) when `rows` is not `n_head` heads of even size.
+pub fn unpermute_qk_rows(data: &[f32], rows: usize, n_head: usize) -> Result<Vec<f32>, String> {
+    move_rows(data, rows, n_head, Direction::GgufToHf)
 }
 
 /// [`unpermute_qk_rows`] on raw bytes: `data` is `rows` equal-length rows of any encoding (e.g.
 /// whole ggml blocks of a quantized row), moved as units from GGUF to HF row order.
 /// Errors (as a message) as [`unpermute_qk_rows`].
 pub fn unpermute_qk_byte_rows(data: &[u8], rows: usize, n_head: usize) -> Result<Vec<u8>, String> {
-    let (hd, half) = geometry(data.len(), rows, n_head)?;
-    let cols = data.len() / rows;
-    let mut out = vec![0u8; data.len()];
-    for h in 0..n_head {
-        for s in 0..2 {
-            for j in 0..half {
-                let hf = h * hd + s * half + j;
-                let gg = h * hd + 2 * j + s;
-                out[hf * cols..(hf + 1) * cols].copy_from_slice(&data[gg * cols..(gg + 1) * cols]);
-            }
-        }
-    }
-    Ok(out)
+    move_rows(data, rows, n_head, Direction::GgufToHf)
 }
 
 /// llama.cpp's forward permutation (HF row order → GGUF row order); the inverse of
 /// [`unpermute_qk_rows`]. Used to write GGUF-ordered test data.
 pub fn permute_qk_rows(data: &[f32], rows: usize, n_head: usize) -> Result<Vec<f32>, String> {
-    let (hd, half) = geometry(data.len(), rows, n_head)?;
-    let cols = data.len() / rows;
-    let mut out = vec![0f32; data.len()];
-    for h in 0..n_head {
-        for s in 0..2 {
-            for j in 0..half {
-                let hf = h * hd + s * half + j;
-                let gg = h * hd + 2 * j + s;
-                out[gg * cols..(gg + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
-            }
-        }
-    }
-    Ok(out)
+    move_rows(data, rows, n_head, Direction::HfToGguf)
 }
 
 #[cfg(test)]
