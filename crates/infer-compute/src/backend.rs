@@ -2,6 +2,7 @@
 //! so a CPU, a quantized and a CUDA implementation are interchangeable.
 
 use crate::ComputeError;
+use half::f16;
 use infer_quant::QuantFormat;
 
 /// One weight matrix of a [`ComputeBackend::quant_matmul_many`] call, with its output.
@@ -62,6 +63,35 @@ pub trait ComputeBackend: Send + Sync {
     ///
     /// Panics if a slice length disagrees with the shape.
     fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]);
+
+    /// `C[m×n] = A[m×k] · B[n×k]ᵀ` with `B` in IEEE half precision (a Linear weight of the
+    /// vindex f16 tier, read in place from the mmap).
+    ///
+    /// - `a`: `[m, k]` f32; `b`: `[n, k]` f16; `c`: `[m, n]` f32, fully overwritten; all
+    ///   row-major.
+    /// - Numerics: each weight is widened exactly to f32 and multiplied in f32, so the result
+    ///   equals [`matmul_transb`](Self::matmul_transb) on the widened weights up to summation
+    ///   order.
+    ///
+    /// Panics if a slice length disagrees with the shape. The default implementation widens
+    /// `b` and calls `matmul_transb`.
+    fn matmul_transb_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+        self.matmul_transb(a, &wide, m, k, n, c);
+    }
+
+    /// `C[m×n] = A[m×k] · B[k×n]` with `B` row-major in IEEE half precision (a feature-major
+    /// table of the vindex f16 tier such as `down_features`, `[features, hidden]`).
+    ///
+    /// - `a`: `[m, k]` f32; `b`: `[k, n]` f16; `c`: `[m, n]` f32, fully overwritten.
+    /// - Numerics as [`matmul_transb_f16`](Self::matmul_transb_f16).
+    ///
+    /// Panics if a slice length disagrees with the shape. The default implementation widens
+    /// `b` and calls [`matmul`](Self::matmul).
+    fn matmul_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+        self.matmul(a, &wide, m, k, n, c);
+    }
 
     /// Quantized matrix–vector product `y[rows] = W[rows×cols] · x[cols]`, where `W` is stored as
     /// `rows` consecutive rows of ggml blocks of `format` (each row `format.bytes_for(cols)`

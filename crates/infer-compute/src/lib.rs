@@ -17,7 +17,7 @@ pub mod vec_dot;
 
 pub use attention::{attention, AttentionParams};
 pub use backend::{ComputeBackend, QuantProj};
-pub use cpu::CpuBackend;
+pub use cpu::{axpy_f16, dot_f16, CpuBackend};
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;
 pub use rope::{apply_rope, Rope, RopeConfig, RopeScaling};

@@ -4,10 +4,10 @@ use infer_compute::{ops, ComputeBackend, QuantProj};
 use infer_models::{Activation, FfnType, NormType};
 
 use crate::layer::{
-    DenseFfn, DownLayout, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, QuantWeight,
-    WalkFfn, WeightData,
+    DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, QuantWeight, WeightData,
 };
 use crate::scratch::{fit, Scratch};
+use crate::walk::walk_ffn;
 use crate::{InferenceError, KvCache, Model};
 
 /// Which logits a forward pass returns.
@@ -22,6 +22,15 @@ pub enum Logits {
 /// Hidden states captured per layer for debugging/tests: entry 0 is the embedding output,
 /// entry i the output of layer i (the last replaced by the final-norm output, HF convention).
 pub type HiddenStates = Vec<Vec<f32>>;
+
+/// What a forward pass records besides the logits.
+enum Capture<'c> {
+    Nothing,
+    /// Every position's hidden state after each layer ([`HiddenStates`]).
+    Hidden(&'c mut HiddenStates),
+    /// The last position's FFN input (after the pre-FFN norm) of each layer, `[hidden]` each.
+    FfnInputs(&'c mut Vec<Vec<f32>>),
+}
 
 impl Model<'_> {
     /// KV-dim of every layer, to size a [`KvCache`].
@@ -62,7 +71,7 @@ impl Model<'_> {
         which: Logits,
         logits: &mut Vec<f32>,
     ) -> Result<(), InferenceError> {
-        self.forward_inner(backend, tokens, cache, which, None, logits)
+        self.forward_inner(backend, tokens, cache, which, Capture::Nothing, logits)
     }
 
     /// Prefill: run the whole prompt as one batch (every layer, matrix-matrix products) and
@@ -102,10 +111,34 @@ impl Model<'_> {
             tokens,
             cache,
             which,
-            Some(&mut hidden),
+            Capture::Hidden(&mut hidden),
             &mut logits,
         )?;
         Ok((logits, hidden))
+    }
+
+    /// Like [`Model::forward`] with [`Logits::Last`], also returning, for each layer, the last
+    /// token's FFN input: the residual stream after attention passed through the pre-FFN norm
+    /// (for a parallel-residual block without its own FFN norm, the shared pre-attention norm
+    /// output), `[hidden]` f32 — the `x` of `FFN(x) = Σᵢ act(gᵢ·x)(uᵢ·x)dᵢ` that `infer walk`
+    /// inspects.
+    pub fn forward_with_ffn_inputs(
+        &self,
+        backend: &dyn ComputeBackend,
+        tokens: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>), InferenceError> {
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut logits = Vec::new();
+        self.forward_inner(
+            backend,
+            tokens,
+            cache,
+            Logits::Last,
+            Capture::FfnInputs(&mut inputs),
+            &mut logits,
+        )?;
+        Ok((logits, inputs))
     }
 
     /// Runs [`Model::forward_body`] on a worker of rayon's current pool. Called from a thread
@@ -119,17 +152,17 @@ impl Model<'_> {
         tokens: &[u32],
         cache: &mut KvCache,
         which: Logits,
-        hidden_out: Option<&mut HiddenStates>,
+        capture: Capture<'_>,
         logits: &mut Vec<f32>,
     ) -> Result<(), InferenceError> {
         // The scratch buffers leave the cache for the pass (a move, no allocation) so that
         // the cache can be written while they are borrowed; they are put back even on error.
         let mut s = std::mem::take(&mut cache.scratch);
         let r = if rayon::current_num_threads() <= 1 || rayon::current_thread_index().is_some() {
-            self.forward_body(backend, tokens, cache, &mut s, which, hidden_out, logits)
+            self.forward_body(backend, tokens, cache, &mut s, which, capture, logits)
         } else {
             rayon::scope(|_| {
-                self.forward_body(backend, tokens, cache, &mut s, which, hidden_out, logits)
+                self.forward_body(backend, tokens, cache, &mut s, which, capture, logits)
             })
         };
         cache.scratch = s;
@@ -144,7 +177,7 @@ impl Model<'_> {
         cache: &mut KvCache,
         s: &mut Scratch,
         which: Logits,
-        mut hidden_out: Option<&mut HiddenStates>,
+        mut capture: Capture<'_>,
         logits: &mut Vec<f32>,
     ) -> Result<(), InferenceError> {
         if tokens.is_empty() {
@@ -158,13 +191,24 @@ impl Model<'_> {
         s.positions.extend(start..start + t);
 
         self.embed(tokens, &s.positions, &mut s.x)?;
-        if let Some(hs) = hidden_out.as_deref_mut() {
+        if let Capture::Hidden(hs) = &mut capture {
             hs.push(s.x.clone());
         }
         for (l, layer) in self.layers.iter().enumerate() {
             self.layer_forward(backend, layer, l, s, cache)?;
-            if let Some(hs) = hidden_out.as_deref_mut() {
-                hs.push(s.x.clone());
+            match &mut capture {
+                Capture::Nothing => {}
+                Capture::Hidden(hs) => hs.push(s.x.clone()),
+                Capture::FfnInputs(inputs) => {
+                    // Where `layer_forward` left this layer's FFN input.
+                    let ffn_in = if layer.geometry.parallel_residual && layer.pre_ffn_norm.is_none()
+                    {
+                        &s.normed
+                    } else {
+                        &s.ffn_in
+                    };
+                    inputs.push(ffn_in[(t - 1) * h..t * h].to_vec());
+                }
             }
         }
         cache.advance(t);
@@ -183,7 +227,7 @@ impl Model<'_> {
             self.norm_eps(),
             self.norm_offset(),
         );
-        if let Some(hs) = hidden_out {
+        if let Capture::Hidden(hs) = capture {
             if which == Logits::All {
                 if let Some(last) = hs.last_mut() {
                     last.clear();
@@ -195,7 +239,8 @@ impl Model<'_> {
         match &self.lm_head {
             Some(w) => matmul_weight(backend, w, normed, n_rows, h, self.vocab_size, logits)?,
             None => {
-                backend.matmul_transb(normed, &self.embeddings, n_rows, h, self.vocab_size, logits)
+                self.embeddings
+                    .matmul_transb(backend, normed, n_rows, h, self.vocab_size, logits)
             }
         }
         if let Some(b) = &self.lm_head_bias {
@@ -239,8 +284,11 @@ impl Model<'_> {
                     vocab: self.vocab_size,
                 });
             }
-            let row = &self.embeddings[id * h..(id + 1) * h];
-            x.extend(row.iter().map(|v| v * scale));
+            let n = x.len();
+            x.resize(n + h, 0.0);
+            let row = &mut x[n..];
+            self.embeddings.copy_row(id, row);
+            row.iter_mut().for_each(|v| *v *= scale);
             if let Some(pe) = &self.position_embeddings {
                 let n = x.len();
                 let p = pe
@@ -371,7 +419,7 @@ fn ffn(
     out: &mut Vec<f32>,
 ) -> Result<(), InferenceError> {
     match w {
-        Ffn::Walk(w) => *out = walk_ffn(backend, w, x, t, g),
+        Ffn::Walk(w) => walk_ffn(backend, w, x, t, g, gate, up, out),
         Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, gate, up, out)?,
         Ffn::Moe(m) => *out = moe_ffn(backend, m, x, t, g),
     }
@@ -412,50 +460,6 @@ fn dense_ffn(
     project(backend, &d.down, up, t, out)
 }
 
-fn activation_fn(a: Activation) -> fn(f32) -> f32 {
-    match a {
-        Activation::Silu => ops::silu,
-        Activation::GeluTanh => ops::gelu_tanh,
-        Activation::Gelu => ops::gelu,
-    }
-}
-
-/// Walk FFN: `Σᵢ act(gᵢ·x)(uᵢ·x) dᵢ` over all features (exact), as matrix products:
-/// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]`, then `A · D` (D feature-major `[inter, hidden]`,
-/// or `A · Dᵀ` for a Linear-layout down).
-fn walk_ffn(
-    backend: &dyn ComputeBackend,
-    w: &WalkFfn<'_>,
-    x: &[f32],
-    t: usize,
-    g: &crate::LayerGeometry,
-) -> Vec<f32> {
-    let (h, inter) = (g.hidden_size, w.intermediate_size);
-    let mut up = vec![0.0; t * inter];
-    backend.matmul_transb(x, &w.up, t, h, inter, &mut up);
-    if let Some(b) = &w.up_bias {
-        add_bias(&mut up, b);
-    }
-    let act = activation_fn(g.activation);
-    match (g.ffn_type, &w.gate) {
-        (FfnType::Gated, Some(gate_w)) => {
-            let mut gate = vec![0.0; t * inter];
-            backend.matmul_transb(x, gate_w, t, h, inter, &mut gate);
-            up.iter_mut().zip(&gate).for_each(|(u, gv)| *u *= act(*gv));
-        }
-        _ => up.iter_mut().for_each(|u| *u = act(*u)),
-    }
-    let mut out = vec![0.0; t * h];
-    match w.down_layout {
-        DownLayout::FeatureMajor => backend.matmul(&up, &w.down, t, inter, h, &mut out),
-        DownLayout::Linear => backend.matmul_transb(&up, &w.down, t, inter, h, &mut out),
-    }
-    if let Some(b) = &w.down_bias {
-        add_bias(&mut out, b);
-    }
-    out
-}
-
 /// Mixture of experts, per token: softmax router, top-k experts weighted by their probability
 /// (renormalised when `norm_topk_prob`; ties → lower expert index), plus the shared expert
 /// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`).
@@ -471,6 +475,7 @@ fn moe_ffn(
     let mut router = vec![0.0; t * n];
     backend.matmul_transb(x, &m.router, t, h, n, &mut router);
     let mut out = vec![0.0; t * h];
+    let (mut gate, mut up, mut y) = (Vec::new(), Vec::new(), Vec::new());
     for (row, (xr, probs)) in x
         .chunks_exact(h)
         .zip(router.chunks_exact_mut(n))
@@ -488,12 +493,12 @@ fn moe_ffn(
             } else {
                 probs[e]
             };
-            let y = walk_ffn(backend, &m.experts[e], xr, 1, g);
+            walk_ffn(backend, &m.experts[e], xr, 1, g, &mut gate, &mut up, &mut y);
             o.iter_mut().zip(&y).for_each(|(a, b)| *a += weight * b);
         }
     }
     if let Some(shared) = &m.shared {
-        let y = walk_ffn(backend, shared, x, t, g);
+        walk_ffn(backend, shared, x, t, g, &mut gate, &mut up, &mut y);
         for (row, (o, yr)) in out.chunks_exact_mut(h).zip(y.chunks_exact(h)).enumerate() {
             let gate = match &m.shared_gate {
                 Some(sg) => {
@@ -597,6 +602,7 @@ fn matmul_weight(
 ) -> Result<(), InferenceError> {
     match w {
         WeightData::F32(w) => backend.matmul_transb(x, w, t, k, n, out),
+        WeightData::F16(w) => backend.matmul_transb_f16(x, w, t, k, n, out),
         WeightData::Quant(QuantWeight {
             data,
             scales: Some(scales),

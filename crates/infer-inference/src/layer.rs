@@ -4,6 +4,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use half::f16;
+
 use infer_compute::QuantFormat;
 use infer_compute::{AttentionParams, RopeConfig};
 use infer_models::{Activation, FfnType, NormType};
@@ -60,11 +62,127 @@ pub struct QuantWeight<'a> {
     pub format: QuantFormat,
 }
 
-/// A weight matrix `[out, in]` (HF Linear layout) in f32 or a quantized format.
+/// A row-major float matrix from the vindex float tier, kept in its stored precision (the f16
+/// tier is multiplied in place through [`infer_compute::ComputeBackend::matmul_transb_f16`],
+/// never widened to an f32 copy).
+#[derive(Clone, Debug)]
+pub enum FloatRows<'a> {
+    F32(Cow<'a, [f32]>),
+    F16(Cow<'a, [f16]>),
+}
+
+impl FloatRows<'_> {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            FloatRows::F32(v) => v.len(),
+            FloatRows::F16(v) => v.len(),
+        }
+    }
+
+    /// True when there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of storage (4 or 2 per value).
+    pub fn byte_len(&self) -> usize {
+        match self {
+            FloatRows::F32(v) => v.len() * 4,
+            FloatRows::F16(v) => v.len() * 2,
+        }
+    }
+
+    /// `"f32"` or `"f16"`.
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            FloatRows::F32(_) => "f32",
+            FloatRows::F16(_) => "f16",
+        }
+    }
+
+    /// `row(i) · x` where rows have `x.len()` values. Panics if row `i` is out of range.
+    pub fn dot_row(&self, i: usize, x: &[f32]) -> f32 {
+        let k = x.len();
+        match self {
+            FloatRows::F32(v) => infer_compute::ops::dot(&v[i * k..(i + 1) * k], x),
+            FloatRows::F16(v) => infer_compute::dot_f16(x, &v[i * k..(i + 1) * k]),
+        }
+    }
+
+    /// `y += alpha · row(i)` where rows have `y.len()` values. Panics if row `i` is out of range.
+    pub fn axpy_row(&self, alpha: f32, i: usize, y: &mut [f32]) {
+        let k = y.len();
+        match self {
+            FloatRows::F32(v) => {
+                let row = &v[i * k..(i + 1) * k];
+                y.iter_mut().zip(row).for_each(|(a, b)| *a += alpha * b);
+            }
+            FloatRows::F16(v) => infer_compute::axpy_f16(alpha, &v[i * k..(i + 1) * k], y),
+        }
+    }
+
+    /// Row `i` (of `out.len()` values) widened to f32 into `out`.
+    pub fn copy_row(&self, i: usize, out: &mut [f32]) {
+        let k = out.len();
+        match self {
+            FloatRows::F32(v) => out.copy_from_slice(&v[i * k..(i + 1) * k]),
+            FloatRows::F16(v) => out
+                .iter_mut()
+                .zip(&v[i * k..(i + 1) * k])
+                .for_each(|(o, w)| *o = w.to_f32()),
+        }
+    }
+
+    /// `C[m×n] = A[m×k] · selfᵀ`, self `[n, k]` (a Linear weight or feature-major key table).
+    pub fn matmul_transb(
+        &self,
+        backend: &dyn infer_compute::ComputeBackend,
+        a: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) {
+        match self {
+            FloatRows::F32(w) => backend.matmul_transb(a, w, m, k, n, c),
+            FloatRows::F16(w) => backend.matmul_transb_f16(a, w, m, k, n, c),
+        }
+    }
+
+    /// `C[m×n] = A[m×k] · self`, self `[k, n]` (a feature-major value table such as down).
+    pub fn matmul(
+        &self,
+        backend: &dyn infer_compute::ComputeBackend,
+        a: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) {
+        match self {
+            FloatRows::F32(w) => backend.matmul(a, w, m, k, n, c),
+            FloatRows::F16(w) => backend.matmul_f16(a, w, m, k, n, c),
+        }
+    }
+}
+
+/// A weight matrix `[out, in]` (HF Linear layout) in f32, f16 or a quantized format.
 #[derive(Clone, Debug)]
 pub enum WeightData<'a> {
     F32(Cow<'a, [f32]>),
+    F16(Cow<'a, [f16]>),
     Quant(QuantWeight<'a>),
+}
+
+impl<'a> WeightData<'a> {
+    /// Wrap a float-tier matrix.
+    pub fn float(rows: FloatRows<'a>) -> Self {
+        match rows {
+            FloatRows::F32(v) => WeightData::F32(v),
+            FloatRows::F16(v) => WeightData::F16(v),
+        }
+    }
 }
 
 impl WeightData<'_> {
@@ -72,14 +190,16 @@ impl WeightData<'_> {
     pub fn byte_len(&self) -> usize {
         match self {
             WeightData::F32(w) => w.len() * 4,
+            WeightData::F16(w) => w.len() * 2,
             WeightData::Quant(q) => q.data.len() + q.scales.map_or(0, |s| s.len() * 4),
         }
     }
 
-    /// Short description for `--explain`: `f32`, `Q4_K`, `Q8 (int8 + f32 scales)`.
+    /// Short description for `--explain`: `f32`, `f16`, `Q4_K`, `Q8 (int8 + f32 scales)`.
     pub fn describe(&self) -> String {
         match self {
             WeightData::F32(_) => "f32".into(),
+            WeightData::F16(_) => "f16".into(),
             WeightData::Quant(QuantWeight {
                 scales: Some(_), ..
             }) => "Q8".into(),
@@ -100,7 +220,7 @@ pub struct Linear<'a> {
 /// Which kernel path a layer's attention takes (printed by `--explain`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnPath {
-    /// f32 projections through `matmul_transb` (from the vindex f32 or f16 tier).
+    /// Float projections from the vindex f32 or f16 tier (`matmul_transb[_f16]`).
     F32,
     /// The seed's Q8 tier: int8 + f32 scales, int8 activations.
     Q8,
@@ -111,7 +231,7 @@ pub enum AttnPath {
 /// Which kernel path a layer's FFN takes (printed by `--explain`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FfnPath {
-    /// Walk FFN over feature-major gate/up/down vectors, all features (exact).
+    /// Walk FFN over the float tier's feature-major gate/up/down vectors (f32 or f16).
     WalkF32,
     /// Mixture of experts: router, top-k experts (f32), optional shared expert.
     MoeF32,
@@ -124,7 +244,7 @@ pub enum FfnPath {
 impl fmt::Display for AttnPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AttnPath::F32 => f.write_str("attention f32 (matmul_transb)"),
+            AttnPath::F32 => f.write_str("attention float tier"),
             AttnPath::Q8 => f.write_str("attention Q8 (int8 + f32 scales)"),
             AttnPath::Q4K => f.write_str("attention Q4_K tier"),
         }
@@ -134,7 +254,7 @@ impl fmt::Display for AttnPath {
 impl fmt::Display for FfnPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FfnPath::WalkF32 => f.write_str("walk FFN f32, all features (exact)"),
+            FfnPath::WalkF32 => f.write_str("walk FFN, float tier"),
             FfnPath::MoeF32 => f.write_str("MoE f32 (router, top-k experts)"),
             FfnPath::Q4K => f.write_str("FFN interleaved Q4_K tier"),
             FfnPath::Q4 => f.write_str("FFN interleaved Q4_0 tier"),
@@ -151,14 +271,14 @@ pub enum DownLayout {
     Linear,
 }
 
-/// Walk-FFN weights: `[intermediate, hidden]` gate and up vectors, down per [`DownLayout`].
-/// `gate` is `None` for non-gated (`FfnType::Standard`) FFNs.
+/// Walk-FFN weights: `[intermediate, hidden]` gate and up vectors, down per [`DownLayout`],
+/// f32 or f16 as stored. `gate` is `None` for non-gated (`FfnType::Standard`) FFNs.
 #[derive(Clone, Debug)]
 pub struct WalkFfn<'a> {
     pub intermediate_size: usize,
-    pub gate: Option<Cow<'a, [f32]>>,
-    pub up: Cow<'a, [f32]>,
-    pub down: Cow<'a, [f32]>,
+    pub gate: Option<FloatRows<'a>>,
+    pub up: FloatRows<'a>,
+    pub down: FloatRows<'a>,
     pub down_layout: DownLayout,
     pub up_bias: Option<Cow<'a, [f32]>>,
     pub down_bias: Option<Cow<'a, [f32]>>,
@@ -229,7 +349,7 @@ impl Linear<'_> {
 
 impl WalkFfn<'_> {
     fn byte_len(&self) -> usize {
-        (self.gate.as_ref().map_or(0, |g| g.len()) + self.up.len() + self.down.len()) * 4
+        self.gate.as_ref().map_or(0, |g| g.byte_len()) + self.up.byte_len() + self.down.byte_len()
     }
 }
 

@@ -14,6 +14,7 @@ pub mod plan;
 pub mod sampling;
 mod scratch;
 pub mod tokenizer;
+pub mod walk;
 
 pub use error::InferenceError;
 pub use generate::{GenerateOptions, GenerationStats, Generator, StopReason};

@@ -7,18 +7,19 @@ use infer_models::{architecture_for, ModelArchitecture, RopeScaling};
 use infer_vindex::{FloatSlice, Tier, Vindex};
 
 use crate::layer::{
-    AttnPath, DenseFfn, DownLayout, Ffn, FfnPath, FullPipelineLayer, LayerGeometry, Linear, MoeFfn,
-    NormWeights, QuantWeight, WalkFfn, WeightData,
+    AttnPath, DenseFfn, DownLayout, Ffn, FfnPath, FloatRows, FullPipelineLayer, LayerGeometry,
+    Linear, MoeFfn, NormWeights, QuantWeight, WalkFfn, WeightData,
 };
 use crate::plan::{FormatPlan, FormatRequest, LmHeadPath};
 use crate::InferenceError;
 
 /// A model ready to run: embeddings, one [`FullPipelineLayer`] per layer, final norm, lm_head.
-/// Borrows the vindex's mmap for f32 tiers (zero-copy); f16 tiers are widened once at load.
+/// Borrows the vindex's mmap (zero-copy): matrices of the f16 tier stay f16 and are multiplied
+/// in place; only norms, biases and other vectors are widened to f32 at load.
 pub struct Model<'a> {
     pub arch: Box<dyn ModelArchitecture>,
-    /// `[vocab, hidden]` token embeddings.
-    pub embeddings: Cow<'a, [f32]>,
+    /// `[vocab, hidden]` token embeddings (also the output projection when tied).
+    pub embeddings: FloatRows<'a>,
     /// Learned absolute position embeddings `[max_positions, hidden]` (GPT-2), if any.
     pub position_embeddings: Option<Cow<'a, [f32]>>,
     pub layers: Vec<FullPipelineLayer<'a>>,
@@ -39,6 +40,42 @@ fn widen(s: FloatSlice<'_>) -> Cow<'_, [f32]> {
         FloatSlice::F32(v) => Cow::Borrowed(v),
         FloatSlice::F16(_) => Cow::Owned(s.to_f32_vec()),
     }
+}
+
+/// A matrix in its stored precision (zero-copy).
+fn rows(s: FloatSlice<'_>) -> FloatRows<'_> {
+    match s {
+        FloatSlice::F32(v) => FloatRows::F32(Cow::Borrowed(v)),
+        FloatSlice::F16(v) => FloatRows::F16(Cow::Borrowed(v)),
+    }
+}
+
+/// Check a matrix's element count.
+fn check_rows<'a>(
+    data: FloatRows<'a>,
+    what: &str,
+    len: usize,
+) -> Result<FloatRows<'a>, InferenceError> {
+    if data.len() != len {
+        return Err(InferenceError::BadShape {
+            key: what.to_string(),
+            expected: len,
+            found: data.len(),
+        });
+    }
+    Ok(data)
+}
+
+/// Look up a matrix the architecture requires, in its stored precision; check its size.
+fn required_rows<'a>(
+    v: &'a Vindex,
+    key: &str,
+    len: usize,
+) -> Result<FloatRows<'a>, InferenceError> {
+    let (s, _shape) = v
+        .tensor(key)
+        .map_err(|_| InferenceError::MissingTensor(key.to_string()))?;
+    check_rows(rows(s), key, len)
 }
 
 /// Look up a tensor the architecture requires; check its element count.
@@ -109,7 +146,7 @@ fn linear<'a>(
         None => None,
     };
     Ok(Linear {
-        weight: WeightData::F32(required(v, key, out_features * in_features)?),
+        weight: WeightData::float(required_rows(v, key, out_features * in_features)?),
         bias,
         out_features,
         in_features,
@@ -197,14 +234,7 @@ impl<'a> Model<'a> {
         let hidden = arch.hidden_size();
         let vocab = arch.vocab_size();
         let (emb, _) = v.embeddings();
-        let embeddings = widen(emb);
-        if embeddings.len() != vocab * hidden {
-            return Err(InferenceError::BadShape {
-                key: "embeddings".into(),
-                expected: vocab * hidden,
-                found: embeddings.len(),
-            });
-        }
+        let embeddings = check_rows(rows(emb), "embeddings", vocab * hidden)?;
         let mut layers = Vec::with_capacity(arch.num_layers());
         for l in 0..arch.num_layers() {
             layers.push(build_layer(v, arch.as_ref(), l, &plan)?);
@@ -230,7 +260,10 @@ impl<'a> Model<'a> {
                 vocab,
                 hidden,
             )?),
-            LmHeadPath::Float => v.lm_head().map(|(s, _)| WeightData::F32(widen(s))),
+            LmHeadPath::Float => v
+                .lm_head()
+                .map(|(s, _)| check_rows(rows(s), "lm_head", vocab * hidden).map(WeightData::float))
+                .transpose()?,
         };
         let lm_head_bias = arch
             .lm_head_bias_key()
@@ -266,16 +299,16 @@ impl<'a> Model<'a> {
         let lm = self
             .lm_head
             .as_ref()
-            .map_or(self.embeddings.len() * 4, |w| w.byte_len());
+            .map_or(self.embeddings.byte_len(), |w| w.byte_len());
         layer_bytes + self.final_norm.weight.len() * 4 + lm
     }
 
     /// One line per layer: which path its attention and FFN take (`--explain`).
     pub fn explain(&self) -> String {
-        let lm = self
-            .lm_head
-            .as_ref()
-            .map_or("f32 (tied embeddings)".to_string(), |w| w.describe());
+        let lm = self.lm_head.as_ref().map_or(
+            format!("{} (tied embeddings)", self.embeddings.dtype()),
+            |w| w.describe(),
+        );
         let mut s = format!("plan: {}\noutput projection: {lm}\n", self.plan);
         for (l, layer) in self.layers.iter().enumerate() {
             s.push_str(&format!(
@@ -553,22 +586,7 @@ fn build_layer<'a>(
     })
 }
 
-fn check_len<'a>(
-    data: Cow<'a, [f32]>,
-    what: &str,
-    len: usize,
-) -> Result<Cow<'a, [f32]>, InferenceError> {
-    if data.len() != len {
-        return Err(InferenceError::BadShape {
-            key: what.to_string(),
-            expected: len,
-            found: data.len(),
-        });
-    }
-    Ok(data)
-}
-
-/// The dense FFN of layer `l` from the vindex FFN tier (feature-major, zero-copy for f32).
+/// The dense FFN of layer `l` from the vindex FFN tier (feature-major, zero-copy).
 fn walk_ffn<'a>(
     v: &'a Vindex,
     arch: &dyn ModelArchitecture,
@@ -577,8 +595,8 @@ fn walk_ffn<'a>(
 ) -> Result<WalkFfn<'a>, InferenceError> {
     let (hidden, inter) = (g.hidden_size, g.intermediate_size);
     let gate = match g.ffn_type {
-        infer_models::FfnType::Gated => Some(check_len(
-            widen(v.gate_layer(l)?),
+        infer_models::FfnType::Gated => Some(check_rows(
+            rows(v.gate_layer(l)?),
             &format!("layer {l} gate vectors"),
             inter * hidden,
         )?),
@@ -587,13 +605,13 @@ fn walk_ffn<'a>(
     Ok(WalkFfn {
         intermediate_size: inter,
         gate,
-        up: check_len(
-            widen(v.up_layer(l)?),
+        up: check_rows(
+            rows(v.up_layer(l)?),
             &format!("layer {l} up features"),
             inter * hidden,
         )?,
-        down: check_len(
-            widen(v.down_layer(l)?),
+        down: check_rows(
+            rows(v.down_layer(l)?),
             &format!("layer {l} down features"),
             inter * hidden,
         )?,
@@ -619,9 +637,9 @@ fn expert<'a>(
     let [gate, up, down] = keys;
     Ok(WalkFfn {
         intermediate_size: inter,
-        gate: Some(required(v, &gate, inter * hidden)?),
-        up: required(v, &up, inter * hidden)?,
-        down: required(v, &down, inter * hidden)?,
+        gate: Some(required_rows(v, &gate, inter * hidden)?),
+        up: required_rows(v, &up, inter * hidden)?,
+        down: required_rows(v, &down, inter * hidden)?,
         down_layout: DownLayout::Linear,
         up_bias: None,
         down_bias: None,

@@ -2,6 +2,7 @@
 //! dot product for matrix–vector products, both split across rayon's thread pool.
 
 mod dot;
+mod f16;
 mod gemv;
 mod matmul;
 mod quant;
@@ -14,6 +15,7 @@ use crate::{ComputeBackend, ComputeError, QuantProj};
 use infer_quant::QuantFormat;
 
 pub use dot::dot;
+pub use f16::{axpy_f16, dot_f16};
 pub(crate) use quant::Split;
 
 /// CPU implementation of [`ComputeBackend`]: f32 products plus fused quantized kernels.
@@ -64,6 +66,22 @@ impl ComputeBackend for CpuBackend {
 
     fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]) {
         gemv::gemv(b, x, n, k, y);
+    }
+
+    fn matmul_transb_f16(
+        &self,
+        a: &[f32],
+        b: &[half::f16],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) {
+        f16::matmul_transb_f16(self.isa, a, b, m, k, n, c);
+    }
+
+    fn matmul_f16(&self, a: &[f32], b: &[half::f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        f16::matmul_f16(self.isa, a, b, m, k, n, c);
     }
 
     fn quant_matvec(
