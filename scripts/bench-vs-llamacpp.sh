@@ -43,14 +43,17 @@ for m in smollm2 gemma3; do
     [ -f "$out" ] || "$bin/llama-quantize" --allow-requantize "${GGUF[$m]}" "$out" "$q" >/dev/null 2>&1
   done
   [ -d "$peers/$m.vindex" ] || $infer extract "${GGUF[$m]}" -o "$peers/$m.vindex" --quant all --no-tokenizer >&2
+  [ -d "$peers/$m-f16.vindex" ] ||
+    $infer extract "${GGUF[$m]}" -o "$peers/$m-f16.vindex" --dtype f16 --quant none --no-tokenizer >&2
 done
 
-# pairs: label | llama.cpp GGUF suffix | infer format flags
+# pairs: label | llama.cpp GGUF suffix | vindex suffix | infer format flags
 pairs=(
-  "q4k vs Q4_K_M|Q4_K_M|--attn q4k --ffn q4k --lm-head q6k"
-  "q4 (q8 attn) vs Q4_0|Q4_0|--attn q8 --ffn q4 --lm-head q4"
-  "q8 attn + q4k FFN vs Q8_0|Q8_0|--attn q8 --ffn q4k --lm-head q6k"
-  "f32 vs F16|F16|--attn f32 --ffn walk --lm-head f32"
+  "q4k vs Q4_K_M|Q4_K_M||--attn q4k --ffn q4k --lm-head q6k"
+  "q4 (q8 attn) vs Q4_0|Q4_0||--attn q8 --ffn q4 --lm-head q4"
+  "q8 attn + q4k FFN vs Q8_0|Q8_0||--attn q8 --ffn q4k --lm-head q6k"
+  "f16 vs F16|F16|-f16|--attn f32 --ffn walk --lm-head f32"
+  "f32 vs F16|F16||--attn f32 --ffn walk --lm-head f32"
 )
 
 llama_ts() { # gguf threads -> "pp tg"
@@ -74,9 +77,9 @@ echo "|---|---|---|---|---|---|---|---|---|"
 for m in smollm2 gemma3; do
   for t in $THREADS; do
     for pair in "${pairs[@]}"; do
-      IFS='|' read -r label suffix flags <<<"$pair"
+      IFS='|' read -r label suffix vsuffix flags <<<"$pair"
       # shellcheck disable=SC2086
-      read -r ipp itg < <(infer_ts "$peers/$m.vindex" "$t" $flags)
+      read -r ipp itg < <(infer_ts "$peers/$m$vsuffix.vindex" "$t" $flags)
       read -r lpp ltg < <(llama_ts "$peers/$m-$suffix.gguf" "$t")
       python3 -c "
 ipp, lpp, itg, ltg = $ipp, $lpp, $itg, $ltg
