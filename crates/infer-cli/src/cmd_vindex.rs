@@ -43,6 +43,12 @@ pub struct ExtractArgs {
     /// (default: copy their blocks unchanged).
     #[arg(long)]
     pub requantize: bool,
+    /// Also store down_meta.bin: for every FFN feature, the N tokens its down vector writes
+    /// most (projected through lm_head or the tied embeddings), for `infer walk`. N defaults
+    /// to 10. Costs one [features × hidden] · [hidden × vocab] product per layer.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "10",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub down_meta: Option<u32>,
 }
 
 fn parse_quant(s: &str) -> Result<QuantTiers, String> {
@@ -74,6 +80,7 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
         quant: args.quant,
         down_q4k: args.down_q4k,
         requantize: args.requantize,
+        down_meta: args.down_meta.map(|n| n as usize),
     };
     let start = std::time::Instant::now();
     let index = infer_vindex::extract(&args.source, &args.output, &opts).with_context(|| {

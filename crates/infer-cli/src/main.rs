@@ -10,6 +10,7 @@ mod cmd_perplexity;
 mod cmd_quant_stats;
 mod cmd_run;
 mod cmd_vindex;
+mod cmd_walk;
 mod format_args;
 
 /// infer — transformer checkpoints to vindex, and fast inference from a vindex.
@@ -45,6 +46,10 @@ enum Command {
     Perplexity(cmd_perplexity::PerplexityArgs),
     /// Relative RMSE of every stored quantized tensor against the vindex's float tier.
     QuantStats(cmd_quant_stats::QuantStatsArgs),
+    /// Last token of a prompt: per layer, the FFN features with the largest activation and the
+    /// tokens each one writes (from down_meta.bin: `infer extract --down-meta`).
+    #[command(allow_negative_numbers = true)]
+    Walk(cmd_walk::WalkArgs),
 }
 
 /// Write to stdout; a closed pipe (`infer inspect … | head`) ends quietly, any other write
@@ -113,6 +118,7 @@ fn main() -> ExitCode {
         Command::Logits(a) => cmd_run::logits(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Perplexity(a) => cmd_perplexity::run(a),
+        Command::Walk(a) => cmd_walk::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -54,6 +54,10 @@ pub struct BuildOptions {
     /// Always dequantize → requantize, never copy a GGUF tensor's blocks that already have the
     /// target format.
     pub requantize: bool,
+    /// Also write `down_meta.bin` with this many top tokens per FFN feature (see
+    /// [`crate::down_meta`]; `infer extract --down-meta [N]`). `None` (the default) skips it:
+    /// it costs one `[features, hidden] × [hidden, vocab]` product per layer.
+    pub down_meta: Option<usize>,
 }
 
 impl Default for BuildOptions {
@@ -68,6 +72,7 @@ impl Default for BuildOptions {
             quant: QuantTiers::NONE,
             down_q4k: false,
             requantize: false,
+            down_meta: None,
         }
     }
 }
@@ -114,7 +119,7 @@ impl Planned<'_> {
 /// [`VindexError::TargetNotVindex`] (with `force`, the target is a file or a non-empty directory
 /// that is not a vindex: never replaced), [`VindexError::NoTokenizer`],
 /// [`VindexError::BadSource`] (unknown architecture, no embedding, duplicate keys, shapes that
-/// disagree with the config), source read errors, I/O errors. On any error the temp directory
+/// disagree with the config; `down_meta == Some(0)`), source read errors, I/O errors. On any error the temp directory
 /// is removed and `target` is untouched.
 pub fn build(
     source: &ModelSource,
@@ -122,10 +127,22 @@ pub fn build(
     opts: &BuildOptions,
 ) -> Result<VindexIndex, VindexError> {
     check_replaceable(target, opts.force)?;
+    if opts.down_meta == Some(0) {
+        return Err(bad_source(
+            source,
+            "down_meta needs at least 1 token per feature".into(),
+        ));
+    }
     let tokenizer_json = resolve_tokenizer(source, opts)?;
     let plan = plan(source)?;
     let tmp = TempBuildDir::create(target, opts.force)?;
-    let index = write_all(source, &plan, tmp.path(), opts, tokenizer_json.as_deref())?;
+    let mut index = write_all(source, &plan, tmp.path(), opts, tokenizer_json.as_deref())?;
+    if let Some(n) = opts.down_meta {
+        // Computed from the finished float tier in the temp dir, then listed in index.json.
+        let hash = crate::down_meta_build::write_down_meta(tmp.path(), n, opts.progress)?;
+        index.files.push(hash);
+        write_index(tmp.path(), &index)?;
+    }
     tmp.commit(opts.force)?;
     Ok(index)
 }
@@ -458,12 +475,18 @@ fn write_all(
         has_tokenizer: tokenizer_json.is_some(),
         files: file_hashes,
     };
-    let text = serde_json::to_string_pretty(&index).map_err(|e| VindexError::BadJson {
+    write_index(dir, &index)?;
+    Ok(index)
+}
+
+/// Write (or rewrite) `dir/index.json`.
+fn write_index(dir: &Path, index: &VindexIndex) -> Result<(), VindexError> {
+    let text = serde_json::to_string_pretty(index).map_err(|e| VindexError::BadJson {
         path: dir.join(files::INDEX_JSON),
         msg: e.to_string(),
     })?;
     write_text(dir, files::INDEX_JSON, &text)?;
-    Ok(index)
+    Ok(())
 }
 
 /// Source file or folder name without extension.

@@ -42,6 +42,9 @@ pub enum VindexError {
         key: String,
         msg: String,
     },
+    /// A non-tensor binary file (e.g. `down_meta.bin`) whose header or contents are invalid.
+    #[error("{path}: corrupt file: {msg}")]
+    Corrupt { path: PathBuf, msg: String },
     /// A layer index past the model's last layer.
     #[error("layer {layer} out of range (the vindex has {num_layers} layers)")]
     LayerOutOfRange { layer: usize, num_layers: usize },

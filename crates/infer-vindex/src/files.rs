@@ -26,6 +26,10 @@ pub const LM_HEAD_BIN: &str = "lm_head.bin";
 pub const OTHER_BIN: &str = "other_weights.bin";
 /// Manifest of [`OTHER_BIN`].
 pub const OTHER_MANIFEST: &str = "other_weights_manifest.json";
+/// Per FFN feature, the top-N tokens of its down vector projected through the unembedding
+/// (opt-in: `infer extract --down-meta`); layout in [`crate::down_meta`]. Memory-mapped at open
+/// when listed, but not one of [`BIN_FILES`] (it holds no tensors).
+pub const DOWN_META_BIN: &str = "down_meta.bin";
 /// Hugging Face `tokenizer.json`.
 pub const TOKENIZER_JSON: &str = "tokenizer.json";
 /// Hugging Face `tokenizer_config.json`, when the source has one.

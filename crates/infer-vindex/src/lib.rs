@@ -5,6 +5,8 @@
 //!   [`infer_models::open_source`]) into `NAME.vindex/`, atomically.
 //! - [`Vindex::open`]: map and validate; then zero-copy accessors ([`Vindex::gate_vectors`],
 //!   [`Vindex::down_layer_matrix`], [`Vindex::tensor`], …) hand out `&[f32]`/`&[f16]` views.
+//! - [`down_meta`]: `down_meta.bin`, each FFN feature's top tokens through the unembedding
+//!   (opt-in, [`BuildOptions::down_meta`]), read with [`Vindex::down_meta`].
 //! - [`verify()`]: re-hash every file against `index.json`.
 //! - [`describe`]: the text `infer inspect <vindex>` prints.
 //!
@@ -27,6 +29,8 @@ mod atomic;
 pub mod build;
 pub mod classify;
 mod describe;
+pub mod down_meta;
+mod down_meta_build;
 mod error;
 pub mod files;
 mod hash;
@@ -45,6 +49,7 @@ mod writer;
 pub use api::FloatSlice;
 pub use build::{build, extract, BuildOptions};
 pub use describe::describe;
+pub use down_meta::{DownMeta, DownMetaHeader, TokenScore, Unembedding};
 pub use error::VindexError;
 pub use index::{
     Dtype, FileHash, LayerEntries, Passthrough, Provenance, Shapes, VindexIndex, FORMAT_VERSION,

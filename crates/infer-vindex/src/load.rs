@@ -125,7 +125,7 @@ impl Vindex {
         }
 
         let mut maps = HashMap::new();
-        for &name in files::BIN_FILES {
+        for &name in files::BIN_FILES.iter().chain(&[files::DOWN_META_BIN]) {
             if index.file(name).is_none() {
                 continue;
             }
