@@ -115,7 +115,38 @@ fn walk_smollm2_capital_of_france_finds_capital_city_features() {
     // " capitals", " metropolis", ...). No single feature's 10 tokens hold " Paris" itself
     // (only 2 of the model's 46080 features list it at all, neither active in that
     // direction): the answer is assembled from many features.
-    let capital = [" capitals", " capital", " metropolis", " Paris"];
+    // Layer 23's third strongest feature (604) writes European cities (" Zurich", " Basel",
+    // " Oslo", …).
+    let cities = [
+        " Paris",
+        " London",
+        " Rome",
+        " Berlin",
+        " Madrid",
+        " Oslo",
+        " Vienna",
+        " Brussels",
+        " Lisbon",
+        " Athens",
+        " Amsterdam",
+        " Dublin",
+        " Prague",
+        " Warsaw",
+        " Stockholm",
+        " Copenhagen",
+        " Helsinki",
+        " Budapest",
+        " Bern",
+        " Moscow",
+        " Tokyo",
+        " Beijing",
+    ];
+    let capital = [
+        [" capitals", " capital", " metropolis"].as_slice(),
+        cities.as_slice(),
+    ]
+    .concat();
+    let capital = capital.as_slice();
     let hits: Vec<(u64, u64, f64, String)> = layers
         .iter()
         .filter(|l| l["layer"].as_u64().unwrap() >= 20)
@@ -150,6 +181,11 @@ fn walk_smollm2_capital_of_france_finds_capital_city_features() {
         hits.iter()
             .any(|h| h.3 == " capitals" && h.2 < 0.0 && h.0 >= 20),
         "no feature of layers 20-29 (top 20 by |activation|) writes \" capitals\" through -d:\n{out}"
+    );
+    assert!(
+        hits.iter().any(|h| cities.contains(&h.3.as_str())),
+        "no feature of layers 20-29 (top 20 by |activation|) lists a capital city among its \
+         10 tokens:\n{out}"
     );
     // The model itself continues with " Paris".
     assert_eq!(
