@@ -1,8 +1,9 @@
 //! Scaled dot-product attention over a KV cache: one routine for prefill (many query rows) and
 //! decode (one row), with GQA/MQA, causal and sliding-window masks and optional logit soft-cap.
 
-use crate::cpu::dot;
+use crate::scratch;
 use rayon::prelude::*;
+use std::cell::Cell;
 
 /// Below this many multiply-adds (`t_q · n_q_heads · t_kv · head_dim`, upper bound) the work
 /// runs on the calling thread.
@@ -40,7 +41,9 @@ pub struct AttentionParams {
 /// and `p − j < window` if sliding); `out_{t,h} = Σ_j softmax(s)_j · v_{j,g}` (softmax in f32,
 /// max-subtracted), as HF eager attention (`eager_attention_forward`). Masked keys are skipped,
 /// not added as `−∞`, so a row's result depends only on its visible keys: a prefill row equals
-/// the single-row decode at the same position bit for bit.
+/// the single-row decode at the same position bit for bit. The scores live in a per-thread
+/// buffer that grows to powers of two (`crate::scratch`): no allocation per call after warm-up
+/// except when the context crosses such a size on some thread.
 ///
 /// Panics on inconsistent shapes, `n_kv_heads` not dividing `n_q_heads`, or a position
 /// `≥ t_kv` (its own key must be in the cache).
@@ -94,7 +97,7 @@ pub fn attention(
     let k = &k_cache[..t_kv * kv_row];
     let v = &v_cache[..t_kv * kv_row];
     // One task = one (query row, head); `idx = t * n_q_heads + h` is the chunk index of `out`.
-    let task = |scores: &mut Vec<f32>, idx: usize, o: &mut [f32]| {
+    let task = |scores: &mut [f32], idx: usize, o: &mut [f32]| {
         let (t, h) = (idx / n_q_heads, idx % n_q_heads);
         let qh = &q[t * q_row + h * head_dim..][..head_dim];
         let g = h / group;
@@ -112,22 +115,31 @@ pub fn attention(
     };
     let max_keys = q_positions.iter().max().map_or(0, |&p| p + 1);
     if rayon::current_num_threads() <= 1 || t_q * n_q_heads * max_keys * head_dim < PAR_MIN_WORK {
-        let mut scores = Vec::with_capacity(max_keys);
-        for (idx, o) in out.chunks_exact_mut(head_dim).enumerate() {
-            task(&mut scores, idx, o);
-        }
+        scratch::with(&SCORES, max_keys, |scores| {
+            for (idx, o) in out.chunks_exact_mut(head_dim).enumerate() {
+                task(scores, idx, o);
+            }
+        });
     } else {
         out.par_chunks_mut(head_dim)
             .enumerate()
             .with_min_len(2)
-            .for_each_init(
-                || Vec::with_capacity(max_keys),
-                |scores, (idx, o)| task(scores, idx, o),
-            );
+            .for_each(|(idx, o)| {
+                scratch::with(&SCORES, max_keys, |scores| task(scores, idx, o));
+            });
     }
 }
 
+thread_local! {
+    /// Attention scores of one (query row, head), reused across calls (`crate::scratch`).
+    static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
 /// One query head against its kv head: keys/values at column offset `col` of rows of `kv_row`.
+/// Head dims 32, 64, 128 and 256 run a copy specialised to the length (the query and the output
+/// accumulator stay in registers, no call per key), compiled for AVX2 when present; the
+/// arithmetic is the same in every copy (see [`head_attention_impl`]), so results are bitwise
+/// identical to the generic one.
 #[allow(clippy::too_many_arguments)]
 fn head_attention(
     qh: &[f32],
@@ -137,29 +149,92 @@ fn head_attention(
     col: usize,
     pos: usize,
     params: &AttentionParams,
-    scores: &mut Vec<f32>,
+    scores: &mut [f32],
     o: &mut [f32],
 ) {
-    let hd = qh.len();
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2 is available (checked once at run time).
+        unsafe {
+            return match qh.len() {
+                32 => head_avx2::<32>(qh, k, v, kv_row, col, pos, params, scores, o),
+                64 => head_avx2::<64>(qh, k, v, kv_row, col, pos, params, scores, o),
+                128 => head_avx2::<128>(qh, k, v, kv_row, col, pos, params, scores, o),
+                256 => head_avx2::<256>(qh, k, v, kv_row, col, pos, params, scores, o),
+                _ => head_avx2::<0>(qh, k, v, kv_row, col, pos, params, scores, o),
+            };
+        }
+    }
+    head_attention_impl::<0>(qh, k, v, kv_row, col, pos, params, scores, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    use std::sync::OnceLock;
+    static A: OnceLock<bool> = OnceLock::new();
+    *A.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
+}
+
+/// [`head_attention_impl`] compiled with AVX2 enabled.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_avx2<const HD: usize>(
+    qh: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kv_row: usize,
+    col: usize,
+    pos: usize,
+    params: &AttentionParams,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    head_attention_impl::<HD>(qh, k, v, kv_row, col, pos, params, scores, o)
+}
+
+/// The body of [`head_attention`]. `HD`: the head dim when known at compile time (`qh.len()`),
+/// 0 for any length. Scores are `scale · dot(q, k_j)` with `crate::cpu::dot`'s summation order
+/// ([`dot_lanes`]), soft-capped; softmax with the max subtracted, sums in key order; the
+/// output is `Σ_j (p_j / Σp) · v_j` accumulated in key order from 0 with a multiply and an add
+/// (no FMA), per element.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn head_attention_impl<const HD: usize>(
+    qh: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kv_row: usize,
+    col: usize,
+    pos: usize,
+    params: &AttentionParams,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    let hd = if HD == 0 { qh.len() } else { HD };
+    let qh = &qh[..hd];
     let hi = pos; // last visible key (inclusive); pos < t_kv checked by the caller
     let lo = match params.sliding_window {
         Some(w) => (pos + 1).saturating_sub(w), // p − j < w  ⇔  j > p − w
         None => 0,
     };
-    o.fill(0.0);
     if lo > hi {
+        o.fill(0.0);
         return; // window 0: nothing visible
     }
-    scores.clear();
+    let scores = &mut scores[..hi - lo + 1];
     let mut max = f32::NEG_INFINITY;
-    for j in lo..=hi {
+    for (j, sj) in (lo..=hi).zip(scores.iter_mut()) {
         let kj = &k[j * kv_row + col..][..hd];
-        let mut s = dot(qh, kj) * params.scale;
+        let mut s = dot_lanes(qh, kj) * params.scale;
         if let Some(cap) = params.softcap {
             s = cap * (s / cap).tanh();
         }
         max = max.max(s);
-        scores.push(s);
+        *sj = s;
     }
     let mut sum = 0f32;
     for s in scores.iter_mut() {
@@ -167,11 +242,121 @@ fn head_attention(
         sum += *s;
     }
     let inv = 1.0 / sum;
-    for (j, &p) in (lo..=hi).zip(scores.iter()) {
-        let w = p * inv;
-        let vj = &v[j * kv_row + col..][..hd];
-        for (oi, &vi) in o.iter_mut().zip(vj) {
-            *oi += w * vi;
+    if HD == 0 {
+        o.fill(0.0);
+        for (j, &p) in (lo..=hi).zip(scores.iter()) {
+            let w = p * inv;
+            let vj = &v[j * kv_row + col..][..hd];
+            for (oi, &vi) in o.iter_mut().zip(vj) {
+                *oi += w * vi;
+            }
+        }
+    } else {
+        let mut acc = [0f32; HD];
+        for (j, &p) in (lo..=hi).zip(scores.iter()) {
+            let w = p * inv;
+            let vj = &v[j * kv_row + col..][..HD];
+            for (a, &vi) in acc.iter_mut().zip(vj) {
+                *a += w * vi;
+            }
+        }
+        o[..HD].copy_from_slice(&acc);
+    }
+}
+
+/// Lanes of [`dot_lanes`], as in `crate::cpu::dot`.
+const LANES: usize = 16;
+
+/// `Σ a[i]·b[i]` in exactly `crate::cpu::dot`'s order (16 interleaved partial sums, then the remainder,
+/// reduced pairwise), inlined so that a length known at compile time unrolls.
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let ca = a.chunks_exact(LANES);
+    let cb = b.chunks_exact(LANES);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((s, &p), &q) in acc.iter_mut().zip(x).zip(y) {
+            *s += p * q;
+        }
+    }
+    for ((s, &p), &q) in acc.iter_mut().zip(ra).zip(rb) {
+        *s += p * q;
+    }
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::dot;
+
+    #[test]
+    fn dot_lanes_equals_dot_bitwise() {
+        let mut state = 0x9e37_79b9u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for n in [0usize, 1, 7, 16, 31, 32, 64, 100, 128, 256] {
+            let a: Vec<f32> = (0..n).map(|_| next()).collect();
+            let b: Vec<f32> = (0..n).map(|_| next()).collect();
+            assert_eq!(
+                dot_lanes(&a, &b).to_bits(),
+                dot(&a, &b).to_bits(),
+                "n = {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn specialised_head_dims_equal_the_generic_body_bitwise() {
+        let mut state = 0x1234_5678u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for hd in [32usize, 48, 64, 128, 256] {
+            for (window, softcap) in [(None, None), (Some(5), Some(30.0f32))] {
+                let (n_kv, t) = (2usize, 37usize);
+                let kv_row = n_kv * hd;
+                let k: Vec<f32> = (0..t * kv_row).map(|_| next()).collect();
+                let v: Vec<f32> = (0..t * kv_row).map(|_| next()).collect();
+                let q: Vec<f32> = (0..hd).map(|_| next() * 4.0).collect();
+                let params = AttentionParams {
+                    n_q_heads: 2,
+                    n_kv_heads: n_kv,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    sliding_window: window,
+                    softcap,
+                };
+                for pos in [0usize, 3, 36] {
+                    let mut s = vec![0f32; t];
+                    let mut got = vec![f32::NAN; hd];
+                    head_attention(&q, &k, &v, kv_row, hd, pos, &params, &mut s, &mut got);
+                    let mut want = vec![f32::NAN; hd];
+                    head_attention_impl::<0>(
+                        &q, &k, &v, kv_row, hd, pos, &params, &mut s, &mut want,
+                    );
+                    let (g, w): (Vec<u32>, Vec<u32>) = (
+                        got.iter().map(|x| x.to_bits()).collect(),
+                        want.iter().map(|x| x.to_bits()).collect(),
+                    );
+                    assert_eq!(g, w, "hd {hd} pos {pos} window {window:?}");
+                }
+            }
         }
     }
 }

@@ -13,6 +13,7 @@ mod error;
 pub mod ops;
 pub mod q8_split;
 mod rope;
+mod scratch;
 pub mod vec_dot;
 
 pub use attention::{attention, AttentionParams};

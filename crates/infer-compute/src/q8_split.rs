@@ -9,8 +9,9 @@
 //! one FMA; several activation rows per weight row), else through the scalar loop below.
 
 use rayon::prelude::*;
+use std::cell::Cell;
 
-use crate::ComputeError;
+use crate::{scratch, ComputeError};
 
 /// Values per scale.
 pub const Q8_BLOCK: usize = 32;
@@ -83,8 +84,8 @@ pub fn q8_matmul(
     check("q8 activations", m * cols, x.len(), "values")?;
     check("q8 output", m * rows, y.len(), "values")?;
     let nb = cols / Q8_BLOCK;
-    let mut q = vec![0i8; m * cols];
-    let mut qs = vec![0f32; m * nb];
+    let mut q = scratch::take(&QS, m * cols);
+    let mut qs = scratch::take(&DS, m * nb);
     for ((xr, qr), sr) in x
         .chunks_exact(cols.max(1))
         .zip(q.chunks_exact_mut(cols.max(1)))
@@ -117,14 +118,28 @@ pub fn q8_matmul(
                 .enumerate()
                 .for_each(|(k, vs)| task(k, vs));
         }
+        scratch::give(&QS, acts.qs);
+        scratch::give(&DS, acts.d);
         return Ok(());
     }
-    scalar_matmul(values, scales, &q, &qs, m, rows, cols, y);
+    scratch::with(&YT, rows * m, |yt| {
+        scalar_matmul(values, scales, &q, &qs, m, rows, cols, yt, y)
+    });
+    scratch::give(&QS, q);
+    scratch::give(&DS, qs);
     Ok(())
 }
 
+thread_local! {
+    /// Quantized activations (values, scales) and the scalar path's transposed result, reused
+    /// across calls (`crate::scratch`).
+    static QS: Cell<Vec<i8>> = const { Cell::new(Vec::new()) };
+    static DS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static YT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
 /// The portable path: `y[i*rows + r] = dot_row(W_r, A_i)` with quantized activations `q`/`qs`;
-/// weight row r is read once for all m rows.
+/// weight row r is read once for all m rows (into `yt`, `[rows, m]`, then transposed).
 #[allow(clippy::too_many_arguments)]
 fn scalar_matmul(
     values: &[u8],
@@ -134,10 +149,10 @@ fn scalar_matmul(
     m: usize,
     rows: usize,
     cols: usize,
+    yt: &mut [f32],
     y: &mut [f32],
 ) {
     let nb = cols / Q8_BLOCK;
-    let mut yt = vec![0f32; rows * m];
     yt.par_chunks_mut(m.max(1))
         .enumerate()
         .for_each(|(r, out)| {
@@ -204,7 +219,8 @@ mod tests {
                     quantize_row(xr, qr, sr);
                 }
                 let mut want = vec![f32::NAN; m * rows];
-                scalar_matmul(&values, &scales, &q, &qs, m, rows, cols, &mut want);
+                let mut yt = vec![0f32; m * rows];
+                scalar_matmul(&values, &scales, &q, &qs, m, rows, cols, &mut yt, &mut want);
                 for i in 0..m {
                     for r in 0..rows {
                         let mag: f64 = (0..cols)

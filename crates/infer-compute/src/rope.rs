@@ -2,6 +2,9 @@
 //! `ROPE_INIT_FUNCTIONS` compute them, and the rotation in the `rotate_half` (GPT-NeoX/Llama)
 //! or interleaved (GPT-J) pairing, optionally on only the first `rotary_dim` dims of each head.
 
+use crate::scratch;
+use std::cell::Cell;
+
 /// Frequency scaling of a RoPE (HF `rope_scaling` / `rope_parameters`). infer-inference
 /// converts the model config's own type into this one.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -50,12 +53,21 @@ impl RopeConfig {
     ///
     /// Panics if `rotary_dim` is odd or larger than `head_dim`.
     pub fn inv_freq(&self) -> Vec<f64> {
+        let mut out = Vec::new();
+        self.inv_freq_into(&mut out);
+        out
+    }
+
+    /// [`RopeConfig::inv_freq`] into `out` (cleared first; no allocation when its capacity
+    /// suffices).
+    fn inv_freq_into(&self, out: &mut Vec<f64>) {
         self.check();
+        out.clear();
         let dim = self.rotary_dim as f64;
         let default = (0..self.rotary_dim / 2).map(|i| 1.0 / self.base.powf((2 * i) as f64 / dim));
         match self.scaling {
-            RopeScaling::None => default.collect(),
-            RopeScaling::Linear { factor } => default.map(|f| f / factor).collect(),
+            RopeScaling::None => out.extend(default),
+            RopeScaling::Linear { factor } => out.extend(default.map(|f| f / factor)),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -65,20 +77,18 @@ impl RopeConfig {
                 let old = original_max_position_embeddings as f64;
                 let low_wavelen = old / low_freq_factor;
                 let high_wavelen = old / high_freq_factor;
-                default
-                    .map(|f| {
-                        let wavelen = 2.0 * std::f64::consts::PI / f;
-                        if wavelen > low_wavelen {
-                            f / factor
-                        } else if wavelen < high_wavelen {
-                            f
-                        } else {
-                            let s = (old / wavelen - low_freq_factor)
-                                / (high_freq_factor - low_freq_factor);
-                            (1.0 - s) * f / factor + s * f
-                        }
-                    })
-                    .collect()
+                out.extend(default.map(|f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen > low_wavelen {
+                        f / factor
+                    } else if wavelen < high_wavelen {
+                        f
+                    } else {
+                        let s = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - s) * f / factor + s * f
+                    }
+                }))
             }
         }
     }
@@ -136,42 +146,95 @@ impl Rope {
     }
 
     /// Rotate `x`, a row-major `[positions.len(), n_heads · head_dim]` buffer, in place; row
-    /// `t` is at absolute position `positions[t]`. Panics if `x.len()` disagrees.
+    /// `t` is at absolute position `positions[t]`. Panics if `x.len()` disagrees. Allocates
+    /// nothing once this thread's cos/sin buffer has grown (positions beyond the table).
     pub fn apply(&self, x: &mut [f32], n_heads: usize, positions: &[usize]) {
-        let hd = self.cfg.head_dim;
-        let row = n_heads * hd;
-        assert_eq!(
-            x.len(),
-            positions.len() * row,
-            "apply_rope: x has {} values, want positions({}) * n_heads({n_heads}) * head_dim({hd})",
-            x.len(),
-            positions.len()
+        rotate_rows(
+            &self.cfg,
+            &self.inv_freq,
+            &self.cos,
+            &self.sin,
+            x,
+            n_heads,
+            positions,
         );
-        let half = self.inv_freq.len();
-        if half == 0 || row == 0 {
-            return;
-        }
-        let mut cbuf = vec![0f32; half];
-        let mut sbuf = vec![0f32; half];
-        for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
-            let (c, s) = if (pos + 1) * half <= self.cos.len() {
-                let r = pos * half..(pos + 1) * half;
-                (&self.cos[r.clone()], &self.sin[r])
-            } else {
-                fill_cos_sin(&self.inv_freq, pos, &mut cbuf, &mut sbuf);
-                (&cbuf[..], &sbuf[..])
-            };
-            for head in xr.chunks_exact_mut(hd) {
-                rotate(&mut head[..2 * half], c, s, self.cfg.interleaved);
-            }
-        }
     }
 }
 
+/// How many RoPE configurations [`apply_rope`] keeps the inverse frequencies of, per thread
+/// (models alternate at most a few, e.g. Gemma-3's local and global layers).
+const CACHED_CONFIGS: usize = 4;
+
+thread_local! {
+    /// Inverse frequencies of recently used configurations ([`apply_rope`]).
+    static INV_FREQ: Cell<Vec<(RopeConfig, Vec<f64>)>> = const { Cell::new(Vec::new()) };
+    /// cos then sin of one position, for positions outside a table.
+    static COS_SIN: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
 /// Rotate a `[T, n_heads · head_dim]` buffer in place (see [`Rope::apply`]) without a cached
-/// table: builds the frequencies and the cos/sin of each position on the fly.
+/// table: the cos/sin of each position are computed on the fly (same formula and bits as
+/// [`Rope`]). The inverse frequencies of the last few configurations are kept per thread, so
+/// after warm-up a call allocates nothing. Panics on an invalid config (see
+/// [`RopeConfig::inv_freq`]) or a length mismatch.
 pub fn apply_rope(x: &mut [f32], n_heads: usize, positions: &[usize], cfg: &RopeConfig) {
-    Rope::new(*cfg, 0).apply(x, n_heads, positions);
+    cfg.check();
+    let mut cache = INV_FREQ.take();
+    let i = match cache.iter().position(|(c, _)| c == cfg) {
+        Some(i) => i,
+        None => {
+            if cache.len() < CACHED_CONFIGS {
+                cache.push((*cfg, Vec::new()));
+            }
+            let i = cache.len() - 1;
+            cache[i].0 = *cfg;
+            cfg.inv_freq_into(&mut cache[i].1);
+            i
+        }
+    };
+    rotate_rows(cfg, &cache[i].1, &[], &[], x, n_heads, positions);
+    INV_FREQ.set(cache);
+}
+
+/// The rotation of [`Rope::apply`]: `cos`/`sin` tables `[positions, half]` (possibly empty),
+/// positions past them computed from `inv_freq` into a per-thread buffer.
+fn rotate_rows(
+    cfg: &RopeConfig,
+    inv_freq: &[f64],
+    cos: &[f32],
+    sin: &[f32],
+    x: &mut [f32],
+    n_heads: usize,
+    positions: &[usize],
+) {
+    let hd = cfg.head_dim;
+    let row = n_heads * hd;
+    assert_eq!(
+        x.len(),
+        positions.len() * row,
+        "apply_rope: x has {} values, want positions({}) * n_heads({n_heads}) * head_dim({hd})",
+        x.len(),
+        positions.len()
+    );
+    let half = inv_freq.len();
+    if half == 0 || row == 0 {
+        return;
+    }
+    scratch::with(&COS_SIN, 2 * half, |buf| {
+        let (cbuf, sbuf) = buf.split_at_mut(half);
+        for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
+            let (c, s) = if (pos + 1) * half <= cos.len() {
+                let r = pos * half..(pos + 1) * half;
+                (&cos[r.clone()], &sin[r])
+            } else {
+                fill_cos_sin(inv_freq, pos, cbuf, sbuf);
+                (&cbuf[..], &sbuf[..])
+            };
+            for head in xr.chunks_exact_mut(hd) {
+                rotate(&mut head[..2 * half], c, s, cfg.interleaved);
+            }
+        }
+    });
 }
 
 fn fill_cos_sin(inv_freq: &[f64], pos: usize, c: &mut [f32], s: &mut [f32]) {

@@ -1,19 +1,28 @@
 //! Issue 6, "no allocation per token": after warm-up, a decode step on the quantized (q4k)
 //! plan through [`Model::forward_into`] (reused logits buffer, scratch buffers in the cache)
-//! allocates nothing in infer-inference's own code.
+//! makes **zero** heap allocations, on a 1-thread and on a 2-thread rayon pool.
 //!
-//! A global allocator counts every `alloc`/`alloc_zeroed`/`realloc` of the process (this file
-//! holds a single test, so no other test thread allocates meanwhile). What remains per step are
-//! infer-compute's kernel temporaries (activation quantization `Q8Rows::quantize`, the task
-//! lists of `quant_matmul_many`, RoPE's per-call `inv_freq`/cos/sin buffers, attention's score
-//! buffer): 26 per layer on this model, a constant independent of the position. The test checks
-//! (1) the per-step count is the same at every step and at most that budget, and (2) by
-//! attributing one step's allocations to the innermost `infer_*` frame of a backtrace, that
-//! none of them comes from outside infer-compute.
+//! A global allocator counts every `alloc`/`alloc_zeroed`/`realloc` made by the measured pool's
+//! workers and by the test thread driving it (threads of other pools, starting or exiting
+//! concurrently, are not counted; this file holds a single test). infer-compute keeps its
+//! kernel temporaries (quantized activations, attention scores, RoPE cos/sin and inverse
+//! frequencies) in per-thread buffers that only grow, and plans `quant_matmul_many`'s tasks in
+//! fixed arrays, so once every pool thread has run each kernel at its size nothing is allocated.
+//! Which worker runs a forward pass or steals which task is up to rayon, so before measuring
+//! every worker runs one prefill and one decode step on a cache of its own (`broadcast`).
 //!
-//! Model: the archrefs `llama` case (3 layers, hidden 64) extracted with the q4k tier, default
-//! plan; a 1-thread rayon pool so that the count is deterministic (rayon's `for_each_init` in
-//! the compute kernels allocates per split on a multi-thread pool).
+//! Cases: the archrefs `llama` and `gemma3` models (tiny: every product runs serially, but the
+//! sliding window, two RoPE configurations and q/k norms of Gemma are on the path), and the real
+//! SmolLM2-135M (GGUF from `INFER_MODELS`), whose products are large enough to be split across
+//! both workers of the 2-thread pool (Q5_0/Q8_0 tile kernels, the AVX-512 Q6_K tile kernel or the
+//! fused Q6_K kernel, the parallel attention path from ~7 cached positions on).
+//!
+//! Every step runs inside one `pool.install`, i.e. on a pool worker. rayon itself allocates
+//! nothing there (work-stealing joins use stack jobs and preallocated deques). A caller *outside*
+//! the pool (the CLI's main thread) also enters it once per forward pass (`rayon::scope`), which
+//! pushes one job on rayon's global injector queue (crossbeam `Injector`); that queue allocates a
+//! block every 63 pushes, i.e. one allocation per 63 decoded tokens, outside infer-compute and
+//! infer-inference; the last check of the test measures exactly that.
 
 mod common;
 
@@ -31,15 +40,26 @@ use infer_vindex::Vindex;
 struct Counting;
 
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// The thread group whose allocations are counted (0: none).
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+/// Next thread-group id (1 is the global pool).
+static NEXT_GROUP: AtomicUsize = AtomicUsize::new(2);
+const GLOBAL_GROUP: usize = 1;
 static TRACE: AtomicBool = AtomicBool::new(false);
-/// Innermost `infer_*` frame of each allocation made while `TRACE` is set.
+/// Innermost `infer_*` (or `rayon`/`crossbeam`) frame of each allocation made while `TRACE` is set.
 static SITES: Mutex<Vec<String>> = Mutex::new(Vec::new());
-thread_local!(static IN_TRACE: Cell<bool> = const { Cell::new(false) });
+thread_local! {
+    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
+    /// The thread group of this thread: the workers of one pool plus the test thread while it
+    /// drives that pool.
+    static GROUP: Cell<usize> = const { Cell::new(0) };
+}
 
-/// Count one allocation; while tracing, record where it came from (re-entrant allocations made
-/// by the backtrace itself are neither counted as sites nor traced).
+/// Count one allocation of the active thread group; while tracing, record where it came from
+/// (re-entrant allocations made by the backtrace itself are neither counted nor traced).
 fn record() {
-    if IN_TRACE.with(|g| g.get()) {
+    let group = GROUP.with(|g| g.get());
+    if IN_TRACE.with(|g| g.get()) || group == 0 || group != ACTIVE.load(Ordering::SeqCst) {
         return;
     }
     ALLOCS.fetch_add(1, Ordering::Relaxed);
@@ -50,8 +70,11 @@ fn record() {
     let bt = std::backtrace::Backtrace::force_capture().to_string();
     let site = bt
         .lines()
-        .find(|l| l.contains("infer_"))
-        .map_or_else(|| "<no infer_ frame>".to_string(), |l| l.trim().to_string());
+        .find(|l| l.contains("infer_") || l.contains("rayon") || l.contains("crossbeam"))
+        .map_or_else(
+            || "<no infer_/rayon frame>".to_string(),
+            |l| l.trim().to_string(),
+        );
     if let Ok(mut s) = SITES.lock() {
         s.push(site);
     }
@@ -80,90 +103,208 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// infer-compute's kernel temporaries per layer and decode step on this model (see the module
-/// docs); measured 26 = 13 `Q8Rows::quantize` + 6 `quant_matmul_many` + 4 `Rope::apply` +
-/// 2 `RopeConfig::inv_freq` + 1 `attention`.
-const COMPUTE_ALLOCS_PER_LAYER: usize = 26;
+/// Decode steps measured per case, after the warm-up steps.
+const STEPS: usize = 16;
+/// Decode steps before measuring: the first single-token step sizes the scratch buffers of
+/// every kernel on the thread that runs it; on the 2-thread pool the second worker needs to
+/// have stolen each kind of task once.
+const WARM_UP: usize = 4;
 
-#[test]
-fn llama_q4k_decode_steps_allocate_nothing_in_infer_inference() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let path = extract_with(
-        &shared_dir().join("archrefs").join("llama"),
-        tmp.path(),
-        "llama",
-        "f32",
-        None,
-        infer_vindex::QuantTiers::Q4K,
-    );
-    let v = Vindex::open(&path).expect("open vindex");
-    let model = Model::from_vindex_with(&v, &FormatRequest::default()).expect("model");
-    assert!(
-        model.layers.iter().all(|l| l.ffn_path == FfnPath::Q4K),
-        "the default plan of a q4k vindex runs the q4k FFN"
-    );
-    let backend = CpuBackend::new();
-    let steps = 16;
-    let prompt: Vec<u32> = (0..8u32).map(|i| (i * 31 + 5) % 100).collect();
+/// A pool whose workers form a new thread group; returns it with the group id.
+fn pool(threads: usize) -> (rayon::ThreadPool, usize) {
+    let id = NEXT_GROUP.fetch_add(1, Ordering::SeqCst);
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
+        .num_threads(threads)
+        .start_handler(move |_| GROUP.with(|g| g.set(id)))
         .build()
-        .expect("1-thread pool");
-    let (per_step, reference) = pool.install(|| {
-        let mut cache = model.new_cache(prompt.len() + steps + 4);
+        .expect("thread pool");
+    (pool, id)
+}
+
+/// Count the allocations of thread group `id` and of this thread while `f` runs.
+fn counting<R>(id: usize, f: impl FnOnce() -> R) -> R {
+    let mine = GROUP.with(|g| g.replace(id));
+    ACTIVE.store(id, Ordering::SeqCst);
+    let r = f();
+    ACTIVE.store(0, Ordering::SeqCst);
+    GROUP.with(|g| g.set(mine));
+    r
+}
+
+fn prompt_for(model: &Model<'_>, len: usize) -> Vec<u32> {
+    let vocab = model.vocab_size as u32;
+    (0..len as u32).map(|i| (i * 7919 + 17) % vocab).collect()
+}
+
+/// Run a prefill and one decode step on every worker of the current pool (each on its own
+/// cache), so that each worker's per-thread kernel buffers have their decode sizes: which worker
+/// runs a forward pass, or steals which task, is up to rayon.
+fn warm_workers(model: &Model<'_>, prompt: &[u32]) {
+    let backend = CpuBackend::new();
+    rayon::broadcast(|_| {
+        let mut cache = model.new_cache(prompt.len() + 2);
         let mut logits = Vec::new();
         model
-            .forward_into(&backend, &prompt, &mut cache, Logits::Last, &mut logits)
-            .expect("prefill");
-        let mut step = |logits: &mut Vec<f32>| {
-            let tok = infer_inference::sampling::argmax(logits);
-            let a0 = ALLOCS.load(Ordering::SeqCst);
-            model
-                .forward_into(&backend, &[tok], &mut cache, Logits::Last, logits)
-                .expect("decode");
-            ALLOCS.load(Ordering::SeqCst) - a0
-        };
-        // Warm-up: the scratch buffers grew during prefill; one decode step settles anything
-        // sized by the first single-token batch.
-        step(&mut logits);
-        let per_step: Vec<usize> = (0..steps).map(|_| step(&mut logits)).collect();
-        TRACE.store(true, Ordering::SeqCst);
-        step(&mut logits);
-        TRACE.store(false, Ordering::SeqCst);
-        (per_step, logits)
+            .forward_into(&backend, prompt, &mut cache, Logits::Last, &mut logits)
+            .expect("warm-up prefill");
+        let tok = infer_inference::sampling::argmax(&logits);
+        model
+            .forward_into(&backend, &[tok], &mut cache, Logits::Last, &mut logits)
+            .expect("warm-up decode");
     });
-    eprintln!("allocations per decode step after warm-up: {per_step:?}");
+}
+
+/// Allocations of each measured decode step, and the allocation sites of one more traced step.
+/// Panics if the buffered `forward_into` and the allocating `forward` disagree.
+fn decode_allocs(
+    model: &Model<'_>,
+    (pool, group): &(rayon::ThreadPool, usize),
+    prompt: &[u32],
+) -> (Vec<usize>, Vec<String>) {
+    let backend = CpuBackend::new();
+    let total = WARM_UP + STEPS + 1;
+    pool.install(|| warm_workers(model, prompt));
+    let (per_step, sites, reference) = counting(*group, || {
+        pool.install(|| {
+            let mut cache = model.new_cache(prompt.len() + total + 1);
+            let mut logits = Vec::new();
+            model
+                .forward_into(&backend, prompt, &mut cache, Logits::Last, &mut logits)
+                .expect("prefill");
+            let mut step = |logits: &mut Vec<f32>| {
+                let tok = infer_inference::sampling::argmax(logits);
+                let a0 = ALLOCS.load(Ordering::SeqCst);
+                model
+                    .forward_into(&backend, &[tok], &mut cache, Logits::Last, logits)
+                    .expect("decode");
+                ALLOCS.load(Ordering::SeqCst) - a0
+            };
+            for _ in 0..WARM_UP {
+                step(&mut logits);
+            }
+            let per_step: Vec<usize> = (0..STEPS).map(|_| step(&mut logits)).collect();
+            SITES.lock().expect("sites").clear();
+            TRACE.store(true, Ordering::SeqCst);
+            step(&mut logits);
+            TRACE.store(false, Ordering::SeqCst);
+            let sites = std::mem::take(&mut *SITES.lock().expect("sites"));
+            (per_step, sites, logits)
+        })
+    });
 
     // The buffered path computes the same logits as the allocating `forward`.
-    let mut cache = model.new_cache(prompt.len() + steps + 4);
+    let mut cache = model.new_cache(prompt.len() + total + 1);
     let mut logits = pool
-        .install(|| model.forward(&backend, &prompt, &mut cache, Logits::Last))
+        .install(|| model.forward(&backend, prompt, &mut cache, Logits::Last))
         .expect("prefill");
-    for _ in 0..steps + 2 {
+    for _ in 0..total {
         let tok = infer_inference::sampling::argmax(&logits);
         logits = pool
             .install(|| model.forward(&backend, &[tok], &mut cache, Logits::Last))
             .expect("decode");
     }
     assert_eq!(logits, reference, "forward_into and forward disagree");
+    (per_step, sites)
+}
 
-    let budget = COMPUTE_ALLOCS_PER_LAYER * model.layers.len();
+fn check_zero(case: &str, model: &Model<'_>, prompt_len: usize) {
+    for threads in [1, 2] {
+        let (per_step, sites) =
+            decode_allocs(model, &pool(threads), &prompt_for(model, prompt_len));
+        eprintln!("{case}, {threads} thread(s): allocations per decode step {per_step:?}");
+        assert!(
+            per_step.iter().all(|&n| n == 0) && sites.is_empty(),
+            "{case}, {threads}-thread pool: allocations per decode step {per_step:?}, want 0; \
+             sites of a traced step (innermost infer_/rayon frame): {sites:#?}"
+        );
+    }
+}
+
+fn q4k_model<'a>(v: &'a Vindex) -> Model<'a> {
+    let model = Model::from_vindex_with(v, &FormatRequest::default()).expect("model");
     assert!(
-        per_step.iter().all(|&n| n == per_step[0] && n <= budget),
-        "allocations per step {per_step:?}: want a constant ≤ {budget} (infer-compute temporaries)"
+        model.layers.iter().all(|l| l.ffn_path == FfnPath::Q4K),
+        "the default plan of a q4k vindex runs the q4k FFN"
     );
-    let sites = SITES.lock().expect("sites").clone();
+    model
+}
+
+#[test]
+fn quantized_decode_steps_allocate_nothing() {
+    // The global pool (used by the last check) gets 2 workers before anything touches it.
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .start_handler(|_| GROUP.with(|g| g.set(GLOBAL_GROUP)))
+        .build_global()
+        .expect("global rayon pool built first");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for case in ["llama", "gemma3"] {
+        let path = extract_with(
+            &shared_dir().join("archrefs").join(case),
+            tmp.path(),
+            case,
+            "f32",
+            None,
+            infer_vindex::QuantTiers::Q4K,
+        );
+        let v = Vindex::open(&path).expect("open vindex");
+        check_zero(case, &q4k_model(&v), 8);
+    }
+
+    let path = extract_with(
+        &models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        tmp.path(),
+        "smollm2",
+        "f32",
+        None,
+        infer_vindex::QuantTiers::Q4K,
+    );
+    let v = Vindex::open(&path).expect("open vindex");
+    let model = q4k_model(&v);
+    check_zero("SmolLM2-135M", &model, 12);
+
+    // From outside the pool (the CLI): each forward pass enters the global 2-thread pool once
+    // (`rayon::scope`), one push on rayon's injector queue, which allocates one block per 63
+    // pushes (crossbeam-deque `Injector`, BLOCK_CAP 63). Over 126 steps: exactly 2.
+    assert!(rayon::current_thread_index().is_none());
+    let backend = CpuBackend::new();
+    let prompt = prompt_for(&model, 12);
+    let steps = 126;
+    let mut cache = model.new_cache(prompt.len() + WARM_UP + steps + 1);
+    let mut logits = Vec::new();
+    model
+        .forward_into(&backend, &prompt, &mut cache, Logits::Last, &mut logits)
+        .expect("prefill");
+    for _ in 0..WARM_UP {
+        let tok = infer_inference::sampling::argmax(&logits);
+        model
+            .forward_into(&backend, &[tok], &mut cache, Logits::Last, &mut logits)
+            .expect("decode");
+    }
+    SITES.lock().expect("sites").clear();
+    TRACE.store(true, Ordering::SeqCst);
+    warm_workers(&model, &prompt);
+    let a0 = ALLOCS.load(Ordering::SeqCst);
+    counting(GLOBAL_GROUP, || {
+        for _ in 0..steps {
+            let tok = infer_inference::sampling::argmax(&logits);
+            model
+                .forward_into(&backend, &[tok], &mut cache, Logits::Last, &mut logits)
+                .expect("decode");
+        }
+    });
+    let outside = ALLOCS.load(Ordering::SeqCst) - a0;
+    TRACE.store(false, Ordering::SeqCst);
+    let sites = std::mem::take(&mut *SITES.lock().expect("sites"));
+    eprintln!("SmolLM2-135M, called from outside the 2-thread pool: {outside} allocations in {steps} steps at {sites:#?}");
     assert_eq!(
-        sites.len(),
-        per_step[0],
-        "traced step allocated differently"
+        outside, 2,
+        "{steps} decode steps entered from outside the pool: want exactly the 2 blocks of rayon's injector"
     );
-    let foreign: Vec<&String> = sites
-        .iter()
-        .filter(|s| !s.contains("infer_compute::"))
-        .collect();
     assert!(
-        foreign.is_empty(),
-        "allocations outside infer-compute during a decode step (innermost infer_ frame): {foreign:#?}"
+        sites
+            .iter()
+            .all(|s| s.contains("crossbeam_deque::deque::Block")),
+        "allocations from outside the pool not in rayon's injector: {sites:#?}"
     );
 }

@@ -10,10 +10,43 @@
 
 use super::quant_fallback;
 use super::quant_tile;
+use crate::scratch;
 use crate::vec_dot::{self, Isa, VecDotFn};
 use crate::ComputeError;
 use infer_quant::QuantFormat;
 use rayon::prelude::*;
+use std::cell::Cell;
+
+thread_local! {
+    /// Quantized activation rows ([`with_acts`]).
+    static ACTS: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    /// Transposed `[rows, m]` results of [`quant_matmul`]'s non-tiled path.
+    static YT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Quantize the `m` rows of `x` (`[m, cols]`) to the activation `format` (Q8_K or Q8_0, see
+/// [`vec_dot::quantize_activations`]) into this thread's reusable buffer (`crate::scratch`)
+/// and run `f(activations, bytes_per_row)`.
+///
+/// Errors: as [`vec_dot::quantize_activations`] (`cols` not block aligned, other formats).
+pub(super) fn with_acts<R>(
+    format: QuantFormat,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    f: impl FnOnce(&[u8], usize) -> R,
+) -> Result<R, ComputeError> {
+    let ar = format.bytes_for(cols)?;
+    scratch::with(&ACTS, m * ar, |act| {
+        for (xi, ai) in x
+            .chunks_exact(cols.max(1))
+            .zip(act.chunks_exact_mut(ar.max(1)))
+        {
+            vec_dot::quantize_activations(format, xi, ai)?;
+        }
+        Ok(f(act, ar))
+    })
+}
 
 /// Below this many weight bytes (× activation rows) a product runs on the calling thread.
 const PAR_MIN_BYTES: usize = 64 * 1024;
@@ -134,22 +167,21 @@ pub fn quant_matvec(
     let Some((act_format, kern)) = fused(format, isa) else {
         return quant_fallback::matmul_t(format, bytes, x, 1, cols, row_bytes, y);
     };
-    let mut act = vec![0u8; act_format.bytes_for(cols)?];
-    vec_dot::quantize_activations(act_format, x, &mut act)?;
-    let split = Split::new(rows, row_bytes);
-    let task = |ys: &mut [f32], ws: &[u8]| {
-        for (yi, w) in ys.iter_mut().zip(ws.chunks_exact(row_bytes)) {
-            *yi = kern(cols, w, &act);
+    with_acts(act_format, x, 1, cols, |act, _| {
+        let split = Split::new(rows, row_bytes);
+        let task = |ys: &mut [f32], ws: &[u8]| {
+            for (yi, w) in ys.iter_mut().zip(ws.chunks_exact(row_bytes)) {
+                *yi = kern(cols, w, act);
+            }
+        };
+        if split.serial {
+            task(y, bytes);
+        } else {
+            y.par_chunks_mut(split.rows_per_task)
+                .zip(bytes.par_chunks(split.rows_per_task * row_bytes))
+                .for_each(|(ys, ws)| task(ys, ws));
         }
-    };
-    if split.serial {
-        task(y, bytes);
-    } else {
-        y.par_chunks_mut(split.rows_per_task)
-            .zip(bytes.par_chunks(split.rows_per_task * row_bytes))
-            .for_each(|(ys, ws)| task(ys, ws));
-    }
-    Ok(())
+    })
 }
 
 /// `y[m×rows] = x[m×cols] · Wᵀ`; see [`crate::ComputeBackend::quant_matmul`].
@@ -192,20 +224,16 @@ pub fn quant_matmul(
     if let Some(t) = quant_tile::tiled(format, isa) {
         return quant_tile::quantize_and_matmul(t, bytes, x, m, cols, row_bytes, y);
     }
-    let mut yt = vec![0f32; rows * m];
-    match fused(format, isa) {
-        None => quant_fallback::matmul_t(format, bytes, x, m, cols, row_bytes, &mut yt)?,
-        Some((act_format, kern)) => {
-            let act_row = act_format.bytes_for(cols)?;
-            let mut act = vec![0u8; m * act_row];
-            for (xi, ai) in x.chunks_exact(cols).zip(act.chunks_exact_mut(act_row)) {
-                vec_dot::quantize_activations(act_format, xi, ai)?;
-            }
-            fused_matmul_t(kern, bytes, &act, m, cols, row_bytes, act_row, &mut yt);
+    scratch::with(&YT, rows * m, |yt| {
+        match fused(format, isa) {
+            None => quant_fallback::matmul_t(format, bytes, x, m, cols, row_bytes, yt)?,
+            Some((act_format, kern)) => with_acts(act_format, x, m, cols, |act, act_row| {
+                fused_matmul_t(kern, bytes, act, m, cols, row_bytes, act_row, yt)
+            })?,
         }
-    }
-    transpose_into(&yt, m, rows, y);
-    Ok(())
+        transpose_into(yt, m, rows, y);
+        Ok(())
+    })
 }
 
 /// `y[i*rows + r] = yt[r*m + i]`: `[rows, m]` to `[m, rows]`.

@@ -2,7 +2,8 @@
 //! same activations (fused QKV, gate+up). The activations are quantized once per activation
 //! format (Q8_0 split rows for the tile kernels, Q8_K for the K-quant kernels), and the weight
 //! rows of all matrices are cut into tasks run in one rayon parallel region, so a decode step
-//! pays one dispatch instead of one per matrix.
+//! pays one dispatch instead of one per matrix. Nothing is allocated once the per-thread
+//! activation buffers have grown (task plans live in fixed arrays, tasks are an index range).
 
 use super::quant::{self, Split};
 use super::quant_tile::{self, TileActs, Tiled};
@@ -10,6 +11,10 @@ use crate::vec_dot::{Isa, OutMat, Q8Rows, VecDotFn};
 use crate::{ComputeError, QuantProj};
 use infer_quant::QuantFormat;
 use rayon::prelude::*;
+
+/// Matrices handled per batch of tasks: the per-matrix plans live in a fixed array (no
+/// allocation); longer lists run in batches of this many (same results).
+const MAX_PROJS: usize = 8;
 
 /// How one task multiplies its weight rows.
 #[derive(Clone, Copy)]
@@ -19,20 +24,44 @@ enum Kernel<'a> {
     Fused(VecDotFn, &'a [u8], usize),
 }
 
-/// Where a task writes.
-enum Out<'a> {
-    /// `[rows, m]` outputs of the task's weight rows (transposed when m > 1).
-    Slice(&'a mut [f32]),
-    /// The task's columns of the `[m, rows]` result.
-    Mat(OutMat),
-}
-
-/// A block of weight rows of one matrix and its outputs.
-struct Task<'a> {
+/// One matrix of a batch: its kernel, weight rows, and where its `[m, rows]` result goes.
+#[derive(Clone, Copy)]
+struct Plan<'a> {
     kernel: Kernel<'a>,
     w: &'a [u8],
     row_bytes: usize,
-    out: Out<'a>,
+    rows: usize,
+    /// Weight rows per task.
+    rpt: usize,
+    out: OutMat,
+}
+
+impl Plan<'_> {
+    fn tasks(&self) -> usize {
+        self.rows.div_ceil(self.rpt)
+    }
+
+    /// Run task `k`: weight rows `k·rpt..` of this matrix against all `m` activation rows.
+    ///
+    /// # Safety
+    /// `out` must still point into a live `[m, rows]` buffer that no one else touches, and no
+    /// other call may run the same task `k` concurrently.
+    unsafe fn run(&self, k: usize, m: usize, cols: usize) {
+        let r0 = k * self.rpt;
+        let r1 = (r0 + self.rpt).min(self.rows);
+        let w = &self.w[r0 * self.row_bytes..r1 * self.row_bytes];
+        let out = self.out.at_row(r0);
+        match self.kernel {
+            Kernel::Tiled(t, a) => quant_tile::rows(t, w, self.row_bytes, a, m, cols, out),
+            Kernel::Fused(kern, a, ar) => {
+                for (r, wr) in w.chunks_exact(self.row_bytes).enumerate() {
+                    for i in 0..m {
+                        out.put(r, i, kern(cols, wr, &a[i * ar..(i + 1) * ar]));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// See [`crate::ComputeBackend::quant_matmul_many`].
@@ -64,122 +93,168 @@ pub(super) fn quant_matmul_many(
         }
         return Ok(());
     }
-    // Activations, quantized once per activation format.
-    let mut q8_rows: Option<Q8Rows> = None;
-    let mut q8_k: Option<Vec<u8>> = None;
-    let mut row_bytes = Vec::with_capacity(projs.len());
     for p in projs.iter() {
-        row_bytes.push(quant::check_weights(p.format, p.bytes, p.rows, cols)?);
-        let act = match quant_tile::tiled(p.format, isa) {
-            Some(t) => Some(t.act_format()),
-            None => quant::fused(p.format, isa).map(|(a, _)| a),
+        quant::check_weights(p.format, p.bytes, p.rows, cols)?;
+    }
+    for batch in projs.chunks_mut(MAX_PROJS) {
+        batch_many(isa, x, m, cols, batch)?;
+    }
+    Ok(())
+}
+
+/// The kernel kind of a matrix in a batch.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// Tile kernel on Q8_0 split rows.
+    TiledQ8,
+    /// Tile kernel on Q8_K rows.
+    TiledQ8K,
+    /// Fused per-row kernel on Q8_K rows.
+    FusedQ8K,
+    /// The per-matrix path ([`quant::quant_matmul`]): Q8_0 activations without tile kernels
+    /// (scalar ISA) and dequantize-then-dot formats.
+    Rest,
+}
+
+fn kind(format: QuantFormat, isa: Isa) -> Kind {
+    if let Some(t) = quant_tile::tiled(format, isa) {
+        return match t.act_format() {
+            QuantFormat::Q8_K => Kind::TiledQ8K,
+            _ => Kind::TiledQ8,
         };
-        match act {
-            Some(QuantFormat::Q8_0)
-                if quant_tile::tiled(p.format, isa).is_some() && q8_rows.is_none() =>
-            {
-                q8_rows = Some(Q8Rows::quantize(x, m, cols)?);
-            }
-            Some(QuantFormat::Q8_K) if q8_k.is_none() => {
-                q8_k = Some(quant_tile::quantize_q8k(x, m, cols)?);
-            }
-            // Q8_0 activations without tile kernels (scalar ISA), dequantize-then-dot formats:
-            // the per-matrix path.
-            _ => {}
+    }
+    match quant::fused(format, isa) {
+        Some((QuantFormat::Q8_K, _)) => Kind::FusedQ8K,
+        _ => Kind::Rest,
+    }
+}
+
+/// At most [`MAX_PROJS`] matrices (weights already checked): activations quantized once per
+/// activation format (into per-thread buffers), then the weight rows of all matrices cut into
+/// tasks of one rayon parallel region, then the [`Kind::Rest`] matrices one by one.
+fn batch_many(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    projs: &mut [QuantProj<'_>],
+) -> Result<(), ComputeError> {
+    debug_assert!(projs.len() <= MAX_PROJS);
+    let mut kinds = [Kind::Rest; MAX_PROJS];
+    for (k, p) in kinds.iter_mut().zip(projs.iter()) {
+        *k = kind(p.format, isa);
+    }
+    let kinds = &kinds[..projs.len()];
+    let need_q8 = kinds.contains(&Kind::TiledQ8);
+    let need_q8k = kinds
+        .iter()
+        .any(|k| matches!(k, Kind::TiledQ8K | Kind::FusedQ8K));
+    with_q8_opt(need_q8, x, m, cols, |q8| {
+        with_q8k_opt(need_q8k, x, m, cols, |q8k| {
+            run_batch(isa, m, cols, projs, kinds, q8, q8k)
+        })
+    })???;
+    for (p, &k) in projs.iter_mut().zip(kinds) {
+        if k == Kind::Rest {
+            quant::quant_matmul(isa, p.format, p.bytes, x, m, p.rows, cols, p.y)?;
         }
     }
-    let q8k_row = QuantFormat::Q8_K.bytes_for(cols).unwrap_or(0);
-    // Transposed outputs (`[rows, m]`) of the non-tiled fused kernels when m > 1; tiled kernels
-    // write straight into `p.y`.
-    let mut yts: Vec<Option<Vec<f32>>> = Vec::new();
-    let mut tasks: Vec<Task<'_>> = Vec::new();
-    let mut rest: Vec<usize> = Vec::new();
+    Ok(())
+}
+
+/// `f(Some(Q8_0 split rows of x))` when `need`, else `f(None)`.
+fn with_q8_opt<R>(
+    need: bool,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    f: impl FnOnce(Option<&Q8Rows>) -> R,
+) -> Result<R, ComputeError> {
+    if need {
+        Q8Rows::with_thread_buffer(x, m, cols, |a| f(Some(a)))
+    } else {
+        Ok(f(None))
+    }
+}
+
+/// `f(Some((Q8_K rows of x, bytes per row)))` when `need`, else `f(None)`.
+fn with_q8k_opt<R>(
+    need: bool,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    f: impl FnOnce(Option<(&[u8], usize)>) -> R,
+) -> Result<R, ComputeError> {
+    if need {
+        quant::with_acts(QuantFormat::Q8_K, x, m, cols, |a, ar| f(Some((a, ar))))
+    } else {
+        Ok(f(None))
+    }
+}
+
+/// The tiled and fused matrices of a batch, in one parallel region.
+fn run_batch(
+    isa: Isa,
+    m: usize,
+    cols: usize,
+    projs: &mut [QuantProj<'_>],
+    kinds: &[Kind],
+    q8: Option<&Q8Rows>,
+    q8k: Option<(&[u8], usize)>,
+) -> Result<(), ComputeError> {
+    let mut plans: [Option<Plan<'_>>; MAX_PROJS] = [None; MAX_PROJS];
+    // First task index of each plan, and one past the last.
+    let mut starts = [0usize; MAX_PROJS + 1];
+    let mut total = 0usize;
     let mut serial_cost = 0usize;
-    for p in projs.iter() {
-        let fused_t = m > 1 && quant_tile::tiled(p.format, isa).is_none();
-        yts.push(fused_t.then(|| vec![0f32; p.rows * m]));
-    }
-    {
-        for (pi, (p, yt_slot)) in projs.iter_mut().zip(yts.iter_mut()).enumerate() {
-            let kernel = if let Some(t) = quant_tile::tiled(p.format, isa) {
-                match (t.act_format(), &q8_rows, &q8_k) {
-                    (QuantFormat::Q8_K, _, Some(a)) => Kernel::Tiled(t, TileActs::Q8K(a)),
-                    (_, Some(a), _) => Kernel::Tiled(t, TileActs::Q8(a)),
-                    _ => unreachable!("activations quantized above"),
-                }
-            } else {
-                match (quant::fused(p.format, isa), &q8_k) {
-                    (Some((QuantFormat::Q8_K, k)), Some(a)) => Kernel::Fused(k, a, q8k_row),
-                    _ => {
-                        rest.push(pi);
-                        continue;
-                    }
-                }
-            };
-            let rb = row_bytes[pi];
-            if p.rows == 0 {
-                continue;
+    for (pi, (p, &kd)) in projs.iter_mut().zip(kinds).enumerate() {
+        starts[pi] = total;
+        let kernel = match (kd, q8, q8k) {
+            (Kind::TiledQ8, Some(a), _) => {
+                quant_tile::tiled(p.format, isa).map(|t| Kernel::Tiled(t, TileActs::Q8(a)))
             }
-            serial_cost += p.rows * rb * m;
-            let rpt = Split::new(p.rows, rb * m).rows_per_task;
-            match kernel {
-                Kernel::Tiled(..) => {
-                    let om = OutMat::rows_last(p.y, m, p.rows);
-                    for (k, w) in p.bytes.chunks(rpt * rb).enumerate() {
-                        tasks.push(Task {
-                            kernel,
-                            w,
-                            row_bytes: rb,
-                            // SAFETY: k·rpt < rows (the chunk is not empty).
-                            out: Out::Mat(unsafe { om.at_row(k * rpt) }),
-                        });
-                    }
-                }
-                Kernel::Fused(..) => {
-                    let out: &mut [f32] = match yt_slot {
-                        Some(yt) => yt,
-                        None => &mut *p.y,
-                    };
-                    for (w, o) in p.bytes.chunks(rpt * rb).zip(out.chunks_mut(rpt * m)) {
-                        tasks.push(Task {
-                            kernel,
-                            w,
-                            row_bytes: rb,
-                            out: Out::Slice(o),
-                        });
-                    }
-                }
+            (Kind::TiledQ8K, _, Some((a, _))) => {
+                quant_tile::tiled(p.format, isa).map(|t| Kernel::Tiled(t, TileActs::Q8K(a)))
             }
-        }
-        let run = |t: Task<'_>| match (t.kernel, t.out) {
-            // SAFETY: each task's `OutMat` covers the columns of its own weight rows only, in
-            // a `p.y` that is not otherwise touched until the tasks are done.
-            (Kernel::Tiled(k, a), Out::Mat(om)) => unsafe {
-                quant_tile::rows(k, t.w, t.row_bytes, a, m, cols, om)
-            },
-            (Kernel::Fused(k, a, ar), Out::Slice(out)) => {
-                for (w, o) in t.w.chunks_exact(t.row_bytes).zip(out.chunks_exact_mut(m)) {
-                    for (i, oi) in o.iter_mut().enumerate() {
-                        *oi = k(cols, w, &a[i * ar..(i + 1) * ar]);
-                    }
-                }
+            (Kind::FusedQ8K, _, Some((a, ar))) => {
+                quant::fused(p.format, isa).map(|(_, k)| Kernel::Fused(k, a, ar))
             }
-            _ => unreachable!("task kernel and output kind are built together"),
+            _ => None,
         };
-        if Split::serial_for(serial_cost) {
-            tasks.into_iter().for_each(run);
-        } else {
-            tasks.into_par_iter().for_each(run);
+        let Some(kernel) = kernel else { continue };
+        if p.rows == 0 {
+            continue;
         }
+        let rb = p.format.bytes_for(cols)?;
+        serial_cost += p.rows * rb * m;
+        let plan = Plan {
+            kernel,
+            w: p.bytes,
+            row_bytes: rb,
+            rows: p.rows,
+            rpt: Split::new(p.rows, rb * m).rows_per_task,
+            out: OutMat::rows_last(p.y, m, p.rows),
+        };
+        total += plan.tasks();
+        plans[pi] = Some(plan);
     }
-    for (pi, (p, yt)) in projs.iter_mut().zip(&yts).enumerate() {
-        if let (Some(yt), false) = (yt, rest.contains(&pi)) {
-            quant::transpose_into(yt, m, p.rows, p.y);
+    starts[projs.len()] = total;
+    let plans = &plans[..projs.len()];
+    let starts = &starts[..=projs.len()];
+    let run = |task: usize| {
+        // The plan whose task range holds `task` (plans without tasks have empty ranges).
+        let pi = starts.partition_point(|&s| s <= task) - 1;
+        if let Some(plan) = &plans[pi] {
+            // SAFETY: task indices are distinct across the loop below, each task owns the
+            // columns of its own weight rows of its matrix's `p.y` (borrowed mutably by
+            // `projs` for the whole call and not otherwise touched until the tasks are done).
+            unsafe { plan.run(task - starts[pi], m, cols) }
         }
-    }
-    for pi in rest {
-        let p = &mut projs[pi];
-        quant::quant_matmul(isa, p.format, p.bytes, x, m, p.rows, cols, p.y)?;
+    };
+    if Split::serial_for(serial_cost) {
+        (0..total).for_each(run);
+    } else {
+        (0..total).into_par_iter().for_each(run);
     }
     Ok(())
 }

@@ -61,21 +61,8 @@ pub(super) fn tiled(format: QuantFormat, isa: Isa) -> Option<Tiled> {
     }
 }
 
-/// `m` rows of Q8_K activations (`m · bytes_for(cols)` bytes).
-pub(super) fn quantize_q8k(x: &[f32], m: usize, cols: usize) -> Result<Vec<u8>, ComputeError> {
-    let ar = QuantFormat::Q8_K.bytes_for(cols)?;
-    let mut out = vec![0u8; m * ar];
-    for (xi, ai) in x
-        .chunks_exact(cols.max(1))
-        .zip(out.chunks_exact_mut(ar.max(1)))
-    {
-        vec_dot::quantize_activations(QuantFormat::Q8_K, xi, ai)?;
-    }
-    Ok(out)
-}
-
 /// `y = x · Wᵀ` (`y` `[m, rows]`) through the tile kernel `t`: quantizes `x` (`[m, cols]`)
-/// once, then [`matmul`].
+/// once (into per-thread buffers), then [`matmul`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn quantize_and_matmul(
     t: Tiled,
@@ -87,13 +74,14 @@ pub(super) fn quantize_and_matmul(
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
     if t.act_format() == QuantFormat::Q8_K {
-        let a = quantize_q8k(x, m, cols)?;
-        matmul(t, bytes, TileActs::Q8K(&a), m, cols, row_bytes, y);
+        super::quant::with_acts(QuantFormat::Q8_K, x, m, cols, |a, _| {
+            matmul(t, bytes, TileActs::Q8K(a), m, cols, row_bytes, y)
+        })
     } else {
-        let a = Q8Rows::quantize(x, m, cols)?;
-        matmul(t, bytes, TileActs::Q8(&a), m, cols, row_bytes, y);
+        Q8Rows::with_thread_buffer(x, m, cols, |a| {
+            matmul(t, bytes, TileActs::Q8(a), m, cols, row_bytes, y)
+        })
     }
-    Ok(())
 }
 
 /// `y[i*rows + r] = W[r] · A[i]` for the `rows × cols` weight matrix `bytes` (`row_bytes` per

@@ -20,6 +20,7 @@ pub(crate) mod avx2_tile;
 pub(crate) mod avx512_q6k;
 pub mod generic;
 mod layout;
+mod q8_act;
 
 use crate::ComputeError;
 use infer_quant::QuantFormat;
@@ -141,35 +142,65 @@ impl Q8Rows {
     /// Errors: [`ComputeError::Quant`] when `cols` is not a multiple of 32. Panics if
     /// `x.len() != m * cols`.
     pub fn quantize(x: &[f32], m: usize, cols: usize) -> Result<Self, ComputeError> {
+        let mut a = Q8Rows::default();
+        a.quantize_into(x, m, cols)?;
+        Ok(a)
+    }
+
+    /// [`Q8Rows::quantize`] into this value's buffers, which only grow (no allocation when
+    /// they already hold `m · cols` values): reuse one `Q8Rows` across calls.
+    ///
+    /// Errors and panics as [`Q8Rows::quantize`]; on error `self` is left empty (`m = 0`).
+    pub fn quantize_into(&mut self, x: &[f32], m: usize, cols: usize) -> Result<(), ComputeError> {
         assert_eq!(x.len(), m * cols, "Q8Rows: x is not m*cols = {m}*{cols}");
-        let row_bytes = QuantFormat::Q8_0.bytes_for(cols)?;
+        self.m = 0;
+        QuantFormat::Q8_0.bytes_for(cols)?;
         let nb = cols / 32;
-        let mut buf = vec![0u8; row_bytes];
-        let mut qs = vec![0i8; m * cols];
-        let mut d = vec![0f32; m * nb];
-        for ((xr, qr), dr) in x
-            .chunks_exact(cols.max(1))
-            .zip(qs.chunks_exact_mut(cols.max(1)))
-            .zip(d.chunks_exact_mut(nb.max(1)))
-        {
-            infer_quant::q8_0::quantize_row_ref(xr, &mut buf);
-            for ((blk, q), dv) in buf
-                .chunks_exact(infer_quant::q8_0::BLOCK_BYTES)
-                .zip(qr.chunks_exact_mut(32))
-                .zip(dr.iter_mut())
-            {
-                *dv = layout::f16_at(blk, infer_quant::q8_0::D_OFFSET);
-                for (o, b) in q.iter_mut().zip(&blk[infer_quant::q8_0::QS_OFFSET..]) {
-                    *o = *b as i8;
-                }
-            }
-        }
-        Ok(Q8Rows { qs, d, m, cols })
+        grow(&mut self.qs, m * cols);
+        grow(&mut self.d, m * nb);
+        q8_act::quantize_split(x, &mut self.qs[..m * cols], &mut self.d[..m * nb]);
+        self.m = m;
+        self.cols = cols;
+        Ok(())
+    }
+
+    /// No rows (a `const` [`Default`]).
+    pub(crate) const EMPTY: Q8Rows = Q8Rows {
+        qs: Vec::new(),
+        d: Vec::new(),
+        m: 0,
+        cols: 0,
+    };
+
+    /// Quantize `x` (`[m, cols]`) into this thread's reusable `Q8Rows` and run `f` on it
+    /// (no allocation once the thread's buffers are large enough; see `crate::scratch`).
+    ///
+    /// Errors and panics as [`Q8Rows::quantize`].
+    pub(crate) fn with_thread_buffer<R>(
+        x: &[f32],
+        m: usize,
+        cols: usize,
+        f: impl FnOnce(&Q8Rows) -> R,
+    ) -> Result<R, ComputeError> {
+        thread_local!(static ROWS: std::cell::Cell<Q8Rows> = const {
+            std::cell::Cell::new(Q8Rows::EMPTY)
+        });
+        let mut a = ROWS.take();
+        let r = a.quantize_into(x, m, cols).map(|()| f(&a));
+        ROWS.set(a);
+        r
     }
 
     /// Number of activation rows.
     pub fn rows(&self) -> usize {
         self.m
+    }
+}
+
+/// Resize `v` to at least `n` elements (never shrinks; amortized growth).
+fn grow<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
     }
 }
 
