@@ -8,3 +8,7 @@ export INFER_MODELS="${INFER_MODELS:-${INFER_CACHE:-$HOME/.cache/infer}/models}"
 bash scripts/fetch-models.sh >/dev/null
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace --no-fail-fast
+# The CUDA backend must compile (and lint) without CUDA; its GPU tests are #[ignore]d here and run
+# on a GPU machine by scripts/gpu-check.sh. Separate target dir: the feature rebuilds infer-compute.
+CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo clippy --release -p infer-compute --features cuda --all-targets -- -D warnings
+CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo test --release -p infer-compute --features cuda --test cuda_parity

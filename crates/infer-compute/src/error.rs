@@ -20,6 +20,13 @@ pub enum ComputeError {
         backend: String,
         format: QuantFormat,
     },
+    /// A device backend failed: no device or driver library, a kernel that did not compile
+    /// (NVRTC log in `message`), a failed allocation, copy or launch.
+    #[error("{backend}: {message}")]
+    Device {
+        backend: &'static str,
+        message: String,
+    },
     /// Error from the block-format layer (bad block alignment, byte count, unsupported format).
     #[error(transparent)]
     Quant(#[from] QuantError),

@@ -9,6 +9,8 @@
 mod attention;
 mod backend;
 mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 pub mod ops;
 pub mod q8_split;

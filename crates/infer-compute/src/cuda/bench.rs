@@ -1,0 +1,130 @@
+//! Device-side timings for benchmarks (CUDA events around many launches, median of several
+//! repetitions): quantized mat-vec bandwidth, device copy bandwidth (the memory floor) and the
+//! empty-launch time (the launch-overhead floor).
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use infer_quant::QuantFormat;
+
+use super::device::{drv, Device};
+use super::{quant, CudaBackend};
+use crate::ComputeError;
+
+/// Median time of one repetition of a timed operation and the device bytes it moves.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelTime {
+    /// Seconds per operation (median over repetitions of the mean over `iters` launches).
+    pub seconds: f64,
+    /// Device-memory bytes the operation must move (what a bandwidth is computed from).
+    pub bytes: usize,
+}
+
+impl KernelTime {
+    /// `bytes / seconds` in GB/s (10⁹ bytes per second).
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds / 1e9
+    }
+}
+
+const REPS: usize = 7;
+
+/// Median over [`REPS`] repetitions of `iters` calls of `f(i)`, timed with CUDA events.
+fn time_events(
+    dev: &Device,
+    iters: usize,
+    mut f: impl FnMut(usize) -> Result<(), ComputeError>,
+) -> Result<f64, ComputeError> {
+    let iters = iters.max(1);
+    for i in 0..iters.min(16) {
+        f(i)?;
+    }
+    let mut times = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = drv("create event", dev.ctx.new_event(flags))?;
+        let end = drv("create event", dev.ctx.new_event(flags))?;
+        drv("record event", start.record(&dev.stream))?;
+        for i in 0..iters {
+            f(i)?;
+        }
+        drv("record event", end.record(&dev.stream))?;
+        drv("synchronize", end.synchronize())?;
+        let ms = drv("elapsed time", start.elapsed_ms(&end))?;
+        times.push(ms as f64 * 1e-3 / iters as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[REPS / 2])
+}
+
+impl CudaBackend {
+    /// Device time of [`quant_matvec`](crate::ComputeBackend::quant_matvec)'s device work
+    /// (activation quantization + mat-vec kernel, no host copies) on weights `bytes`
+    /// (`rows × cols` of `format`) and activations `x` (`cols`). The weights are copied
+    /// `copies` times on the device (enough copies to exceed the L2 cache: 512 MiB in all, at
+    /// most 64) and the launches rotate among them, so the time is that of reads from device
+    /// memory. `bytes` of the result: one weight matrix.
+    ///
+    /// Errors as `quant_matvec`, and [`ComputeError::Device`] for allocation or launch
+    /// failures. Panics if `x.len() != cols`.
+    pub fn time_quant_matvec(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        iters: usize,
+    ) -> Result<KernelTime, ComputeError> {
+        assert_eq!(x.len(), cols, "time_quant_matvec: x is not cols long");
+        let mut st = self.lock();
+        quant::check(&st.dev, format, bytes, rows, cols)?;
+        let super::State { dev, s, .. } = &mut *st;
+        let copies = (512usize << 20).div_ceil(bytes.len().max(1)).clamp(1, 64);
+        let ws: Vec<CudaSlice<u8>> = (0..copies)
+            .map(|_| drv("upload weights", dev.stream.clone_htod(bytes)))
+            .collect::<Result<_, _>>()?;
+        quant::upload_x(dev, s, x)?;
+        s.y.at_least(&dev.stream, rows)?;
+        let secs = time_events(dev, iters, |i| {
+            quant::quantize_acts(dev, s, Some(format), 1, cols)?;
+            quant::launch_mv(dev, s, format, &ws[i % copies], 1, rows, cols)
+        })?;
+        Ok(KernelTime {
+            seconds: secs,
+            bytes: bytes.len(),
+        })
+    }
+
+    /// Device-to-device copy of `n` bytes, `bytes` of the result = `2n` (read + written):
+    /// the device memory bandwidth floor.
+    pub fn time_copy(&self, n: usize, iters: usize) -> Result<KernelTime, ComputeError> {
+        let st = self.lock();
+        let dev = &st.dev;
+        let src = drv("allocate", dev.stream.alloc_zeros::<u8>(n.max(1)))?;
+        let mut dst = drv("allocate", dev.stream.alloc_zeros::<u8>(n.max(1)))?;
+        let secs = time_events(dev, iters, |_| {
+            drv("copy", dev.stream.memcpy_dtod(&src, &mut dst))
+        })?;
+        Ok(KernelTime {
+            seconds: secs,
+            bytes: 2 * n,
+        })
+    }
+
+    /// Seconds per launch of an empty kernel (one block of 32 threads): the launch-overhead
+    /// floor of a kernel sequence launched one by one (no graph).
+    pub fn time_empty_launch(&self, iters: usize) -> Result<f64, ComputeError> {
+        let st = self.lock();
+        let dev = &st.dev;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        time_events(dev, iters, |_| {
+            let mut b = dev.stream.launch_builder(&dev.k.noop);
+            // SAFETY: `noop` takes no arguments.
+            drv("launch noop", unsafe { b.launch(cfg) }).map(|_| ())
+        })
+    }
+}

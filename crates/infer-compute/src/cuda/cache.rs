@@ -1,0 +1,159 @@
+//! Device copies of weights, uploaded once and found again by the host slice's address and
+//! length (the vindex mmap never moves), plus the growable scratch buffers of one call.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+
+use super::device::drv;
+use crate::ComputeError;
+
+/// One cached weight: its fingerprint and its device copy.
+#[derive(Debug)]
+struct Entry {
+    fp: u64,
+    buf: CudaSlice<u8>,
+}
+
+/// Weights resident on the device, keyed by `(host address, byte length)`.
+///
+/// A key hit is checked against a fingerprint of the bytes (FNV-1a of the length, the first and
+/// last 256 bytes and 64 evenly spaced 64-byte windows), so a freed host buffer whose address is
+/// reused for other data of the same length is uploaded again. Data changed in place only
+/// outside the sampled bytes is not detected: call [`super::CudaBackend::clear_weight_cache`]
+/// after rewriting a weight buffer. Nothing is evicted.
+#[derive(Debug, Default)]
+pub(super) struct WeightCache {
+    map: HashMap<(usize, usize), Entry>,
+    bytes: usize,
+}
+
+impl WeightCache {
+    /// The device copy of `bytes` (uploaded on first use or when the fingerprint changed).
+    /// `bytes` must not be empty. Errors: allocation or copy failures.
+    pub fn get(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        bytes: &[u8],
+    ) -> Result<&CudaSlice<u8>, ComputeError> {
+        let key = (bytes.as_ptr() as usize, bytes.len());
+        let fp = fingerprint(bytes);
+        let stale = match self.map.get(&key) {
+            Some(e) => e.fp != fp,
+            None => true,
+        };
+        if stale {
+            let buf = drv("upload weights", stream.clone_htod(bytes))?;
+            if let Some(old) = self.map.insert(key, Entry { fp, buf }) {
+                self.bytes -= old.buf.len();
+            }
+            self.bytes += bytes.len();
+        }
+        match self.map.get(&key) {
+            Some(e) => Ok(&e.buf),
+            None => unreachable!("weight cache entry inserted above"),
+        }
+    }
+
+    /// The device copy of `bytes` if it is cached under its address and length (no fingerprint
+    /// check: call right after [`WeightCache::get`]).
+    pub fn peek(&self, bytes: &[u8]) -> Option<&CudaSlice<u8>> {
+        self.map
+            .get(&(bytes.as_ptr() as usize, bytes.len()))
+            .map(|e| &e.buf)
+    }
+
+    /// Drop every device copy.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.bytes = 0;
+    }
+
+    /// Bytes held on the device.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// FNV-1a over the length and a sample of `b` (see [`WeightCache`]).
+fn fingerprint(b: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |s: &[u8]| {
+        for &v in s {
+            h = (h ^ v as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(&(b.len() as u64).to_le_bytes());
+    let n = b.len();
+    eat(&b[..n.min(256)]);
+    eat(&b[n.saturating_sub(256)..]);
+    if n > 64 {
+        for i in 0..64 {
+            let o = (n - 64) / 63 * i;
+            eat(&b[o..o + 64]);
+        }
+    }
+    h
+}
+
+/// View any plain-number slice as bytes (for uploading f32 / f16 weights through the cache).
+pub(super) fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: callers pass f32 or half::f16 (plain data, no padding, any bit pattern is a
+    // valid u8); the byte view covers exactly the same memory and lifetime.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// A device buffer that only grows.
+#[derive(Debug)]
+pub(super) struct Grow<T>(CudaSlice<T>);
+
+impl<T: DeviceRepr + ValidAsZeroBits> Grow<T> {
+    /// A one-element buffer. Errors: allocation failure.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, ComputeError> {
+        Ok(Grow(drv("allocate scratch", stream.alloc_zeros::<T>(1))?))
+    }
+
+    /// Make the buffer at least `n` elements long (contents are not kept).
+    /// Errors: allocation failure.
+    pub fn at_least(&mut self, stream: &Arc<CudaStream>, n: usize) -> Result<(), ComputeError> {
+        if self.0.len() < n {
+            self.0 = drv("allocate scratch", stream.alloc_zeros::<T>(n))?;
+        }
+        Ok(())
+    }
+
+    /// The buffer.
+    pub fn get(&self) -> &CudaSlice<T> {
+        &self.0
+    }
+
+    /// The buffer, mutably.
+    pub fn get_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.0
+    }
+}
+
+/// Scratch buffers of one product: input, output, quantized activations (values, scales,
+/// Q8_K group sums).
+#[derive(Debug)]
+pub(super) struct Scratch {
+    pub x: Grow<f32>,
+    pub y: Grow<f32>,
+    pub aq: Grow<i8>,
+    pub ad: Grow<f32>,
+    pub bsums: Grow<i32>,
+}
+
+impl Scratch {
+    /// One-element buffers. Errors: allocation failure.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, ComputeError> {
+        Ok(Scratch {
+            x: Grow::new(stream)?,
+            y: Grow::new(stream)?,
+            aq: Grow::new(stream)?,
+            ad: Grow::new(stream)?,
+            bsums: Grow::new(stream)?,
+        })
+    }
+}

@@ -1,0 +1,156 @@
+//! The CUDA context of a [`super::CudaBackend`]: driver and NVRTC loaded at run time, the
+//! kernels of `kernels.cu` compiled for the device, and the error mapping to
+//! [`ComputeError::Device`].
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use crate::ComputeError;
+
+/// The kernel source (CUDA C++ for NVRTC, no headers).
+pub(super) const KERNELS_CU: &str = include_str!("kernels.cu");
+
+/// Warps (= weight rows) per block of the mat-vec kernels; `ROWS_PER_BLOCK` in `kernels.cu`.
+pub(super) const ROWS_PER_BLOCK: usize = 4;
+/// Activation rows per warp of the mat-vec kernels; `MT` in `kernels.cu`.
+pub(super) const MT: usize = 4;
+/// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.
+pub(super) const GT: usize = 64;
+
+/// A [`ComputeError::Device`] from a message.
+pub(super) fn dev_err(message: impl Into<String>) -> ComputeError {
+    ComputeError::Device {
+        backend: "cuda",
+        message: message.into(),
+    }
+}
+
+/// Map a driver error of step `what` to [`ComputeError::Device`].
+pub(super) fn drv<T>(
+    what: &str,
+    r: Result<T, cudarc::driver::DriverError>,
+) -> Result<T, ComputeError> {
+    r.map_err(|e| dev_err(format!("{what}: {e}")))
+}
+
+/// Every kernel of `kernels.cu`, loaded.
+#[derive(Debug)]
+pub(super) struct Kernels {
+    pub quantize_q8_32: CudaFunction,
+    pub quantize_q8_k: CudaFunction,
+    pub mv_q4_0: CudaFunction,
+    pub mv_q5_0: CudaFunction,
+    pub mv_q8_0: CudaFunction,
+    pub mv_q8s: CudaFunction,
+    pub mv_q4_k: CudaFunction,
+    pub mv_q6_k: CudaFunction,
+    pub rowdot_f32: CudaFunction,
+    pub rowdot_f16: CudaFunction,
+    pub gemm_nt_f32: CudaFunction,
+    pub gemm_nn_f32: CudaFunction,
+    pub gemm_nt_f16: CudaFunction,
+    pub gemm_nn_f16: CudaFunction,
+    pub noop: CudaFunction,
+}
+
+/// One device: its context, the stream every call runs on, and the compiled kernels.
+#[derive(Debug)]
+pub(super) struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub k: Kernels,
+    pub name: String,
+    pub cc: (i32, i32),
+}
+
+/// NVRTC's virtual architecture for compute capability `cc` (PTX, compiled by the driver at
+/// load time); `None` lets NVRTC pick its default.
+fn arch_for(cc: (i32, i32)) -> Option<&'static str> {
+    Some(match cc {
+        (9, 0) => "compute_90",
+        (8, 9) => "compute_89",
+        (8, 6) => "compute_86",
+        (8, 0) => "compute_80",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
+        _ => return None,
+    })
+}
+
+impl Device {
+    /// Open GPU `ordinal`, compile and load the kernels.
+    ///
+    /// Errors ([`ComputeError::Device`]): the CUDA driver library (`libcuda.so`) or NVRTC
+    /// (`libnvrtc.so`) cannot be loaded, no device `ordinal`, a compile error (with NVRTC's
+    /// log), a module that does not load.
+    pub fn open(ordinal: usize) -> Result<Self, ComputeError> {
+        // SAFETY: only tries to dlopen the libraries; cudarc panics on first use when they are
+        // missing, so check first.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(dev_err(
+                "the CUDA driver library (libcuda.so) was not found: no NVIDIA driver on this \
+                 machine, or it is not on the loader path (LD_LIBRARY_PATH)",
+            ));
+        }
+        let count = CudaContext::device_count().map_err(|e| {
+            dev_err(format!(
+                "no usable CUDA device (cuInit/cuDeviceGetCount: {e})"
+            ))
+        })?;
+        if ordinal as i64 >= count as i64 {
+            return Err(dev_err(format!(
+                "no CUDA device {ordinal}: this machine has {count}"
+            )));
+        }
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(dev_err(
+                "NVRTC (libnvrtc.so) was not found: install the CUDA toolkit's NVRTC and put \
+                 its folder on LD_LIBRARY_PATH",
+            ));
+        }
+        let ctx = drv("create context", CudaContext::new(ordinal))?;
+        let name = drv("device name", ctx.name())?;
+        let cc = drv("compute capability", ctx.compute_capability())?;
+        let opts = CompileOptions {
+            arch: arch_for(cc),
+            name: Some("infer_kernels.cu".into()),
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(KERNELS_CU, opts)
+            .map_err(|e| dev_err(format!("NVRTC failed to compile kernels.cu: {e}")))?;
+        let module = drv("load the kernel module", ctx.load_module(ptx))?;
+        let f = |n: &str| drv(&format!("kernel {n}"), module.load_function(n));
+        let k = Kernels {
+            quantize_q8_32: f("quantize_q8_32")?,
+            quantize_q8_k: f("quantize_q8_k")?,
+            mv_q4_0: f("mv_q4_0")?,
+            mv_q5_0: f("mv_q5_0")?,
+            mv_q8_0: f("mv_q8_0")?,
+            mv_q8s: f("mv_q8s")?,
+            mv_q4_k: f("mv_q4_k")?,
+            mv_q6_k: f("mv_q6_k")?,
+            rowdot_f32: f("rowdot_f32")?,
+            rowdot_f16: f("rowdot_f16")?,
+            gemm_nt_f32: f("gemm_nt_f32")?,
+            gemm_nn_f32: f("gemm_nn_f32")?,
+            gemm_nt_f16: f("gemm_nt_f16")?,
+            gemm_nn_f16: f("gemm_nn_f16")?,
+            noop: f("noop")?,
+        };
+        let stream = ctx.default_stream();
+        Ok(Device {
+            ctx,
+            stream,
+            k,
+            name,
+            cc,
+        })
+    }
+}
+
+/// A dimension as the kernels' `int`. Errors when it does not fit (> 2³¹ − 1).
+pub(super) fn int(what: &str, v: usize) -> Result<i32, ComputeError> {
+    i32::try_from(v).map_err(|_| dev_err(format!("{what} = {v} exceeds the kernels' int range")))
+}

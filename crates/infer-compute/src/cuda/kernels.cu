@@ -1,0 +1,474 @@
+// infer-compute CUDA kernels, compiled at run time with NVRTC (no headers: NVRTC has no host
+// C library). Numerics mirror the CPU scalar references in src/vec_dot/generic.rs and
+// src/q8_split.rs: activations are quantized exactly as the CPU does (same f32 operations), every
+// per-block integer sum is exact, so the results differ from the CPU only in the order in which
+// the f32 block terms are added.
+//
+// Layouts (ggml, little-endian): Q4_0 18 B [f16 d | 16 B nibbles], Q5_0 22 B [f16 d | u32 qh |
+// 16 B nibbles], Q8_0 34 B [f16 d | 32 i8], Q4_K 144 B [f16 d | f16 dmin | 12 B scales | 128 B
+// nibbles], Q6_K 210 B [128 B ql | 64 B qh | 16 i8 scales | f16 d].
+//
+// Mat-vec kernels: one warp per weight row, ROWS_PER_BLOCK warps per block (blockIdx.x), MT
+// activation rows per warp (blockIdx.y), so each weight row is read once per MT activations.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define FULL 0xffffffffu
+#define ROWS_PER_BLOCK 4
+#define MT 4
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// f32 -> nearest-even f16 -> f32 (the value ggml stores in a Q8_0 block).
+__device__ __forceinline__ float round_to_f16(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return f16_to_f32(h);
+}
+
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ float ld_f16(const u8* p) { return f16_to_f32(ld_u16(p)); }
+// Four bytes from a 2-byte aligned address.
+__device__ __forceinline__ int ld_i32_a2(const u8* p) {
+    return (int)((u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization
+// ---------------------------------------------------------------------------------------------
+
+// One warp per 32-value block: d = amax/127, id = 1/d (0 if d == 0), q = roundf(x*id).
+// f16_scale != 0: ggml quantize_row_q8_0_ref (d stored as f16; the quants use the f32 d);
+// f16_scale == 0: the seed's Q8 activation format (f32 d), src/q8_split.rs quantize_row.
+extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __restrict__ q,
+                                          float* __restrict__ d, int nblocks, int f16_scale) {
+    int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (blk >= nblocks) return;
+    float v = x[(long long)blk * 32 + lane];
+    float a = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, o));
+    float dd = a / 127.0f;
+    float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    q[(long long)blk * 32 + lane] = (i8)(int)roundf(v * id);
+    if (lane == 0) d[blk] = f16_scale ? round_to_f16(dd) : dd;
+}
+
+// One warp per 256-value block, 8 consecutive values per lane: ggml quantize_row_q8_K_ref.
+// max = the first value of largest |x| (sequential strict '>'), iscale = -127/max,
+// q = min(nearest_int(iscale*x), 127), d = 1/iscale, bsums[g] = sum of q over 16-value group g.
+// An all-zero block gives d = 0, q = 0, bsums = 0.
+extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __restrict__ q,
+                                         float* __restrict__ d, int* __restrict__ bsums,
+                                         int nblocks) {
+    int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (blk >= nblocks) return;
+    const float* xb = x + (long long)blk * 256 + lane * 8;
+    float v[8];
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 1 << 30;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = xb[i];
+        float ax = fabsf(v[i]);
+        if (ax > amax) {
+            amax = ax;
+            mx = v[i];
+            idx = lane * 8 + i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float oa = __shfl_xor_sync(FULL, amax, o);
+        float om = __shfl_xor_sync(FULL, mx, o);
+        int oi = __shfl_xor_sync(FULL, idx, o);
+        if (oa > amax || (oa == amax && oi < idx)) {
+            amax = oa;
+            mx = om;
+            idx = oi;
+        }
+    }
+    i8* qb = q + (long long)blk * 256 + lane * 8;
+    if (amax == 0.0f) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) qb[i] = 0;
+        if ((lane & 1) == 0) bsums[blk * 16 + lane / 2] = 0;
+        if (lane == 0) d[blk] = 0.0f;
+        return;
+    }
+    float iscale = -127.0f / mx;
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int qi = min(__float2int_rn(iscale * v[i]), 127);
+        qb[i] = (i8)qi;
+        s += qi;
+    }
+    s += __shfl_xor_sync(FULL, s, 1);
+    if ((lane & 1) == 0) bsums[blk * 16 + lane / 2] = s;
+    if (lane == 0) d[blk] = 1.0f / iscale;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 32-value block formats x int8 activations (Q8_0 or the seed's Q8): four lanes per block, eight
+// values per lane, the block's integer sum reduced over the four lanes, then one f32 term per
+// block combined in the CPU reference's operation order.
+// ---------------------------------------------------------------------------------------------
+
+#define F_Q4_0 0
+#define F_Q5_0 1
+#define F_Q8_0 2
+#define F_Q8S 3  // seed Q8: int8 values [rows, cols] + f32 scales [rows, cols/32]
+
+__device__ __forceinline__ int expand_bits4(u32 h) {
+    return (int)(((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
+}
+
+template <int FMT>
+__device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __restrict__ wscale,
+                                     const i8* __restrict__ aq, const float* __restrict__ ad,
+                                     float* __restrict__ y, int rows, int cols, int m) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int t0 = blockIdx.y * MT;
+    int nt = min(MT, m - t0);
+    int nb = cols / 32;
+    const int bb = FMT == F_Q4_0 ? 18 : FMT == F_Q5_0 ? 22 : FMT == F_Q8_0 ? 34 : 32;
+    const u8* wr = W + (long long)row * nb * bb;
+    int sub = lane & 3;
+    float acc[MT];
+#pragma unroll
+    for (int t = 0; t < MT; t++) acc[t] = 0.0f;
+#pragma unroll 2
+    for (int ib0 = 0; ib0 < nb; ib0 += 8) {
+        int ib = ib0 + (lane >> 2);
+        bool ok = ib < nb;
+        int w0 = 0, w1 = 0, aoff0 = 0, aoff1 = 0;
+        float dw = 0.0f;
+        if (ok) {
+            const u8* b = wr + (long long)ib * bb;
+            if (FMT == F_Q4_0) {
+                dw = ld_f16(b);
+                int qs = ld_i32_a2(b + 2 + 4 * sub);
+                w0 = __vsub4(qs & 0x0F0F0F0F, 0x08080808);
+                w1 = __vsub4((qs >> 4) & 0x0F0F0F0F, 0x08080808);
+                aoff0 = 4 * sub;
+                aoff1 = 16 + 4 * sub;
+            } else if (FMT == F_Q5_0) {
+                dw = ld_f16(b);
+                u32 qh = (u32)ld_i32_a2(b + 2);
+                int qs = ld_i32_a2(b + 6 + 4 * sub);
+                int lo = (qs & 0x0F0F0F0F) | expand_bits4((qh >> (4 * sub)) & 0xF);
+                int hi = ((qs >> 4) & 0x0F0F0F0F) | expand_bits4((qh >> (16 + 4 * sub)) & 0xF);
+                w0 = __vsub4(lo, 0x10101010);
+                w1 = __vsub4(hi, 0x10101010);
+                aoff0 = 4 * sub;
+                aoff1 = 16 + 4 * sub;
+            } else if (FMT == F_Q8_0) {
+                dw = ld_f16(b);
+                w0 = ld_i32_a2(b + 2 + 8 * sub);
+                w1 = ld_i32_a2(b + 6 + 8 * sub);
+                aoff0 = 8 * sub;
+                aoff1 = 8 * sub + 4;
+            } else {
+                dw = wscale[(long long)row * nb + ib];
+                w0 = *(const int*)(b + 8 * sub);
+                w1 = *(const int*)(b + 8 * sub + 4);
+                aoff0 = 8 * sub;
+                aoff1 = 8 * sub + 4;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            if (t < nt) {
+                int s = 0;
+                float dx = 0.0f;
+                if (ok) {
+                    const i8* a = aq + (long long)(t0 + t) * cols + ib * 32;
+                    s = __dp4a(w0, *(const int*)(a + aoff0), 0);
+                    s = __dp4a(w1, *(const int*)(a + aoff1), s);
+                    dx = ad[(long long)(t0 + t) * nb + ib];
+                }
+                s += __shfl_xor_sync(FULL, s, 1);
+                s += __shfl_xor_sync(FULL, s, 2);
+                if (ok && sub == 0) {
+                    // Operation order of ggml_vec_dot_*_generic / q8_split::dot_row.
+                    if (FMT == F_Q4_0) acc[t] += (float)s * dw * dx;
+                    else if (FMT == F_Q5_0) acc[t] += (dw * dx) * (float)s;
+                    else if (FMT == F_Q8_0) acc[t] += (float)s * (dw * dx);
+                    else acc[t] += (float)s * dw * dx;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        if (t < nt) {
+            float v = warp_sum(acc[t]);
+            if (lane == 0) y[(long long)(t0 + t) * rows + row] = v;
+        }
+    }
+}
+
+extern "C" __global__ void mv_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
+                                   int cols, int m) {
+    mv32<F_Q4_0>(W, 0, aq, ad, y, rows, cols, m);
+}
+extern "C" __global__ void mv_q5_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
+                                   int cols, int m) {
+    mv32<F_Q5_0>(W, 0, aq, ad, y, rows, cols, m);
+}
+extern "C" __global__ void mv_q8_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
+                                   int cols, int m) {
+    mv32<F_Q8_0>(W, 0, aq, ad, y, rows, cols, m);
+}
+extern "C" __global__ void mv_q8s(const u8* W, const float* ws, const i8* aq, const float* ad,
+                                  float* y, int rows, int cols, int m) {
+    mv32<F_Q8S>(W, ws, aq, ad, y, rows, cols, m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants x Q8_K activations (mvk_block: one super-block of one weight row): one 256-value super-block per warp iteration, eight values per
+// lane (lane L: values 8L..8L+7, Q4_K sub-block L/4, Q6_K 16-value group L/2).
+// Per super-block: sum += (d*yd) * (f32)(scale*isum) per lane; Q4_K also subtracts
+// (dmin*yd) * (f32)(min * bsum) for its 32-value sub-block (lanes with L%4 == 0).
+// ---------------------------------------------------------------------------------------------
+
+// ggml get_scale_min_k4.
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+template <bool Q4K>
+__device__ __forceinline__ void mvk_block(const u8* __restrict__ b, int ib, int nb, int cols,
+                                          int t0, int nt, int lane,
+                                          const i8* __restrict__ aq,
+                                          const float* __restrict__ ad,
+                                          const int* __restrict__ bsums, float (&acc)[MT]) {
+    int w0, w1, sc, mn = 0;
+    float d, dmin = 0.0f;
+    if (Q4K) {
+        d = ld_f16(b);
+        dmin = ld_f16(b + 2);
+        int j = lane >> 2, p = lane & 3;
+        scale_min_k4(j, b + 4, &sc, &mn);
+        const u8* qp = b + 16 + 32 * (j >> 1) + 8 * p;
+        int q0 = *(const int*)qp, q1 = *(const int*)(qp + 4);
+        int sh = (j & 1) * 4;
+        w0 = (q0 >> sh) & 0x0F0F0F0F;
+        w1 = (q1 >> sh) & 0x0F0F0F0F;
+    } else {
+        d = ld_f16(b + 208);
+        int h = lane >> 4, tq = (lane >> 2) & 3, l0 = 8 * (lane & 3);
+        const u8* ql = b + 64 * h + 32 * (tq & 1) + l0;
+        const u8* qh = b + 128 + 32 * h + l0;
+        int sh = (tq >= 2) ? 4 : 0;
+        int n0 = (ld_i32_a2(ql) >> sh) & 0x0F0F0F0F;
+        int n1 = (ld_i32_a2(ql + 4) >> sh) & 0x0F0F0F0F;
+        int h0 = ((ld_i32_a2(qh) >> (2 * tq)) & 0x03030303) << 4;
+        int h1 = ((ld_i32_a2(qh + 4) >> (2 * tq)) & 0x03030303) << 4;
+        w0 = __vsub4(n0 | h0, 0x20202020);
+        w1 = __vsub4(n1 | h1, 0x20202020);
+        sc = (int)(i8)b[192 + (lane >> 1)];
+    }
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        if (t < nt) {
+            long long ar = (long long)(t0 + t);
+            const i8* a = aq + ar * cols + ib * 256 + 8 * lane;
+            int s = __dp4a(w0, *(const int*)a, 0);
+            s = __dp4a(w1, *(const int*)(a + 4), s);
+            float yd = ad[ar * nb + ib];
+            acc[t] += (d * yd) * (float)(sc * s);
+            if (Q4K && (lane & 3) == 0) {
+                const int* bs = bsums + (ar * nb + ib) * 16 + 2 * (lane >> 2);
+                acc[t] -= (dmin * yd) * (float)(mn * (bs[0] + bs[1]));
+            }
+        }
+    }
+}
+
+template <bool Q4K>
+__device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restrict__ aq,
+                                    const float* __restrict__ ad, const int* __restrict__ bsums,
+                                    float* __restrict__ y, int rows, int cols, int m) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int t0 = blockIdx.y * MT;
+    int nt = min(MT, m - t0);
+    int nb = cols / 256;
+    const int bb = Q4K ? 144 : 210;
+    const u8* wr = W + (long long)row * nb * bb;
+    float acc[MT];
+#pragma unroll
+    for (int t = 0; t < MT; t++) acc[t] = 0.0f;
+    // Unrolling helps Q6_K (+13% at 16384x4096) and hurts Q4_K (-23%), measured on an H200.
+    if (Q4K) {
+        for (int ib = 0; ib < nb; ib++)
+            mvk_block<Q4K>(wr + (long long)ib * bb, ib, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
+    } else {
+#pragma unroll 4
+        for (int ib = 0; ib < nb; ib++)
+            mvk_block<Q4K>(wr + (long long)ib * bb, ib, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
+    }
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        if (t < nt) {
+            float v = warp_sum(acc[t]);
+            if (lane == 0) y[(long long)(t0 + t) * rows + row] = v;
+        }
+    }
+}
+
+extern "C" __global__ void mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
+                                   float* y, int rows, int cols, int m) {
+    mvk<true>(W, aq, ad, bsums, y, rows, cols, m);
+}
+extern "C" __global__ void mv_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
+                                   float* y, int rows, int cols, int m) {
+    mvk<false>(W, aq, ad, bsums, y, rows, cols, m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// f32 / f16 products
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(u16 v) { return f16_to_f32(v); }
+
+// C[m, n] = A[m, k] . B[n, k]^T for small m: one warp per row of B, MT rows of A per warp.
+template <typename TB>
+__device__ __forceinline__ void rowdot(const float* __restrict__ A, const TB* __restrict__ B,
+                                       float* __restrict__ C, int m, int n, int k) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= n) return;
+    int t0 = blockIdx.y * MT;
+    int nt = min(MT, m - t0);
+    const TB* br = B + (long long)row * k;
+    float acc[MT];
+#pragma unroll
+    for (int t = 0; t < MT; t++) acc[t] = 0.0f;
+    for (int i = lane; i < k; i += 32) {
+        float w = to_f32(br[i]);
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+            if (t < nt) acc[t] += w * A[(long long)(t0 + t) * k + i];
+    }
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        if (t < nt) {
+            float v = warp_sum(acc[t]);
+            if (lane == 0) C[(long long)(t0 + t) * n + row] = v;
+        }
+    }
+}
+
+extern "C" __global__ void rowdot_f32(const float* A, const float* B, float* C, int m, int n,
+                                      int k) {
+    rowdot<float>(A, B, C, m, n, k);
+}
+extern "C" __global__ void rowdot_f16(const float* A, const u16* B, float* C, int m, int n, int k) {
+    rowdot<u16>(A, B, C, m, n, k);
+}
+
+// Tiled C[m, n] = A[m, k] . op(B): 64 x 64 tile per 256-thread block, 4 x 4 outputs per thread
+// (rows ty + 16i, columns tx + 16j), k in steps of 16 through shared memory.
+// TRANS: B is [n, k] (a Linear weight), else B is [k, n] (a feature-major table).
+#define GT 64
+#define GK 16
+template <typename TB, bool TRANS>
+__device__ __forceinline__ void gemm(const float* __restrict__ A, const TB* __restrict__ B,
+                                     float* __restrict__ C, int m, int n, int k) {
+    __shared__ float As[GK][GT + 1];
+    __shared__ float Bs[GK][GT + 1];
+    int tid = threadIdx.x;
+    int tx = tid & 15, ty = tid >> 4;
+    int row0 = blockIdx.y * GT, col0 = blockIdx.x * GT;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < k; k0 += GK) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int idx = tid + 256 * i;
+            int r = idx >> 4, kk = idx & 15;
+            int gr = row0 + r, gk = k0 + kk;
+            As[kk][r] = (gr < m && gk < k) ? A[(long long)gr * k + gk] : 0.0f;
+            if (TRANS) {
+                int gc = col0 + r;
+                Bs[kk][r] = (gc < n && gk < k) ? to_f32(B[(long long)gc * k + gk]) : 0.0f;
+            } else {
+                int kb = idx >> 6, c = idx & 63;
+                int gkb = k0 + kb, gc = col0 + c;
+                Bs[kb][c] = (gc < n && gkb < k) ? to_f32(B[(long long)gkb * n + gc]) : 0.0f;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GK; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int gr = row0 + ty + 16 * i;
+        if (gr >= m) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int gc = col0 + tx + 16 * j;
+            if (gc < n) C[(long long)gr * n + gc] = acc[i][j];
+        }
+    }
+}
+
+extern "C" __global__ void gemm_nt_f32(const float* A, const float* B, float* C, int m, int n,
+                                       int k) {
+    gemm<float, true>(A, B, C, m, n, k);
+}
+extern "C" __global__ void gemm_nn_f32(const float* A, const float* B, float* C, int m, int n,
+                                       int k) {
+    gemm<float, false>(A, B, C, m, n, k);
+}
+extern "C" __global__ void gemm_nt_f16(const float* A, const u16* B, float* C, int m, int n,
+                                       int k) {
+    gemm<u16, true>(A, B, C, m, n, k);
+}
+extern "C" __global__ void gemm_nn_f16(const float* A, const u16* B, float* C, int m, int n,
+                                       int k) {
+    gemm<u16, false>(A, B, C, m, n, k);
+}
+
+// An empty kernel: times the launch overhead.
+extern "C" __global__ void noop() {}

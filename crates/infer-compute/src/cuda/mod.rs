@@ -1,0 +1,189 @@
+//! The CUDA backend ([`CudaBackend`], feature `cuda`): the [`ComputeBackend`] products on an
+//! NVIDIA GPU through `cudarc` (driver API and NVRTC, both loaded at run time, so a build without
+//! CUDA works and fails only when a backend is opened).
+//!
+//! - Kernels (`kernels.cu`) are compiled with NVRTC when the backend is opened, for the
+//!   device's compute capability (PTX, e.g. `compute_90` on an H100/H200).
+//! - Host slices in, host slices out, like the CPU backend. Weights (quantized bytes, f32 and
+//!   f16 matrices) are uploaded on first use and kept on the device, keyed by the host slice's
+//!   address and length (the vindex mmap never moves) and checked by a sampled fingerprint;
+//!   activations and results are copied per call.
+//! - Quantized products mirror the CPU numerics (`crate::vec_dot::generic`, `crate::q8_split`):
+//!   activations are quantized on the device to the CPU's activation format with the same f32
+//!   operations (Q8_K for Q4_K/Q6_K, Q8_0 for Q4_0/Q5_0/Q8_0, int8 + f32 scale for the seed's Q8
+//!   format), block dot products are exact integer sums (`__dp4a`), and only the order in which
+//!   the f32 block terms are added differs from the CPU (relative differences ~1e-7 of
+//!   Σ|terms|; the parity tests allow 1e-5).
+//! - One stream, calls serialised by a mutex.
+
+mod bench;
+mod cache;
+mod device;
+mod float;
+mod quant;
+
+use std::sync::{Mutex, MutexGuard};
+
+use half::f16;
+use infer_quant::QuantFormat;
+
+use crate::{ComputeBackend, ComputeError};
+use cache::{Scratch, WeightCache};
+use device::Device;
+use float::WType;
+
+pub use bench::KernelTime;
+
+/// Device state behind the backend's mutex.
+#[derive(Debug)]
+struct State {
+    dev: Device,
+    cache: WeightCache,
+    s: Scratch,
+}
+
+/// [`ComputeBackend`] on one CUDA device. See the [module docs](self) for numerics and caching.
+///
+/// The f32 methods of the trait cannot return errors; a device failure inside them (lost
+/// device, out of memory) panics with the driver's message. The quantized methods return
+/// [`ComputeError::Device`] instead.
+#[derive(Debug)]
+pub struct CudaBackend {
+    state: Mutex<State>,
+    name: String,
+}
+
+impl CudaBackend {
+    /// Open CUDA device `ordinal` (0 = first GPU) and compile the kernels.
+    ///
+    /// Errors ([`ComputeError::Device`]): no CUDA driver library or NVRTC on this machine, no
+    /// such device, a kernel compile error (NVRTC log in the message), allocation failure.
+    pub fn new(ordinal: usize) -> Result<Self, ComputeError> {
+        let dev = Device::open(ordinal)?;
+        let s = Scratch::new(&dev.stream)?;
+        let name = format!("cuda:{ordinal} ({}, sm_{}{})", dev.name, dev.cc.0, dev.cc.1);
+        Ok(CudaBackend {
+            state: Mutex::new(State {
+                dev,
+                cache: WeightCache::default(),
+                s,
+            }),
+            name,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic in another thread cannot leave the device state inconsistent (every call
+        // rewrites the scratch it reads), so a poisoned lock is taken over.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drop every cached device copy of a weight (after weight buffers were rewritten in place).
+    pub fn clear_weight_cache(&self) {
+        self.lock().cache.clear();
+    }
+
+    /// Bytes of weights currently resident on the device.
+    pub fn cached_weight_bytes(&self) -> usize {
+        self.lock().cache.bytes()
+    }
+}
+
+/// Unwrap the result of an infallible trait method, panicking with the device error.
+fn or_panic(what: &str, r: Result<(), ComputeError>) {
+    if let Err(e) = r {
+        panic!("CUDA {what} failed: {e}");
+    }
+}
+
+fn check_len(what: &str, got: usize, want: usize, shape: &str) {
+    assert_eq!(got, want, "{what}: length {got}, want {shape} = {want}");
+}
+
+impl ComputeBackend for CudaBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        check_len("matmul_transb a", a.len(), m * k, "m*k");
+        check_len("matmul_transb b", b.len(), n * k, "n*k");
+        check_len("matmul_transb c", c.len(), m * n, "m*n");
+        let r = float::product_typed(&mut self.lock(), WType::F32, true, a, b, m, k, n, c);
+        or_panic("matmul_transb", r);
+    }
+
+    fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        check_len("matmul a", a.len(), m * k, "m*k");
+        check_len("matmul b", b.len(), k * n, "k*n");
+        check_len("matmul c", c.len(), m * n, "m*n");
+        let r = float::product_typed(&mut self.lock(), WType::F32, false, a, b, m, k, n, c);
+        or_panic("matmul", r);
+    }
+
+    fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]) {
+        check_len("gemv b", b.len(), n * k, "n*k");
+        check_len("gemv x", x.len(), k, "k");
+        check_len("gemv y", y.len(), n, "n");
+        let r = float::product_typed(&mut self.lock(), WType::F32, true, x, b, 1, k, n, y);
+        or_panic("gemv", r);
+    }
+
+    fn matmul_transb_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        check_len("matmul_transb_f16 a", a.len(), m * k, "m*k");
+        check_len("matmul_transb_f16 b", b.len(), n * k, "n*k");
+        check_len("matmul_transb_f16 c", c.len(), m * n, "m*n");
+        let r = float::product_typed(&mut self.lock(), WType::F16, true, a, b, m, k, n, c);
+        or_panic("matmul_transb_f16", r);
+    }
+
+    fn matmul_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        check_len("matmul_f16 a", a.len(), m * k, "m*k");
+        check_len("matmul_f16 b", b.len(), k * n, "k*n");
+        check_len("matmul_f16 c", c.len(), m * n, "m*n");
+        let r = float::product_typed(&mut self.lock(), WType::F16, false, a, b, m, k, n, c);
+        or_panic("matmul_f16", r);
+    }
+
+    fn quant_matvec(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        check_len("quant_matvec x", x.len(), cols, "cols");
+        check_len("quant_matvec y", y.len(), rows, "rows");
+        quant::quant_matmul(&mut self.lock(), format, bytes, x, 1, rows, cols, y)
+    }
+
+    fn quant_matmul(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        m: usize,
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        check_len("quant_matmul x", x.len(), m * cols, "m*cols");
+        check_len("quant_matmul y", y.len(), m * rows, "m*rows");
+        quant::quant_matmul(&mut self.lock(), format, bytes, x, m, rows, cols, y)
+    }
+
+    fn q8_matmul(
+        &self,
+        values: &[u8],
+        scales: &[f32],
+        x: &[f32],
+        m: usize,
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        quant::q8_matmul(&mut self.lock(), values, scales, x, m, rows, cols, y)
+    }
+}

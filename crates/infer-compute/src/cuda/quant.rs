@@ -1,0 +1,265 @@
+//! Quantized products on the device: activations quantized once per call by a kernel, then one
+//! warp per weight row with `__dp4a` integer dot products (`kernels.cu`).
+//!
+//! Activation formats are the CPU's (`crate::vec_dot::activation_format`): Q8_K for Q4_K and
+//! Q6_K weights, Q8_0 for Q4_0, Q5_0 and Q8_0 weights, int8 + f32 scale per 32 values for the
+//! seed's Q8 attention format, computed with the same f32 operations, so every block's integer
+//! sum equals the CPU's and only the order of the f32 block terms differs.
+
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use infer_quant::QuantFormat;
+
+use super::cache::Scratch;
+use super::device::{drv, int, Device, MT, ROWS_PER_BLOCK};
+use super::State;
+use crate::ComputeError;
+
+/// The kernel of weight format `format`, or `None` when the CUDA backend has none.
+fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
+    Some(match format {
+        QuantFormat::Q4_0 => (&dev.k.mv_q4_0, false),
+        QuantFormat::Q5_0 => (&dev.k.mv_q5_0, false),
+        QuantFormat::Q8_0 => (&dev.k.mv_q8_0, false),
+        QuantFormat::Q4_K => (&dev.k.mv_q4_k, true),
+        QuantFormat::Q6_K => (&dev.k.mv_q6_k, true),
+        _ => return None,
+    })
+}
+
+/// Check a weight buffer like the CPU backend: format with a kernel, `cols` block aligned,
+/// `bytes.len() == rows · bytes_for(cols)`.
+pub(super) fn check(
+    dev: &Device,
+    format: QuantFormat,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Result<(), ComputeError> {
+    if kernel(dev, format).is_none() {
+        return Err(ComputeError::UnsupportedFormat {
+            backend: "cuda".to_string(),
+            format,
+        });
+    }
+    let row_bytes = format.bytes_for(cols)?;
+    if bytes.len() != rows * row_bytes {
+        return Err(ComputeError::ShapeMismatch {
+            what: "quantized weight bytes (rows * bytes per row)",
+            expected: rows * row_bytes,
+            got: bytes.len(),
+            unit: "bytes",
+        });
+    }
+    Ok(())
+}
+
+/// Grid of the mat-vec kernels: `ROWS_PER_BLOCK` weight rows per block, `MT` activation rows
+/// per block row.
+pub(super) fn mv_grid(rows: usize, m: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            rows.div_ceil(ROWS_PER_BLOCK) as u32,
+            m.div_ceil(MT) as u32,
+            1,
+        ),
+        block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One warp per block of `nblocks` activation blocks.
+fn warp_grid(nblocks: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (nblocks.div_ceil(4) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Quantize the `m × cols` activations already in `s.x` for weights of `format`
+/// (`None`: the seed's Q8 format) into `s.aq` / `s.ad` / `s.bsums`.
+pub(super) fn quantize_acts(
+    dev: &Device,
+    s: &mut Scratch,
+    format: Option<QuantFormat>,
+    m: usize,
+    cols: usize,
+) -> Result<(), ComputeError> {
+    let st = &dev.stream;
+    let n = m * cols;
+    let kq = matches!(format, Some(QuantFormat::Q4_K | QuantFormat::Q6_K));
+    let block = if kq { 256 } else { 32 };
+    let nblocks = n / block;
+    let nb_i = int("activation blocks", nblocks)?;
+    s.x.at_least(st, n)?;
+    s.aq.at_least(st, n)?;
+    s.ad.at_least(st, nblocks)?;
+    s.bsums.at_least(st, nblocks * 16)?;
+    let (x, aq, ad, bs) = (s.x.get(), s.aq.get(), s.ad.get(), s.bsums.get());
+    let r = if kq {
+        let mut b = st.launch_builder(&dev.k.quantize_q8_k);
+        b.arg(x).arg(aq).arg(ad).arg(bs).arg(&nb_i);
+        // SAFETY: argument types match `quantize_q8_k`; buffers hold n values / nblocks blocks.
+        unsafe { b.launch(warp_grid(nblocks)) }
+    } else {
+        let f16_scale: i32 = format.is_some() as i32;
+        let mut b = st.launch_builder(&dev.k.quantize_q8_32);
+        b.arg(x).arg(aq).arg(ad).arg(&nb_i).arg(&f16_scale);
+        // SAFETY: argument types match `quantize_q8_32`; buffers hold n values / nblocks blocks.
+        unsafe { b.launch(warp_grid(nblocks)) }
+    };
+    drv("launch activation quantizer", r).map(|_| ())
+}
+
+/// Launch the mat-vec kernel of `format` on weights `w` (device), activations quantized in `s`,
+/// output into `s.y` (`[m, rows]`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_mv(
+    dev: &Device,
+    s: &Scratch,
+    format: QuantFormat,
+    w: &CudaSlice<u8>,
+    m: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<(), ComputeError> {
+    let (f, kq) = match kernel(dev, format) {
+        Some(k) => k,
+        None => {
+            return Err(ComputeError::UnsupportedFormat {
+                backend: "cuda".to_string(),
+                format,
+            })
+        }
+    };
+    let (rows_i, cols_i, m_i) = (int("rows", rows)?, int("cols", cols)?, int("m", m)?);
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(w).arg(s.aq.get()).arg(s.ad.get());
+    if kq {
+        b.arg(s.bsums.get());
+    }
+    b.arg(s.y.get()).arg(&rows_i).arg(&cols_i).arg(&m_i);
+    // SAFETY: argument list matches `mv_*` in kernels.cu; `w` holds rows·bytes_for(cols) bytes
+    // (checked), the scratch buffers hold m·cols activations and m·rows outputs.
+    drv("launch quantized mat-vec", unsafe {
+        b.launch(mv_grid(rows, m))
+    })
+    .map(|_| ())
+}
+
+/// `y[m×rows] = x[m×cols] · Wᵀ` for ggml-format weights (see [`super::CudaBackend`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn quant_matmul(
+    st: &mut State,
+    format: QuantFormat,
+    bytes: &[u8],
+    x: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+    y: &mut [f32],
+) -> Result<(), ComputeError> {
+    check(&st.dev, format, bytes, rows, cols)?;
+    if m == 0 || rows == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    let State { dev, cache, s } = st;
+    let w = cache.get(&dev.stream, bytes)?;
+    upload_x(dev, s, x)?;
+    s.y.at_least(&dev.stream, m * rows)?;
+    quantize_acts(dev, s, Some(format), m, cols)?;
+    launch_mv(dev, s, format, w, m, rows, cols)?;
+    download_y(dev, s, y)
+}
+
+/// `y[m×rows] = x[m×cols] · Wᵀ` for the seed's Q8 format (int8 `values`, f32 `scales` per 32).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn q8_matmul(
+    st: &mut State,
+    values: &[u8],
+    scales: &[f32],
+    x: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+    y: &mut [f32],
+) -> Result<(), ComputeError> {
+    let check = |what: &'static str, expected: usize, got: usize, unit: &'static str| {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(ComputeError::ShapeMismatch {
+                what,
+                expected,
+                got,
+                unit,
+            })
+        }
+    };
+    check(
+        "q8 columns (multiple of 32)",
+        cols.div_ceil(32) * 32,
+        cols,
+        "values",
+    )?;
+    check("q8 values", rows * cols, values.len(), "bytes")?;
+    check("q8 scales", rows * cols / 32, scales.len(), "scales")?;
+    check("q8 activations", m * cols, x.len(), "values")?;
+    check("q8 output", m * rows, y.len(), "values")?;
+    if m == 0 || rows == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    let State { dev, cache, s } = st;
+    // Two cache entries: upload both, then borrow both (the map is not touched in between).
+    cache.get(&dev.stream, values)?;
+    cache.get(&dev.stream, super::cache::as_bytes(scales))?;
+    upload_x(dev, s, x)?;
+    s.y.at_least(&dev.stream, m * rows)?;
+    quantize_acts(dev, s, None, m, cols)?;
+    let (rows_i, cols_i, m_i) = (int("rows", rows)?, int("cols", cols)?, int("m", m)?);
+    let wv = cache.peek(values);
+    let ws = cache.peek(super::cache::as_bytes(scales));
+    let (Some(wv), Some(ws)) = (wv, ws) else {
+        return Err(super::device::dev_err("q8 weights missing from the cache"));
+    };
+    let mut b = dev.stream.launch_builder(&dev.k.mv_q8s);
+    b.arg(wv)
+        .arg(ws)
+        .arg(s.aq.get())
+        .arg(s.ad.get())
+        .arg(s.y.get())
+        .arg(&rows_i)
+        .arg(&cols_i)
+        .arg(&m_i);
+    // SAFETY: argument list matches `mv_q8s`; buffer sizes checked above.
+    drv("launch q8 mat-vec", unsafe { b.launch(mv_grid(rows, m)) })?;
+    download_y(dev, s, y)
+}
+
+/// Copy the host activations into `s.x`.
+pub(super) fn upload_x(dev: &Device, s: &mut Scratch, x: &[f32]) -> Result<(), ComputeError> {
+    s.x.at_least(&dev.stream, x.len())?;
+    let mut view = s.x.get_mut().slice_mut(0..x.len());
+    drv(
+        "copy activations to the device",
+        dev.stream.memcpy_htod(x, &mut view),
+    )
+}
+
+/// Copy the first `y.len()` values of `s.y` to the host and wait for the stream.
+pub(super) fn download_y(dev: &Device, s: &Scratch, y: &mut [f32]) -> Result<(), ComputeError> {
+    let view = s.y.get().slice(0..y.len());
+    drv(
+        "copy the result to the host",
+        dev.stream.memcpy_dtoh(&view, y),
+    )?;
+    drv("synchronize", dev.stream.synchronize())
+}

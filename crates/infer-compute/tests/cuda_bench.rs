@@ -1,0 +1,96 @@
+//! Kernel benchmark of the CUDA backend (not a correctness test; `#[ignore]`d, run by
+//! `scripts/gpu-check.sh`): device time of one quantized mat-vec (activation quantization +
+//! mat-vec kernel, weights resident, rotated among copies larger than the L2 cache) per format
+//! at the real models' shapes, as GB/s of weight bytes, next to the device copy bandwidth
+//! (read + write, the memory floor) and the empty-launch time (the launch floor).
+//!
+//! Prints one line per case and a table last. Random weights with finite scales (speed does not
+//! depend on the values).
+
+#![cfg(feature = "cuda")]
+
+use infer_compute::cuda::CudaBackend;
+use infer_compute::{ComputeBackend, QuantFormat};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn random_blocks(rng: &mut StdRng, fmt: QuantFormat, n_blocks: usize) -> Vec<u8> {
+    let bb = fmt.block_bytes();
+    let mut out = vec![0u8; n_blocks * bb];
+    rng.fill(&mut out[..]);
+    let fields: &[usize] = match fmt {
+        QuantFormat::Q4_K => &[0, 2],
+        QuantFormat::Q6_K => &[208],
+        _ => &[0],
+    };
+    for b in out.chunks_exact_mut(bb) {
+        for &o in fields {
+            let v: f32 = rng.gen_range(-2.0f32..2.0);
+            b[o..o + 2].copy_from_slice(&infer_quant::float16::f32_to_f16(v).to_le_bytes());
+        }
+    }
+    out
+}
+
+/// `(format, rows, cols, what)`: SmolLM2-135M and Gemma-3-270m matrices in the formats the
+/// vindex stores them in (rows of 576 / 640 values cannot hold K-quant blocks: Q5_0 / Q8_0),
+/// plus one large matrix per format for the bandwidth ceiling.
+const CASES: &[(QuantFormat, usize, usize, &str)] = &[
+    (QuantFormat::Q5_0, 576, 576, "smollm2 q/o"),
+    (QuantFormat::Q5_0, 1536, 576, "smollm2 gate/up"),
+    (QuantFormat::Q4_K, 576, 1536, "smollm2 down"),
+    (QuantFormat::Q6_K, 576, 1536, "smollm2 down"),
+    (QuantFormat::Q8_0, 576, 576, "smollm2 v (q8_0)"),
+    (QuantFormat::Q4_0, 49152, 576, "smollm2 lm_head"),
+    (QuantFormat::Q8_0, 49152, 576, "smollm2 lm_head"),
+    (QuantFormat::Q5_0, 2048, 640, "gemma3 gate/up"),
+    (QuantFormat::Q4_K, 640, 2048, "gemma3 down"),
+    (QuantFormat::Q6_K, 640, 2048, "gemma3 down"),
+    (QuantFormat::Q4_0, 2048, 640, "gemma3 gate/up"),
+    (QuantFormat::Q4_0, 16384, 4096, "large"),
+    (QuantFormat::Q5_0, 16384, 4096, "large"),
+    (QuantFormat::Q8_0, 16384, 4096, "large"),
+    (QuantFormat::Q4_K, 16384, 4096, "large"),
+    (QuantFormat::Q6_K, 16384, 4096, "large"),
+];
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn kernel_bandwidth_table() {
+    let gpu = CudaBackend::new(0)
+        .unwrap_or_else(|e| panic!("the CUDA benchmark needs a CUDA device: {e}"));
+    println!("device: {}", gpu.name());
+    let copy = gpu.time_copy(1 << 30, 20).expect("copy timing");
+    let launch = gpu.time_empty_launch(2000).expect("launch timing");
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut table = Vec::new();
+    for &(fmt, rows, cols, what) in CASES {
+        let bytes = random_blocks(&mut rng, fmt, rows * cols / fmt.block_elems());
+        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let iters = (2_000_000_000 / bytes.len()).clamp(20, 2000);
+        let t = gpu
+            .time_quant_matvec(fmt, &bytes, &x, rows, cols, iters)
+            .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"));
+        let line = format!(
+            "{:<6} {:>6}x{:<5} {:<18} {:>9.3} MB {:>9.2} us {:>8.1} GB/s {:>5.1}% of copy",
+            fmt.name(),
+            rows,
+            cols,
+            what,
+            bytes.len() as f64 / 1e6,
+            t.seconds * 1e6,
+            t.gb_per_s(),
+            100.0 * t.gb_per_s() / copy.gb_per_s()
+        );
+        table.push(line);
+    }
+    println!();
+    println!("== CUDA quantized mat-vec (m = 1, activation quantize + mat-vec, device time) ==");
+    println!(
+        "device copy bandwidth (1 GiB dtod, read+write): {:.0} GB/s; empty launch: {:.2} us",
+        copy.gb_per_s(),
+        launch * 1e6
+    );
+    for l in &table {
+        println!("{l}");
+    }
+}

@@ -1,0 +1,463 @@
+//! Parity of every CUDA kernel with the CPU scalar reference (`CpuBackend::with_isa(Isa::Generic)`)
+//! on random inputs of many shapes: odd row counts, rows not a multiple of the 4 rows per block,
+//! activation counts not a multiple of the 4 per warp, and the real models' shapes (SmolLM2-135M:
+//! 576×576, 192×576, 1536×576, 576×1536, 49152×576 lm_head; Gemma-3-270m: 640×640, 2048×640,
+//! 640×2048).
+//!
+//! Tolerance: |gpu − cpu| ≤ 1e-5 · Σ|terms| per output. Quantized products: the device quantizes
+//! the activations to the CPU's activation format with the same f32 operations (same int8 values
+//! and scales), each block's integer sum is exact on both sides, so the two results differ only
+//! in the order of the f32 additions of the block terms (and in FMA contraction): a few ulp of
+//! the partial sums, ~1e-7 of Σ|terms| (printed per test as "max err/Σ|terms|").
+//! Σ|terms| = Σ_c |w_c|·|x_c| with |w_c| the magnitude of each decoded weight's parts (Q4_K:
+//! |d·sc·q| + |dmin·m|, the two sums that are subtracted). f32/f16 products: f32 sums in another
+//! order, same bound with Σ|a·b|.
+//!
+//! The tests need a CUDA device and are `#[ignore]`d so the CPU CI does not run them; run them
+//! with `scripts/gpu-check.sh` (`--ignored`). Without a device they fail with the reason.
+
+#![cfg(feature = "cuda")]
+
+use half::f16;
+use infer_compute::cuda::CudaBackend;
+use infer_compute::{ComputeBackend, ComputeError, CpuBackend, Isa, QuantFormat};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+const TOL: f64 = 1e-5;
+
+fn gpu() -> CudaBackend {
+    CudaBackend::new(0).unwrap_or_else(|e| {
+        panic!("the CUDA parity tests need a CUDA device (scripts/gpu-check.sh runs them): {e}")
+    })
+}
+
+fn cpu() -> CpuBackend {
+    CpuBackend::with_isa(Isa::Generic).expect("the generic ISA is always available")
+}
+
+fn gauss(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (0..4).map(|_| rng.gen_range(-1.0f32..1.0)).sum::<f32>() * std)
+        .collect()
+}
+
+/// Random block bytes (every quant pattern) with finite f16 scales in [-2, 2]; Q8_0 quants avoid
+/// −128, which ggml's quantizers never emit (as tests/quant_matvec.rs).
+fn random_blocks(rng: &mut StdRng, fmt: QuantFormat, n_blocks: usize) -> Vec<u8> {
+    let bb = fmt.block_bytes();
+    let mut out = vec![0u8; n_blocks * bb];
+    rng.fill(&mut out[..]);
+    for b in out.chunks_exact_mut(bb) {
+        for &o in f16_fields(fmt) {
+            let v: f32 = rng.gen_range(-2.0f32..2.0);
+            b[o..o + 2].copy_from_slice(&infer_quant::float16::f32_to_f16(v).to_le_bytes());
+        }
+        if fmt == QuantFormat::Q8_0 {
+            for q in &mut b[2..] {
+                if *q == 0x80 {
+                    *q = 0x81;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn f16_fields(fmt: QuantFormat) -> &'static [usize] {
+    match fmt {
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => &[0],
+        QuantFormat::Q4_K => &[0, 2],
+        QuantFormat::Q6_K => &[208],
+        _ => unreachable!("not a fused format"),
+    }
+}
+
+/// |w| per element, `[rows, cols]`; for Q4_K the sum of the magnitudes of the scale part and
+/// the min part (dequantized from copies with dmin = 0 and with d = 0).
+fn weight_magnitudes(fmt: QuantFormat, bytes: &[u8], n: usize) -> Vec<f32> {
+    let deq = |b: &[u8]| {
+        let mut v = vec![0f32; n];
+        infer_quant::dequantize(fmt, b, &mut v).expect("dequantize");
+        v
+    };
+    if fmt != QuantFormat::Q4_K {
+        return deq(bytes).iter().map(|v| v.abs()).collect();
+    }
+    let zero = |off: usize| {
+        let mut b = bytes.to_vec();
+        for blk in b.chunks_exact_mut(fmt.block_bytes()) {
+            blk[off..off + 2].copy_from_slice(&[0, 0]);
+        }
+        b
+    };
+    let scale_part = deq(&zero(2));
+    let min_part = deq(&zero(0));
+    scale_part
+        .iter()
+        .zip(&min_part)
+        .map(|(a, b)| a.abs() + b.abs())
+        .collect()
+}
+
+/// Σ_c |w[r,c]|·|x[i,c]| as `[m, rows]`.
+fn term_sums(wabs: &[f32], x: &[f32], m: usize, rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0f64; m * rows];
+    for i in 0..m {
+        let xi = &x[i * cols..(i + 1) * cols];
+        for r in 0..rows {
+            let wr = &wabs[r * cols..(r + 1) * cols];
+            out[i * rows + r] = wr
+                .iter()
+                .zip(xi)
+                .map(|(&w, &v)| w as f64 * v.abs() as f64)
+                .sum();
+        }
+    }
+    out
+}
+
+/// Assert |got − want| ≤ TOL·mag everywhere (and every output written, finite); returns the
+/// largest err/mag.
+fn compare(what: &str, got: &[f32], want: &[f32], mag: &[f64]) -> f64 {
+    let mut worst = 0f64;
+    for (j, ((&g, &w), &s)) in got.iter().zip(want).zip(mag).enumerate() {
+        assert!(
+            g.is_finite(),
+            "{what}: output {j} not written or not finite: {g}"
+        );
+        let err = (g as f64 - w as f64).abs();
+        assert!(
+            err <= TOL * s + 1e-30,
+            "{what}: output {j}: gpu {g} vs cpu {w}, |diff| {err:e} > {TOL:e} · Σ|terms| {s:e}"
+        );
+        if s > 0.0 {
+            worst = worst.max(err / s);
+        }
+    }
+    worst
+}
+
+/// One quantized product on both backends; returns max err/Σ|terms|.
+fn quant_case(
+    gpu: &CudaBackend,
+    rng: &mut StdRng,
+    fmt: QuantFormat,
+    m: usize,
+    rows: usize,
+    cols: usize,
+) -> f64 {
+    let bytes = random_blocks(rng, fmt, rows * cols / fmt.block_elems());
+    let x = gauss(rng, m * cols, 1.0);
+    let mut want = vec![f32::NAN; m * rows];
+    let mut got = vec![f32::NAN; m * rows];
+    if m == 1 {
+        cpu()
+            .quant_matvec(fmt, &bytes, &x, rows, cols, &mut want)
+            .unwrap();
+        gpu.quant_matvec(fmt, &bytes, &x, rows, cols, &mut got)
+            .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"));
+    } else {
+        cpu()
+            .quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut want)
+            .unwrap();
+        gpu.quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut got)
+            .unwrap_or_else(|e| panic!("{fmt} m={m} {rows}x{cols}: {e}"));
+    }
+    let mag = term_sums(
+        &weight_magnitudes(fmt, &bytes, rows * cols),
+        &x,
+        m,
+        rows,
+        cols,
+    );
+    compare(&format!("{fmt} m={m} {rows}x{cols}"), &got, &want, &mag)
+}
+
+/// `(rows, cols)` per format family: 32-value blocks and K-quants (cols a multiple of 256).
+const SHAPES_32: &[(usize, usize)] = &[
+    (1, 32),
+    (7, 64),
+    (33, 96),
+    (67, 576),
+    (192, 576),
+    (576, 576),
+    (1536, 576),
+    (576, 1536),
+    (640, 640),
+    (2048, 640),
+    (640, 2048),
+];
+const SHAPES_K: &[(usize, usize)] = &[
+    (1, 256),
+    (5, 512),
+    (33, 768),
+    (67, 1536),
+    (576, 1536),
+    (640, 2048),
+    (2048, 2048),
+];
+const MS: &[usize] = &[1, 2, 3, 5, 8, 17];
+
+fn quant_format_parity(fmt: QuantFormat, seed: u64) {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let shapes = if fmt.block_elems() == 256 {
+        SHAPES_K
+    } else {
+        SHAPES_32
+    };
+    let mut worst = 0f64;
+    for &(rows, cols) in shapes {
+        let ms: &[usize] = if rows * cols > 1 << 20 { &[1, 5] } else { MS };
+        for &m in ms {
+            worst = worst.max(quant_case(&gpu, &mut rng, fmt, m, rows, cols));
+        }
+    }
+    if fmt == QuantFormat::Q4_0 || fmt == QuantFormat::Q8_0 {
+        // SmolLM2's lm_head.
+        worst = worst.max(quant_case(&gpu, &mut rng, fmt, 1, 49152, 576));
+    }
+    println!("parity {fmt}: max err/Σ|terms| = {worst:.3e} (tolerance {TOL:e})");
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn q4_0_matches_cpu() {
+    quant_format_parity(QuantFormat::Q4_0, 40);
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn q5_0_matches_cpu() {
+    quant_format_parity(QuantFormat::Q5_0, 50);
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn q8_0_matches_cpu() {
+    quant_format_parity(QuantFormat::Q8_0, 80);
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn q4_k_matches_cpu() {
+    quant_format_parity(QuantFormat::Q4_K, 44);
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn q6_k_matches_cpu() {
+    quant_format_parity(QuantFormat::Q6_K, 66);
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn q8_attention_format_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(8);
+    let mut worst = 0f64;
+    for &(rows, cols) in SHAPES_32 {
+        for &m in MS {
+            let nb = cols / 32;
+            let values: Vec<u8> = (0..rows * cols)
+                .map(|_| rng.gen_range(-127i32..=127) as i8 as u8)
+                .collect();
+            let scales: Vec<f32> = (0..rows * nb)
+                .map(|_| rng.gen_range(-0.02f32..0.02))
+                .collect();
+            let x = gauss(&mut rng, m * cols, 1.0);
+            let mut want = vec![f32::NAN; m * rows];
+            let mut got = vec![f32::NAN; m * rows];
+            cpu()
+                .q8_matmul(&values, &scales, &x, m, rows, cols, &mut want)
+                .unwrap();
+            gpu.q8_matmul(&values, &scales, &x, m, rows, cols, &mut got)
+                .unwrap();
+            let wabs: Vec<f32> = (0..rows * cols)
+                .map(|j| ((values[j] as i8) as f32 * scales[j / 32]).abs())
+                .collect();
+            let mag = term_sums(&wabs, &x, m, rows, cols);
+            worst = worst.max(compare(
+                &format!("q8 m={m} {rows}x{cols}"),
+                &got,
+                &want,
+                &mag,
+            ));
+        }
+    }
+    println!("parity Q8 (int8 + f32 scales): max err/Σ|terms| = {worst:.3e} (tolerance {TOL:e})");
+}
+
+/// `(m, k, n)` of the f32/f16 products.
+const FLOAT_SHAPES: &[(usize, usize, usize)] = &[
+    (1, 7, 3),
+    (1, 576, 576),
+    (1, 640, 2048),
+    (3, 576, 1536),
+    (8, 1536, 576),
+    (9, 33, 65),
+    (17, 640, 2048),
+    (65, 100, 130),
+    (70, 2048, 640),
+];
+
+/// Σ|a·b| per output for `C = A·Bᵀ` (`bt` = B is `[n, k]`) or `C = A·B` (B `[k, n]`).
+fn float_mag(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, bt: bool) -> Vec<f64> {
+    let mut out = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k)
+                .map(|p| {
+                    let bv = if bt { b[j * k + p] } else { b[p * n + j] };
+                    (a[i * k + p] as f64 * bv as f64).abs()
+                })
+                .sum();
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn f32_and_f16_products_match_cpu() {
+    let gpu = gpu();
+    let cpu = cpu();
+    let mut rng = StdRng::seed_from_u64(32);
+    let mut worst = [0f64; 5];
+    for &(m, k, n) in FLOAT_SHAPES {
+        let a = gauss(&mut rng, m * k, 1.0);
+        let b = gauss(&mut rng, n * k, 0.1);
+        let bh: Vec<f16> = b.iter().map(|&v| f16::from_f32(v)).collect();
+        let bw: Vec<f32> = bh.iter().map(|v| v.to_f32()).collect();
+        let mag_t = float_mag(&a, &b, m, k, n, true);
+        let mag_n = float_mag(&a, &b, m, k, n, false);
+        let mag_th = float_mag(&a, &bw, m, k, n, true);
+        let mag_nh = float_mag(&a, &bw, m, k, n, false);
+        let run = |f: &dyn Fn(&dyn ComputeBackend, &mut [f32])| {
+            let (mut g, mut c) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            f(&gpu, &mut g);
+            f(&cpu, &mut c);
+            (g, c)
+        };
+        let s = format!("m={m} k={k} n={n}");
+        let (g, c) = run(&|be, out| be.matmul_transb(&a, &b, m, k, n, out));
+        worst[0] = worst[0].max(compare(&format!("matmul_transb {s}"), &g, &c, &mag_t));
+        let (g, c) = run(&|be, out| be.matmul(&a, &b, m, k, n, out));
+        worst[1] = worst[1].max(compare(&format!("matmul {s}"), &g, &c, &mag_n));
+        let (g, c) = run(&|be, out| be.matmul_transb_f16(&a, &bh, m, k, n, out));
+        worst[2] = worst[2].max(compare(&format!("matmul_transb_f16 {s}"), &g, &c, &mag_th));
+        let (g, c) = run(&|be, out| be.matmul_f16(&a, &bh, m, k, n, out));
+        worst[3] = worst[3].max(compare(&format!("matmul_f16 {s}"), &g, &c, &mag_nh));
+        if m == 1 {
+            let (g, c) = run(&|be, out| be.gemv(&b, &a, n, k, out));
+            worst[4] = worst[4].max(compare(&format!("gemv {s}"), &g, &c, &mag_t));
+        }
+    }
+    let names = [
+        "matmul_transb",
+        "matmul",
+        "matmul_transb_f16",
+        "matmul_f16",
+        "gemv",
+    ];
+    for (n, w) in names.iter().zip(worst) {
+        println!("parity {n}: max err/Σ|terms| = {w:.3e} (tolerance {TOL:e})");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn weights_are_cached_and_reuploaded_when_changed() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(5);
+    let (rows, cols) = (67, 576);
+    let mut bytes = random_blocks(&mut rng, QuantFormat::Q8_0, rows * cols / 32);
+    let x = gauss(&mut rng, cols, 1.0);
+    let (mut y1, mut y2, mut want) = (vec![0f32; rows], vec![0f32; rows], vec![0f32; rows]);
+    gpu.quant_matvec(QuantFormat::Q8_0, &bytes, &x, rows, cols, &mut y1)
+        .unwrap();
+    assert_eq!(gpu.cached_weight_bytes(), bytes.len());
+    gpu.quant_matvec(QuantFormat::Q8_0, &bytes, &x, rows, cols, &mut y2)
+        .unwrap();
+    assert_eq!(
+        gpu.cached_weight_bytes(),
+        bytes.len(),
+        "second call re-uploaded"
+    );
+    assert_eq!(y1, y2);
+    // Rewrite the weights in place (same address and length): the fingerprint sees it.
+    let fresh = random_blocks(&mut rng, QuantFormat::Q8_0, rows * cols / 32);
+    bytes.copy_from_slice(&fresh);
+    gpu.quant_matvec(QuantFormat::Q8_0, &bytes, &x, rows, cols, &mut y2)
+        .unwrap();
+    cpu()
+        .quant_matvec(QuantFormat::Q8_0, &bytes, &x, rows, cols, &mut want)
+        .unwrap();
+    let mag = term_sums(
+        &weight_magnitudes(QuantFormat::Q8_0, &bytes, rows * cols),
+        &x,
+        1,
+        rows,
+        cols,
+    );
+    compare("rewritten weights", &y2, &want, &mag);
+    gpu.clear_weight_cache();
+    assert_eq!(gpu.cached_weight_bytes(), 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn bad_inputs_are_errors_on_the_device_backend() {
+    let gpu = gpu();
+    let mut y = vec![0f32; 2];
+    let x = vec![0f32; 32];
+    let err = gpu
+        .quant_matvec(QuantFormat::Q4_1, &[0u8; 40], &x, 2, 32, &mut y)
+        .unwrap_err();
+    assert!(
+        matches!(err, ComputeError::UnsupportedFormat { .. }),
+        "{err}"
+    );
+    let err = gpu
+        .quant_matvec(QuantFormat::Q8_0, &[0u8; 67], &x, 2, 32, &mut y)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ComputeError::ShapeMismatch {
+                expected: 68,
+                got: 67,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let x31 = vec![0f32; 31];
+    let err = gpu
+        .quant_matvec(QuantFormat::Q8_0, &[0u8; 68], &x31, 2, 31, &mut y)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::Quant(_)), "{err}");
+    let err = gpu
+        .q8_matmul(&[0u8; 64], &[1.0; 1], &x, 1, 2, 32, &mut y)
+        .unwrap_err();
+    assert!(matches!(err, ComputeError::ShapeMismatch { .. }), "{err}");
+}
+
+/// Runs everywhere (CPU CI included): opening a device that does not exist is an error that
+/// says why, never a panic — no driver library, or no such device.
+#[test]
+fn missing_device_is_an_error() {
+    let err = CudaBackend::new(4096).expect_err("there is no CUDA device 4096");
+    match &err {
+        ComputeError::Device { backend, message } => {
+            assert_eq!(*backend, "cuda");
+            assert!(
+                message.contains("libcuda")
+                    || message.contains("no usable CUDA device")
+                    || message.contains("no CUDA device 4096"),
+                "unexpected message: {message}"
+            );
+        }
+        other => panic!("expected ComputeError::Device, got {other:?}"),
+    }
+}
