@@ -1,6 +1,7 @@
 //! Scaled dot-product attention over a KV cache: one routine for prefill (many query rows) and
 //! decode (one row), with GQA/MQA, causal and sliding-window masks and optional logit soft-cap.
 
+use crate::attention_blocked::attention_blocked;
 use crate::scratch;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -40,10 +41,20 @@ pub struct AttentionParams {
 /// `s_j = scale · q_{t,h}·k_{j,g}`, soft-capped if configured, for visible keys `j` (`j ≤ p`,
 /// and `p − j < window` if sliding); `out_{t,h} = Σ_j softmax(s)_j · v_{j,g}` (softmax in f32,
 /// max-subtracted), as HF eager attention (`eager_attention_forward`). Masked keys are skipped,
-/// not added as `−∞`, so a row's result depends only on its visible keys: a prefill row equals
-/// the single-row decode at the same position bit for bit. The scores live in a per-thread
-/// buffer that grows to powers of two (`crate::scratch`): no allocation per call after warm-up
-/// except when the context crosses such a size on some thread.
+/// not added as `−∞`, so a row's result depends only on its visible keys; a row that sees no key
+/// (window 0) is zero.
+///
+/// One query row (`t_q == 1`, decode) runs [`attention_reference`]'s row-at-a-time path, bit for
+/// bit. Several rows (prefill) run blocked matrix products (`crate::attention_blocked`: per kv
+/// head and block of query rows, `S = Q·Kᵀ` and `O = P·V` through `matrixmultiply::sgemm` over
+/// key tiles, with an online softmax whose `exp` is a ≈2-ulp polynomial); only the summation
+/// order and that `exp` differ from the row path, and results agree with it within 1e-5 of the
+/// row's largest |output| (tested). A prefill row is
+/// thus not bit-identical to the single-row decode of the same position. Neither path's result
+/// depends on the number of threads. Temporaries live in per-thread buffers that grow to powers
+/// of two (`crate::scratch`): the decode path allocates nothing after warm-up except when the
+/// context crosses such a size on some thread (the prefill path's sgemm allocates its own
+/// packing buffers per product).
 ///
 /// Panics on inconsistent shapes, `n_kv_heads` not dividing `n_q_heads`, or a position
 /// `≥ t_kv` (its own key must be in the cache).
@@ -55,6 +66,38 @@ pub fn attention(
     t_kv: usize,
     params: &AttentionParams,
     out: &mut [f32],
+) {
+    dispatch(q, k_cache, v_cache, q_positions, t_kv, params, out, false);
+}
+
+/// [`attention`] computed one query row at a time for every `t_q` (the decode path, also the
+/// reference the blocked prefill path is tested against): per (row, head) the scores of the
+/// visible keys in `crate::cpu::dot`'s summation order, softmax, and the weighted sum of values
+/// in key order. Same arguments, result and panics as [`attention`]; a prefill row equals the
+/// single-row decode at the same position bit for bit.
+pub fn attention_reference(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    q_positions: &[usize],
+    t_kv: usize,
+    params: &AttentionParams,
+    out: &mut [f32],
+) {
+    dispatch(q, k_cache, v_cache, q_positions, t_kv, params, out, true);
+}
+
+/// Shape checks of [`attention`], then the row path (`t_q == 1` or `force_rows`) or the blocked one.
+#[allow(clippy::too_many_arguments)]
+fn dispatch(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    q_positions: &[usize],
+    t_kv: usize,
+    params: &AttentionParams,
+    out: &mut [f32],
+    force_rows: bool,
 ) {
     let &AttentionParams {
         n_q_heads,
@@ -93,9 +136,35 @@ pub fn attention(
     if head_dim == 0 || t_q == 0 {
         return;
     }
-    let group = n_q_heads / n_kv_heads;
     let k = &k_cache[..t_kv * kv_row];
     let v = &v_cache[..t_kv * kv_row];
+    if t_q == 1 || force_rows {
+        attention_rows(q, k, v, q_positions, params, out);
+    } else {
+        attention_blocked(q, k, v, q_positions, params, out);
+    }
+}
+
+/// The row-at-a-time path: one task per (query row, head), [`head_attention`] each. Shapes
+/// checked by [`dispatch`]; `k`/`v` hold exactly the `t_kv` cached rows.
+fn attention_rows(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    q_positions: &[usize],
+    params: &AttentionParams,
+    out: &mut [f32],
+) {
+    let &AttentionParams {
+        n_q_heads,
+        n_kv_heads,
+        head_dim,
+        ..
+    } = params;
+    let t_q = q_positions.len();
+    let q_row = n_q_heads * head_dim;
+    let kv_row = n_kv_heads * head_dim;
+    let group = n_q_heads / n_kv_heads;
     // One task = one (query row, head); `idx = t * n_q_heads + h` is the chunk index of `out`.
     let task = |scores: &mut [f32], idx: usize, o: &mut [f32]| {
         let (t, h) = (idx / n_q_heads, idx % n_q_heads);

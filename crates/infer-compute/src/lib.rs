@@ -7,6 +7,7 @@
 //! [`ComputeBackend::quant_matmul`]); their fused dot-product kernels live in [`vec_dot`].
 
 mod attention;
+mod attention_blocked;
 mod backend;
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -18,7 +19,7 @@ mod rope;
 mod scratch;
 pub mod vec_dot;
 
-pub use attention::{attention, AttentionParams};
+pub use attention::{attention, attention_reference, AttentionParams};
 pub use backend::{ComputeBackend, QuantProj};
 pub use cpu::{axpy_f16, dot_f16, CpuBackend};
 pub use error::ComputeError;
