@@ -5,6 +5,7 @@
 //! weighted values are a second sgemm (`O += P·V`). Each K/V tile is read once per group and block.
 
 use crate::attention::AttentionParams;
+use crate::ops::exp_poly;
 use crate::scratch;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -174,33 +175,6 @@ fn softmax_tile_impl(s: &mut [f32], scale: f32, softcap: Option<f32>, m_old: f32
         sum += *x;
     }
     (m_new, acc.iter().sum::<f32>() + sum)
-}
-
-/// `e^x` for |x| ≤ 88 (clamped outside), Cephes `expf` (`2ⁿ · p(r)`, |r| ≤ ln2/2, max relative
-/// error ≈ 2 ulp): `crate::ops::fast_act`'s private `exp_poly` with 2ⁿ built from the bits of
-/// the rounding sum (same results on [−88, 88]).
-#[inline(always)]
-fn exp_poly(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const C1: f32 = 0.693_359_4; // ln2 high part (exact in few bits)
-    const C2: f32 = -2.121_944_4e-4; // ln2 − C1
-    const MAGIC: f32 = 12_582_912.0; // 1.5·2²³: adding rounds to an integer (nearest even)
-    let x = x.clamp(-88.0, 88.0);
-    let t = x * LOG2E + MAGIC; // bits: MAGIC's + n, n = round(x·log2 e) ∈ [−127, 127]
-    let n = t - MAGIC;
-    let r = x - n * C1 - n * C2;
-    let r2 = r * r;
-    let mut p = 1.987_569_1e-4;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 5e-1;
-    let e = p * r2 + r + 1.0;
-    // 2ⁿ for n in [−127, 127] from the exponent bits n + 127 (n = −127 gives 0, only reached at
-    // x = −88), taken from `t`'s low bits: no float→int conversion, so the loop vectorises.
-    let pow2 = f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits() - 127) << 23);
-    e * pow2
 }
 
 /// One (block of query positions, kv head) task.

@@ -7,15 +7,18 @@
 
 use super::Activation;
 
-/// `e^x` for |x| ≤ 88 (clamped outside: e^±88 ≈ 1.65e±38), Cephes `expf`.
+/// `e^x` for |x| ≤ 88 (clamped outside), Cephes `expf` (`2ⁿ · p(r)`, |r| ≤ ln2/2, max relative
+/// error ≈ 2 ulp), with 2ⁿ built from the bits of the rounding sum so that loops over it
+/// vectorise. Shared by the activations and the prefill attention's softmax.
 #[inline(always)]
-fn exp_poly(x: f32) -> f32 {
+pub(crate) fn exp_poly(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const C1: f32 = 0.693_359_4; // ln2 high part (exact in few bits)
     const C2: f32 = -2.121_944_4e-4; // ln2 − C1
     const MAGIC: f32 = 12_582_912.0; // 1.5·2²³: adding rounds to an integer (nearest even)
     let x = x.clamp(-88.0, 88.0);
-    let n = (x * LOG2E + MAGIC) - MAGIC;
+    let t = x * LOG2E + MAGIC; // bits: MAGIC's + n, n = round(x·log2 e) ∈ [−127, 127]
+    let n = t - MAGIC;
     let r = x - n * C1 - n * C2;
     let r2 = r * r;
     let mut p = 1.987_569_1e-4;
@@ -25,8 +28,9 @@ fn exp_poly(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5e-1;
     let e = p * r2 + r + 1.0;
-    // 2ⁿ for n in [−127, 127] via the exponent bits (n = −127 gives 0, only reached at x = −88).
-    let pow2 = f32::from_bits((((n as i32) + 127).max(0) as u32) << 23);
+    // 2ⁿ for n in [−127, 127] from the exponent bits n + 127 (n = −127 gives 0, only reached at
+    // x = −88), taken from `t`'s low bits: no float→int conversion, so the loop vectorises.
+    let pow2 = f32::from_bits(t.to_bits().wrapping_sub(MAGIC.to_bits() - 127) << 23);
     e * pow2
 }
 

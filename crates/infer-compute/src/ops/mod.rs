@@ -7,6 +7,7 @@ mod activation;
 mod elementwise;
 mod erf;
 mod fast_act;
+pub(crate) use fast_act::exp_poly;
 mod norm;
 
 pub use crate::cpu::dot;
