@@ -71,9 +71,10 @@ const SHAPES: [(usize, usize, usize); 9] = [
     (37, 129, 131),
 ];
 
-#[test]
-fn matmul_transb_f16_matches_f64_reference() {
-    let mut rng = StdRng::seed_from_u64(16);
+/// Both f16 products on every shape, backend and pool size; `transposed` picks
+/// `matmul_transb_f16` (B `[n, k]`) or `matmul_f16` (B `[k, n]`).
+fn check_products(transposed: bool, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
     for (name, be) in backends() {
         for threads in [1, 3] {
             let pool = rayon::ThreadPoolBuilder::new()
@@ -84,47 +85,27 @@ fn matmul_transb_f16_matches_f64_reference() {
                 let a = random(&mut rng, m * k);
                 let b = random_f16(&mut rng, n * k);
                 let mut c = vec![f32::NAN; m * n];
-                pool.install(|| be.matmul_transb_f16(&a, &b, m, k, n, &mut c));
-                check(
-                    &format!("{name}/{threads}t transb"),
-                    &a,
-                    &c,
-                    m,
-                    k,
-                    n,
-                    |p, j| b[j * k + p].to_f32(),
-                );
+                let what = format!("{name}/{threads}t transposed={transposed}");
+                if transposed {
+                    pool.install(|| be.matmul_transb_f16(&a, &b, m, k, n, &mut c));
+                    check(&what, &a, &c, m, k, n, |p, j| b[j * k + p].to_f32());
+                } else {
+                    pool.install(|| be.matmul_f16(&a, &b, m, k, n, &mut c));
+                    check(&what, &a, &c, m, k, n, |p, j| b[p * n + j].to_f32());
+                }
             }
         }
     }
 }
 
 #[test]
+fn matmul_transb_f16_matches_f64_reference() {
+    check_products(true, 16);
+}
+
+#[test]
 fn matmul_f16_matches_f64_reference() {
-    let mut rng = StdRng::seed_from_u64(17);
-    for (name, be) in backends() {
-        for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            for &(m, k, n) in &SHAPES {
-                let a = random(&mut rng, m * k);
-                let b = random_f16(&mut rng, k * n);
-                let mut c = vec![f32::NAN; m * n];
-                pool.install(|| be.matmul_f16(&a, &b, m, k, n, &mut c));
-                check(
-                    &format!("{name}/{threads}t plain"),
-                    &a,
-                    &c,
-                    m,
-                    k,
-                    n,
-                    |p, j| b[p * n + j].to_f32(),
-                );
-            }
-        }
-    }
+    check_products(false, 17);
 }
 
 #[test]

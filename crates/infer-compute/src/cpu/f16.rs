@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use half::f16;
 use rayon::prelude::*;
 
+use super::matmul::check;
 use crate::vec_dot::Isa;
 
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -92,27 +93,6 @@ impl SharedOut {
     }
 }
 
-fn check(what: &str, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &[f32]) {
-    assert_eq!(
-        a.len(),
-        m * k,
-        "{what}: a has {} values, want m*k = {m}*{k}",
-        a.len()
-    );
-    assert_eq!(
-        b.len(),
-        n * k,
-        "{what}: b has {} values, want n*k = {n}*{k}",
-        b.len()
-    );
-    assert_eq!(
-        c.len(),
-        m * n,
-        "{what}: c has {} values, want m*n = {m}*{n}",
-        c.len()
-    );
-}
-
 /// `C[m×n] = A[m×k] · B[n×k]ᵀ`, `B` f16; see [`crate::ComputeBackend::matmul_transb_f16`].
 pub(crate) fn matmul_transb_f16(
     isa: Isa,
@@ -162,21 +142,15 @@ pub(crate) fn matmul_transb_f16(
             // SAFETY: `wide` is Bᵀ's rows j0..j1 as a [k, j1-j0] matrix read with strides
             // (1, k); C's columns j0..j1 (row stride n) belong to this task alone.
             unsafe {
-                matrixmultiply::sgemm(
+                sgemm_cols(
+                    a,
                     m,
                     k,
-                    j1 - j0,
-                    1.0,
-                    a.as_ptr(),
-                    k as isize,
-                    1,
-                    wide.as_ptr(),
-                    1,
-                    k as isize,
-                    0.0,
+                    wide,
+                    (1, k as isize),
                     out.get().add(j0),
-                    n as isize,
-                    1,
+                    j1 - j0,
+                    n,
                 )
             };
         });
@@ -231,26 +205,55 @@ pub(crate) fn matmul_f16(
             // SAFETY: `wide` is B[:, j0..j1] as a row-major [k, width] matrix; C's columns
             // j0..j1 (row stride n) belong to this task alone.
             unsafe {
-                matrixmultiply::sgemm(
+                sgemm_cols(
+                    a,
                     m,
                     k,
-                    width,
-                    1.0,
-                    a.as_ptr(),
-                    k as isize,
-                    1,
-                    wide.as_ptr(),
-                    width as isize,
-                    1,
-                    0.0,
+                    wide,
+                    (width as isize, 1),
                     out.get().add(j0),
-                    n as isize,
-                    1,
+                    width,
+                    n,
                 )
             };
         });
     };
     run_tasks(serial, n.div_ceil(BLOCK), |t| task(t * BLOCK));
+}
+
+/// `C[:, cols] = A[m×k] · W[k×width]` where `W` (strides `(rs, cs)`) is a widened block and `c`
+/// points at the block's first column of a row-major C with row stride `n`.
+///
+/// # Safety
+/// `wide` holds the `[k, width]` matrix under those strides and `c` is valid for writes of
+/// `m` rows × `width` columns at stride `n`, written by no other thread meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_cols(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    wide: &[f32],
+    (rs, cs): (isize, isize),
+    c: *mut f32,
+    width: usize,
+    n: usize,
+) {
+    matrixmultiply::sgemm(
+        m,
+        k,
+        width,
+        1.0,
+        a.as_ptr(),
+        k as isize,
+        1,
+        wide.as_ptr(),
+        rs,
+        cs,
+        0.0,
+        c,
+        n as isize,
+        1,
+    );
 }
 
 /// Run `task(0..count)` on this thread or across rayon's pool.

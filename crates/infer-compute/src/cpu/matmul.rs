@@ -50,7 +50,8 @@ pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32])
     }
 }
 
-fn check(what: &str, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &[f32]) {
+/// Panic unless `a` is `[m, k]`, `b` holds `n·k` values and `c` is `[m, n]`.
+pub(super) fn check<B>(what: &str, a: &[f32], b: &[B], m: usize, k: usize, n: usize, c: &[f32]) {
     assert_eq!(
         a.len(),
         m * k,
