@@ -108,6 +108,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let mut pp = Vec::new();
     let mut tg = Vec::new();
+    // Walk-FFN time per decoded token (all layers), from the process-wide walk FFN clock.
+    let mut ffn_ms = Vec::new();
     for _ in 0..args.repetitions {
         if args.n_prompt > 0 {
             let mut cache = model.new_cache(ctx);
@@ -118,18 +120,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if args.n_gen > 0 {
             let mut cache = model.new_cache(ctx);
             let mut tok = ids[0];
+            let ffn0 = infer_inference::walk::walk_ffn_nanos();
             let t0 = Instant::now();
             for _ in 0..args.n_gen {
                 let logits = model.forward(&backend, &[tok], &mut cache, Logits::Last)?;
                 tok = infer_inference::sampling::argmax(&logits);
             }
             tg.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
+            let ffn_ns = infer_inference::walk::walk_ffn_nanos() - ffn0;
+            ffn_ms.push(ffn_ns as f64 / 1e6 / args.n_gen as f64);
         }
     }
     let threads = rayon::current_num_threads();
     let bytes = model.weight_bytes_per_token() as f64;
     let pp_med = (!pp.is_empty()).then(|| median(pp));
     let tg_med = (!tg.is_empty()).then(|| median(tg));
+    // Only meaningful when the FFN runs the walk path (else the clock does not move).
+    let ffn_med = (!ffn_ms.is_empty())
+        .then(|| median(ffn_ms))
+        .filter(|&v| v > 0.0);
     let gbs = tg_med.map(|t| t * bytes / 1e9);
     let rss = peak_rss_bytes();
     let probe = tg_med.map(|_| read_probe_gb_per_s());
@@ -144,6 +153,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "repetitions": args.repetitions,
             "pp_tokens_per_s": pp_med,
             "tg_tokens_per_s": tg_med,
+            "walk_k": args.formats.walk_k.to_string(),
+            "walk_select": args.formats.walk_select.to_string(),
+            "walk_ffn_ms_per_token": ffn_med,
             "weight_bytes_per_token": bytes,
             "tg_effective_gb_per_s": gbs,
             "read_probe_gb_per_s": probe,
@@ -158,6 +170,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         if let Some(v) = tg_med {
             println!("| {name} | {threads} | tg{} | {v:.2} |", args.n_gen);
+        }
+        if let Some(f) = ffn_med {
+            println!(
+                "walk FFN (--walk-k {}, {} selection): {f:.3} ms per decoded token",
+                args.formats.walk_k, args.formats.walk_select
+            );
         }
         if let (Some(g), Some(p)) = (gbs, probe) {
             println!(

@@ -172,18 +172,23 @@ fn load(path: &std::path::Path) -> anyhow::Result<Loaded> {
     Ok(Loaded { vindex, tokenizer })
 }
 
-/// Assemble the model; errors name the vindex (its index.json holds the config).
+/// Assemble the model with the requested formats and sparse walk (`--walk-k`,
+/// `--walk-select`); errors name the vindex (its index.json holds the config).
 pub(crate) fn build_model<'v>(
     vindex: &'v Vindex,
     path: &std::path::Path,
     formats: &FormatArgs,
 ) -> anyhow::Result<Model<'v>> {
-    Model::from_vindex_with(vindex, &formats.request()).with_context(|| {
+    let mut model = Model::from_vindex_with(vindex, &formats.request()).with_context(|| {
         format!(
             "{}: assembling the model from index.json and its files",
             path.display()
         )
-    })
+    })?;
+    model
+        .set_walk_k(vindex, &formats.walk_k, formats.walk_select)
+        .with_context(|| format!("{}: --walk-k {}", path.display(), formats.walk_k))?;
+    Ok(model)
 }
 
 /// Exit 130 (as after SIGINT) when generation was interrupted, so scripts can tell output was

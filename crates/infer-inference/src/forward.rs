@@ -7,7 +7,7 @@ use crate::layer::{
     DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, QuantWeight, WeightData,
 };
 use crate::scratch::{fit, Scratch};
-use crate::walk::walk_ffn;
+use crate::walk::{layer_walk_ffn, walk_ffn, WalkBuffers};
 use crate::{InferenceError, KvCache, Model};
 
 /// Which logits a forward pass returns.
@@ -371,6 +371,7 @@ impl Model<'_> {
                 g,
                 &mut s.gate,
                 &mut s.up,
+                &mut s.walk_idx,
                 &mut s.ffn_out,
             )?;
             for ((xi, a), f) in s.x.iter_mut().zip(&s.attn_out).zip(&s.ffn_out) {
@@ -395,6 +396,7 @@ impl Model<'_> {
             g,
             &mut s.gate,
             &mut s.up,
+            &mut s.walk_idx,
             &mut s.ffn_out,
         )?;
         if let Some(n) = &layer.post_ffn_norm {
@@ -406,7 +408,8 @@ impl Model<'_> {
     }
 }
 
-/// The layer's FFN of `x` `[T, hidden]` into `out` `[T, hidden]`; `gate`, `up` are scratch.
+/// The layer's FFN of `x` `[T, hidden]` into `out` `[T, hidden]`; `gate`, `up`, `walk_idx`
+/// are scratch.
 #[allow(clippy::too_many_arguments)]
 fn ffn(
     backend: &dyn ComputeBackend,
@@ -416,10 +419,21 @@ fn ffn(
     g: &crate::LayerGeometry,
     gate: &mut Vec<f32>,
     up: &mut Vec<f32>,
+    walk_idx: &mut Vec<u32>,
     out: &mut Vec<f32>,
 ) -> Result<(), InferenceError> {
     match w {
-        Ffn::Walk(w) => walk_ffn(backend, w, x, t, g, gate, up, out),
+        Ffn::Walk(w) => {
+            // The walk FFN borrows the scratch buffers for the call (moves, no allocation).
+            let mut bufs = WalkBuffers {
+                gate: std::mem::take(gate),
+                up: std::mem::take(up),
+                idx: std::mem::take(walk_idx),
+            };
+            let r = layer_walk_ffn(backend, w, x, t, g, &mut bufs, out);
+            (*gate, *up, *walk_idx) = (bufs.gate, bufs.up, bufs.idx);
+            r?
+        }
         Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, gate, up, out)?,
         Ffn::Moe(m) => *out = moe_ffn(backend, m, x, t, g),
     }

@@ -282,6 +282,8 @@ pub struct WalkFfn<'a> {
     pub down_layout: DownLayout,
     pub up_bias: Option<Cow<'a, [f32]>>,
     pub down_bias: Option<Cow<'a, [f32]>>,
+    /// Sparse top-K walk of this layer (`--walk-k`); `None`: all features (exact).
+    pub sparse: Option<crate::walk::SparseWalk<'a>>,
 }
 
 /// Mixture-of-experts FFN (Mixtral, Qwen2-MoE): softmax router over experts, the top
@@ -348,13 +350,46 @@ impl Linear<'_> {
 }
 
 impl WalkFfn<'_> {
+    /// Bytes one token reads: every gate row, and the up and down rows of the features used
+    /// (all, or the sparse walk's K); with the Q4_0 selection, the Q4_0 gate copy plus the K
+    /// selected float gate rows instead of every gate row.
     fn byte_len(&self) -> usize {
-        self.gate.as_ref().map_or(0, |g| g.byte_len()) + self.up.byte_len() + self.down.byte_len()
+        let gate = self.gate.as_ref().map_or(0, |g| g.byte_len());
+        let (up, down) = (self.up.byte_len(), self.down.byte_len());
+        match &self.sparse {
+            None => gate + up + down,
+            Some(s) => {
+                let frac = s.k as f64 / self.intermediate_size.max(1) as f64;
+                let rows = |bytes: usize| (bytes as f64 * frac) as usize;
+                match s.gate_q4 {
+                    None => gate + rows(up + down),
+                    Some(q) => q.len() + rows(gate + up + down),
+                }
+            }
+        }
+    }
+
+    /// `" (K 768 of 1536 features per token, selected by the f32 gate)"` or
+    /// `" (all 1536 features, exact)"` (`--explain`).
+    pub fn describe_k(&self) -> String {
+        match &self.sparse {
+            None => format!(" (all {} features, exact)", self.intermediate_size),
+            Some(s) => format!(
+                " (K {} of {} features per token, selected by the {})",
+                s.k,
+                self.intermediate_size,
+                match s.gate_q4 {
+                    Some(_) => crate::Selection::Q4,
+                    None => crate::Selection::F32,
+                }
+            ),
+        }
     }
 }
 
 impl FullPipelineLayer<'_> {
-    /// `" (gate Q4_K, up Q4_K, down Q6_K)"` for quantized dense FFNs, empty otherwise.
+    /// `" (gate Q4_K, up Q4_K, down Q6_K)"` for quantized dense FFNs, the features used per
+    /// token for walk FFNs ([`WalkFfn::describe_k`]), empty otherwise.
     pub fn ffn_formats(&self) -> String {
         match &self.ffn {
             Ffn::Dense(d) => format!(
@@ -363,6 +398,7 @@ impl FullPipelineLayer<'_> {
                 d.up.weight.describe(),
                 d.down.weight.describe()
             ),
+            Ffn::Walk(w) => w.describe_k(),
             _ => String::new(),
         }
     }

@@ -15,6 +15,8 @@ pub mod sampling;
 mod scratch;
 pub mod tokenizer;
 pub mod walk;
+pub mod walk_k;
+mod walk_sparse;
 
 pub use error::InferenceError;
 pub use generate::{GenerateOptions, GenerationStats, Generator, StopReason};
@@ -24,3 +26,4 @@ pub use model::Model;
 pub use plan::{AttnChoice, FfnChoice, FormatPlan, FormatRequest, LmHeadChoice, LmHeadPath};
 pub use sampling::{Sampler, SamplingParams};
 pub use tokenizer::{TextStreamer, Tokenizer};
+pub use walk_k::{KValue, Selection, WalkK};

@@ -624,6 +624,7 @@ fn walk_ffn<'a>(
             .ffn_down_bias_key(l)
             .map(|k| required(v, &k, hidden))
             .transpose()?,
+        sparse: None,
     })
 }
 
@@ -643,6 +644,7 @@ fn expert<'a>(
         down_layout: DownLayout::Linear,
         up_bias: None,
         down_bias: None,
+        sparse: None,
     })
 }
 

@@ -25,6 +25,8 @@ pub(crate) struct Scratch {
     pub(crate) gate: Vec<f32>,
     pub(crate) up: Vec<f32>,
     pub(crate) ffn_out: Vec<f32>,
+    /// Sparse walk FFN: feature indices per token `[T, intermediate]` (`--walk-k`).
+    pub(crate) walk_idx: Vec<u32>,
     /// Post-norm target, swapped with the buffer it normalises `[T, hidden]`.
     pub(crate) tmp: Vec<f32>,
 }

@@ -65,7 +65,13 @@ fn widen_model(m: &mut Model<'_>) -> usize {
 
 fn check(case: &str) {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let path = extract(&shared_dir().join("archrefs").join(case), tmp.path(), case, "f16", None);
+    let path = extract(
+        &shared_dir().join("archrefs").join(case),
+        tmp.path(),
+        case,
+        "f16",
+        None,
+    );
     let v = Vindex::open(&path).expect("open");
     let native = Model::from_vindex(&v).expect("model");
     assert!(
@@ -74,20 +80,38 @@ fn check(case: &str) {
     );
     let mut wide = Model::from_vindex(&v).expect("model");
     let replaced = widen_model(&mut wide);
-    assert!(replaced > 4 * native.layers.len(), "{case}: only {replaced} f16 matrices");
+    assert!(
+        replaced > 4 * native.layers.len(),
+        "{case}: only {replaced} f16 matrices"
+    );
     let be = CpuBackend::new();
-    let prompt: Vec<u32> = (0..11u32).map(|i| (i * 37 + 3) % native.vocab_size as u32).collect();
+    let prompt: Vec<u32> = (0..11u32)
+        .map(|i| (i * 37 + 3) % native.vocab_size as u32)
+        .collect();
     let (mut c1, mut c2) = (native.new_cache(32), wide.new_cache(32));
-    let mut a = native.forward(&be, &prompt, &mut c1, Logits::All).expect("f16 prefill");
-    let mut b = wide.forward(&be, &prompt, &mut c2, Logits::All).expect("f32 prefill");
+    let mut a = native
+        .forward(&be, &prompt, &mut c1, Logits::All)
+        .expect("f16 prefill");
+    let mut b = wide
+        .forward(&be, &prompt, &mut c2, Logits::All)
+        .expect("f32 prefill");
     for step in 0..4 {
         let tol = 1e-4 * std_dev(&b);
         let worst = common::max_abs_diff(&a, &b);
-        eprintln!("{case} step {step}: {replaced} f16 matrices, max |Δ| {worst:.3e} (tol {tol:.3e})");
-        assert!(worst <= tol, "{case} step {step}: max |Δ| {worst:.3e} > {tol:.3e}");
+        eprintln!(
+            "{case} step {step}: {replaced} f16 matrices, max |Δ| {worst:.3e} (tol {tol:.3e})"
+        );
+        assert!(
+            worst <= tol,
+            "{case} step {step}: max |Δ| {worst:.3e} > {tol:.3e}"
+        );
         let tok = infer_inference::sampling::argmax(&b[b.len() - native.vocab_size..]);
-        a = native.forward(&be, &[tok], &mut c1, Logits::Last).expect("f16 decode");
-        b = wide.forward(&be, &[tok], &mut c2, Logits::Last).expect("f32 decode");
+        a = native
+            .forward(&be, &[tok], &mut c1, Logits::Last)
+            .expect("f16 decode");
+        b = wide
+            .forward(&be, &[tok], &mut c2, Logits::Last)
+            .expect("f32 decode");
     }
 }
 
