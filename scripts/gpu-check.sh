@@ -1,45 +1,90 @@
 #!/usr/bin/env bash
-# CUDA backend check: parity tests of every CUDA kernel against the CPU scalar reference, then the
-# kernel benchmark (GB/s per format at the real models' shapes, device copy bandwidth, launch
-# time), table last.
+# CUDA backend check: parity tests of every CUDA kernel against the CPU scalar reference,
+# model-level parity on the archrefs cases (Model::forward with CudaBackend vs HF and vs the
+# CPU backend), then the kernel benchmark (GB/s per format at the real models' shapes, device
+# copy bandwidth, launch time), table last. Optionally a real model: bench and greedy tokens,
+# CPU vs CUDA.
 #
-#   scripts/gpu-check.sh build   # here (x86-64, no GPU needed): build the test binaries with the
-#                                # `cuda` feature into CARGO_TARGET_DIR (default /work/target-cuda,
-#                                # apart from the main target dir), strip them into .gpu/
-#                                # (ignored through .git/info/exclude)
-#   scripts/gpu-check.sh run     # on the GPU machine (device tool, `carry: [".gpu"]`): run them
-#   scripts/gpu-check.sh         # both, where cargo and a GPU are on one machine
+#   scripts/gpu-check.sh build   # here (x86-64, no GPU needed): build the test binaries and the
+#                                # `infer` binary with the `cuda` feature into CARGO_TARGET_DIR
+#                                # (default /work/target-cuda, apart from the main target dir),
+#                                # strip them into .gpu/bin and copy the archrefs cases into
+#                                # .gpu/shared/archrefs (.gpu/ is ignored through .git/info/exclude)
+#   scripts/gpu-check.sh run     # on the GPU machine (device tool, `carry: [".gpu/bin",
+#                                # ".gpu/shared"]`): parity, archrefs, benchmark
+#   scripts/gpu-check.sh split GGUF   # here: split a GGUF (up to 80 MiB + 64 MiB) into .gpu/m1
+#                                # (40 MiB, carried with .gpu/bin) and .gpu/m2 (the rest), one per
+#                                # device call: one call's carry is limited to 64 MiB
+#   scripts/gpu-check.sh model   # on the GPU machine, once .gpu/m1 and .gpu/m2 both arrived
+#                                # (two calls on a warm machine): reassemble the GGUF, run
+#                                # cuda_real_model (greedy tokens and pp/tg speed, CPU vs CUDA),
+#                                # then with the carried `infer`: extract a q4k vindex, greedy text
+#                                # and `infer bench` with --device cpu and --device cuda
+#   scripts/gpu-check.sh         # build + run, where cargo and a GPU are on one machine
 #
 # Full logs go to $OUT/gpu-check.log when OUT is set (the device tool), else .gpu/gpu-check.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-all}"
 GPU_DIR=.gpu
+BIN="$GPU_DIR/bin"
 
-build() {
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-cuda}"
-    grep -qxF "/$GPU_DIR/" .git/info/exclude 2>/dev/null || echo "/$GPU_DIR/" >>.git/info/exclude
-    mkdir -p "$GPU_DIR"
-    rm -f "$GPU_DIR"/cuda_parity "$GPU_DIR"/cuda_bench
-    cargo test --release -p infer-compute --features cuda --test cuda_parity --test cuda_bench \
-        --no-run --message-format=json 2>/dev/null |
-        python3 -c '
-import json, sys
+# Build one cargo target set and copy the named executables (stripped) into .gpu/bin.
+build_copy() {
+    local names="$1"
+    shift
+    cargo "$@" --message-format=json 2>/dev/null |
+        NAMES="$names" python3 -c '
+import json, os, sys
+names = os.environ["NAMES"].split()
 for line in sys.stdin:
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_parity", "cuda_bench"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in names:
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do
-        cp "$exe" "$GPU_DIR/$name"
-        strip "$GPU_DIR/$name"
+        cp "$exe" "$BIN/$name"
+        strip "$BIN/$name"
     done
-    for t in cuda_parity cuda_bench; do
-        [[ -x "$GPU_DIR/$t" ]] || { echo "gpu-check: build of $t failed (run the cargo command above without --message-format to see why)" >&2; exit 1; }
+}
+
+build() {
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-cuda}"
+    grep -qxF "/$GPU_DIR/" .git/info/exclude 2>/dev/null || echo "/$GPU_DIR/" >>.git/info/exclude
+    mkdir -p "$BIN"
+    rm -f "$BIN"/cuda_parity "$BIN"/cuda_bench "$BIN"/cuda_archrefs "$BIN"/cuda_real_model "$BIN"/infer
+    build_copy "cuda_parity cuda_bench" test --release -p infer-compute --features cuda \
+        --test cuda_parity --test cuda_bench --no-run
+    build_copy "cuda_archrefs cuda_real_model" test --release -p infer-inference --features cuda \
+        --test cuda_archrefs --test cuda_real_model --no-run
+    build_copy "infer" build --release -p infer-cli --features cuda --bin infer
+    for t in cuda_parity cuda_bench cuda_archrefs cuda_real_model infer; do
+        [[ -x "$BIN/$t" ]] || { echo "gpu-check: build of $t failed (run the cargo command without --message-format to see why)" >&2; exit 1; }
     done
-    ls -la "$GPU_DIR"
+    # The archrefs cases, laid out as INFER_SHARED expects (INFER_SHARED/archrefs/<case>/).
+    local shared="${INFER_SHARED:-$(cd .. && pwd)/shared}"
+    [[ -d "$shared/archrefs" ]] || { echo "gpu-check: no archrefs at $shared/archrefs (set INFER_SHARED)" >&2; exit 1; }
+    rm -rf "$GPU_DIR/shared"
+    mkdir -p "$GPU_DIR/shared"
+    cp -r "$shared/archrefs" "$GPU_DIR/shared/"
+    du -sh "$BIN"/* "$GPU_DIR/shared"
+}
+
+split_model() {
+    local gguf="$1"
+    [[ -f "$gguf" ]] || { echo "gpu-check: no such GGUF: $gguf" >&2; exit 1; }
+    rm -rf "$GPU_DIR/m1" "$GPU_DIR/m2"
+    mkdir -p "$GPU_DIR/m1" "$GPU_DIR/m2"
+    local size first=$((40 << 20))
+    size=$(stat -c %s "$gguf")
+    ((size - first <= 60 << 20)) || { echo "gpu-check: $gguf is over 100 MiB: two parts do not fit two calls" >&2; exit 1; }
+    head -c "$first" "$gguf" >"$GPU_DIR/m1/part0"
+    tail -c +$((first + 1)) "$gguf" >"$GPU_DIR/m2/part1"
+    basename "$gguf" >"$GPU_DIR/m1/name"
+    sha256sum "$gguf" | cut -d' ' -f1 >"$GPU_DIR/m1/sha256"
+    ls -la "$GPU_DIR/m1" "$GPU_DIR/m2"
 }
 
 # Put the driver and NVRTC on the loader path: the CUDA toolkit's lib64, else the pip wheel's.
@@ -53,9 +98,15 @@ find_libs() {
     return 0
 }
 
-run() {
-    local log="${OUT:-$GPU_DIR}/gpu-check.log"
+log_path() {
+    local log="${OUT:-$GPU_DIR}/$1"
     mkdir -p "$(dirname "$log")"
+    echo "$log"
+}
+
+run() {
+    local log
+    log=$(log_path gpu-check.log)
     find_libs
     {
         echo "== $(date -u +%FT%TZ) gpu-check"
@@ -63,25 +114,70 @@ run() {
         echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     } | tee "$log"
     local rc=0
-    # Parity first (stop here on failure), the benchmark table last.
-    "$GPU_DIR/cuda_parity" --ignored --nocapture --test-threads=1 2>&1 | tee -a "$log" || rc=1
+    # Kernel parity first, then model parity (stop on failure), the benchmark table last.
+    "$BIN/cuda_parity" --ignored --nocapture --test-threads=1 2>&1 | tee -a "$log" || rc=1
+    INFER_SHARED="$PWD/$GPU_DIR/shared" "$BIN/cuda_archrefs" --ignored --nocapture --test-threads=1 2>&1 |
+        tee -a "$log" || rc=1
     if [[ $rc -ne 0 ]]; then
         echo "gpu-check: PARITY FAILED (log: $log)"
+        grep -E 'panicked|FAILED|failed' "$log" | head -40
         exit 1
     fi
-    grep -o 'parity .*' "$log" >"$log.parity" || true
-    "$GPU_DIR/cuda_bench" --ignored --nocapture --test-threads=1 2>&1 | tee -a "$log" || rc=1
+    "$BIN/cuda_bench" --ignored --nocapture --test-threads=1 2>&1 | tee -a "$log" || rc=1
     echo
     echo "== parity (max |gpu-cpu| / sum|terms|) =="
-    cat "$log.parity"
-    rm -f "$log.parity"
+    grep -o 'parity .*' "$log" || true
+    echo "== archrefs on CUDA (max|Δ| / std; float tier vs HF/CPU <= 1e-4; quantized vs CPU: median position <= 1e-5, max <= 0.1) =="
+    grep -E '^cuda archrefs (llama|gemma3) ' "$log" || true
+    grep -E '^cuda archrefs [^ ]+: (ok|FAILED)' "$log" | tr '\n' ' ' || true
+    echo
     sed -n '/^== CUDA quantized mat-vec/,/^test /p' "$log" | grep -v '^test '
     [[ $rc -eq 0 ]] && echo "gpu-check: OK" || { echo "gpu-check: BENCHMARK FAILED"; exit 1; }
+}
+
+# Real model on the device: reassemble, extract (q4k tier), bench CPU vs CUDA, greedy tokens.
+model() {
+    local log
+    log=$(log_path gpu-model.log)
+    find_libs
+    local name work="/tmp/infer-model"
+    name=$(cat "$GPU_DIR/m1/name")
+    mkdir -p "$work"
+    cat "$GPU_DIR/m1/part0" "$GPU_DIR/m2/part1" >"$work/$name"
+    echo "$(cat "$GPU_DIR/m1/sha256")  $work/$name" | sha256sum -c - | tee "$log"
+    INFER_MODELS="$work" "$BIN/cuda_real_model" --ignored --nocapture --test-threads=1 2>&1 |
+        tee -a "$log" || true
+    if ! "$BIN/infer" bench --help | grep -q -- --device; then
+        echo "gpu-check: this infer has no --device: CLI part skipped" | tee -a "$log"
+        return
+    fi
+    local v="$work/model.vindex"
+    [[ -d "$v" ]] || "$BIN/infer" extract "$work/$name" -o "$v" --quant q4k 2>&1 | tail -3 | tee -a "$log"
+    local prompt='<|im_start|>user
+What is the capital of France?<|im_end|>
+<|im_start|>assistant
+'
+    for dev in cpu cuda; do
+        echo "== greedy, --device $dev" | tee -a "$log"
+        "$BIN/infer" run "$v" "$prompt" -n 24 --temp 0 --device "$dev" >"$work/out.$dev" 2>"$work/err.$dev" || true
+        cat "$work/out.$dev" "$work/err.$dev" | tee -a "$log"
+    done
+    if cmp -s "$work/out.cpu" "$work/out.cuda" && [[ -s "$work/out.cpu" ]]; then
+        echo "greedy text: CPU and CUDA identical" | tee -a "$log"
+    else
+        echo "greedy text: CPU and CUDA DIFFER" | tee -a "$log"
+    fi
+    for dev in cpu cuda; do
+        echo "== bench, --device $dev" | tee -a "$log"
+        "$BIN/infer" bench "$v" --device "$dev" -p 128 -n 64 -r 3 2>&1 | tee -a "$log" || true
+    done
 }
 
 case "$mode" in
 build) build ;;
 run) run ;;
+split) split_model "${2:?usage: $0 split GGUF}" ;;
+model) model ;;
 all) build && run ;;
-*) echo "usage: $0 [build|run]" >&2; exit 2 ;;
+*) echo "usage: $0 [build|run|split GGUF|model]" >&2; exit 2 ;;
 esac

@@ -12,3 +12,5 @@ cargo test --release --workspace --no-fail-fast
 # on a GPU machine by scripts/gpu-check.sh. Separate target dir: the feature rebuilds infer-compute.
 CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo clippy --release -p infer-compute --features cuda --all-targets -- -D warnings
 CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo test --release -p infer-compute --features cuda --test cuda_parity
+# The model-level GPU tests (cuda_archrefs, cuda_real_model) and the CLI's `cuda` feature.
+CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo clippy --release -p infer-inference -p infer-cli --features infer-inference/cuda,infer-cli/cuda --all-targets -- -D warnings

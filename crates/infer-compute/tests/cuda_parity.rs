@@ -1,8 +1,8 @@
 //! Parity of every CUDA kernel with the CPU scalar reference (`CpuBackend::with_isa(Isa::Generic)`)
-//! on random inputs of many shapes: odd row counts, rows not a multiple of the 4 rows per block,
+//! on random inputs of many shapes: odd row counts, rows not a multiple of the 8 rows per block,
 //! activation counts not a multiple of the 4 per warp, and the real models' shapes (SmolLM2-135M:
 //! 576×576, 192×576, 1536×576, 576×1536, 49152×576 lm_head; Gemma-3-270m: 640×640, 2048×640,
-//! 640×2048).
+//! 640×2048), and 8461×4096 (several staged chunks of weights per row).
 //!
 //! Tolerance: |gpu − cpu| ≤ 1e-5 · Σ|terms| per output. Quantized products: the device quantizes
 //! the activations to the CPU's activation format with the same f32 operations (same int8 values
@@ -186,6 +186,9 @@ const SHAPES_32: &[(usize, usize)] = &[
     (640, 640),
     (2048, 640),
     (640, 2048),
+    (37, 4096),
+    // Several staged chunks per row, many blocks.
+    (8461, 4096),
 ];
 const SHAPES_K: &[(usize, usize)] = &[
     (1, 256),
@@ -195,6 +198,8 @@ const SHAPES_K: &[(usize, usize)] = &[
     (576, 1536),
     (640, 2048),
     (2048, 2048),
+    (37, 4096),
+    (8461, 4096),
 ];
 const MS: &[usize] = &[1, 2, 3, 5, 8, 17];
 
@@ -248,6 +253,84 @@ fn q4_k_matches_cpu() {
 #[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
 fn q6_k_matches_cpu() {
     quant_format_parity(QuantFormat::Q6_K, 66);
+}
+
+/// `quant_matmul_many` (activations quantized once per family, one download) on mixed formats
+/// sharing `cols`: every output bit-equal to the single-matrix GPU product and within TOL of
+/// the CPU's fused call; an empty (0-row) projection is allowed.
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn fused_products_equal_single_products() {
+    use infer_compute::QuantProj;
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(77);
+    let mut worst = 0f64;
+    for &(m, cols) in &[(1usize, 1536usize), (5, 1536), (1, 4096), (3, 256)] {
+        let specs = [
+            (QuantFormat::Q4_K, 67usize),
+            (QuantFormat::Q5_0, 33),
+            (QuantFormat::Q6_K, 5),
+            (QuantFormat::Q8_0, 192),
+            (QuantFormat::Q4_0, 0),
+            (QuantFormat::Q4_K, 9),
+        ];
+        let weights: Vec<Vec<u8>> = specs
+            .iter()
+            .map(|&(f, r)| random_blocks(&mut rng, f, r * cols / f.block_elems()))
+            .collect();
+        let x = gauss(&mut rng, m * cols, 1.0);
+        let mut got: Vec<Vec<f32>> = specs.iter().map(|&(_, r)| vec![f32::NAN; m * r]).collect();
+        let mut want: Vec<Vec<f32>> = specs.iter().map(|&(_, r)| vec![f32::NAN; m * r]).collect();
+        {
+            let mut projs: Vec<QuantProj<'_>> = specs
+                .iter()
+                .zip(&weights)
+                .zip(got.iter_mut())
+                .map(|((&(format, rows), bytes), y)| QuantProj {
+                    format,
+                    bytes,
+                    rows,
+                    y,
+                })
+                .collect();
+            gpu.quant_matmul_many(&x, m, cols, &mut projs)
+                .unwrap_or_else(|e| panic!("fused m={m} cols={cols}: {e}"));
+            let mut projs: Vec<QuantProj<'_>> = specs
+                .iter()
+                .zip(&weights)
+                .zip(want.iter_mut())
+                .map(|((&(format, rows), bytes), y)| QuantProj {
+                    format,
+                    bytes,
+                    rows,
+                    y,
+                })
+                .collect();
+            cpu().quant_matmul_many(&x, m, cols, &mut projs).unwrap();
+        }
+        for (i, &(fmt, rows)) in specs.iter().enumerate() {
+            let mut single = vec![f32::NAN; m * rows];
+            gpu.quant_matmul(fmt, &weights[i], &x, m, rows, cols, &mut single)
+                .unwrap_or_else(|e| panic!("{fmt} m={m} {rows}x{cols}: {e}"));
+            assert!(
+                single
+                    .iter()
+                    .zip(&got[i])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "fused {fmt} m={m} {rows}x{cols} differs from the single product"
+            );
+            let mag = term_sums(
+                &weight_magnitudes(fmt, &weights[i], rows * cols),
+                &x,
+                m,
+                rows,
+                cols,
+            );
+            let what = format!("fused {fmt} m={m} {rows}x{cols}");
+            worst = worst.max(compare(&what, &got[i], &want[i], &mag));
+        }
+    }
+    println!("parity fused quant_matmul_many: max err/Σ|terms| = {worst:.3e} (tolerance {TOL:e})");
 }
 
 #[test]

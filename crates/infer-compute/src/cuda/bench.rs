@@ -81,13 +81,13 @@ impl CudaBackend {
         let super::State { dev, s, .. } = &mut *st;
         let copies = (512usize << 20).div_ceil(bytes.len().max(1)).clamp(1, 64);
         let ws: Vec<CudaSlice<u8>> = (0..copies)
-            .map(|_| drv("upload weights", dev.stream.clone_htod(bytes)))
+            .map(|_| super::cache::upload_padded(&dev.stream, bytes))
             .collect::<Result<_, _>>()?;
         quant::upload_x(dev, s, x)?;
         s.y.at_least(&dev.stream, rows)?;
         let secs = time_events(dev, iters, |i| {
             quant::quantize_acts(dev, s, Some(format), 1, cols)?;
-            quant::launch_mv(dev, s, format, &ws[i % copies], 1, rows, cols)
+            quant::launch_mv(dev, s, format, &ws[i % copies], 1, rows, cols, 0)
         })?;
         Ok(KernelTime {
             seconds: secs,

@@ -44,7 +44,7 @@ impl WeightCache {
             None => true,
         };
         if stale {
-            let buf = drv("upload weights", stream.clone_htod(bytes))?;
+            let buf = upload_padded(stream, bytes)?;
             if let Some(old) = self.map.insert(key, Entry { fp, buf }) {
                 self.bytes -= old.buf.len();
             }
@@ -74,6 +74,26 @@ impl WeightCache {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+}
+
+/// Bytes past the end of every weight buffer on the device (zeros): the mat-vec kernels stage
+/// weights with 16-byte loads from 16-byte aligned addresses, so the last load of a row may
+/// reach up to 15 bytes past the matrix.
+pub(super) const WEIGHT_PAD: usize = 16;
+
+/// A device copy of `bytes` followed by [`WEIGHT_PAD`] zero bytes. Errors: allocation or copy
+/// failure.
+pub(super) fn upload_padded(
+    stream: &Arc<CudaStream>,
+    bytes: &[u8],
+) -> Result<CudaSlice<u8>, ComputeError> {
+    let mut buf = drv(
+        "allocate weights",
+        stream.alloc_zeros::<u8>(bytes.len() + WEIGHT_PAD),
+    )?;
+    let mut view = buf.slice_mut(0..bytes.len());
+    drv("upload weights", stream.memcpy_htod(bytes, &mut view))?;
+    Ok(buf)
 }
 
 /// FNV-1a over the length and a sample of `b` (see [`WeightCache`]).
@@ -134,15 +154,34 @@ impl<T: DeviceRepr + ValidAsZeroBits> Grow<T> {
     }
 }
 
-/// Scratch buffers of one product: input, output, quantized activations (values, scales,
-/// Q8_K group sums).
+/// Quantized activations of one format family: int8 values, one f32 scale per block, and
+/// (Q8_K only) the sixteen 16-value group sums per block.
+#[derive(Debug)]
+pub(super) struct ActQ {
+    pub aq: Grow<i8>,
+    pub ad: Grow<f32>,
+    pub bsums: Grow<i32>,
+}
+
+impl ActQ {
+    fn new(stream: &Arc<CudaStream>) -> Result<Self, ComputeError> {
+        Ok(ActQ {
+            aq: Grow::new(stream)?,
+            ad: Grow::new(stream)?,
+            bsums: Grow::new(stream)?,
+        })
+    }
+}
+
+/// Scratch buffers of one call: input, output, and the quantized activations per activation
+/// family (`kq`: Q8_K for Q4_K/Q6_K weights; `b32`: 32-value blocks for Q4_0/Q5_0/Q8_0 and the
+/// seed's Q8 format), so a fused call quantizes each family once.
 #[derive(Debug)]
 pub(super) struct Scratch {
     pub x: Grow<f32>,
     pub y: Grow<f32>,
-    pub aq: Grow<i8>,
-    pub ad: Grow<f32>,
-    pub bsums: Grow<i32>,
+    pub kq: ActQ,
+    pub b32: ActQ,
 }
 
 impl Scratch {
@@ -151,9 +190,8 @@ impl Scratch {
         Ok(Scratch {
             x: Grow::new(stream)?,
             y: Grow::new(stream)?,
-            aq: Grow::new(stream)?,
-            ad: Grow::new(stream)?,
-            bsums: Grow::new(stream)?,
+            kq: ActQ::new(stream)?,
+            b32: ActQ::new(stream)?,
         })
     }
 }

@@ -13,7 +13,7 @@ use crate::ComputeError;
 pub(super) const KERNELS_CU: &str = include_str!("kernels.cu");
 
 /// Warps (= weight rows) per block of the mat-vec kernels; `ROWS_PER_BLOCK` in `kernels.cu`.
-pub(super) const ROWS_PER_BLOCK: usize = 4;
+pub(super) const ROWS_PER_BLOCK: usize = 8;
 /// Activation rows per warp of the mat-vec kernels; `MT` in `kernels.cu`.
 pub(super) const MT: usize = 4;
 /// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.

@@ -10,6 +10,11 @@
 //
 // Mat-vec kernels: one warp per weight row, ROWS_PER_BLOCK warps per block (blockIdx.x), MT
 // activation rows per warp (blockIdx.y), so each weight row is read once per MT activations.
+// Weights are staged per warp through shared memory in chunks of at most STAGE bytes, with
+// 16-byte loads from 16-byte aligned addresses (up to 5 loads in flight per lane, 2 KiB per
+// warp), whatever the block size (Q5_0's 22 B and Q6_K's 210 B blocks are only 2-byte aligned);
+// the blocks are then decoded from shared memory. The device buffers carry 16 bytes of padding
+// (cache.rs WEIGHT_PAD), so the last aligned load of a row stays inside the allocation.
 
 typedef unsigned char u8;
 typedef signed char i8;
@@ -17,7 +22,10 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 
 #define FULL 0xffffffffu
-#define ROWS_PER_BLOCK 4
+#define ROWS_PER_BLOCK 8
+#define STAGE 2048
+#define STAGE_WORDS 5  // 16-byte loads per lane: ceil((15 + STAGE + 15) / 16 / 32)
+#define STAGE_BYTES (STAGE_WORDS * 32 * 16)
 #define MT 4
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
@@ -38,6 +46,31 @@ __device__ __forceinline__ float ld_f16(const u8* p) { return f16_to_f32(ld_u16(
 // Four bytes from a 2-byte aligned address.
 __device__ __forceinline__ int ld_i32_a2(const u8* p) {
     return (int)((u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16));
+}
+
+// Copy the len bytes at gsrc (len <= STAGE) into this warp's shared buffer smw (16-byte
+// aligned, STAGE_BYTES long) with aligned 16-byte loads; returns the address of gsrc's copy.
+// Ends with __syncwarp(); the caller must __syncwarp() before staging again.
+__device__ __forceinline__ const u8* stage(const u8* __restrict__ gsrc, int len, u8* smw,
+                                           int lane) {
+    unsigned long long a = (unsigned long long)gsrc;
+    const uint4* g = (const uint4*)(a & ~15ull);
+    int off = (int)(a & 15);
+    int nw = (off + len + 15) >> 4;
+    uint4* sw = (uint4*)smw;
+    uint4 v[STAGE_WORDS];
+#pragma unroll
+    for (int k = 0; k < STAGE_WORDS; k++) {
+        int i = lane + 32 * k;
+        if (i < nw) v[k] = __ldg(g + i);
+    }
+#pragma unroll
+    for (int k = 0; k < STAGE_WORDS; k++) {
+        int i = lane + 32 * k;
+        if (i < nw) sw[i] = v[k];
+    }
+    __syncwarp();
+    return smw + off;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -140,79 +173,87 @@ template <int FMT>
 __device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __restrict__ wscale,
                                      const i8* __restrict__ aq, const float* __restrict__ ad,
                                      float* __restrict__ y, int rows, int cols, int m) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    int warp = threadIdx.x >> 5;
+    int row = blockIdx.x * ROWS_PER_BLOCK + warp;
     int lane = threadIdx.x & 31;
-    if (row >= rows) return;
+    if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
     int t0 = blockIdx.y * MT;
     int nt = min(MT, m - t0);
     int nb = cols / 32;
     const int bb = FMT == F_Q4_0 ? 18 : FMT == F_Q5_0 ? 22 : FMT == F_Q8_0 ? 34 : 32;
-    const u8* wr = W + (long long)row * nb * bb;
+    const int CB = STAGE / bb;  // blocks per staged chunk
+    const u8* wrow = W + (long long)row * nb * bb;
     int sub = lane & 3;
     float acc[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) acc[t] = 0.0f;
+    for (int c0 = 0; c0 < nb; c0 += CB) {
+        int cb = min(CB, nb - c0);
+        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, sm[warp], lane);
 #pragma unroll 2
-    for (int ib0 = 0; ib0 < nb; ib0 += 8) {
-        int ib = ib0 + (lane >> 2);
-        bool ok = ib < nb;
-        int w0 = 0, w1 = 0, aoff0 = 0, aoff1 = 0;
-        float dw = 0.0f;
-        if (ok) {
-            const u8* b = wr + (long long)ib * bb;
-            if (FMT == F_Q4_0) {
-                dw = ld_f16(b);
-                int qs = ld_i32_a2(b + 2 + 4 * sub);
-                w0 = __vsub4(qs & 0x0F0F0F0F, 0x08080808);
-                w1 = __vsub4((qs >> 4) & 0x0F0F0F0F, 0x08080808);
-                aoff0 = 4 * sub;
-                aoff1 = 16 + 4 * sub;
-            } else if (FMT == F_Q5_0) {
-                dw = ld_f16(b);
-                u32 qh = (u32)ld_i32_a2(b + 2);
-                int qs = ld_i32_a2(b + 6 + 4 * sub);
-                int lo = (qs & 0x0F0F0F0F) | expand_bits4((qh >> (4 * sub)) & 0xF);
-                int hi = ((qs >> 4) & 0x0F0F0F0F) | expand_bits4((qh >> (16 + 4 * sub)) & 0xF);
-                w0 = __vsub4(lo, 0x10101010);
-                w1 = __vsub4(hi, 0x10101010);
-                aoff0 = 4 * sub;
-                aoff1 = 16 + 4 * sub;
-            } else if (FMT == F_Q8_0) {
-                dw = ld_f16(b);
-                w0 = ld_i32_a2(b + 2 + 8 * sub);
-                w1 = ld_i32_a2(b + 6 + 8 * sub);
-                aoff0 = 8 * sub;
-                aoff1 = 8 * sub + 4;
-            } else {
-                dw = wscale[(long long)row * nb + ib];
-                w0 = *(const int*)(b + 8 * sub);
-                w1 = *(const int*)(b + 8 * sub + 4);
-                aoff0 = 8 * sub;
-                aoff1 = 8 * sub + 4;
+        for (int j0 = 0; j0 < cb; j0 += 8) {
+            int ib = c0 + j0 + (lane >> 2);
+            bool ok = j0 + (lane >> 2) < cb;
+            int w0 = 0, w1 = 0, aoff0 = 0, aoff1 = 0;
+            float dw = 0.0f;
+            if (ok) {
+                const u8* b = wr + (j0 + (lane >> 2)) * bb;
+                if (FMT == F_Q4_0) {
+                    dw = ld_f16(b);
+                    int qs = ld_i32_a2(b + 2 + 4 * sub);
+                    w0 = __vsub4(qs & 0x0F0F0F0F, 0x08080808);
+                    w1 = __vsub4((qs >> 4) & 0x0F0F0F0F, 0x08080808);
+                    aoff0 = 4 * sub;
+                    aoff1 = 16 + 4 * sub;
+                } else if (FMT == F_Q5_0) {
+                    dw = ld_f16(b);
+                    u32 qh = (u32)ld_i32_a2(b + 2);
+                    int qs = ld_i32_a2(b + 6 + 4 * sub);
+                    int lo = (qs & 0x0F0F0F0F) | expand_bits4((qh >> (4 * sub)) & 0xF);
+                    int hi = ((qs >> 4) & 0x0F0F0F0F) | expand_bits4((qh >> (16 + 4 * sub)) & 0xF);
+                    w0 = __vsub4(lo, 0x10101010);
+                    w1 = __vsub4(hi, 0x10101010);
+                    aoff0 = 4 * sub;
+                    aoff1 = 16 + 4 * sub;
+                } else if (FMT == F_Q8_0) {
+                    dw = ld_f16(b);
+                    w0 = ld_i32_a2(b + 2 + 8 * sub);
+                    w1 = ld_i32_a2(b + 6 + 8 * sub);
+                    aoff0 = 8 * sub;
+                    aoff1 = 8 * sub + 4;
+                } else {
+                    dw = wscale[(long long)row * nb + ib];
+                    w0 = ld_i32_a2(b + 8 * sub);
+                    w1 = ld_i32_a2(b + 8 * sub + 4);
+                    aoff0 = 8 * sub;
+                    aoff1 = 8 * sub + 4;
+                }
             }
-        }
 #pragma unroll
-        for (int t = 0; t < MT; t++) {
-            if (t < nt) {
-                int s = 0;
-                float dx = 0.0f;
-                if (ok) {
-                    const i8* a = aq + (long long)(t0 + t) * cols + ib * 32;
-                    s = __dp4a(w0, *(const int*)(a + aoff0), 0);
-                    s = __dp4a(w1, *(const int*)(a + aoff1), s);
-                    dx = ad[(long long)(t0 + t) * nb + ib];
-                }
-                s += __shfl_xor_sync(FULL, s, 1);
-                s += __shfl_xor_sync(FULL, s, 2);
-                if (ok && sub == 0) {
-                    // Operation order of ggml_vec_dot_*_generic / q8_split::dot_row.
-                    if (FMT == F_Q4_0) acc[t] += (float)s * dw * dx;
-                    else if (FMT == F_Q5_0) acc[t] += (dw * dx) * (float)s;
-                    else if (FMT == F_Q8_0) acc[t] += (float)s * (dw * dx);
-                    else acc[t] += (float)s * dw * dx;
+            for (int t = 0; t < MT; t++) {
+                if (t < nt) {
+                    int s = 0;
+                    float dx = 0.0f;
+                    if (ok) {
+                        const i8* a = aq + (long long)(t0 + t) * cols + ib * 32;
+                        s = __dp4a(w0, *(const int*)(a + aoff0), 0);
+                        s = __dp4a(w1, *(const int*)(a + aoff1), s);
+                        dx = ad[(long long)(t0 + t) * nb + ib];
+                    }
+                    s += __shfl_xor_sync(FULL, s, 1);
+                    s += __shfl_xor_sync(FULL, s, 2);
+                    if (ok && sub == 0) {
+                        // Operation order of ggml_vec_dot_*_generic / q8_split::dot_row.
+                        if (FMT == F_Q4_0) acc[t] += (float)s * dw * dx;
+                        else if (FMT == F_Q5_0) acc[t] += (dw * dx) * (float)s;
+                        else if (FMT == F_Q8_0) acc[t] += (float)s * (dw * dx);
+                        else acc[t] += (float)s * dw * dx;
+                    }
                 }
             }
         }
+        __syncwarp();
     }
 #pragma unroll
     for (int t = 0; t < MT; t++) {
@@ -272,7 +313,7 @@ __device__ __forceinline__ void mvk_block(const u8* __restrict__ b, int ib, int 
         int j = lane >> 2, p = lane & 3;
         scale_min_k4(j, b + 4, &sc, &mn);
         const u8* qp = b + 16 + 32 * (j >> 1) + 8 * p;
-        int q0 = *(const int*)qp, q1 = *(const int*)(qp + 4);
+        int q0 = ld_i32_a2(qp), q1 = ld_i32_a2(qp + 4);
         int sh = (j & 1) * 4;
         w0 = (q0 >> sh) & 0x0F0F0F0F;
         w1 = (q1 >> sh) & 0x0F0F0F0F;
@@ -311,25 +352,27 @@ template <bool Q4K>
 __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restrict__ aq,
                                     const float* __restrict__ ad, const int* __restrict__ bsums,
                                     float* __restrict__ y, int rows, int cols, int m) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    int warp = threadIdx.x >> 5;
+    int row = blockIdx.x * ROWS_PER_BLOCK + warp;
     int lane = threadIdx.x & 31;
-    if (row >= rows) return;
+    if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
     int t0 = blockIdx.y * MT;
     int nt = min(MT, m - t0);
     int nb = cols / 256;
     const int bb = Q4K ? 144 : 210;
-    const u8* wr = W + (long long)row * nb * bb;
+    const int CB = STAGE / bb;  // super-blocks per staged chunk
+    const u8* wrow = W + (long long)row * nb * bb;
     float acc[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) acc[t] = 0.0f;
-    // Unrolling helps Q6_K (+13% at 16384x4096) and hurts Q4_K (-23%), measured on an H200.
-    if (Q4K) {
-        for (int ib = 0; ib < nb; ib++)
-            mvk_block<Q4K>(wr + (long long)ib * bb, ib, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
-    } else {
-#pragma unroll 4
-        for (int ib = 0; ib < nb; ib++)
-            mvk_block<Q4K>(wr + (long long)ib * bb, ib, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
+    for (int c0 = 0; c0 < nb; c0 += CB) {
+        int cb = min(CB, nb - c0);
+        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, sm[warp], lane);
+#pragma unroll 2
+        for (int j = 0; j < cb; j++)
+            mvk_block<Q4K>(wr + j * bb, c0 + j, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
+        __syncwarp();
     }
 #pragma unroll
     for (int t = 0; t < MT; t++) {

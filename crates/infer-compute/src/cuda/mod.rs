@@ -14,6 +14,8 @@
 //!   format), block dot products are exact integer sums (`__dp4a`), and only the order in which
 //!   the f32 block terms are added differs from the CPU (relative differences ~1e-7 of
 //!   Σ|terms|; the parity tests allow 1e-5).
+//! - Fused products ([`ComputeBackend::quant_matmul_many`]: QKV, gate+up) upload and quantize the
+//!   activations once per activation format and return all outputs after one synchronisation.
 //! - One stream, calls serialised by a mutex.
 
 mod bench;
@@ -27,7 +29,7 @@ use std::sync::{Mutex, MutexGuard};
 use half::f16;
 use infer_quant::QuantFormat;
 
-use crate::{ComputeBackend, ComputeError};
+use crate::{ComputeBackend, ComputeError, QuantProj};
 use cache::{Scratch, WeightCache};
 use device::Device;
 use float::WType;
@@ -172,6 +174,20 @@ impl ComputeBackend for CudaBackend {
         check_len("quant_matmul x", x.len(), m * cols, "m*cols");
         check_len("quant_matmul y", y.len(), m * rows, "m*rows");
         quant::quant_matmul(&mut self.lock(), format, bytes, x, m, rows, cols, y)
+    }
+
+    fn quant_matmul_many(
+        &self,
+        x: &[f32],
+        m: usize,
+        cols: usize,
+        projs: &mut [QuantProj<'_>],
+    ) -> Result<(), ComputeError> {
+        check_len("quant_matmul_many x", x.len(), m * cols, "m*cols");
+        for p in projs.iter() {
+            check_len("quant_matmul_many y", p.y.len(), m * p.rows, "m*rows");
+        }
+        quant::quant_matmul_many(&mut self.lock(), x, m, cols, projs)
     }
 
     fn q8_matmul(

@@ -12,7 +12,7 @@ use infer_quant::QuantFormat;
 use super::cache::Scratch;
 use super::device::{drv, int, Device, MT, ROWS_PER_BLOCK};
 use super::State;
-use crate::ComputeError;
+use crate::{ComputeError, QuantProj};
 
 /// The kernel of weight format `format`, or `None` when the CUDA backend has none.
 fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
@@ -76,8 +76,14 @@ fn warp_grid(nblocks: usize) -> LaunchConfig {
     }
 }
 
+/// The activation family of weight format `format` (`None`: the seed's Q8 format): Q8_K for
+/// the K-quants, 32-value int8 blocks otherwise.
+fn is_kq(format: Option<QuantFormat>) -> bool {
+    matches!(format, Some(QuantFormat::Q4_K | QuantFormat::Q6_K))
+}
+
 /// Quantize the `m × cols` activations already in `s.x` for weights of `format`
-/// (`None`: the seed's Q8 format) into `s.aq` / `s.ad` / `s.bsums`.
+/// (`None`: the seed's Q8 format) into the family's buffers (`s.kq` or `s.b32`).
 pub(super) fn quantize_acts(
     dev: &Device,
     s: &mut Scratch,
@@ -87,15 +93,18 @@ pub(super) fn quantize_acts(
 ) -> Result<(), ComputeError> {
     let st = &dev.stream;
     let n = m * cols;
-    let kq = matches!(format, Some(QuantFormat::Q4_K | QuantFormat::Q6_K));
+    let kq = is_kq(format);
     let block = if kq { 256 } else { 32 };
     let nblocks = n / block;
     let nb_i = int("activation blocks", nblocks)?;
     s.x.at_least(st, n)?;
-    s.aq.at_least(st, n)?;
-    s.ad.at_least(st, nblocks)?;
-    s.bsums.at_least(st, nblocks * 16)?;
-    let (x, aq, ad, bs) = (s.x.get(), s.aq.get(), s.ad.get(), s.bsums.get());
+    let a = if kq { &mut s.kq } else { &mut s.b32 };
+    a.aq.at_least(st, n)?;
+    a.ad.at_least(st, nblocks)?;
+    if kq {
+        a.bsums.at_least(st, nblocks * 16)?;
+    }
+    let (x, aq, ad, bs) = (s.x.get(), a.aq.get(), a.ad.get(), a.bsums.get());
     let r = if kq {
         let mut b = st.launch_builder(&dev.k.quantize_q8_k);
         b.arg(x).arg(aq).arg(ad).arg(bs).arg(&nb_i);
@@ -111,8 +120,9 @@ pub(super) fn quantize_acts(
     drv("launch activation quantizer", r).map(|_| ())
 }
 
-/// Launch the mat-vec kernel of `format` on weights `w` (device), activations quantized in `s`,
-/// output into `s.y` (`[m, rows]`).
+/// Launch the mat-vec kernel of `format` on weights `w` (device, padded by
+/// [`super::cache::WEIGHT_PAD`]), activations quantized in `s` for this format's family, output
+/// into `s.y[y_off .. y_off + m·rows]` (`[m, rows]`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch_mv(
     dev: &Device,
@@ -122,6 +132,7 @@ pub(super) fn launch_mv(
     m: usize,
     rows: usize,
     cols: usize,
+    y_off: usize,
 ) -> Result<(), ComputeError> {
     let (f, kq) = match kernel(dev, format) {
         Some(k) => k,
@@ -133,14 +144,17 @@ pub(super) fn launch_mv(
         }
     };
     let (rows_i, cols_i, m_i) = (int("rows", rows)?, int("cols", cols)?, int("m", m)?);
+    let a = if kq { &s.kq } else { &s.b32 };
+    let y = s.y.get().slice(y_off..y_off + m * rows);
     let mut b = dev.stream.launch_builder(f);
-    b.arg(w).arg(s.aq.get()).arg(s.ad.get());
+    b.arg(w).arg(a.aq.get()).arg(a.ad.get());
     if kq {
-        b.arg(s.bsums.get());
+        b.arg(a.bsums.get());
     }
-    b.arg(s.y.get()).arg(&rows_i).arg(&cols_i).arg(&m_i);
+    b.arg(&y).arg(&rows_i).arg(&cols_i).arg(&m_i);
     // SAFETY: argument list matches `mv_*` in kernels.cu; `w` holds rows·bytes_for(cols) bytes
-    // (checked), the scratch buffers hold m·cols activations and m·rows outputs.
+    // (checked) plus padding, the scratch buffers hold m·cols activations and the output view
+    // m·rows values.
     drv("launch quantized mat-vec", unsafe {
         b.launch(mv_grid(rows, m))
     })
@@ -172,8 +186,71 @@ pub(super) fn quant_matmul(
     upload_x(dev, s, x)?;
     s.y.at_least(&dev.stream, m * rows)?;
     quantize_acts(dev, s, Some(format), m, cols)?;
-    launch_mv(dev, s, format, w, m, rows, cols)?;
+    launch_mv(dev, s, format, w, m, rows, cols, 0)?;
     download_y(dev, s, y)
+}
+
+/// Several products of the same activations (fused QKV, gate+up): `p.y[m×p.rows] =
+/// x[m×cols] · p.Wᵀ` for every `p`. The activations are uploaded once and quantized once per
+/// activation family present (Q8_K and/or 32-value blocks); every kernel writes its own range
+/// of one output buffer, which comes back with one synchronisation. Each output equals
+/// [`quant_matmul`] of its matrix bit for bit (same kernels, same quantized activations).
+/// Errors as [`quant_matmul`], checked for every matrix before anything runs.
+pub(super) fn quant_matmul_many(
+    st: &mut State,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    projs: &mut [QuantProj<'_>],
+) -> Result<(), ComputeError> {
+    for p in projs.iter() {
+        check(&st.dev, p.format, p.bytes, p.rows, cols)?;
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        for p in projs.iter_mut() {
+            p.y.fill(0.0);
+        }
+        return Ok(());
+    }
+    let State { dev, cache, s } = st;
+    for p in projs.iter().filter(|p| p.rows > 0) {
+        cache.get(&dev.stream, p.bytes)?;
+    }
+    upload_x(dev, s, x)?;
+    let total: usize = projs.iter().map(|p| m * p.rows).sum();
+    s.y.at_least(&dev.stream, total)?;
+    for family in [true, false] {
+        if let Some(p) = projs
+            .iter()
+            .find(|p| p.rows > 0 && is_kq(Some(p.format)) == family)
+        {
+            quantize_acts(dev, s, Some(p.format), m, cols)?;
+        }
+    }
+    let mut off = 0;
+    for p in projs.iter().filter(|p| p.rows > 0) {
+        let Some(w) = cache.peek(p.bytes) else {
+            return Err(super::device::dev_err(
+                "fused weights missing from the cache",
+            ));
+        };
+        launch_mv(dev, s, p.format, w, m, p.rows, cols, off)?;
+        off += m * p.rows;
+    }
+    let mut off = 0;
+    for p in projs.iter_mut().filter(|p| p.rows > 0) {
+        let n = m * p.rows;
+        let view = s.y.get().slice(off..off + n);
+        drv(
+            "copy the result to the host",
+            dev.stream.memcpy_dtoh(&view, &mut p.y[..n]),
+        )?;
+        off += n;
+    }
+    drv("synchronize", dev.stream.synchronize())
 }
 
 /// `y[m×rows] = x[m×cols] · Wᵀ` for the seed's Q8 format (int8 `values`, f32 `scales` per 32).
@@ -233,8 +310,8 @@ pub(super) fn q8_matmul(
     let mut b = dev.stream.launch_builder(&dev.k.mv_q8s);
     b.arg(wv)
         .arg(ws)
-        .arg(s.aq.get())
-        .arg(s.ad.get())
+        .arg(s.b32.aq.get())
+        .arg(s.b32.ad.get())
         .arg(s.y.get())
         .arg(&rows_i)
         .arg(&cols_i)

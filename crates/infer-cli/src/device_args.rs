@@ -1,0 +1,114 @@
+//! `--device cpu|cuda[:N]`: which [`ComputeBackend`] runs the products of `run`, `chat`,
+//! `bench`, `perplexity` and `logits`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::Result;
+use infer_compute::{ComputeBackend, CpuBackend};
+
+/// The error of `--device cuda` in a binary built without the `cuda` feature.
+pub const NO_CUDA: &str =
+    "this infer was built without CUDA: cargo build --release --features cuda";
+
+/// A compute device: the CPU, or CUDA GPU `N` (`cuda` = `cuda:0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl FromStr for Device {
+    type Err = String;
+
+    /// `cpu`, `cuda` or `cuda:N` (N a GPU ordinal), case-insensitive.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let l = s.to_ascii_lowercase();
+        match l.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => match l.strip_prefix("cuda:") {
+                Some(n) => n.parse().map(Device::Cuda).map_err(|_| {
+                    format!("'{s}': the GPU ordinal after 'cuda:' must be a number (cuda:0)")
+                }),
+                None => Err(format!("'{s}': expected cpu, cuda or cuda:N")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// The `--device` option (flattened into each inference command's arguments).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DeviceArgs {
+    /// Compute device for the matrix products: cpu, cuda (the first GPU) or cuda:N. CUDA needs
+    /// a binary built with `--features cuda`, an NVIDIA driver and NVRTC (libnvrtc.so) on the
+    /// loader path; attention and the other vector steps stay on the CPU.
+    #[arg(long, default_value = "cpu", value_parser = Device::from_str)]
+    pub device: Device,
+}
+
+impl DeviceArgs {
+    /// The backend of the chosen device. Errors: `cuda` in a build without the `cuda`
+    /// feature ([`NO_CUDA`]), or a CUDA device that cannot be opened (no driver, no NVRTC, no
+    /// such GPU; the message says which).
+    pub fn backend(&self) -> Result<Box<dyn ComputeBackend>> {
+        match self.device {
+            Device::Cpu => Ok(Box::new(CpuBackend::new())),
+            Device::Cuda(n) => cuda_backend(n),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_backend(ordinal: usize) -> Result<Box<dyn ComputeBackend>> {
+    use anyhow::Context;
+    let b = infer_compute::cuda::CudaBackend::new(ordinal)
+        .with_context(|| format!("opening CUDA device {ordinal}"))?;
+    Ok(Box::new(b))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_backend(_ordinal: usize) -> Result<Box<dyn ComputeBackend>> {
+    anyhow::bail!(NO_CUDA)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
+        assert_eq!("CUDA".parse::<Device>(), Ok(Device::Cuda(0)));
+        assert_eq!("cuda:3".parse::<Device>(), Ok(Device::Cuda(3)));
+        assert!("cuda:x".parse::<Device>().is_err());
+        assert!("metal".parse::<Device>().is_err());
+        assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+    }
+
+    #[test]
+    fn cpu_backend_is_the_default() {
+        let b = DeviceArgs::default().backend().expect("cpu backend");
+        assert_eq!(b.name(), CpuBackend::new().name());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_is_a_clear_error() {
+        let a = DeviceArgs {
+            device: Device::Cuda(0),
+        };
+        let e = a.backend().err().expect("an error").to_string();
+        assert_eq!(e, NO_CUDA);
+    }
+}
