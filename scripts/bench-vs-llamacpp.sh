@@ -50,7 +50,7 @@ done
 # pairs: label | llama.cpp GGUF suffix | vindex suffix | infer format flags
 pairs=(
   "q4k vs Q4_K_M|Q4_K_M||--attn q4k --ffn q4k --lm-head q6k"
-  "q4 (q8 attn) vs Q4_0|Q4_0||--attn q8 --ffn q4 --lm-head q4"
+  "q4 (q4k attn) vs Q4_0|Q4_0||--attn q4k --ffn q4 --lm-head q4"
   "q8 attn + q4k FFN vs Q8_0|Q8_0||--attn q8 --ffn q4k --lm-head q6k"
   "f16 vs F16|F16|-f16|--attn f32 --ffn walk --lm-head f32"
   "f32 vs F16|F16||--attn f32 --ffn walk --lm-head f32"

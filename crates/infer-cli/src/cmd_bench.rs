@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use infer_compute::CpuBackend;
 use infer_inference::forward::Logits;
 use infer_vindex::Vindex;
 
+use crate::device_args::DeviceArgs;
 use crate::format_args::FormatArgs;
 
 /// Arguments of `infer bench`.
@@ -16,6 +16,8 @@ use crate::format_args::FormatArgs;
 pub struct BenchArgs {
     #[command(flatten)]
     pub formats: FormatArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// The vindex directory.
     pub vindex: PathBuf,
     /// Prompt tokens processed in one batch (pp test); 0 skips it.
@@ -90,7 +92,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
     let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
-    let backend = CpuBackend::new();
+    let backend = args.device.backend()?;
     let ctx = args.n_prompt + args.n_gen + 1;
     let max = model.arch.config().max_position_embeddings;
     if ctx > max {
@@ -114,7 +116,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if args.n_prompt > 0 {
             let mut cache = model.new_cache(ctx);
             let t0 = Instant::now();
-            model.forward(&backend, &ids[..args.n_prompt], &mut cache, Logits::Last)?;
+            model.forward(&*backend, &ids[..args.n_prompt], &mut cache, Logits::Last)?;
             pp.push(args.n_prompt as f64 / t0.elapsed().as_secs_f64());
         }
         if args.n_gen > 0 {
@@ -123,7 +125,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let ffn0 = infer_inference::walk::walk_ffn_nanos();
             let t0 = Instant::now();
             for _ in 0..args.n_gen {
-                let logits = model.forward(&backend, &[tok], &mut cache, Logits::Last)?;
+                let logits = model.forward(&*backend, &[tok], &mut cache, Logits::Last)?;
                 tok = infer_inference::sampling::argmax(&logits);
             }
             tg.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());

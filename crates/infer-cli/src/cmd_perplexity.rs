@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use infer_compute::CpuBackend;
 use infer_inference::perplexity::perplexity;
 use infer_inference::Tokenizer;
 use infer_vindex::Vindex;
 
+use crate::device_args::DeviceArgs;
 use crate::format_args::FormatArgs;
 
 /// Arguments of `infer perplexity`.
@@ -16,6 +16,8 @@ use crate::format_args::FormatArgs;
 pub struct PerplexityArgs {
     #[command(flatten)]
     pub formats: FormatArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// The vindex directory.
     pub vindex: PathBuf,
     /// UTF-8 text file to score.
@@ -56,8 +58,8 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
             args.ctx
         );
     }
-    let backend = CpuBackend::new();
-    let r = perplexity(&model, &backend, &tokens, args.ctx, bos, |w, n, running| {
+    let backend = args.device.backend()?;
+    let r = perplexity(&model, &*backend, &tokens, args.ctx, bos, |w, n, running| {
         eprintln!("[{}/{n}] running PPL {running:.4}", w + 1);
     })?;
     println!(

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use infer_compute::CpuBackend;
 use infer_inference::chat::{ChatTemplate, Message, CHATML_TEMPLATE, GEMMA_TEMPLATE};
 use infer_inference::forward::Logits;
 use infer_inference::{
@@ -15,6 +14,7 @@ use infer_inference::{
 };
 use infer_vindex::Vindex;
 
+use crate::device_args::DeviceArgs;
 use crate::format_args::FormatArgs;
 
 /// Sampling and generation flags shared by `run` and `chat`.
@@ -52,6 +52,8 @@ pub struct SamplingArgs {
     pub explain: bool,
     #[command(flatten)]
     pub formats: FormatArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 fn parse_f32(s: &str) -> Result<f32, String> {
@@ -147,6 +149,8 @@ pub struct LogitsArgs {
     pub out: Option<PathBuf>,
     #[command(flatten)]
     pub formats: FormatArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// An opened vindex with its tokenizer.
@@ -275,13 +279,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.sampling.explain {
         eprint!("{}", model.explain());
     }
-    let backend = CpuBackend::new();
+    let backend = args.sampling.device.backend()?;
     let ctx = context_size(&model, args.sampling.ctx)?;
     let prompt = l.tokenizer.encode(&args.prompt, true)?;
     if prompt.is_empty() {
         bail!("the prompt is empty: give some text to continue");
     }
-    let mut gen = Generator::new(&model, &backend, &l.tokenizer, ctx);
+    let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
     let mut sampler = Sampler::new(args.sampling.params());
     let opts = GenerateOptions {
         max_tokens: args.sampling.n,
@@ -327,11 +331,11 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     if args.sampling.explain {
         eprint!("{}", model.explain());
     }
-    let backend = CpuBackend::new();
+    let backend = args.sampling.device.backend()?;
     let ctx = context_size(&model, args.sampling.ctx)?;
     let template = chat_template(&l.vindex, &l.tokenizer)
         .with_context(|| format!("{}: chat template", args.vindex.display()))?;
-    let mut gen = Generator::new(&model, &backend, &l.tokenizer, ctx);
+    let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
     let mut sampler = Sampler::new(args.sampling.params());
     let opts = GenerateOptions {
         max_tokens: args.sampling.n,
@@ -419,9 +423,9 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("no tokens to run (empty prompt)");
     }
-    let backend = CpuBackend::new();
+    let backend = args.device.backend()?;
     let mut cache = model.new_cache(ids.len());
-    let logits = model.forward(&backend, &ids, &mut cache, Logits::All)?;
+    let logits = model.forward(&*backend, &ids, &mut cache, Logits::All)?;
     if logits.iter().any(|v| !v.is_finite()) {
         bail!(
             "{}: the model produced non-finite logits (corrupt weights or config?)",

@@ -11,6 +11,7 @@ mod cmd_quant_stats;
 mod cmd_run;
 mod cmd_vindex;
 mod cmd_walk;
+mod device_args;
 mod format_args;
 
 /// infer — transformer checkpoints to vindex, and fast inference from a vindex.

@@ -139,6 +139,20 @@ fn extract_force_and_verify() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("all match"), "{}", text(&o));
 
+    // `--device`: a bad name is refused; `cuda` in a build without the feature names the fix.
+    let o = infer(&["bench", t, "-p", "2", "-n", "2", "--device", "tpu"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("expected cpu, cuda or cuda:N"),
+        "{}",
+        text(&o)
+    );
+    if cfg!(not(feature = "cuda")) {
+        let o = infer(&["bench", t, "-p", "2", "-n", "2", "--device", "cuda"]);
+        assert!(!o.status.success());
+        assert!(text(&o).contains("--features cuda"), "{}", text(&o));
+    }
+
     // Change one byte of down_features.bin: verify names it and exits non-zero.
     let p = target.join("down_features.bin");
     let mut bytes = std::fs::read(&p).unwrap();

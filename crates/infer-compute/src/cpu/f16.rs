@@ -6,12 +6,13 @@
 //! streams the 2-byte weights once through fused widen-and-FMA loops; prefill widens blocks of
 //! weight rows into a per-thread f32 buffer and hands them to `matrixmultiply::sgemm`.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use half::f16;
 use rayon::prelude::*;
 
 use super::matmul::check;
+use crate::scratch;
 use crate::vec_dot::Isa;
 
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -21,13 +22,15 @@ const PAR_MIN_WORK: usize = 1 << 15;
 const DOT_MAX_ROWS: usize = 4;
 /// Weight rows (of `Bᵀ`) or columns (of `B`) widened per sgemm block.
 const BLOCK: usize = 64;
-/// Output columns per task of the one-row `x·B` product (a multiple of the vector width).
-const VECMAT_COLS: usize = 256;
+/// Rows of `B` per task of the few-row `A·B` product (each task adds into its own partial C).
+const ROW_CHUNK: usize = 128;
 
 thread_local! {
-    /// Per-thread buffer for widened weight blocks; grows to the largest block seen, then is
-    /// reused, so steady-state products allocate nothing.
-    static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Per-thread buffer for widened weight blocks (`crate::scratch`: reused, so steady-state
+    /// products allocate nothing).
+    static WIDE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// The calling thread's per-chunk partial sums of the few-row `A·B` product.
+    static PARTIALS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// `Σ a[i]·b[i]` with `b` widened from f16. Panics if the lengths differ.
@@ -135,9 +138,7 @@ pub(crate) fn matmul_transb_f16(
     let out = SharedOut(c.as_mut_ptr());
     let task = |j0: usize| {
         let j1 = (j0 + BLOCK).min(n);
-        WIDE.with(|w| {
-            let mut w = w.borrow_mut();
-            let wide = fit(&mut w, (j1 - j0) * k);
+        scratch::with(&WIDE, (j1 - j0) * k, |wide| {
             widen(&b[j0 * k..j1 * k], wide);
             // SAFETY: `wide` is Bᵀ's rows j0..j1 as a [k, j1-j0] matrix read with strides
             // (1, k); C's columns j0..j1 (row stride n) belong to this task alone.
@@ -175,27 +176,37 @@ pub(crate) fn matmul_f16(
     let serial = rayon::current_num_threads() <= 1 || m * n * k < PAR_MIN_WORK;
     let out = SharedOut(c.as_mut_ptr());
     if m <= DOT_MAX_ROWS || isa == Isa::Generic {
-        // Row-wise axpy over column blocks: every load of B is contiguous.
-        let task = |j0: usize| {
-            let w = VECMAT_COLS.min(n - j0);
-            for i in 0..m {
-                // SAFETY: row i, columns j0..j0+w of C belong to this task alone.
-                let ys = unsafe { std::slice::from_raw_parts_mut(out.get().add(i * n + j0), w) };
-                ys.fill(0.0);
-                for (p, &ap) in a[i * k..(i + 1) * k].iter().enumerate() {
-                    axpy_f16_isa(isa, ap, &b[p * n + j0..][..w], ys);
+        // `C = Σₚ A[:, p]·B[p, :]` over chunks of ROW_CHUNK rows of B: each task streams its
+        // rows front to back (whole rows, the order memory prefetchers like best) into its own
+        // partial C, then the partials are added in chunk order. Chunking does not depend on
+        // the thread count, so neither does the result.
+        let chunks = k.div_ceil(ROW_CHUNK);
+        scratch::with(&PARTIALS, chunks * m * n, |partials| {
+            let parts = SharedOut(partials.as_mut_ptr());
+            let task = |ci: usize| {
+                let (p0, p1) = (ci * ROW_CHUNK, ((ci + 1) * ROW_CHUNK).min(k));
+                // SAFETY: chunk ci owns partials[ci·m·n .. (ci+1)·m·n].
+                let part =
+                    unsafe { std::slice::from_raw_parts_mut(parts.get().add(ci * m * n), m * n) };
+                part.fill(0.0);
+                for (i, ys) in part.chunks_exact_mut(n).enumerate() {
+                    for p in p0..p1 {
+                        axpy_f16_isa(isa, a[i * k + p], &b[p * n..(p + 1) * n], ys);
+                    }
                 }
+            };
+            run_tasks(serial, chunks, task);
+            c.fill(0.0);
+            for part in partials.chunks_exact(m * n) {
+                c.iter_mut().zip(part).for_each(|(o, v)| *o += v);
             }
-        };
-        run_tasks(serial, n.div_ceil(VECMAT_COLS), |t| task(t * VECMAT_COLS));
+        });
         return;
     }
     let task = |j0: usize| {
         let j1 = (j0 + BLOCK).min(n);
         let width = j1 - j0;
-        WIDE.with(|w| {
-            let mut w = w.borrow_mut();
-            let wide = fit(&mut w, k * width);
+        scratch::with(&WIDE, k * width, |wide| {
             for p in 0..k {
                 widen(
                     &b[p * n + j0..p * n + j1],
@@ -263,14 +274,6 @@ fn run_tasks(serial: bool, count: usize, task: impl Fn(usize) + Sync + Send) {
     } else {
         (0..count).into_par_iter().for_each(task);
     }
-}
-
-/// The first `len` values of the thread's buffer, growing it if needed.
-fn fit(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if buf.len() < len {
-        buf.resize(len, 0.0);
-    }
-    &mut buf[..len]
 }
 
 /// Widen f16 → f32 (exact; `half` uses F16C when the CPU has it).
