@@ -59,9 +59,16 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
         );
     }
     let backend = args.device.backend()?;
-    let r = perplexity(&model, &*backend, &tokens, args.ctx, bos, |w, n, running| {
-        eprintln!("[{}/{n}] running PPL {running:.4}", w + 1);
-    })?;
+    let r = perplexity(
+        &model,
+        &*backend,
+        &tokens,
+        args.ctx,
+        bos,
+        |w, n, running| {
+            eprintln!("[{}/{n}] running PPL {running:.4}", w + 1);
+        },
+    )?;
     println!(
         "PPL = {:.4} +/- {:.4} ({} windows of {}, {} scored tokens)",
         r.ppl, r.error, r.windows, args.ctx, r.scored_tokens
