@@ -8,6 +8,7 @@ use anyhow::Result;
 use infer_compute::{ComputeBackend, CpuBackend};
 
 /// The error of `--device cuda` in a binary built without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
 pub const NO_CUDA: &str =
     "this infer was built without CUDA: cargo build --release --features cuda";
 
