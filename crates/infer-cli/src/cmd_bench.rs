@@ -175,7 +175,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         if let Some(f) = ffn_med {
             println!(
-                "walk FFN (--walk-k {}, {} selection): {f:.3} ms per decoded token",
+                "walk FFN (--walk-k {}, selection by the {}): {f:.3} ms per decoded token",
                 args.formats.walk_k, args.formats.walk_select
             );
         }

@@ -45,9 +45,10 @@ pub struct ExtractArgs {
     pub requantize: bool,
     /// Also store down_meta.bin: for every FFN feature, the N tokens its down vector writes
     /// most (projected through lm_head or the tied embeddings), for `infer walk`. N defaults
-    /// to 10. Costs one [features × hidden] · [hidden × vocab] product per layer.
+    /// to 10, at most 1000 (the file holds 2·N records of 8 bytes per feature).
+    /// Costs one [features × hidden] · [hidden × vocab] product per layer.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "10",
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub down_meta: Option<u32>,
 }
 

@@ -236,7 +236,7 @@ fn text_report(
         let _ = writeln!(
             s,
             "(no down_meta.bin in this vindex: features only; add top tokens with \
-             `infer extract SOURCE -o VINDEX --down-meta`)"
+             `infer extract SOURCE -o VINDEX --down-meta --force`)"
         );
     }
     for r in layers {

@@ -369,7 +369,7 @@ impl WalkFfn<'_> {
         }
     }
 
-    /// `" (K 768 of 1536 features per token, selected by the f32 gate)"` or
+    /// `" (K 768 of 1536 features per token, selected by the float-tier gate)"` or
     /// `" (all 1536 features, exact)"` (`--explain`).
     pub fn describe_k(&self) -> String {
         match &self.sparse {

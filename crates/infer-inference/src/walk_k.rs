@@ -238,7 +238,7 @@ impl FromStr for Selection {
 impl fmt::Display for Selection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Selection::F32 => "f32 gate",
+            Selection::F32 => "float-tier gate",
             Selection::Q4 => "Q4_0 gate copy",
         })
     }
