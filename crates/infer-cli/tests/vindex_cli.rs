@@ -1,31 +1,12 @@
 //! `infer extract` / `infer verify` end to end: interrupted builds leave nothing at the target,
 //! existing targets need --force, verify exits non-zero on a changed file.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
+
+mod common;
+use common::{infer, model_file, text};
 use std::time::{Duration, Instant};
-
-fn model_file(name: &str) -> PathBuf {
-    let dir = std::env::var_os("INFER_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/infer/models")
-        });
-    let p = dir.join(name);
-    assert!(
-        p.is_file(),
-        "model {} not found (set INFER_MODELS; see shared/models/README.md)",
-        p.display()
-    );
-    p
-}
-
-fn infer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_infer"))
-        .args(args)
-        .output()
-        .expect("run infer")
-}
 
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -35,14 +16,6 @@ fn names(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

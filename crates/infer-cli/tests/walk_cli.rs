@@ -3,38 +3,11 @@
 //! " capitals" (through −dᵢ: negative activation), the model's next token is " Paris"; a
 //! vindex without down_meta.bin still lists features and says how to add tokens.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
-fn model_file(name: &str) -> PathBuf {
-    let dir = std::env::var_os("INFER_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/infer/models")
-        });
-    let p = dir.join(name);
-    assert!(
-        p.is_file(),
-        "model {} not found (set INFER_MODELS; see shared/models/README.md)",
-        p.display()
-    );
-    p
-}
-
-fn infer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_infer"))
-        .args(args)
-        .output()
-        .expect("run infer")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{infer, model_file, text};
 
 fn ok(o: Output) -> String {
     assert!(o.status.success(), "infer failed:\n{}", text(&o));

@@ -204,3 +204,33 @@ pub trait ComputeBackend: Send + Sync {
         crate::q8_split::q8_matmul(values, scales, x, m, rows, cols, y)
     }
 }
+
+/// Shape check shared by every backend's f32/f16 products: panic unless `a` is `[m, k]`, `b` holds `n·k` values and `c` is `[m, n]`.
+pub(crate) fn check_product<B>(
+    what: &str,
+    a: &[f32],
+    b: &[B],
+    m: usize,
+    k: usize,
+    n: usize,
+    c: &[f32],
+) {
+    assert_eq!(
+        a.len(),
+        m * k,
+        "{what}: a has {} values, want m*k = {m}*{k}",
+        a.len()
+    );
+    assert_eq!(
+        b.len(),
+        n * k,
+        "{what}: b has {} values, want n*k = {n}*{k}",
+        b.len()
+    );
+    assert_eq!(
+        c.len(),
+        m * n,
+        "{what}: c has {} values, want m*n = {m}*{n}",
+        c.len()
+    );
+}

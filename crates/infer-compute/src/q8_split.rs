@@ -61,28 +61,7 @@ pub fn q8_matmul(
     cols: usize,
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
-    let check = |what: &'static str, expected: usize, got: usize, unit: &'static str| {
-        if expected == got {
-            Ok(())
-        } else {
-            Err(ComputeError::ShapeMismatch {
-                what,
-                expected,
-                got,
-                unit,
-            })
-        }
-    };
-    check(
-        "q8 columns (multiple of 32)",
-        cols.div_ceil(Q8_BLOCK) * Q8_BLOCK,
-        cols,
-        "values",
-    )?;
-    check("q8 values", rows * cols, values.len(), "bytes")?;
-    check("q8 scales", rows * cols / Q8_BLOCK, scales.len(), "scales")?;
-    check("q8 activations", m * cols, x.len(), "values")?;
-    check("q8 output", m * rows, y.len(), "values")?;
+    check_shapes(values, scales, x, m, rows, cols, y)?;
     let nb = cols / Q8_BLOCK;
     let mut q = scratch::take(&QS, m * cols);
     let mut qs = scratch::take(&DS, m * nb);
@@ -172,6 +151,43 @@ fn scalar_matmul(
             y[i * rows + r] = yt[r * m + i];
         }
     }
+}
+
+/// The buffer checks of a seed-Q8 product (shared by every backend): `cols` a multiple of 32,
+/// `values` `rows·cols` bytes, `scales` `rows·cols/32`, `x` `m·cols`, `y` `m·rows`; the first
+/// mismatch as [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_shapes(
+    values: &[u8],
+    scales: &[f32],
+    x: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+    y: &[f32],
+) -> Result<(), ComputeError> {
+    let check = |what: &'static str, expected: usize, got: usize, unit: &'static str| {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(ComputeError::ShapeMismatch {
+                what,
+                expected,
+                got,
+                unit,
+            })
+        }
+    };
+    check(
+        "q8 columns (multiple of 32)",
+        cols.div_ceil(Q8_BLOCK) * Q8_BLOCK,
+        cols,
+        "values",
+    )?;
+    check("q8 values", rows * cols, values.len(), "bytes")?;
+    check("q8 scales", rows * cols / Q8_BLOCK, scales.len(), "scales")?;
+    check("q8 activations", m * cols, x.len(), "values")?;
+    check("q8 output", m * rows, y.len(), "values")?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -187,20 +187,7 @@ fn gemma3_matches_hf() {
 /// Every case folder under archrefs (a newly added folder of the same shape is picked up).
 #[test]
 fn every_archrefs_case_matches_hf() {
-    let root = shared_dir().join("archrefs");
-    let mut names: Vec<String> = std::fs::read_dir(&root)
-        .expect("archrefs")
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().join("reference.safetensors").is_file())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "llama" && n != "gemma3")
-        .collect();
-    names.sort();
-    assert!(
-        names.len() >= 17,
-        "expected the 19 archrefs cases, found {}",
-        names.len() + 2
-    );
+    let names = common::archrefs_cases_except(&["llama", "gemma3"]);
     let failed: Vec<&String> = names
         .iter()
         .filter(|n| {

@@ -214,20 +214,7 @@ fn gemma3_on_cuda_matches_hf_and_cpu() {
 #[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
 fn every_archrefs_case_on_cuda() {
     let gpu = gpu();
-    let root = shared_dir().join("archrefs");
-    let mut names: Vec<String> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().join("reference.safetensors").is_file())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "llama" && n != "gemma3")
-        .collect();
-    names.sort();
-    assert!(
-        names.len() >= 17,
-        "expected the 19 archrefs cases, found {}",
-        names.len() + 2
-    );
+    let names = common::archrefs_cases_except(&["llama", "gemma3"]);
     let failed: Vec<&String> = names
         .iter()
         .filter(|n| {

@@ -11,7 +11,7 @@ use std::cell::Cell;
 use half::f16;
 use rayon::prelude::*;
 
-use super::matmul::check;
+use crate::backend::check_product as check;
 use crate::scratch;
 use crate::vec_dot::Isa;
 

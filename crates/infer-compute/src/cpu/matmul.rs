@@ -2,6 +2,7 @@
 //! copied), split into column blocks of C or row blocks of A across rayon threads.
 
 use super::gemv::{gemv, vecmat};
+use crate::backend::check_product as check;
 use rayon::prelude::*;
 
 /// Below this many multiply-adds the product runs on the calling thread.
@@ -48,28 +49,6 @@ pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32])
     } else {
         gemm(a, b, m, k, n, c, BLayout::Plain);
     }
-}
-
-/// Panic unless `a` is `[m, k]`, `b` holds `n·k` values and `c` is `[m, n]`.
-pub(super) fn check<B>(what: &str, a: &[f32], b: &[B], m: usize, k: usize, n: usize, c: &[f32]) {
-    assert_eq!(
-        a.len(),
-        m * k,
-        "{what}: a has {} values, want m*k = {m}*{k}",
-        a.len()
-    );
-    assert_eq!(
-        b.len(),
-        n * k,
-        "{what}: b has {} values, want n*k = {n}*{k}",
-        b.len()
-    );
-    assert_eq!(
-        c.len(),
-        m * n,
-        "{what}: c has {} values, want m*n = {m}*{n}",
-        c.len()
-    );
 }
 
 /// Shapes already checked.

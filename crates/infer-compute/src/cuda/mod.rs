@@ -29,6 +29,7 @@ use std::sync::{Mutex, MutexGuard};
 use half::f16;
 use infer_quant::QuantFormat;
 
+use crate::backend::check_product;
 use crate::{ComputeBackend, ComputeError, QuantProj};
 use cache::{Scratch, WeightCache};
 use device::Device;
@@ -108,17 +109,13 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
-        check_len("matmul_transb a", a.len(), m * k, "m*k");
-        check_len("matmul_transb b", b.len(), n * k, "n*k");
-        check_len("matmul_transb c", c.len(), m * n, "m*n");
+        check_product("matmul_transb", a, b, m, k, n, c);
         let r = float::product_typed(&mut self.lock(), WType::F32, true, a, b, m, k, n, c);
         or_panic("matmul_transb", r);
     }
 
     fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
-        check_len("matmul a", a.len(), m * k, "m*k");
-        check_len("matmul b", b.len(), k * n, "k*n");
-        check_len("matmul c", c.len(), m * n, "m*n");
+        check_product("matmul", a, b, m, k, n, c);
         let r = float::product_typed(&mut self.lock(), WType::F32, false, a, b, m, k, n, c);
         or_panic("matmul", r);
     }
@@ -132,17 +129,13 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn matmul_transb_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
-        check_len("matmul_transb_f16 a", a.len(), m * k, "m*k");
-        check_len("matmul_transb_f16 b", b.len(), n * k, "n*k");
-        check_len("matmul_transb_f16 c", c.len(), m * n, "m*n");
+        check_product("matmul_transb_f16", a, b, m, k, n, c);
         let r = float::product_typed(&mut self.lock(), WType::F16, true, a, b, m, k, n, c);
         or_panic("matmul_transb_f16", r);
     }
 
     fn matmul_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
-        check_len("matmul_f16 a", a.len(), m * k, "m*k");
-        check_len("matmul_f16 b", b.len(), k * n, "k*n");
-        check_len("matmul_f16 c", c.len(), m * n, "m*n");
+        check_product("matmul_f16", a, b, m, k, n, c);
         let r = float::product_typed(&mut self.lock(), WType::F16, false, a, b, m, k, n, c);
         or_panic("matmul_f16", r);
     }

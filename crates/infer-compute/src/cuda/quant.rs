@@ -265,28 +265,7 @@ pub(super) fn q8_matmul(
     cols: usize,
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
-    let check = |what: &'static str, expected: usize, got: usize, unit: &'static str| {
-        if expected == got {
-            Ok(())
-        } else {
-            Err(ComputeError::ShapeMismatch {
-                what,
-                expected,
-                got,
-                unit,
-            })
-        }
-    };
-    check(
-        "q8 columns (multiple of 32)",
-        cols.div_ceil(32) * 32,
-        cols,
-        "values",
-    )?;
-    check("q8 values", rows * cols, values.len(), "bytes")?;
-    check("q8 scales", rows * cols / 32, scales.len(), "scales")?;
-    check("q8 activations", m * cols, x.len(), "values")?;
-    check("q8 output", m * rows, y.len(), "values")?;
+    crate::q8_split::check_shapes(values, scales, x, m, rows, cols, y)?;
     if m == 0 || rows == 0 {
         return Ok(());
     }

@@ -143,3 +143,23 @@ pub fn extract_with(
         .unwrap_or_else(|e| panic!("extract {}: {e}", source.display()));
     out
 }
+
+/// The archrefs case folders (those with a `reference.safetensors`) other than `skip`, sorted;
+/// panics unless all 19 cases are there (a newly added folder of the same shape is picked up).
+pub fn archrefs_cases_except(skip: &[&str]) -> Vec<String> {
+    let root = shared_dir().join("archrefs");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("reference.safetensors").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !skip.contains(&n.as_str()))
+        .collect();
+    names.sort();
+    assert!(
+        names.len() + skip.len() >= 19,
+        "expected the 19 archrefs cases, found {}",
+        names.len() + skip.len()
+    );
+    names
+}
