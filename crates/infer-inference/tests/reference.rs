@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, Once, OnceLock};
 
 use common::*;
 use infer_compute::CpuBackend;
@@ -45,18 +45,44 @@ fn gemma_tokenizer(dir: &std::path::Path) -> PathBuf {
     out
 }
 
+/// A folder for a fixture that lives as long as the test binary. A `static` is never dropped, so
+/// a `TempDir` held in one would leak its folder (1.5 GB for a Gemma vindex) on every run: this
+/// one sits under cargo's per-target tmp dir and an `atexit` hook removes it when the process
+/// exits, passed or failed.
+fn fixture_dir(name: &str) -> PathBuf {
+    static FOLDERS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    static HOOK: Once = Once::new();
+    extern "C" fn remove_all() {
+        if let Ok(folders) = FOLDERS.lock() {
+            for dir in folders.iter() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+    HOOK.call_once(|| {
+        // SAFETY: registers a plain `extern "C" fn()`; it only touches a static Mutex.
+        assert_eq!(unsafe { libc::atexit(remove_all) }, 0, "atexit");
+    });
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("reference-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    FOLDERS.lock().expect("fixture list").push(dir.clone());
+    dir
+}
+
 /// Extract each real model once per test binary (f32 or f16 tier).
 fn vindex(m: &RealModel, dtype: &'static str) -> &'static Vindex {
-    static CELLS: [OnceLock<(tempfile::TempDir, Vindex)>; 4] = [
+    static CELLS: [OnceLock<Vindex>; 4] = [
         OnceLock::new(),
         OnceLock::new(),
         OnceLock::new(),
         OnceLock::new(),
     ];
     let slot = (m.reference == GEMMA3.reference) as usize * 2 + (dtype == "f16") as usize;
-    let (_, v) = CELLS[slot].get_or_init(|| {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let tok = (m.reference == GEMMA3.reference).then(|| gemma_tokenizer(tmp.path()));
+    CELLS[slot].get_or_init(|| {
+        let dir = fixture_dir(&format!("{}-{dtype}", m.reference));
+        let tok = (m.reference == GEMMA3.reference).then(|| gemma_tokenizer(&dir));
         // The f32 vindex also carries every quantized tier (reported below); the f32 checks
         // request the f32 tier explicitly.
         let quant = if dtype == "f32" {
@@ -66,16 +92,14 @@ fn vindex(m: &RealModel, dtype: &'static str) -> &'static Vindex {
         };
         let path = extract_with(
             &models_dir().join(m.gguf),
-            tmp.path(),
+            &dir,
             m.reference,
             dtype,
             tok,
             quant,
         );
-        let v = Vindex::open(&path).expect("open vindex");
-        (tmp, v)
-    });
-    v
+        Vindex::open(&path).expect("open vindex")
+    })
 }
 
 struct Prompt {
