@@ -6,9 +6,11 @@
 #
 # Usage: scripts/bench-vs-llamacpp.sh [-p 512] [-n 128] [-r 3] [-t "1 2"]
 # Env: INFER_CACHE (default ~/.cache/infer), LLAMA_CPP_BIN (a folder with llama-bench and
-# llama-quantize, to skip the build).
+# llama-quantize, to skip the build), LLAMA_CPP_SRC (an unpacked vendor/llama.cpp, to skip the fetch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/llamacpp.sh
+source scripts/lib/llamacpp.sh
 P=512 N=128 R=3 THREADS="1 2"
 while getopts "p:n:r:t:" o; do
   case $o in p) P=$OPTARG ;; n) N=$OPTARG ;; r) R=$OPTARG ;; t) THREADS=$OPTARG ;; *) exit 2 ;; esac
@@ -20,12 +22,10 @@ bash scripts/fetch-models.sh "$cache" >/dev/null
 
 bin="${LLAMA_CPP_BIN:-}"
 if [ -z "$bin" ]; then
-  src="$peers/llama_cpp_python-0.3.36/vendor/llama.cpp"
+  src=$(llamacpp_src "$peers")
   bin="$src/build/bin"
   if [ ! -x "$bin/llama-bench" ]; then
     echo "building llama.cpp (about 10 minutes on 2 cores)" >&2
-    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d "$peers"
-    tar -xzf "$peers/llama_cpp_python-0.3.36.tar.gz" -C "$peers"
     command -v cmake >/dev/null || python3 -m pip install --quiet cmake
     cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >/dev/null

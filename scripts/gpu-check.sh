@@ -20,6 +20,14 @@
 #                                # cuda_real_model (greedy tokens and pp/tg speed, CPU vs CUDA),
 #                                # then with the carried `infer`: extract a q4k vindex, greedy text
 #                                # and `infer bench` with --device cpu and --device cuda
+#   scripts/gpu-check.sh skel GGUF...  # here: header-only copies (metadata + tensor table, a few
+#                                # MB) of GGUFs into .gpu/skel, with this machine's `infer synth`
+#   scripts/gpu-check.sh synth [prep]  # on the GPU machine (carry .gpu/bin and .gpu/skel): random
+#                                # weights of each skeleton's shapes and ggml types (`infer
+#                                # synth`), a q4k vindex of each, `infer bench` with the device
+#                                # decoder and with --host-loop, and llama.cpp's CUDA llama-bench
+#                                # on the same GGUF when scripts/gpu-llamacpp.sh has built it;
+#                                # `prep`: only make the files (no timing)
 #   scripts/gpu-check.sh         # build + run, where cargo and a GPU are on one machine
 #
 # Full logs go to $OUT/gpu-check.log when OUT is set (the device tool), else .gpu/gpu-check.log.
@@ -173,11 +181,49 @@ What is the capital of France?<|im_end|>
     done
 }
 
+skel() {
+    local infer="${INFER_BIN:-target/release/infer}" g
+    [[ -x "$infer" ]] || { echo "gpu-check: no $infer (cargo build --release)" >&2; exit 1; }
+    mkdir -p "$GPU_DIR/skel"
+    for g in "$@"; do
+        "$infer" synth --like "$g" --header-only -o "$GPU_DIR/skel/$(basename "$g")" --force
+    done
+    du -sh "$GPU_DIR/skel"/*
+}
+
+# Same-file speed comparison on synthesised weights (see the header).
+synth() {
+    local log work=/tmp/infer-synth s name g v
+    log=$(log_path gpu-synth.log)
+    find_libs
+    mkdir -p "$work"
+    for s in "$GPU_DIR"/skel/*.gguf; do
+        name=$(basename "$s" .gguf)
+        g="$work/$name.gguf"
+        v="$work/$name.vindex"
+        [[ -f "$g" ]] || "$BIN/infer" synth --like "$s" -o "$g" 2>&1 | tail -2 | tee -a "$log"
+        [[ -d "$v" ]] || "$BIN/infer" extract "$g" -o "$v" --quant q4k --no-tokenizer 2>&1 | tail -2 | tee -a "$log"
+        [[ "${1:-}" == prep ]] && continue
+        echo "== $name: infer bench --device cuda (device decoder, then --host-loop)" | tee -a "$log"
+        "$BIN/infer" bench "$v" --device cuda -p 128 -n 64 -r 5 2>&1 | tee -a "$log" || true
+        "$BIN/infer" bench "$v" --device cuda -p 128 -n 64 -r 5 --json 2>&1 | tee -a "$log" || true
+        "$BIN/infer" bench "$v" --device cuda --host-loop -p 0 -n 64 -r 3 2>&1 | tee -a "$log" || true
+        if [[ -x /tmp/llama-build/bin/llama-bench ]]; then
+            echo "== $name: llama.cpp CUDA llama-bench" | tee -a "$log"
+            bash scripts/gpu-llamacpp.sh bench "$g" 2>&1 | tee -a "$log" || true
+        else
+            echo "== $name: llama-bench not built (scripts/gpu-llamacpp.sh start)" | tee -a "$log"
+        fi
+    done
+}
+
 case "$mode" in
 build) build ;;
 run) run ;;
 split) split_model "${2:?usage: $0 split GGUF}" ;;
 model) model ;;
+skel) shift; skel "$@" ;;
+synth) synth "${2:-}" ;;
 all) build && run ;;
-*) echo "usage: $0 [build|run|split GGUF|model]" >&2; exit 2 ;;
+*) echo "usage: $0 [build|run|split GGUF|model|skel GGUF...|synth]" >&2; exit 2 ;;
 esac

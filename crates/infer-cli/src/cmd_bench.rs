@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use infer_inference::forward::Logits;
+use infer_inference::TokenRunner;
 use infer_vindex::Vindex;
 
 use crate::device_args::DeviceArgs;
@@ -108,6 +109,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .map(|i| ((i * 2654435761 + 12345) % vocab) as u32)
         .collect();
 
+    let mut runner = TokenRunner::new(&model, &*backend, ctx, !args.device.host_loop)?;
+    let decode = crate::device_args::decode_mode(&runner, &args.device);
+    let mut logits = Vec::new();
+    if runner.on_device() {
+        // Warm-up (untimed): the first device step records the CUDA graph.
+        let mut cache = model.new_cache(ctx);
+        runner.forward_into(&ids[..1], &mut cache, Logits::Last, &mut logits)?;
+    }
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     // Walk-FFN time per decoded token (all layers), from the process-wide walk FFN clock.
@@ -116,7 +125,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if args.n_prompt > 0 {
             let mut cache = model.new_cache(ctx);
             let t0 = Instant::now();
-            model.forward(&*backend, &ids[..args.n_prompt], &mut cache, Logits::Last)?;
+            runner.forward_into(&ids[..args.n_prompt], &mut cache, Logits::Last, &mut logits)?;
             pp.push(args.n_prompt as f64 / t0.elapsed().as_secs_f64());
         }
         if args.n_gen > 0 {
@@ -125,7 +134,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let ffn0 = infer_inference::walk::walk_ffn_nanos();
             let t0 = Instant::now();
             for _ in 0..args.n_gen {
-                let logits = model.forward(&*backend, &[tok], &mut cache, Logits::Last)?;
+                runner.forward_into(&[tok], &mut cache, Logits::Last, &mut logits)?;
                 tok = infer_inference::sampling::argmax(&logits);
             }
             tg.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
@@ -150,6 +159,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "vindex": name,
             "model_type": model.arch.config().model_type,
             "threads": threads,
+            "device": args.device.device.to_string(),
+            "decode": decode,
             "n_prompt": args.n_prompt,
             "n_gen": args.n_gen,
             "repetitions": args.repetitions,
@@ -165,6 +176,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         });
         crate::print_stdout(&format!("{j}\n"));
     } else {
+        println!("{decode}");
         println!("| vindex | threads | test | tokens/s |");
         println!("|---|---|---|---|");
         if let Some(v) = pp_med {

@@ -286,6 +286,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         bail!("the prompt is empty: give some text to continue");
     }
     let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
+    args.sampling
+        .device
+        .prepare(&mut gen, args.sampling.explain)?;
     let mut sampler = Sampler::new(args.sampling.params());
     let opts = GenerateOptions {
         max_tokens: args.sampling.n,
@@ -336,6 +339,9 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let template = chat_template(&l.vindex, &l.tokenizer)
         .with_context(|| format!("{}: chat template", args.vindex.display()))?;
     let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
+    args.sampling
+        .device
+        .prepare(&mut gen, args.sampling.explain)?;
     let mut sampler = Sampler::new(args.sampling.params());
     let opts = GenerateOptions {
         max_tokens: args.sampling.n,

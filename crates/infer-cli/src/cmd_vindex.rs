@@ -107,9 +107,10 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// On Ctrl-C, remove this process's temp build directory before exiting (a SIGKILL leaves it;
-/// the next build of the same target removes it).
-fn install_interrupt_cleanup(target: &std::path::Path) {
+/// On Ctrl-C or SIGTERM, remove this process's temp build directory (or file: `infer synth`
+/// stages its output under the same name) before exiting (a SIGKILL leaves it; the next build
+/// of the same target removes it).
+pub(crate) fn install_interrupt_cleanup(target: &std::path::Path) {
     let Some(name) = target.file_name().and_then(|n| n.to_str()) else {
         return;
     };
@@ -119,7 +120,7 @@ fn install_interrupt_cleanup(target: &std::path::Path) {
     };
     let tmp = parent.join(infer_vindex::files::temp_dir_name(name, std::process::id()));
     let _ = ctrlc::set_handler(move || {
-        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = std::fs::remove_dir_all(&tmp).or_else(|_| std::fs::remove_file(&tmp));
         eprintln!("interrupted; removed {}", tmp.display());
         std::process::exit(130);
     });

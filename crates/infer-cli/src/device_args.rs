@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use anyhow::Result;
 use infer_compute::{ComputeBackend, CpuBackend};
+use infer_inference::{Generator, TokenRunner};
 
 /// The error of `--device cuda` in a binary built without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
@@ -51,14 +52,32 @@ impl fmt::Display for Device {
 /// The `--device` option (flattened into each inference command's arguments).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct DeviceArgs {
-    /// Compute device for the matrix products: cpu, cuda (the first GPU) or cuda:N. CUDA needs
-    /// a binary built with `--features cuda`, an NVIDIA driver and NVRTC (libnvrtc.so) on the
-    /// loader path; attention and the other vector steps stay on the CPU.
+    /// Compute device: cpu, cuda (the first GPU) or cuda:N. CUDA needs a binary built with
+    /// `--features cuda`, an NVIDIA driver and NVRTC (libnvrtc.so) on the loader path. On CUDA
+    /// each decoded token runs wholly on the GPU (weights, KV cache and activations resident,
+    /// one CUDA graph per token) when the model's layers allow it (`--explain` says); prompts
+    /// run the CPU forward loop with the matrix products on the GPU.
     #[arg(long, default_value = "cpu", value_parser = Device::from_str)]
     pub device: Device,
+    /// Decode through the CPU forward loop with the device's matrix products even where the
+    /// device could run whole tokens (for comparison).
+    #[arg(long)]
+    pub host_loop: bool,
 }
 
 impl DeviceArgs {
+    /// Set up `gen`'s forward passes for this device (uploads the weights when the device
+    /// decodes whole tokens) and, with `explain`, say on stderr how tokens are decoded.
+    /// Errors: the device fails while setting up.
+    pub fn prepare(&self, gen: &mut Generator<'_, '_>, explain: bool) -> Result<()> {
+        gen.device_decode = !self.host_loop;
+        let runner = gen.runner()?;
+        if explain {
+            eprintln!("{}", decode_mode(runner, self));
+        }
+        Ok(())
+    }
+
     /// The backend of the chosen device. Errors: `cuda` in a build without the `cuda`
     /// feature ([`NO_CUDA`]), or a CUDA device that cannot be opened (no driver, no NVRTC, no
     /// such GPU; the message says which).
@@ -81,6 +100,26 @@ fn cuda_backend(ordinal: usize) -> Result<Box<dyn ComputeBackend>> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_backend(_ordinal: usize) -> Result<Box<dyn ComputeBackend>> {
     anyhow::bail!(NO_CUDA)
+}
+
+/// `decode: …` line of `--explain`: where single tokens run.
+pub fn decode_mode(runner: &TokenRunner<'_, '_>, args: &DeviceArgs) -> String {
+    if runner.on_device() {
+        return format!(
+            "decode: whole tokens on {} (weights, KV cache and activations resident, one CUDA \
+             graph per token)",
+            args.device
+        );
+    }
+    match (&runner.host_reason, args.device, args.host_loop) {
+        (_, Device::Cpu, _) => "decode: CPU forward loop".into(),
+        (_, d, true) => format!("decode: CPU forward loop with the products on {d} (--host-loop)"),
+        (Some(why), d, false) => format!(
+            "decode: CPU forward loop with the products on {d} (the device decoder does not \
+             cover {why})"
+        ),
+        (None, d, false) => format!("decode: CPU forward loop with the products on {d}"),
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ mod cmd_inspect;
 mod cmd_perplexity;
 mod cmd_quant_stats;
 mod cmd_run;
+mod cmd_synth;
 mod cmd_vindex;
 mod cmd_walk;
 mod device_args;
@@ -51,6 +52,9 @@ enum Command {
     /// tokens each one writes (from down_meta.bin: `infer extract --down-meta`).
     #[command(allow_negative_numbers = true)]
     Walk(cmd_walk::WalkArgs),
+    /// Random weights of a real model's shapes and formats (GGUF header or HF config.json),
+    /// for benchmarks without the real weights.
+    Synth(cmd_synth::SynthArgs),
 }
 
 /// Write to stdout; a closed pipe (`infer inspect … | head`) ends quietly, any other write
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd_bench::run(a),
         Command::Perplexity(a) => cmd_perplexity::run(a),
         Command::Walk(a) => cmd_walk::run(a),
+        Command::Synth(a) => cmd_synth::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

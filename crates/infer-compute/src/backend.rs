@@ -203,6 +203,19 @@ pub trait ComputeBackend: Send + Sync {
     ) -> Result<(), ComputeError> {
         crate::q8_split::q8_matmul(values, scales, x, m, rows, cols, y)
     }
+
+    /// A device-resident whole-token decoder for `plan` (the seed's `decode_token`): weights,
+    /// KV cache and activations stay on the device and one token costs one upload of its id and
+    /// one download of the logits. `Ok(None)` (the default, and the CPU backend): no such
+    /// decoder; the caller runs its host forward loop with this backend's products. Errors: the
+    /// plan is malformed (shapes, formats) or the device fails.
+    fn token_decoder<'s>(
+        &'s self,
+        plan: &crate::DecodePlan<'_>,
+    ) -> Result<Option<Box<dyn crate::TokenDecoder + 's>>, ComputeError> {
+        let _ = plan;
+        Ok(None)
+    }
 }
 
 /// Shape check shared by every backend's f32/f16 products: panic unless `a` is `[m, k]`, `b` holds `n·k` values and `c` is `[m, n]`.

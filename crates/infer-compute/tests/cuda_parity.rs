@@ -544,3 +544,15 @@ fn missing_device_is_an_error() {
         other => panic!("expected ComputeError::Device, got {other:?}"),
     }
 }
+
+/// Runs everywhere (CPU CI included, where scripts/test.sh puts NVRTC from the
+/// `nvidia-cuda-nvrtc` wheel on LD_LIBRARY_PATH): every kernel of kernels.cu and decode.cu
+/// compiles for compute_90 (H100/H200), so a kernel that does not compile fails here and not
+/// first on the GPU machine.
+#[test]
+fn kernels_compile_with_nvrtc() {
+    let ptx = infer_compute::cuda::check_kernels_compile()
+        .unwrap_or_else(|e| panic!("{e} (scripts/fetch-nvrtc.sh fetches it)"));
+    assert!(ptx > 10_000, "PTX of {ptx} bytes");
+    println!("kernels.cu + decode.cu: {ptx} bytes of PTX for compute_90");
+}

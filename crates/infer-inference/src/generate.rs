@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use infer_compute::ComputeBackend;
 
-use crate::{InferenceError, KvCache, Model, Sampler, TextStreamer, Tokenizer};
+use crate::forward::Logits;
+use crate::{InferenceError, KvCache, Model, Sampler, TextStreamer, TokenRunner, Tokenizer};
 
 /// Generation limits and stop conditions.
 #[derive(Clone, Debug, Default)]
@@ -52,12 +53,18 @@ impl GenerationStats {
     }
 }
 
-/// Runs a [`Model`] with a KV cache, a sampler and a tokenizer.
+/// Runs a [`Model`] with a KV cache, a sampler and a tokenizer. Forward passes go through a
+/// [`TokenRunner`] (the backend's device-resident decoder for single tokens when it has one),
+/// made on the first [`Generator::generate`].
 pub struct Generator<'m, 'a> {
     pub model: &'m Model<'a>,
     pub backend: &'m dyn ComputeBackend,
     pub tokenizer: &'m Tokenizer,
     pub cache: KvCache,
+    /// Use the backend's device-resident decoder when it has one (default true; false runs
+    /// every pass through the host loop).
+    pub device_decode: bool,
+    runner: Option<TokenRunner<'m, 'a>>,
 }
 
 impl<'m, 'a> Generator<'m, 'a> {
@@ -72,6 +79,26 @@ impl<'m, 'a> Generator<'m, 'a> {
             backend,
             tokenizer,
             cache: model.new_cache(context),
+            device_decode: true,
+            runner: None,
+        }
+    }
+
+    /// The runner of this generator's forward passes (made on first use: uploads the weights
+    /// when the backend has a device decoder). Errors: device failures.
+    pub fn runner(&mut self) -> Result<&mut TokenRunner<'m, 'a>, InferenceError> {
+        if self.runner.is_none() {
+            let r = TokenRunner::new(
+                self.model,
+                self.backend,
+                self.cache.capacity(),
+                self.device_decode,
+            )?;
+            self.runner = Some(r);
+        }
+        match self.runner.as_mut() {
+            Some(r) => Ok(r),
+            None => unreachable!("runner set above"),
         }
     }
 
@@ -91,8 +118,14 @@ impl<'m, 'a> Generator<'m, 'a> {
         }
         self.cache.check_room(prompt.len())?;
         let mut history: Vec<u32> = prompt.to_vec();
+        self.runner()?;
+        let Generator { cache, runner, .. } = self;
+        let Some(runner) = runner.as_mut() else {
+            unreachable!("runner made above")
+        };
         let t0 = Instant::now();
-        let mut logits = self.model.prefill(self.backend, prompt, &mut self.cache)?;
+        let mut logits = Vec::new();
+        runner.forward_into(prompt, cache, Logits::Last, &mut logits)?;
         let prefill_time = t0.elapsed();
         let t1 = Instant::now();
         let mut streamer = TextStreamer::new(self.tokenizer);
@@ -122,17 +155,11 @@ impl<'m, 'a> Generator<'m, 'a> {
             if tokens.len() >= opts.max_tokens {
                 break StopReason::MaxTokens;
             }
-            if self.cache.check_room(1).is_err() {
+            if cache.check_room(1).is_err() {
                 break StopReason::ContextFull;
             }
             // Reuses the logits buffer: no allocation per decoded token in this crate.
-            self.model.forward_into(
-                self.backend,
-                &[next],
-                &mut self.cache,
-                crate::forward::Logits::Last,
-                &mut logits,
-            )?;
+            runner.forward_into(&[next], cache, Logits::Last, &mut logits)?;
         };
         if stop != StopReason::StopString {
             out.flush(&mut on_text);

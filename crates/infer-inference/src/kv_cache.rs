@@ -72,6 +72,25 @@ impl KvCache {
         Ok((&self.k[layer][..end], &self.v[layer][..end]))
     }
 
+    /// K and V rows of `layer` for positions `start..end` (`[end − start, kv_dim]` each).
+    /// Panics if `start > end` or `end` exceeds the capacity.
+    pub fn rows(&self, layer: usize, start: usize, end: usize) -> (&[f32], &[f32]) {
+        let d = self.kv_dims[layer];
+        (
+            &self.k[layer][start * d..end * d],
+            &self.v[layer][start * d..end * d],
+        )
+    }
+
+    /// [`KvCache::rows`], writable (to copy rows in from a device cache).
+    pub fn rows_mut(&mut self, layer: usize, start: usize, end: usize) -> (&mut [f32], &mut [f32]) {
+        let d = self.kv_dims[layer];
+        (
+            &mut self.k[layer][start * d..end * d],
+            &mut self.v[layer][start * d..end * d],
+        )
+    }
+
     /// Commit `n` positions written to every layer.
     pub fn advance(&mut self, n: usize) {
         self.len = (self.len + n).min(self.capacity);

@@ -3,6 +3,7 @@
 //! tokenizer and chat templates, and the generation loop.
 
 pub mod chat;
+pub mod device_decode;
 pub mod error;
 pub mod forward;
 pub mod generate;
@@ -18,6 +19,7 @@ pub mod walk;
 pub mod walk_k;
 mod walk_sparse;
 
+pub use device_decode::TokenRunner;
 pub use error::InferenceError;
 pub use generate::{GenerateOptions, GenerationStats, Generator, StopReason};
 pub use kv_cache::KvCache;

@@ -17,6 +17,13 @@
 //!   Greedy (argmax) tokens must agree at every position whose CPU top-1/top-2 margin exceeds
 //!   0.1 × std.
 //!
+//! - Device-resident decoder (`TokenRunner`, CUDA graph per token) on the quantized plan:
+//!   sequence 0 as prefill of a quarter, single tokens to the half, a two-token host pass (K/V
+//!   copied back from the device), single tokens to the end; every call's last logits against
+//!   the CPU host loop's for the same calls, with the quantized bound above. Every case whose
+//!   model has a decode plan must run on the device (llama and gemma3 must have one); the others
+//!   print why they run the host loop.
+//!
 //! The tests need a CUDA device and are `#[ignore]`d; `scripts/gpu-check.sh` runs them (it copies
 //! the archrefs folders next to the test binary and sets `INFER_SHARED`).
 
@@ -29,7 +36,7 @@ use infer_compute::cuda::CudaBackend;
 use infer_compute::{ComputeBackend, CpuBackend};
 use infer_inference::forward::Logits;
 use infer_inference::sampling::argmax;
-use infer_inference::{AttnChoice, FfnChoice, FormatRequest, LmHeadChoice, Model};
+use infer_inference::{AttnChoice, FfnChoice, FormatRequest, LmHeadChoice, Model, TokenRunner};
 use infer_vindex::Vindex;
 
 /// Float tier vs HF and vs the CPU backend: max |Δ| ≤ TOL_FLOAT × std (as tests/archrefs.rs).
@@ -86,6 +93,40 @@ fn decode_logits(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -> Ve
             .forward(backend, &[tok], &mut cache, Logits::Last)
             .expect("decode");
         out.extend_from_slice(&l);
+    }
+    out
+}
+
+/// Sequence `seq` as calls of these lengths: a quarter, single tokens to the half, two tokens,
+/// single tokens to the end. Returns each call's last logits, `[calls, vocab]`.
+fn chunked_logits(
+    model: &Model,
+    backend: &dyn ComputeBackend,
+    seq: &[u32],
+    device: bool,
+) -> Vec<f32> {
+    let t = seq.len();
+    let (q, h) = ((t / 4).max(1), t / 2);
+    let mut sizes = vec![q];
+    sizes.extend(std::iter::repeat(1).take(h.saturating_sub(q)));
+    sizes.push(2);
+    let used: usize = sizes.iter().sum();
+    sizes.extend(std::iter::repeat(1).take(t - used));
+    let mut cache = model.new_cache(t);
+    let mut runner = TokenRunner::new(model, backend, t, true).expect("runner");
+    if device {
+        assert!(
+            runner.on_device(),
+            "the CUDA backend must run this model's single tokens on the device decoder"
+        );
+    }
+    let (mut out, mut logits, mut at) = (Vec::new(), Vec::new(), 0);
+    for n in sizes {
+        runner
+            .forward_into(&seq[at..at + n], &mut cache, Logits::Last, &mut logits)
+            .unwrap_or_else(|e| panic!("forward at {at} on {}: {e}", backend.name()));
+        out.extend_from_slice(&logits);
+        at += n;
     }
     out
 }
@@ -195,6 +236,22 @@ fn check_case(case: &str, gpu: &CudaBackend) {
         );
     }
     println!("cuda archrefs {case}: quantized greedy tokens equal at {compared} positions ({skipped} below margin)");
+
+    // The device-resident decoder where the model has a decode plan.
+    match model.decode_plan(t) {
+        Err(why) => {
+            assert!(
+                !matches!(case, "llama" | "gemma3"),
+                "{case} must have a decode plan: {why}"
+            );
+            println!("cuda archrefs {case}: device decoder not used ({why})");
+        }
+        Ok(_) => {
+            let gd = chunked_logits(&model, gpu, &ids[..t], true);
+            let cd = chunked_logits(&model, &cpu, &ids[..t], false);
+            ratio_quant("device decoder vs CPU", case, &gd, &cd, vocab, sq);
+        }
+    }
 }
 
 #[test]

@@ -9,8 +9,9 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::ComputeError;
 
-/// The kernel source (CUDA C++ for NVRTC, no headers).
-pub(super) const KERNELS_CU: &str = include_str!("kernels.cu");
+/// The kernel source (CUDA C++ for NVRTC, no headers): the products, then the whole-token
+/// decode kernels, which use the products' helpers.
+pub(super) const KERNELS_CU: &str = concat!(include_str!("kernels.cu"), include_str!("decode.cu"));
 
 /// Warps (= weight rows) per block of the mat-vec kernels; `ROWS_PER_BLOCK` in `kernels.cu`.
 pub(super) const ROWS_PER_BLOCK: usize = 8;
@@ -53,6 +54,13 @@ pub(super) struct Kernels {
     pub gemm_nt_f16: CudaFunction,
     pub gemm_nn_f16: CudaFunction,
     pub noop: CudaFunction,
+    pub dec_embed_f32: CudaFunction,
+    pub dec_embed_f16: CudaFunction,
+    pub dec_residual_norm: CudaFunction,
+    pub dec_qk_rope_store: CudaFunction,
+    pub dec_attention: CudaFunction,
+    pub dec_act: CudaFunction,
+    pub dec_logits_post: CudaFunction,
 }
 
 /// One device: its context, the stream every call runs on, and the compiled kernels.
@@ -111,15 +119,14 @@ impl Device {
             ));
         }
         let ctx = drv("create context", CudaContext::new(ordinal))?;
+        // Every stream is synchronised explicitly (each product waits for its result; the
+        // decoder waits for weight uploads), and cudarc's per-buffer events would be recorded
+        // inside CUDA graph captures, where waiting on them is not allowed.
+        // SAFETY: called before any buffer or stream of this context exists.
+        unsafe { ctx.disable_event_tracking() };
         let name = drv("device name", ctx.name())?;
         let cc = drv("compute capability", ctx.compute_capability())?;
-        let opts = CompileOptions {
-            arch: arch_for(cc),
-            name: Some("infer_kernels.cu".into()),
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(KERNELS_CU, opts)
-            .map_err(|e| dev_err(format!("NVRTC failed to compile kernels.cu: {e}")))?;
+        let ptx = compile(arch_for(cc))?;
         let module = drv("load the kernel module", ctx.load_module(ptx))?;
         let f = |n: &str| drv(&format!("kernel {n}"), module.load_function(n));
         let k = Kernels {
@@ -138,6 +145,13 @@ impl Device {
             gemm_nt_f16: f("gemm_nt_f16")?,
             gemm_nn_f16: f("gemm_nn_f16")?,
             noop: f("noop")?,
+            dec_embed_f32: f("dec_embed_f32")?,
+            dec_embed_f16: f("dec_embed_f16")?,
+            dec_residual_norm: f("dec_residual_norm")?,
+            dec_qk_rope_store: f("dec_qk_rope_store")?,
+            dec_attention: f("dec_attention")?,
+            dec_act: f("dec_act")?,
+            dec_logits_post: f("dec_logits_post")?,
         };
         let stream = ctx.default_stream();
         Ok(Device {
@@ -148,6 +162,31 @@ impl Device {
             cc,
         })
     }
+}
+
+/// Compile the kernels with NVRTC for virtual architecture `arch` (e.g. `compute_90`; `None`:
+/// NVRTC's default). Errors: NVRTC's log on a compile error.
+pub(super) fn compile(arch: Option<&'static str>) -> Result<cudarc::nvrtc::Ptx, ComputeError> {
+    let opts = CompileOptions {
+        arch,
+        name: Some("infer_kernels.cu".into()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(KERNELS_CU, opts)
+        .map_err(|e| dev_err(format!("NVRTC failed to compile kernels.cu: {e}")))
+}
+
+/// Compile every kernel with NVRTC for the H100/H200 (`compute_90`) without touching a GPU:
+/// needs only `libnvrtc.so` (e.g. from the `nvidia-cuda-nvrtc` wheel). Returns the PTX size in
+/// bytes. Errors: NVRTC missing, or its compile log.
+pub fn check_kernels_compile() -> Result<usize, ComputeError> {
+    // SAFETY: only tries to dlopen the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(dev_err(
+            "NVRTC (libnvrtc.so) was not found: put its folder on LD_LIBRARY_PATH",
+        ));
+    }
+    Ok(compile(Some("compute_90"))?.to_src().len())
 }
 
 /// A dimension as the kernels' `int`. Errors when it does not fit (> 2³¹ − 1).

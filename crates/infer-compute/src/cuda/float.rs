@@ -42,7 +42,7 @@ pub(super) fn product(
         c.fill(0.0);
         return Ok(());
     }
-    let State { dev, cache, s } = st;
+    let State { dev, cache, s, .. } = st;
     let w = cache.get(&dev.stream, b)?;
     upload_x(dev, s, a)?;
     s.y.at_least(&dev.stream, m * n)?;

@@ -16,10 +16,14 @@
 //!   Σ|terms|; the parity tests allow 1e-5).
 //! - Fused products ([`ComputeBackend::quant_matmul_many`]: QKV, gate+up) upload and quantize the
 //!   activations once per activation format and return all outputs after one synchronisation.
-//! - One stream, calls serialised by a mutex.
+//! - One stream for the products, calls serialised by a mutex.
+//! - [`ComputeBackend::token_decoder`] returns a device-resident whole-token decoder
+//!   (`decode.rs`): weights from the same cache, the KV cache and activations on the device, one
+//!   CUDA graph replay per token on its own stream.
 
 mod bench;
 mod cache;
+mod decode;
 mod device;
 mod float;
 mod quant;
@@ -30,12 +34,13 @@ use half::f16;
 use infer_quant::QuantFormat;
 
 use crate::backend::check_product;
-use crate::{ComputeBackend, ComputeError, QuantProj};
+use crate::{ComputeBackend, ComputeError, DecodePlan, QuantProj, TokenDecoder};
 use cache::{Scratch, WeightCache};
 use device::Device;
 use float::WType;
 
 pub use bench::KernelTime;
+pub use device::check_kernels_compile;
 
 /// Device state behind the backend's mutex.
 #[derive(Debug)]
@@ -43,6 +48,8 @@ struct State {
     dev: Device,
     cache: WeightCache,
     s: Scratch,
+    /// Incremented by [`CudaBackend::clear_weight_cache`]: decoders made before refuse to run.
+    generation: u64,
 }
 
 /// [`ComputeBackend`] on one CUDA device. See the [module docs](self) for numerics and caching.
@@ -70,6 +77,7 @@ impl CudaBackend {
                 dev,
                 cache: WeightCache::default(),
                 s,
+                generation: 0,
             }),
             name,
         })
@@ -83,7 +91,9 @@ impl CudaBackend {
 
     /// Drop every cached device copy of a weight (after weight buffers were rewritten in place).
     pub fn clear_weight_cache(&self) {
-        self.lock().cache.clear();
+        let mut st = self.lock();
+        st.cache.clear();
+        st.generation += 1;
     }
 
     /// Bytes of weights currently resident on the device.
@@ -194,5 +204,12 @@ impl ComputeBackend for CudaBackend {
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
         quant::q8_matmul(&mut self.lock(), values, scales, x, m, rows, cols, y)
+    }
+
+    fn token_decoder<'s>(
+        &'s self,
+        plan: &DecodePlan<'_>,
+    ) -> Result<Option<Box<dyn TokenDecoder + 's>>, ComputeError> {
+        Ok(Some(Box::new(decode::CudaDecoder::new(self, plan)?)))
     }
 }

@@ -181,7 +181,7 @@ pub(super) fn quant_matmul(
         y.fill(0.0);
         return Ok(());
     }
-    let State { dev, cache, s } = st;
+    let State { dev, cache, s, .. } = st;
     let w = cache.get(&dev.stream, bytes)?;
     upload_x(dev, s, x)?;
     s.y.at_least(&dev.stream, m * rows)?;
@@ -215,7 +215,7 @@ pub(super) fn quant_matmul_many(
         }
         return Ok(());
     }
-    let State { dev, cache, s } = st;
+    let State { dev, cache, s, .. } = st;
     for p in projs.iter().filter(|p| p.rows > 0) {
         cache.get(&dev.stream, p.bytes)?;
     }
@@ -273,7 +273,7 @@ pub(super) fn q8_matmul(
         y.fill(0.0);
         return Ok(());
     }
-    let State { dev, cache, s } = st;
+    let State { dev, cache, s, .. } = st;
     // Two cache entries: upload both, then borrow both (the map is not touched in between).
     cache.get(&dev.stream, values)?;
     cache.get(&dev.stream, super::cache::as_bytes(scales))?;

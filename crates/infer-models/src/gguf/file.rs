@@ -80,14 +80,14 @@ impl std::fmt::Debug for GgufFile {
 }
 
 /// Everything parsed from the header, before it is tied to a memory map.
-struct Parsed {
-    version: u32,
-    metadata: Vec<(String, GgufValue)>,
+pub(super) struct Parsed {
+    pub(super) version: u32,
+    pub(super) metadata: Vec<(String, GgufValue)>,
     meta_index: HashMap<String, usize>,
-    tensors: Vec<GgufTensorInfo>,
+    pub(super) tensors: Vec<GgufTensorInfo>,
     tensor_index: HashMap<String, usize>,
-    alignment: usize,
-    data_start: usize,
+    pub(super) alignment: usize,
+    pub(super) data_start: usize,
 }
 
 fn bad(path: &Path, msg: impl Into<String>) -> ModelError {
@@ -99,6 +99,14 @@ fn bad(path: &Path, msg: impl Into<String>) -> ModelError {
 
 /// Parse and validate the header, metadata and tensor infos of `bytes` (a whole GGUF file).
 fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, ModelError> {
+    let p = parse_header(path, bytes)?;
+    check_data_ranges(path, bytes.len(), &p)?;
+    Ok(p)
+}
+
+/// Parse and validate the header, metadata and tensor infos at the start of `bytes`, without
+/// requiring the data section to be present (a file may end right after the tensor table).
+pub(super) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Parsed, ModelError> {
     let mut c = Cursor::new(bytes, path);
     let magic = c.take(4, "magic")?;
     if magic != MAGIC {
@@ -183,23 +191,6 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, ModelError> {
 
     let header_end = c.pos();
     let data_start = header_end.div_ceil(alignment) * alignment;
-    for t in &tensors {
-        let end = data_start
-            .checked_add(t.offset)
-            .and_then(|s| s.checked_add(t.n_bytes));
-        match end {
-            Some(end) if end <= bytes.len() => {}
-            _ => {
-                return Err(bad(
-                    path,
-                    format!(
-                        "tensor '{}': data at offset {} (+{} data start) with {} bytes runs past the end of the file ({} bytes)",
-                        t.name, t.offset, data_start, t.n_bytes, bytes.len()
-                    ),
-                ))
-            }
-        }
-    }
     Ok(Parsed {
         version,
         metadata,
@@ -209,6 +200,29 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, ModelError> {
         alignment,
         data_start,
     })
+}
+
+/// Every tensor's data range lies inside a file of `file_len` bytes.
+fn check_data_ranges(path: &Path, file_len: usize, p: &Parsed) -> Result<(), ModelError> {
+    let data_start = p.data_start;
+    for t in &p.tensors {
+        let end = data_start
+            .checked_add(t.offset)
+            .and_then(|s| s.checked_add(t.n_bytes));
+        match end {
+            Some(end) if end <= file_len => {}
+            _ => {
+                return Err(bad(
+                    path,
+                    format!(
+                        "tensor '{}': data at offset {} (+{} data start) with {} bytes runs past the end of the file ({} bytes)",
+                        t.name, t.offset, data_start, t.n_bytes, file_len
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Read the rest of one tensor info (after its name) and check dims, type and offset.

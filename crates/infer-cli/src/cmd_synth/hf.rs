@@ -1,0 +1,285 @@
+//! `infer synth --like config.json`: a Hugging Face folder with random weights of every tensor
+//! the config's architecture loads, named and shaped as the checkpoint stores them.
+//!
+//! Names and shapes come from [`ModelArchitecture`]'s canonical keys (the ones `infer extract`
+//! looks up), mapped back to the family's checkpoint names where they differ (StarCoder2 `c_fc`,
+//! Mixtral `block_sparse_moe`, phi `dense`/`fc1`/`fc2`); every mapped name is checked to map
+//! forward to its key again. Families that store fused or transposed tensors (gpt2, gpt_neox,
+//! phi3) are refused.
+
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::bail;
+use infer_models::arch::TensorTransform;
+use infer_models::{architecture_for, ModelArchitecture, ModelConfig};
+use rayon::prelude::*;
+
+use super::random::{fill_row, Fill};
+
+/// Stored dtype of the safetensors file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StDtype {
+    F32,
+    Bf16,
+}
+
+impl std::str::FromStr for StDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(StDtype::F32),
+            "bf16" => Ok(StDtype::Bf16),
+            _ => Err(format!("unknown dtype '{s}' (f32 or bf16)")),
+        }
+    }
+}
+
+impl StDtype {
+    fn bytes(self) -> usize {
+        match self {
+            StDtype::F32 => 4,
+            StDtype::Bf16 => 2,
+        }
+    }
+    fn tag(self) -> &'static str {
+        match self {
+            StDtype::F32 => "F32",
+            StDtype::Bf16 => "BF16",
+        }
+    }
+}
+
+/// Checkpoint tensor name → row-major shape, sorted by name.
+pub type TensorShapes = BTreeMap<String, Vec<usize>>;
+
+/// Families whose checkpoints store fused or transposed tensors this writer does not produce.
+const UNSUPPORTED: &[&str] = &["gpt2", "gpt_neox", "phi3"];
+
+/// Checkpoint name of a canonical key for families that rename modules.
+fn checkpoint_name(family: &str, key: &str) -> String {
+    let table: &[(&str, &str)] = match family {
+        "starcoder2" => &[
+            (".mlp.up_proj.", ".mlp.c_fc."),
+            (".mlp.down_proj.", ".mlp.c_proj."),
+        ],
+        "mixtral" => &[
+            (".mlp.gate.", ".block_sparse_moe.gate."),
+            (".gate_proj.", ".w1."),
+            (".up_proj.", ".w3."),
+            (".down_proj.", ".w2."),
+            (".mlp.experts.", ".block_sparse_moe.experts."),
+        ],
+        "phi" => &[
+            (".self_attn.o_proj.", ".self_attn.dense."),
+            (".mlp.up_proj.", ".mlp.fc1."),
+            (".mlp.down_proj.", ".mlp.fc2."),
+            ("model.norm.", "model.final_layernorm."),
+        ],
+        _ => &[],
+    };
+    let mut name = key.to_string();
+    for (from, to) in table {
+        name = name.replacen(from, to, 1);
+    }
+    name
+}
+
+/// Canonical keys and HF (row-major) shapes of every tensor `arch` loads.
+fn canonical_tensors(a: &dyn ModelArchitecture) -> Vec<(String, Vec<usize>)> {
+    let (h, v) = (a.hidden_size(), a.vocab_size());
+    let mut out: Vec<(String, Vec<usize>)> = vec![(a.embed_key(), vec![v, h])];
+    let norm = |out: &mut Vec<(String, Vec<usize>)>, key: Option<String>, n: usize| {
+        if let Some(k) = key {
+            if let Some(b) = a.norm_bias_key(&k) {
+                out.push((b, vec![n]));
+            }
+            out.push((k, vec![n]));
+        }
+    };
+    if let Some(k) = a.position_embed_key() {
+        out.push((k, vec![a.config().max_position_embeddings, h]));
+    }
+    norm(&mut out, Some(a.final_norm_key()), h);
+    if a.lm_head_key() != a.embed_key() {
+        out.push((a.lm_head_key(), vec![v, h]));
+    }
+    if let Some(k) = a.lm_head_bias_key() {
+        out.push((k, vec![v]));
+    }
+    for l in 0..a.num_layers() {
+        let hd = a.head_dim_for_layer(l);
+        let (q, kv) = (
+            a.num_q_heads_for_layer(l) * hd,
+            a.num_kv_heads_for_layer(l) * hd,
+        );
+        out.push((a.attn_q_key(l), vec![q, h]));
+        out.push((a.attn_k_key(l), vec![kv, h]));
+        out.push((a.attn_v_key(l), vec![kv, h]));
+        out.push((a.attn_o_key(l), vec![h, q]));
+        for (k, n) in [
+            (a.attn_q_bias_key(l), q),
+            (a.attn_k_bias_key(l), kv),
+            (a.attn_v_bias_key(l), kv),
+            (a.attn_o_bias_key(l), h),
+        ] {
+            if let Some(k) = k {
+                out.push((k, vec![n]));
+            }
+        }
+        let whole = a.qk_norm_whole_projection();
+        norm(&mut out, a.q_norm_key(l), if whole { q } else { hd });
+        norm(&mut out, a.k_norm_key(l), if whole { kv } else { hd });
+        for k in [
+            a.pre_attn_norm_key(l),
+            a.post_attn_norm_key(l),
+            a.pre_ffn_norm_key(l),
+            a.post_ffn_norm_key(l),
+        ] {
+            norm(&mut out, k, h);
+        }
+        let i = a.intermediate_size_for_layer(l);
+        let experts = a.num_experts_for_layer(l);
+        if experts > 0 {
+            if let Some(k) = a.moe_router_key(l) {
+                out.push((k, vec![experts, h]));
+            }
+            for e in 0..experts {
+                out.push((a.expert_gate_key(l, e), vec![i, h]));
+                out.push((a.expert_up_key(l, e), vec![i, h]));
+                out.push((a.expert_down_key(l, e), vec![h, i]));
+            }
+            if let (Some([g, u, d]), Some(si)) =
+                (a.shared_expert_keys(l), a.shared_expert_intermediate_size())
+            {
+                out.push((g, vec![si, h]));
+                out.push((u, vec![si, h]));
+                out.push((d, vec![h, si]));
+            }
+            if let Some(k) = a.shared_expert_gate_key(l) {
+                out.push((k, vec![1, h]));
+            }
+        } else {
+            if let Some(k) = a.ffn_gate_key(l) {
+                out.push((k, vec![i, h]));
+            }
+            out.push((a.ffn_up_key(l), vec![i, h]));
+            out.push((a.ffn_down_key(l), vec![h, i]));
+            for (k, n) in [
+                (a.ffn_gate_bias_key(l), i),
+                (a.ffn_up_bias_key(l), i),
+                (a.ffn_down_bias_key(l), h),
+            ] {
+                if let Some(k) = k {
+                    out.push((k, vec![n]));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Checkpoint names and shapes of every tensor the architecture of `config` loads, sorted by
+/// name (the order of the written safetensors file). `config_path` names the file in errors.
+///
+/// Errors: an unknown `model_type` or inconsistent config, a family storing fused/transposed
+/// tensors ([`UNSUPPORTED`]), a name that would not map back to its canonical key.
+pub fn expected_tensors(
+    config: &ModelConfig,
+    config_path: &Path,
+) -> anyhow::Result<(TensorShapes, Box<dyn ModelArchitecture>)> {
+    let arch =
+        architecture_for(config).map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
+    let family = arch.family().to_string();
+    if UNSUPPORTED.contains(&family.as_str()) {
+        bail!(
+            "{}: synth cannot write model_type '{family}' (its checkpoints store fused or transposed tensors; supported: the other model types)",
+            config_path.display()
+        );
+    }
+    let mut map = BTreeMap::new();
+    for (key, shape) in canonical_tensors(arch.as_ref()) {
+        let name = checkpoint_name(&family, &key);
+        if arch.canonical_name(&name).as_deref() != Some(key.as_str())
+            || arch.source_transform(&name) != TensorTransform::AsIs
+        {
+            bail!("internal: synth name '{name}' does not map back to '{key}' for {family}");
+        }
+        if map.insert(name.clone(), shape).is_some() {
+            bail!("internal: tensor '{name}' listed twice for {family}");
+        }
+    }
+    Ok((map, arch))
+}
+
+/// Write `model.safetensors` at `out` with random values for `tensors` (sorted by name, as
+/// listed). Norm weights are centred on `1 - norm_weight_offset` (so `1 + w` families get
+/// effective weights ≈ 1), other 1-D tensors ± 0.02, matrices N(0, 0.02).
+pub fn write_safetensors(
+    tensors: &TensorShapes,
+    norm_centre: f32,
+    dtype: StDtype,
+    seed: u64,
+    out: &Path,
+) -> anyhow::Result<u64> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut offset = 0usize;
+    for (name, shape) in tensors {
+        let n: usize = shape.iter().product::<usize>() * dtype.bytes();
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype.tag(), "shape": shape, "data_offsets": [offset, offset + n]}),
+        );
+        offset += n;
+    }
+    let mut head = serde_json::to_vec(&serde_json::Value::Object(header))?;
+    head.resize(head.len().div_ceil(8) * 8, b' ');
+    let io = |e: std::io::Error| anyhow::anyhow!("writing {}: {e}", out.display());
+    let file = std::fs::File::create(out).map_err(io)?;
+    let mut w = BufWriter::with_capacity(1 << 22, file);
+    w.write_all(&(head.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(&head).map_err(io)?;
+    for (index, (name, shape)) in tensors.iter().enumerate() {
+        let row_len = *shape.last().unwrap_or(&1);
+        let rows = shape.iter().product::<usize>() / row_len.max(1);
+        let fill = Fill::for_tensor(name, shape.len(), norm_centre);
+        let step = ((1usize << 22) / row_len.max(1)).max(1);
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + step).min(rows);
+            let chunk: Vec<Vec<u8>> = (r0..r1)
+                .into_par_iter()
+                .map(|r| {
+                    let mut v = vec![0.0f32; row_len];
+                    fill_row(seed, index as u64, r as u64, fill, &mut v);
+                    match dtype {
+                        StDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                        StDtype::Bf16 => v
+                            .iter()
+                            .flat_map(|&x| infer_quant::float16::f32_to_bf16(x).to_le_bytes())
+                            .collect(),
+                    }
+                })
+                .collect();
+            for c in chunk {
+                w.write_all(&c).map_err(io)?;
+            }
+            r0 = r1;
+        }
+    }
+    let file = w
+        .into_inner()
+        .map_err(|e| anyhow::anyhow!("writing {}: {}", out.display(), e.error()))?;
+    file.sync_all().map_err(io)?;
+    Ok((8 + head.len() + offset) as u64)
+}
+
+/// Files copied from beside `config.json` when present.
+pub const COPIED_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+];

@@ -1,0 +1,124 @@
+//! Atomic output of `infer synth`: write into `.NAME.tmp-PID` beside the target (the name
+//! `infer extract` stages under, so [`crate::cmd_vindex::install_interrupt_cleanup`] removes
+//! it on Ctrl-C/SIGTERM), rename into place at [`Staged::commit`], remove it on drop otherwise.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+/// A staged output file or directory.
+pub struct Staged {
+    tmp: PathBuf,
+    target: PathBuf,
+    dir: bool,
+    force: bool,
+    committed: bool,
+}
+
+fn remove_any(p: &Path) {
+    let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
+}
+
+/// Refuse an existing `target` without `force`; with `force`, a file target must be a file and
+/// a directory target a directory that is empty or holds `config.json` (a synthesised folder),
+/// so that user data is never replaced.
+fn check_target(target: &Path, dir: bool, force: bool) -> anyhow::Result<()> {
+    let meta = match std::fs::symlink_metadata(target) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("inspecting {}", target.display())),
+    };
+    if !force {
+        bail!("{} exists (use --force to replace it)", target.display());
+    }
+    if dir {
+        if !meta.is_dir() {
+            bail!("{} exists and is not a directory", target.display());
+        }
+        let empty = std::fs::read_dir(target)
+            .with_context(|| format!("reading {}", target.display()))?
+            .next()
+            .is_none();
+        if !empty && !target.join("config.json").is_file() {
+            bail!(
+                "{} is a non-empty directory without config.json; refusing to replace it",
+                target.display()
+            );
+        }
+    } else if !meta.is_file() {
+        bail!("{} exists and is not a regular file", target.display());
+    }
+    Ok(())
+}
+
+impl Staged {
+    /// Check the target ([`check_target`]) and prepare `.NAME.tmp-PID` beside it (created as an
+    /// empty directory when `dir`; for a file, only the path is reserved).
+    pub fn new(target: &Path, dir: bool, force: bool) -> anyhow::Result<Staged> {
+        check_target(target, dir, force)?;
+        let name = target
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("{}: output path has no usable name", target.display()))?;
+        let parent = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let tmp = parent.join(infer_vindex::files::temp_dir_name(name, std::process::id()));
+        remove_any(&tmp);
+        if dir {
+            std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        }
+        Ok(Staged {
+            tmp,
+            target: target.to_path_buf(),
+            dir,
+            force,
+            committed: false,
+        })
+    }
+
+    /// Where to write.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Move the finished output onto the target (checked again: it may have appeared meanwhile).
+    /// A replaced directory is parked under `.NAME.old-PID` and deleted after the swap.
+    pub fn commit(mut self) -> anyhow::Result<()> {
+        check_target(&self.target, self.dir, self.force)?;
+        let rename = |a: &Path, b: &Path| {
+            std::fs::rename(a, b)
+                .with_context(|| format!("renaming {} to {}", a.display(), b.display()))
+        };
+        if self.dir && self.target.exists() {
+            let name = self
+                .target
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("out");
+            let old = self
+                .tmp
+                .with_file_name(infer_vindex::files::old_dir_name(name, std::process::id()));
+            remove_any(&old);
+            rename(&self.target, &old)?;
+            if let Err(e) = rename(&self.tmp, &self.target) {
+                let _ = std::fs::rename(&old, &self.target);
+                return Err(e);
+            }
+            remove_any(&old);
+        } else {
+            rename(&self.tmp, &self.target)?;
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.committed {
+            remove_any(&self.tmp);
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Whole-token decode on a device (the seed's `decode_token` / `full_pipeline_q4`): a
+//! [`DecodePlan`] describes every block of a model in compute terms (norm weights, quantized
+//! matrices with their format tags, per-layer geometry), and a backend that can keep the whole
+//! step resident returns a [`TokenDecoder`] for it through
+//! [`crate::ComputeBackend::token_decoder`].
+//!
+//! The plan covers the pre-norm decoder block shared by the Llama and Gemma families
+//! (`x += [post_attn_norm](attn(pre_attn_norm(x)))`, `x += [post_ffn_norm](ffn(pre_ffn_norm(x)))`)
+//! with RMSNorm, optional per-head q/k RMSNorm, RoPE, GQA, sliding window, attention soft-cap,
+//! a gated or plain FFN, and a final RMSNorm and lm_head with optional logit divisor and
+//! soft-cap. A model with anything else (LayerNorm, biases, parallel residual, MoE or walk FFN,
+//! learned positions) is not expressed as a plan and runs the host loop.
+
+use half::f16;
+use infer_quant::QuantFormat;
+
+use crate::ops::Activation;
+use crate::{AttentionParams, ComputeError, RopeConfig};
+
+/// A weight matrix `[rows, cols]` (HF Linear layout: one output feature per row).
+#[derive(Clone, Copy, Debug)]
+pub enum PlanWeight<'a> {
+    /// ggml blocks of `format`, `rows · format.bytes_for(cols)` bytes.
+    Quant {
+        format: QuantFormat,
+        bytes: &'a [u8],
+    },
+    /// f32 values, `rows · cols`.
+    F32(&'a [f32]),
+    /// f16 values, `rows · cols`.
+    F16(&'a [f16]),
+}
+
+/// A float table `[rows, cols]` (token embeddings), f32 or f16 as stored.
+#[derive(Clone, Copy, Debug)]
+pub enum PlanRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+/// One decoder block. Norm weights are `[hidden]` f32 (q/k norms `[head_dim]`, applied per
+/// head); every norm computes `x · rsqrt(mean(x²) + eps) · (w + norm_offset)`.
+#[derive(Clone, Debug)]
+pub struct PlanLayer<'a> {
+    pub pre_attn_norm: &'a [f32],
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub pre_ffn_norm: &'a [f32],
+    pub post_ffn_norm: Option<&'a [f32]>,
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    /// `[n_q_heads · head_dim, hidden]`.
+    pub wq: PlanWeight<'a>,
+    /// `[n_kv_heads · head_dim, hidden]`.
+    pub wk: PlanWeight<'a>,
+    pub wv: PlanWeight<'a>,
+    /// `[hidden, n_q_heads · head_dim]`.
+    pub wo: PlanWeight<'a>,
+    /// `[intermediate, hidden]`; `None` for a plain `down(act(up(x)))` FFN.
+    pub gate: Option<PlanWeight<'a>>,
+    /// `[intermediate, hidden]`.
+    pub up: PlanWeight<'a>,
+    /// `[hidden, intermediate]`.
+    pub down: PlanWeight<'a>,
+    pub intermediate_size: usize,
+    /// Heads, head_dim, scale, sliding window, soft-cap.
+    pub attention: AttentionParams,
+    /// `None`: no rotary embedding in this layer.
+    pub rope: Option<RopeConfig>,
+    pub activation: Activation,
+    pub eps: f32,
+    pub norm_offset: f32,
+    /// Multiplier of both residual branches (Granite's `residual_multiplier`, else 1).
+    pub residual_multiplier: f32,
+}
+
+/// A whole model for [`crate::ComputeBackend::token_decoder`].
+#[derive(Clone, Debug)]
+pub struct DecodePlan<'a> {
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    /// Token embeddings `[vocab, hidden]`, multiplied by `embedding_scale` when read.
+    pub embeddings: PlanRows<'a>,
+    pub embedding_scale: f32,
+    pub layers: Vec<PlanLayer<'a>>,
+    /// `[hidden]`, with the layers' `eps` and `norm_offset` convention (`final_eps`,
+    /// `final_norm_offset`).
+    pub final_norm: &'a [f32],
+    pub final_eps: f32,
+    pub final_norm_offset: f32,
+    /// `[vocab, hidden]`; `None`: tied to the embeddings.
+    pub lm_head: Option<PlanWeight<'a>>,
+    /// Logits are divided by this (1 for most models).
+    pub logits_divisor: f32,
+    /// Final logit soft-cap `cap · tanh(z / cap)` (Gemma-2).
+    pub final_softcap: Option<f32>,
+    /// Positions the device KV cache holds (the context size).
+    pub context: usize,
+}
+
+/// A model resident on a device, decoding one token per [`TokenDecoder::step`] with its own
+/// KV cache (`[context, n_kv_heads · head_dim]` f32 per layer for K and for V). Positions are
+/// absolute; the caller keeps its host cache and this one consistent with
+/// [`TokenDecoder::write_kv`] / [`TokenDecoder::read_kv`].
+pub trait TokenDecoder {
+    /// Copy K and V rows of `layer` for positions `start .. start + k.len() / kv_dim` from the
+    /// host into the device cache. Errors: rows past the context, lengths that are not whole
+    /// rows or differ, a device failure.
+    fn write_kv(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), ComputeError>;
+
+    /// Copy K and V rows of `layer` for positions `start .. start + k.len() / kv_dim` from the
+    /// device cache into `k` and `v`. Errors as [`TokenDecoder::write_kv`].
+    fn read_kv(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), ComputeError>;
+
+    /// Run `token` at position `pos` through every layer (its K/V go into the device cache at
+    /// `pos`; positions `0..pos` must be there already) and write the logits `[vocab]` f32
+    /// into `logits`. Errors: `pos` outside the context, a token id outside the vocabulary,
+    /// `logits` of the wrong length, a device failure.
+    fn step(&mut self, token: u32, pos: usize, logits: &mut [f32]) -> Result<(), ComputeError>;
+}

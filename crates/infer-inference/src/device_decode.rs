@@ -1,0 +1,242 @@
+//! [`TokenRunner`]: forward passes through a backend's device-resident whole-token decoder
+//! ([`ComputeBackend::token_decoder`], the seed's `decode_token`) when it has one and the model
+//! can be expressed as a [`DecodePlan`], else through the host loop ([`Model::forward_into`]).
+//! Prefill (several tokens) always runs the host loop with the backend's products; the K/V rows
+//! it writes are uploaded to the device cache before the next device step, and rows the device
+//! wrote are copied back before the next host pass, so both caches agree wherever they are read.
+
+use infer_compute::{ComputeBackend, DecodePlan, PlanLayer, PlanRows, PlanWeight, TokenDecoder};
+use infer_models::{Activation, FfnType, NormType};
+
+use crate::forward::Logits;
+use crate::layer::Ffn;
+use crate::layer::{FloatRows, Linear, NormWeights, QuantWeight, WeightData};
+use crate::{InferenceError, KvCache, Model};
+
+impl Model<'_> {
+    /// This model as a [`DecodePlan`] with a KV cache of `context` positions, or the reason it
+    /// has none: the plan covers pre-norm RMSNorm blocks with quantized or float Linear weights
+    /// without biases, a dense FFN, RoPE or no positional encoding (not learned positions), no
+    /// parallel residual and no OLMo-2 style whole-projection q/k norm.
+    pub fn decode_plan(&self, context: usize) -> Result<DecodePlan<'_>, String> {
+        if self.position_embeddings.is_some() {
+            return Err("learned position embeddings".into());
+        }
+        if self.lm_head_bias.is_some() {
+            return Err("an lm_head bias".into());
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (i, l) in self.layers.iter().enumerate() {
+            let g = &l.geometry;
+            let at = |what: &str| format!("layer {i}: {what}");
+            if g.norm_type != NormType::RmsNorm {
+                return Err(at("LayerNorm"));
+            }
+            if g.parallel_residual {
+                return Err(at("parallel residual"));
+            }
+            if g.qk_norm_whole_projection {
+                return Err(at("whole-projection q/k norm"));
+            }
+            let Ffn::Dense(d) = &l.ffn else {
+                return Err(at("walk or MoE FFN"));
+            };
+            let norm = |n| norm_weight(n).map_err(&at);
+            let pre_attn_norm =
+                norm(&l.pre_attn_norm)?.ok_or_else(|| at("no pre-attention norm"))?;
+            let pre_ffn_norm = norm(&l.pre_ffn_norm)?.ok_or_else(|| at("no pre-FFN norm"))?;
+            let gate = match (&d.gate, g.ffn_type) {
+                (Some(gate), FfnType::Gated) => Some(plan_weight(gate).map_err(|e| at(&e))?),
+                _ => None,
+            };
+            layers.push(PlanLayer {
+                pre_attn_norm,
+                post_attn_norm: norm(&l.post_attn_norm)?,
+                pre_ffn_norm,
+                post_ffn_norm: norm(&l.post_ffn_norm)?,
+                q_norm: norm(&l.q_norm)?,
+                k_norm: norm(&l.k_norm)?,
+                wq: plan_weight(&l.wq).map_err(|e| at(&e))?,
+                wk: plan_weight(&l.wk).map_err(|e| at(&e))?,
+                wv: plan_weight(&l.wv).map_err(|e| at(&e))?,
+                wo: plan_weight(&l.wo).map_err(|e| at(&e))?,
+                gate,
+                up: plan_weight(&d.up).map_err(|e| at(&e))?,
+                down: plan_weight(&d.down).map_err(|e| at(&e))?,
+                intermediate_size: g.intermediate_size,
+                attention: g.attention,
+                rope: g.rope,
+                activation: match g.activation {
+                    Activation::Silu => infer_compute::ops::Activation::Silu,
+                    Activation::GeluTanh => infer_compute::ops::Activation::GeluTanh,
+                    Activation::Gelu => infer_compute::ops::Activation::Gelu,
+                },
+                eps: g.eps,
+                norm_offset: g.norm_offset,
+                residual_multiplier: g.residual_multiplier,
+            });
+        }
+        if self.final_norm.bias.is_some() {
+            return Err("a final norm bias".into());
+        }
+        let lm_head = match &self.lm_head {
+            None => None,
+            Some(w) => Some(weight_data(w)?),
+        };
+        Ok(DecodePlan {
+            hidden_size: self.hidden_size,
+            vocab_size: self.vocab_size,
+            embeddings: match &self.embeddings {
+                FloatRows::F32(v) => PlanRows::F32(v),
+                FloatRows::F16(v) => PlanRows::F16(v),
+            },
+            embedding_scale: self.arch.embedding_scale(),
+            layers,
+            final_norm: &self.final_norm.weight,
+            final_eps: self.arch.norm_eps() as f32,
+            final_norm_offset: self.arch.norm_weight_offset(),
+            lm_head,
+            logits_divisor: self.arch.logits_divisor(),
+            final_softcap: self.arch.final_logit_softcap().map(|c| c as f32),
+            context,
+        })
+    }
+}
+
+/// A bias-free RMSNorm weight (`None` when the norm is absent).
+fn norm_weight<'w>(n: &'w Option<NormWeights<'_>>) -> Result<Option<&'w [f32]>, &'static str> {
+    match n {
+        None => Ok(None),
+        Some(NormWeights { bias: Some(_), .. }) => Err("a norm bias"),
+        Some(n) => Ok(Some(&n.weight[..])),
+    }
+}
+
+/// A bias-free Linear as a plan weight.
+fn plan_weight<'w>(l: &'w Linear<'_>) -> Result<PlanWeight<'w>, String> {
+    if l.bias.is_some() {
+        return Err("a Linear bias".into());
+    }
+    weight_data(&l.weight)
+}
+
+fn weight_data<'w>(w: &'w WeightData<'_>) -> Result<PlanWeight<'w>, String> {
+    Ok(match w {
+        WeightData::F32(v) => PlanWeight::F32(v),
+        WeightData::F16(v) => PlanWeight::F16(v),
+        WeightData::Quant(QuantWeight {
+            scales: Some(_), ..
+        }) => return Err("the Q8 (int8 + f32 scales) attention tier".into()),
+        WeightData::Quant(QuantWeight { data, format, .. }) => PlanWeight::Quant {
+            format: *format,
+            bytes: data,
+        },
+    })
+}
+
+/// A [`TokenDecoder`] and how far each cache holds real rows.
+struct DeviceCache<'b> {
+    decoder: Box<dyn TokenDecoder + 'b>,
+    /// Positions `0..device_valid` of the device cache equal the host's.
+    device_valid: usize,
+    /// Positions `0..host_valid` of the host cache hold K/V (later ones only on the device).
+    host_valid: usize,
+}
+
+/// See the [module docs](self).
+pub struct TokenRunner<'m, 'a> {
+    model: &'m Model<'a>,
+    backend: &'m dyn ComputeBackend,
+    device: Option<DeviceCache<'m>>,
+    /// Why the model has no [`DecodePlan`] (single tokens then run the host loop on any
+    /// backend); `None` when it has one.
+    pub host_reason: Option<String>,
+}
+
+impl<'m, 'a> TokenRunner<'m, 'a> {
+    /// A runner for caches of `context` positions. With `device_decode`, when `backend` offers
+    /// a device decoder and the model has a [`DecodePlan`], the weights are uploaded and the
+    /// device KV cache allocated here; without, every pass runs the host loop. Errors: the
+    /// device fails while setting up.
+    pub fn new(
+        model: &'m Model<'a>,
+        backend: &'m dyn ComputeBackend,
+        context: usize,
+        device_decode: bool,
+    ) -> Result<Self, InferenceError> {
+        let mut host_reason = None;
+        let device = match model.decode_plan(context) {
+            Ok(_) if !device_decode => None,
+            Ok(plan) => backend.token_decoder(&plan)?.map(|decoder| DeviceCache {
+                decoder,
+                device_valid: 0,
+                host_valid: 0,
+            }),
+            Err(why) => {
+                host_reason = Some(why);
+                None
+            }
+        };
+        Ok(TokenRunner {
+            model,
+            backend,
+            device,
+            host_reason,
+        })
+    }
+
+    /// True when single-token steps run on the device decoder.
+    pub fn on_device(&self) -> bool {
+        self.device.is_some()
+    }
+
+    /// Run `tokens` at positions `cache.len()..` and write the logits into `logits` (as
+    /// [`Model::forward_into`]). One token with a device decoder: one device step; otherwise the
+    /// host loop. Errors as [`Model::forward`], plus device failures.
+    pub fn forward_into(
+        &mut self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), InferenceError> {
+        let len = cache.len();
+        let Some(dev) = &mut self.device else {
+            return self
+                .model
+                .forward_into(self.backend, tokens, cache, which, logits);
+        };
+        // The caller may have truncated or cleared the cache since the last call.
+        dev.device_valid = dev.device_valid.min(len);
+        dev.host_valid = dev.host_valid.min(len);
+        if tokens.len() != 1 {
+            // Host pass: copy the rows only the device has into the host cache first.
+            for l in 0..self.model.layers.len() {
+                let (k, v) = cache.rows_mut(l, dev.host_valid, len);
+                dev.decoder.read_kv(l, dev.host_valid, k, v)?;
+            }
+            dev.host_valid = len;
+            self.model
+                .forward_into(self.backend, tokens, cache, which, logits)?;
+            dev.host_valid = cache.len();
+            return Ok(());
+        }
+        if tokens[0] as usize >= self.model.vocab_size {
+            return Err(InferenceError::TokenOutOfRange {
+                id: tokens[0],
+                vocab: self.model.vocab_size,
+            });
+        }
+        cache.check_room(1)?;
+        for l in 0..self.model.layers.len() {
+            let (k, v) = cache.rows(l, dev.device_valid, len);
+            dev.decoder.write_kv(l, dev.device_valid, k, v)?;
+        }
+        dev.device_valid = len;
+        logits.resize(self.model.vocab_size, 0.0);
+        dev.decoder.step(tokens[0], len, logits)?;
+        cache.advance(1);
+        dev.device_valid = len + 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# llama.cpp's CUDA build on the GPU machine, for the speed comparison of issue #9: llama.cpp from
+# the llama-cpp-python sdist (vendor/llama.cpp, fetched as scripts/lib/llamacpp.sh does), packed
+# here as a pruned source tree, carried to the device, built there with
+# -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90, then llama-bench. llama.cpp's code is never
+# committed: the tarball lives in .gpu/ (ignored through .git/info/exclude).
+#
+#   scripts/gpu-llamacpp.sh pack            # here: write .gpu/llama/llama-src.tar.gz (a tree with
+#                                           # only what llama-bench, llama-quantize and
+#                                           # llama-completion need, CPU + CUDA backends)
+#   scripts/gpu-llamacpp.sh start           # device (carry: [".gpu/llama"]): unpack into
+#                                           # /tmp/llama-src, configure and build in /tmp/llama-build
+#                                           # in the background (setsid), return at once; the
+#                                           # build goes on across calls while the machine is warm
+#   scripts/gpu-llamacpp.sh wait [SECONDS]  # device: wait for the build (default 500 s, keep it
+#                                           # under the call's timeout), print the log's tail;
+#                                           # exit 0 built, 1 failed, 2 still building
+#   scripts/gpu-llamacpp.sh bench GGUF...   # device: llama-bench -ngl 99 -p 128 -n 64 -r 5,
+#                                           # flash attention off and on, markdown table
+#
+# Env: LLAMA_CPP_SRC (an unpacked vendor/llama.cpp, to skip the fetch when packing), INFER_CACHE
+# (default ~/.cache/infer; the sdist goes to its peers/), LLAMA_GPU_SRC / LLAMA_GPU_BUILD (default
+# /tmp/llama-src, /tmp/llama-build), BENCH_P / BENCH_N / BENCH_R (default 128 / 64 / 5).
+set -euo pipefail
+SELF=$(realpath "$0")
+cd "$(dirname "$0")/.."
+mode="${1:-}"
+GPU_DIR=.gpu
+TARBALL="$GPU_DIR/llama/llama-src.tar.gz"
+SRC="${LLAMA_GPU_SRC:-/tmp/llama-src}"
+BUILD="${LLAMA_GPU_BUILD:-/tmp/llama-build}"
+LOG="$BUILD/build.log"
+TARGETS_MAIN="llama-bench"
+TARGETS_EXTRA="llama-quantize llama-completion"
+
+die() {
+    echo "gpu-llamacpp: $*" >&2
+    exit 1
+}
+
+# ggml backends other than CPU and CUDA: left out of the pack (GGML_<NAME> stay OFF).
+OTHER_BACKENDS="blas cann et hexagon hip metal musa opencl openvino rpc sycl virtgpu vulkan webgpu zdnn zendnn"
+# ggml-cpu code for other processors (the device and this machine are x86-64).
+OTHER_CPU="arch/arm arch/loongarch arch/powerpc arch/riscv arch/s390 arch/wasm kleidiai spacemit"
+# Paths of vendor/llama.cpp that go into the pack; everything else (models, docs, tests,
+# examples, other tools, a build folder) stays out.
+KEEP=(CMakeLists.txt LICENSE licenses cmake include src common vendor
+    ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src
+    tools/llama-bench tools/quantize tools/completion)
+
+pack() {
+    # shellcheck source=scripts/lib/llamacpp.sh
+    source scripts/lib/llamacpp.sh
+    local src stage excludes=() b
+    src=$(llamacpp_src "${INFER_CACHE:-$HOME/.cache/infer}/peers")
+    for b in $OTHER_BACKENDS; do excludes+=(--exclude="./ggml/src/ggml-$b"); done
+    for b in $OTHER_CPU; do excludes+=(--exclude="./ggml/src/ggml-cpu/$b"); done
+    stage=$(mktemp -d /tmp/llama-pack.XXXXXX)
+    # shellcheck disable=SC2064
+    trap "rm -rf '$stage'" EXIT
+    mkdir -p "$stage/llama.cpp"
+    (cd "$src" && tar -cf - "${excludes[@]}" "${KEEP[@]/#/./}") | tar -xf - -C "$stage/llama.cpp"
+    # tools/: only the three tools above (the sdist's list adds a dozen, some need the server).
+    cat >"$stage/llama.cpp/tools/CMakeLists.txt" <<'EOF'
+# Written by infer's scripts/gpu-llamacpp.sh pack: only the tools that script builds.
+find_package(Threads REQUIRED)
+llama_add_compile_flags()
+add_subdirectory(llama-bench)
+add_subdirectory(quantize)
+add_subdirectory(completion)
+EOF
+    [[ -f "$stage/llama.cpp/ggml/src/ggml-cuda/CMakeLists.txt" ]] || die "no ggml/src/ggml-cuda in $src"
+    {
+        echo "llama.cpp from llama-cpp-python ${LLAMACPP_PY_VERSION} (vendor/llama.cpp), pruned by scripts/gpu-llamacpp.sh"
+        echo "source: $src"
+        echo "left out: ggml backends: $OTHER_BACKENDS; ggml-cpu: $OTHER_CPU"
+    } >"$stage/llama.cpp/PACKED.txt"
+    grep -qxF "/$GPU_DIR/" .git/info/exclude 2>/dev/null || echo "/$GPU_DIR/" >>.git/info/exclude
+    mkdir -p "$GPU_DIR/llama"
+    tar -C "$stage" -cf - llama.cpp | gzip -9 >"$TARBALL.tmp"
+    mv "$TARBALL.tmp" "$TARBALL"
+    echo "$TARBALL: $(du -h "$TARBALL" | cut -f1) ($(stat -c %s "$TARBALL") bytes)," \
+        "$(find "$stage/llama.cpp" -type f | wc -l) files, $(find "$stage/llama.cpp/ggml/src/ggml-cuda" -name '*.cu' | wc -l) .cu"
+}
+
+# nvcc: on PATH, else the toolkit's, else the pip wheel's (nvidia/cu13/bin).
+find_nvcc() {
+    local c wheel
+    wheel=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "bin", "nvcc"))' 2>/dev/null || true)
+    for c in "$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc "$wheel"; do
+        [[ -n "$c" && -x "$c" ]] && { echo "$c"; return; }
+    done
+    return 1
+}
+
+# The CUDA runtime and cuBLAS on the loader path (the toolkit's lib64, else the pip wheels').
+find_libs() {
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64; do
+        [[ -e "$d/libcudart.so" || -e "$d/libcudart.so.13" ]] && { export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; return; }
+    done
+    return 0
+}
+
+building() {
+    [[ -f "$BUILD/pid" ]] && kill -0 "$(cat "$BUILD/pid")" 2>/dev/null
+}
+
+start() {
+    [[ -f "$TARBALL" ]] || die "no $TARBALL: run 'scripts/gpu-llamacpp.sh pack' here and carry .gpu/llama"
+    if building; then
+        echo "gpu-llamacpp: build already running (pid $(cat "$BUILD/pid")); see 'wait'"
+        return
+    fi
+    local sum
+    sum=$(sha256sum "$TARBALL" | cut -d' ' -f1)
+    if [[ -x "$BUILD/bin/llama-bench" && "$(cat "$BUILD/tarball.sha256" 2>/dev/null)" == "$sum" ]]; then
+        echo "gpu-llamacpp: already built from this tarball: $BUILD/bin/llama-bench"
+        return
+    fi
+    local nvcc gen=Ninja
+    nvcc=$(find_nvcc) || die "no nvcc on PATH nor under /usr/local/cuda*"
+    command -v ninja >/dev/null || gen="Unix Makefiles"
+    rm -rf "$SRC" "$BUILD"
+    mkdir -p "$SRC" "$BUILD"
+    tar -xzf "$TARBALL" -C "$SRC" --strip-components=1
+    echo "$sum" >"$BUILD/tarball.sha256"
+    # The background build runs a copy of this script: the next call may replace the repo's.
+    cp "$SELF" "$BUILD/gpu-llamacpp.sh"
+    NVCC="$nvcc" GEN="$gen" LLAMA_GPU_SRC="$SRC" LLAMA_GPU_BUILD="$BUILD" \
+        setsid nohup bash "$BUILD/gpu-llamacpp.sh" _build >"$LOG" 2>&1 </dev/null &
+    echo $! >"$BUILD/pid"
+    echo "gpu-llamacpp: build started (pid $!, $gen, $nvcc, $(nproc) jobs), log $LOG"
+}
+
+# Runs detached (setsid) from start: configure, then llama-bench, then the cheap extras.
+_build() {
+    local t0 rc=0
+    : "${NVCC:?}" "${GEN:?}"
+    t0=$(date +%s)
+    echo "== $(date -u +%FT%TZ) configure ($GEN, $NVCC)"
+    "$NVCC" --version | tail -2
+    cmake -S "$SRC" -B "$BUILD" -G "$GEN" \
+        -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DCMAKE_CUDA_COMPILER="$NVCC" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")" -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF || rc=$?
+    if [[ $rc -eq 0 ]]; then
+        echo "== $(date -u +%FT%TZ) build $TARGETS_MAIN"
+        # shellcheck disable=SC2086
+        cmake --build "$BUILD" -j "$(nproc)" --target $TARGETS_MAIN || rc=$?
+    fi
+    if [[ $rc -eq 0 ]]; then
+        echo "== $(date -u +%FT%TZ) build $TARGETS_EXTRA"
+        # shellcheck disable=SC2086
+        cmake --build "$BUILD" -j "$(nproc)" --target $TARGETS_EXTRA ||
+            echo "gpu-llamacpp: extras failed (llama-bench is built)"
+    fi
+    echo "== $(date -u +%FT%TZ) done rc=$rc after $(($(date +%s) - t0)) s"
+    echo "$rc" >"$BUILD/status"
+}
+
+wait_build() {
+    local limit="${1:-500}" t0
+    t0=$(date +%s)
+    [[ -f "$BUILD/pid" ]] || die "no build started in $BUILD (run 'start' first, on a warm machine)"
+    while building && (($(date +%s) - t0 < limit)); do sleep 5; done
+    echo "== build log (last lines of $LOG)"
+    # Ninja's progress lines go on one line each; show the last one and the last other lines.
+    grep -E '^\[[0-9]+/[0-9]+\]' "$LOG" | tail -1 || true
+    grep -vE '^\[[0-9]+/[0-9]+\]' "$LOG" | tail -25 || true
+    local st
+    st=$(cat "$BUILD/status" 2>/dev/null || echo running)
+    if [[ -x "$BUILD/bin/llama-bench" ]]; then
+        echo "gpu-llamacpp: llama-bench built: $BUILD/bin/llama-bench (status $st)"
+        ls "$BUILD/bin"
+        [[ "$st" == running ]] && return 2
+        return 0
+    fi
+    if [[ "$st" == running ]]; then
+        echo "gpu-llamacpp: still building after ${limit} s (no llama-bench yet)"
+        return 2
+    fi
+    echo "gpu-llamacpp: BUILD FAILED (status $st); errors:"
+    grep -E 'error|Error' "$LOG" | head -20 || true
+    return 1
+}
+
+bench() {
+    (($# > 0)) || die "usage: $0 bench GGUF [GGUF...]"
+    local bin="$BUILD/bin/llama-bench" g log="$BUILD/bench.log"
+    [[ -x "$bin" ]] || die "no $bin: run 'start' and 'wait' first"
+    find_libs
+    ! command -v nvidia-smi >/dev/null ||
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 || true
+    local p="${BENCH_P:-128}" n="${BENCH_N:-64}" r="${BENCH_R:-5}"
+    for g in "$@"; do
+        [[ -f "$g" ]] || die "no such GGUF: $g"
+        echo "== $g"
+        # Flash attention off and on in one run; if the option is refused, llama.cpp's default.
+        if ! "$bin" -m "$g" -ngl 99 -p "$p" -n "$n" -r "$r" -fa 0,1 -o md 2>"$log"; then
+            echo "(-fa 0,1 failed: $(tail -1 "$log"); without -fa)"
+            "$bin" -m "$g" -ngl 99 -p "$p" -n "$n" -r "$r" -o md 2>"$log" || {
+                tail -20 "$log"
+                die "llama-bench failed on $g"
+            }
+        fi
+    done
+}
+
+case "$mode" in
+pack) pack ;;
+start) start ;;
+_build) _build ;;
+wait) wait_build "${2:-500}" ;;
+bench) shift && bench "$@" ;;
+*) die "usage: $0 pack | start | wait [SECONDS] | bench GGUF [GGUF...]" ;;
+esac

@@ -1,0 +1,29 @@
+# shellcheck shell=bash
+# Shared by scripts/bench-vs-llamacpp.sh and scripts/gpu-llamacpp.sh (sourced, not run).
+#
+# llama.cpp comes from the PyPI sdist of llama-cpp-python (its vendor/llama.cpp), one pinned
+# version, fetched with pip and unpacked outside the repo. llama.cpp's code is never committed.
+
+LLAMACPP_PY_VERSION=0.3.36
+
+# llamacpp_src PEERS: print the llama.cpp source folder, fetching the sdist into PEERS first if
+# it is not there yet. $LLAMA_CPP_SRC, when set, is used as is (a vendor/llama.cpp folder).
+llamacpp_src() {
+  local peers="$1"
+  if [ -n "${LLAMA_CPP_SRC:-}" ]; then
+    [ -f "$LLAMA_CPP_SRC/CMakeLists.txt" ] || { echo "llamacpp: no CMakeLists.txt in LLAMA_CPP_SRC=$LLAMA_CPP_SRC" >&2; return 1; }
+    echo "$LLAMA_CPP_SRC"
+    return
+  fi
+  local name="llama_cpp_python-$LLAMACPP_PY_VERSION"
+  local src="$peers/$name/vendor/llama.cpp"
+  if [ ! -f "$src/CMakeLists.txt" ]; then
+    mkdir -p "$peers"
+    [ -f "$peers/$name.tar.gz" ] ||
+      python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+        "llama-cpp-python==$LLAMACPP_PY_VERSION" -d "$peers" >&2
+    tar -xzf "$peers/$name.tar.gz" -C "$peers"
+    [ -f "$src/CMakeLists.txt" ] || { echo "llamacpp: $peers/$name.tar.gz holds no vendor/llama.cpp" >&2; return 1; }
+  fi
+  echo "$src"
+}
