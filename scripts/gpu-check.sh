@@ -205,7 +205,7 @@ synth() {
         [[ -d "$v" ]] || "$BIN/infer" extract "$g" -o "$v" --quant q4k --no-tokenizer 2>&1 | tail -2 | tee -a "$log"
         [[ "${1:-}" == prep ]] && continue
         echo "== $name: infer bench --device cuda (device decoder, then --host-loop)" | tee -a "$log"
-        "$BIN/infer" bench "$v" --device cuda -p 128 -n 64 -r 5 2>&1 | tee -a "$log" || true
+        "$BIN/infer" bench "$v" --device cuda -p 128 -n 64 -r 5 --profile 2>&1 | tee -a "$log" || true
         "$BIN/infer" bench "$v" --device cuda -p 128 -n 64 -r 5 --json 2>&1 | tee -a "$log" || true
         "$BIN/infer" bench "$v" --device cuda --host-loop -p 0 -n 64 -r 3 2>&1 | tee -a "$log" || true
         if [[ -x /tmp/llama-build/bin/llama-bench ]]; then

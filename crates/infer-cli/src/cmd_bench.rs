@@ -36,6 +36,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// With a device decoder (`--device cuda`): also run one decode step kernel by kernel with
+    /// timing events and print the device time per kernel kind.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -119,6 +123,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut pp = Vec::new();
     let mut tg = Vec::new();
+    let mut profile = Vec::new();
     // Walk-FFN time per decoded token (all layers), from the process-wide walk FFN clock.
     let mut ffn_ms = Vec::new();
     for _ in 0..args.repetitions {
@@ -140,6 +145,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             tg.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
             let ffn_ns = infer_inference::walk::walk_ffn_nanos() - ffn0;
             ffn_ms.push(ffn_ns as f64 / 1e6 / args.n_gen as f64);
+            if args.profile && profile.is_empty() {
+                profile = runner.profile_step(tok, &cache)?;
+            }
         }
     }
     let threads = rayon::current_num_threads();
@@ -206,6 +214,35 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if let Some(r) = rss {
             println!("peak RSS {:.1} MB", r as f64 / 1e6);
         }
+        print_profile(&profile, args.n_gen, tg_med);
     }
     Ok(())
+}
+
+/// The `--profile` table: device time per kernel kind of one decode step at position `n_gen`.
+fn print_profile(profile: &[(String, usize, f64)], pos: usize, tg: Option<f64>) {
+    if profile.is_empty() {
+        return;
+    }
+    let total: f64 = profile.iter().map(|p| p.2).sum();
+    let launches: usize = profile.iter().map(|p| p.1).sum();
+    println!(
+        "one decode step at position {pos}, kernel by kernel (timing events between launches):"
+    );
+    println!("| kernel | launches | µs | µs per launch | share |");
+    println!("|---|---|---|---|---|");
+    for (name, n, us) in profile {
+        println!(
+            "| {name} | {n} | {us:.1} | {:.2} | {:.0}% |",
+            us / *n as f64,
+            100.0 * us / total
+        );
+    }
+    let replay = tg.map_or(String::new(), |t| {
+        format!(
+            "; one token in the tg run (graph replay + host): {:.1} µs",
+            1e6 / t
+        )
+    });
+    println!("sum: {launches} launches, {total:.1} µs{replay}");
 }

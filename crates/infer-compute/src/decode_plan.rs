@@ -128,4 +128,17 @@ pub trait TokenDecoder {
     /// into `logits`. Errors: `pos` outside the context, a token id outside the vocabulary,
     /// `logits` of the wrong length, a device failure.
     fn step(&mut self, token: u32, pos: usize, logits: &mut [f32]) -> Result<(), ComputeError>;
+
+    /// Run one step like [`TokenDecoder::step`] (writing K/V at `pos`, no logits returned)
+    /// kernel by kernel with a timing event after each, and return per kernel kind: (name,
+    /// launches, device µs), in first-launch order. The default: no breakdown (empty).
+    /// Errors as [`TokenDecoder::step`].
+    fn profile_step(
+        &mut self,
+        token: u32,
+        pos: usize,
+    ) -> Result<Vec<(String, usize, f64)>, ComputeError> {
+        let _ = (token, pos);
+        Ok(Vec::new())
+    }
 }

@@ -143,6 +143,20 @@ struct DeviceCache<'b> {
     host_valid: usize,
 }
 
+impl DeviceCache<'_> {
+    /// Copy the host cache's rows `device_valid..len` to the device.
+    fn upload_rows(&mut self, cache: &KvCache) -> Result<(), InferenceError> {
+        let len = cache.len();
+        self.device_valid = self.device_valid.min(len);
+        for l in 0..cache.layers() {
+            let (k, v) = cache.rows(l, self.device_valid, len);
+            self.decoder.write_kv(l, self.device_valid, k, v)?;
+        }
+        self.device_valid = len;
+        Ok(())
+    }
+}
+
 /// See the [module docs](self).
 pub struct TokenRunner<'m, 'a> {
     model: &'m Model<'a>,
@@ -228,15 +242,34 @@ impl<'m, 'a> TokenRunner<'m, 'a> {
             });
         }
         cache.check_room(1)?;
-        for l in 0..self.model.layers.len() {
-            let (k, v) = cache.rows(l, dev.device_valid, len);
-            dev.decoder.write_kv(l, dev.device_valid, k, v)?;
-        }
-        dev.device_valid = len;
+        dev.upload_rows(cache)?;
         logits.resize(self.model.vocab_size, 0.0);
         dev.decoder.step(tokens[0], len, logits)?;
         cache.advance(1);
         dev.device_valid = len + 1;
         Ok(())
+    }
+
+    /// Device time per kernel kind of one device step of `token` at position `cache.len()`
+    /// ([`TokenDecoder::profile_step`]: name, launches, µs); empty without a device decoder.
+    /// The step writes K/V at that position but the cache is not advanced. Errors: a full
+    /// cache, a token outside the vocabulary, device failures.
+    pub fn profile_step(
+        &mut self,
+        token: u32,
+        cache: &KvCache,
+    ) -> Result<Vec<(String, usize, f64)>, InferenceError> {
+        let Some(dev) = &mut self.device else {
+            return Ok(Vec::new());
+        };
+        cache.check_room(1)?;
+        if token as usize >= self.model.vocab_size {
+            return Err(InferenceError::TokenOutOfRange {
+                id: token,
+                vocab: self.model.vocab_size,
+            });
+        }
+        dev.upload_rows(cache)?;
+        Ok(dev.decoder.profile_step(token, cache.len())?)
     }
 }

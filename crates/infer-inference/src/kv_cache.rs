@@ -37,6 +37,11 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Number of layers.
+    pub fn layers(&self) -> usize {
+        self.kv_dims.len()
+    }
+
     /// Maximum positions (context size).
     pub fn capacity(&self) -> usize {
         self.capacity

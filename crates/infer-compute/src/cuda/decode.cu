@@ -52,9 +52,12 @@ extern "C" __global__ void dec_embed_f16(const u16* E, const int* p, float* x, i
 // One block (DEC_THREADS threads), n <= DEC_THREADS * 16:
 //   if branch: b = post_w ? rmsnorm(branch) * (post_w + off) : branch;  x += b * mult
 //   out = rmsnorm(x) * (norm_w + off)  (norm eps/offset: eps2/off2)
+//   then, when given, out quantized for the next products: q32/d32 (32-value blocks, ggml
+//   quantize_row_q8_0_ref) and qk/dk/bsk (Q8_K), each by one warp per block.
 extern "C" __global__ void dec_residual_norm(float* x, const float* branch, const float* post_w,
                                              float mult, const float* norm_w, float* out, int n,
-                                             float eps, float off, float eps2, float off2) {
+                                             float eps, float off, float eps2, float off2,
+                                             i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
     __shared__ double sh[32];
     float xv[16];
     int cnt = 0;
@@ -83,27 +86,20 @@ extern "C" __global__ void dec_residual_norm(float* x, const float* branch, cons
     float sc = rms_scale(block_sum_d(ss, sh), n, eps2);
     cnt = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (xv[cnt++] * sc) * (norm_w[i] + off2);
+    if (!q32 && !qk) return;
+    __syncthreads();
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (q32)
+        for (int b = w; b < n / 32; b += nw) quant_block_32(out, q32, d32, b, lane, 1);
+    if (qk)
+        for (int b = w; b < n / 256; b += nw) quant_block_k(out, qk, dk, bsk, b, lane);
 }
 
-// Per head (block = head, blockDim.x >= head_dim/2 ... uses a stride loop): optional RMSNorm
-// of q and k heads, RoPE on the first rotary_dim dims, then K and V of this position into the
-// cache rows p[1]. Blocks 0..nq-1: q heads (in place); nq..nq+nkv-1: k heads; the v heads are
-// copied by the k blocks.
-extern "C" __global__ void dec_qk_rope_store(float* q, const float* k, const float* v,
-                                             const float* q_norm, const float* k_norm,
-                                             const double* inv_freq, float* kc, float* vc,
-                                             const int* p, int nq, int nkv, int hd, int rot,
-                                             int interleaved, float eps, float off) {
-    __shared__ double sh[32];
-    __shared__ float row[1024];
-    int b = blockIdx.x;
-    int pos = p[1];
-    bool is_q = b < nq;
-    int head = is_q ? b : b - nq;
-    const float* src = is_q ? q + (long long)head * hd : k + (long long)head * hd;
-    const float* nw = is_q ? q_norm : k_norm;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) row[d] = src[d];
-    __syncthreads();
+// RMSNorm (when nw) and RoPE (when inv_freq) of one head held in shared memory row[0:hd], by the
+// whole block; ends synchronised. rot / 2 <= 2 * blockDim.x (checked on the host).
+__device__ void head_norm_rope(float* row, const float* nw, const double* inv_freq, int pos,
+                               int hd, int rot, int interleaved, float eps, float off,
+                               double* sh) {
     if (nw) {
         double ss = 0.0;
         for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += (double)row[d] * (double)row[d];
@@ -117,65 +113,89 @@ extern "C" __global__ void dec_qk_rope_store(float* q, const float* k, const flo
         float r[4];
         int ids[4];
         int cnt = 0;
-        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        for (int i = threadIdx.x; i < half && cnt < 4; i += blockDim.x) {
             double ang = (double)pos * inv_freq[i];
             float c = (float)cos(ang), s = (float)sin(ang);
             int ia = interleaved ? 2 * i : i;
             int ib = interleaved ? 2 * i + 1 : i + half;
-            float a = row[ia], bb = row[ib];
-            r[cnt] = a * c - bb * s;
-            ids[cnt] = ia;
-            cnt++;
-            r[cnt] = bb * c + a * s;
-            ids[cnt] = ib;
-            cnt++;
-            if (cnt == 4) break;  // half <= 2 * blockDim.x (checked on the host)
+            float a = row[ia], b = row[ib];
+            r[cnt] = a * c - b * s;
+            ids[cnt++] = ia;
+            r[cnt] = b * c + a * s;
+            ids[cnt++] = ib;
         }
         __syncthreads();
         for (int c = 0; c < cnt; c++) row[ids[c]] = r[c];
         __syncthreads();
     }
-    if (is_q) {
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) q[(long long)head * hd + d] = row[d];
-    } else {
-        long long o = (long long)pos * nkv * hd + (long long)head * hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            kc[o + d] = row[d];
-            vc[o + d] = v[(long long)head * hd + d];
-        }
-    }
 }
 
-// Decode attention, one block (DEC_THREADS) per query head h over cached keys lo..pos of kv head
-// h / (nq / nkv): s_j = scale * q.k_j (soft-capped when cap > 0), softmax, out = sum p_j v_j.
-// window > 0: keys with pos - j < window; window == 0: no limit; window < 0: no key (zeros).
+// Decode attention of this token, one block (DEC_THREADS) per query head h, kv head
+// g = h / (nq / nkv):
+// 1. q head h and k head g of the projections: optional per-head RMSNorm (q_norm, k_norm), RoPE
+//    on the first rot dims at position pos = p[1]; the first query head of each group writes
+//    K and V of position pos into the cache (kc, vc: [ctx, nkv * hd]).
+// 2. s_j = scale * q.k_j (soft-capped when cap > 0) over keys lo..pos (the cache for j < pos,
+//    this token's k for j = pos), softmax, out[h] = sum_j p_j v_j.
+//    window > 0: keys with pos - j < window; 0: no limit; < 0: no key (zeros).
+// 3. When given, the head's output quantized for the o projection (q32/d32: 32-value blocks;
+//    qk/dk/bsk: Q8_K; the host passes them only when hd is a multiple of the block).
 // scores: [nq, ctx] scratch.
-extern "C" __global__ void dec_attention(const float* q, const float* kc, const float* vc,
-                                         float* out, float* scores, const int* p, int nq, int nkv,
-                                         int hd, int ctx, float scale, int window, float cap) {
+extern "C" __global__ void dec_attention(const float* q, const float* k, const float* v,
+                                         const float* q_norm, const float* k_norm,
+                                         const double* inv_freq, float* kc, float* vc,
+                                         float* out, float* scores, const int* p, int nq,
+                                         int nkv, int hd, int rot, int interleaved, float eps,
+                                         float off, int ctx, float scale, int window, float cap,
+                                         i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
     __shared__ double shd[32];
     __shared__ float shf[32];
     __shared__ float qs[1024];
+    __shared__ float ks[1024];
     int h = blockIdx.x;
-    int g = h / (nq / nkv);
+    int grp = nq / nkv;
+    int g = h / grp;
     int pos = p[1];
     int kvd = nkv * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        qs[d] = q[(long long)h * hd + d];
+        ks[d] = k[(long long)g * hd + d];
+    }
+    __syncthreads();
+    head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, shd);
+    head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, shd);
+    const float* vcur = v + (long long)g * hd;
+    if (h % grp == 0) {
+        long long o = (long long)pos * kvd + (long long)g * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            kc[o + d] = ks[d];
+            vc[o + d] = vcur[d];
+        }
+    }
     int lo = 0;
     if (window > 0) lo = max(0, pos - window + 1);
     if (window < 0) lo = pos + 1;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = q[(long long)h * hd + d];
-    __syncthreads();
     float* sc = scores + (long long)h * ctx;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    // Scores: one key per thread (its row read with 16-byte loads when hd % 4 == 0).
     float mx = NEG_INF;
-    for (int j = lo + w; j <= pos; j += nw) {
-        const float* kr = kc + (long long)j * kvd + (long long)g * hd;
+    for (int j = lo + threadIdx.x; j <= pos; j += blockDim.x) {
+        const float* kr = j == pos ? ks : kc + (long long)j * kvd + (long long)g * hd;
         float acc = 0.0f;
-        for (int d = lane; d < hd; d += 32) acc += qs[d] * kr[d];
-        acc = warp_sum(acc);
+        if ((hd & 3) == 0 && j != pos) {
+            const float4* k4 = (const float4*)kr;
+#pragma unroll 8
+            for (int d4 = 0; d4 < hd / 4; d4++) {
+                float4 kv = k4[d4];
+                acc += qs[4 * d4] * kv.x + qs[4 * d4 + 1] * kv.y + qs[4 * d4 + 2] * kv.z +
+                       qs[4 * d4 + 3] * kv.w;
+            }
+        } else {
+            for (int d = 0; d < hd; d++) acc += qs[d] * kr[d];
+        }
         float s = acc * scale;
         if (cap > 0.0f) s = cap * tanhf(s / cap);
-        if (lane == 0) sc[j] = s;
+        sc[j] = s;
         mx = fmaxf(mx, s);
     }
     mx = block_max_f(mx, shf);
@@ -189,12 +209,35 @@ extern "C" __global__ void dec_attention(const float* q, const float* kc, const 
     float total = (float)block_sum_d(sum, shd);
     __syncthreads();
     float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    // Values: ng = blockDim / hd groups of threads (at least 1) take every ng-th key, each thread
+    // one output dim (or several when hd > blockDim); partial sums meet in shared memory (ks,
+    // no longer needed, holds them).
+    int ng = max(1, (int)blockDim.x / hd);
+    int grp_id = threadIdx.x / hd;
+    float* part = ks;
+    __syncthreads();
+    if (grp_id < ng) {
+        for (int d = threadIdx.x % hd; d < hd; d += (ng == 1 ? blockDim.x : hd)) {
+            const float* vr = vc + (long long)g * hd + d;
+            float acc = 0.0f;
+#pragma unroll 4
+            for (int j = lo + grp_id; j < pos; j += ng) acc += sc[j] * vr[(long long)j * kvd];
+            if (grp_id == 0 && lo <= pos) acc += sc[pos] * vcur[d];
+            part[grp_id * hd + d] = acc;
+        }
+    }
+    __syncthreads();
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        const float* vr = vc + (long long)g * hd + d;
         float acc = 0.0f;
-        for (int j = lo; j <= pos; j++) acc += sc[j] * vr[(long long)j * kvd];
+        for (int t = 0; t < ng; t++) acc += part[t * hd + d];
         out[(long long)h * hd + d] = acc * inv;
     }
+    if (!q32 && !qk) return;
+    __syncthreads();
+    if (q32)
+        for (int b = w; b < hd / 32; b += nw) quant_block_32(out, q32, d32, h * (hd / 32) + b, lane, 1);
+    if (qk)
+        for (int b = w; b < hd / 256; b += nw) quant_block_k(out, qk, dk, bsk, h * (hd / 256) + b, lane);
 }
 
 __device__ __forceinline__ float act_fn(float x, int act) {
@@ -206,12 +249,50 @@ __device__ __forceinline__ float act_fn(float x, int act) {
     return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 }
 
-// up[i] = act(gate[i]) * up[i], or up[i] = act(up[i]) without a gate.
-// act: 0 SiLU, 1 tanh-GELU, 2 erf-GELU.
-extern "C" __global__ void dec_act(const float* gate, float* up, int n, int act) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    up[i] = gate ? act_fn(gate[i], act) * up[i] : act_fn(up[i], act);
+// up[i] = act(gate[i]) * up[i], or up[i] = act(up[i]) without a gate (act: 0 SiLU, 1 tanh-GELU,
+// 2 erf-GELU); one warp per block of 256 values (kq: 8 per lane) or 32 (1 per lane), which it
+// then quantizes for the down projection when q is given (Q8_K when kq, else 32-value blocks).
+extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, int act, i8* q,
+                                         float* d, int* bsums, int kq) {
+    int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    int per = kq ? 8 : 1;
+    long long first = (long long)blk * 32 * per;
+    if (first >= n) return;
+    for (int i = 0; i < per; i++) {
+        long long k = first + lane * per + i;
+        if (k < n) up[k] = gate ? act_fn(gate[k], act) * up[k] : act_fn(up[k], act);
+    }
+    if (!q) return;
+    __syncwarp();
+    if (kq) quant_block_k(up, q, d, bsums, blk, lane);
+    else quant_block_32(up, q, d, blk, lane, 1);
+}
+
+// Several quantized mat-vecs of one input in one launch (fused QKV, gate+up, or one matrix):
+// jobs[5 j .. 5 j + 4] = {W, y, rows, format, first block}; block b runs the job whose first
+// block is the largest <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations aq32/ad32),
+// 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk).
+extern "C" __global__ void dec_mv_multi(const long long* __restrict__ jobs, int njobs,
+                                        const i8* aq32, const float* ad32, const i8* aqk,
+                                        const float* adk, const int* bsk, int cols) {
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    int b = blockIdx.x;
+    int j = njobs - 1;
+    while (j > 0 && b < (int)jobs[5 * j + 4]) j--;
+    const long long* jb = jobs + 5 * j;
+    const u8* W = (const u8*)jb[0];
+    float* y = (float*)jb[1];
+    int rows = (int)jb[2];
+    int bx = b - (int)jb[4];
+    u8* smw = sm[threadIdx.x >> 5];
+    switch ((int)jb[3]) {
+        case 0: mv32<F_Q4_0>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw); break;
+        case 1: mv32<F_Q5_0>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw); break;
+        case 2: mv32<F_Q8_0>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw); break;
+        case 4: mvk<true>(W, aqk, adk, bsk, y, rows, cols, 1, bx, smw); break;
+        default: mvk<false>(W, aqk, adk, bsk, y, rows, cols, 1, bx, smw); break;
+    }
 }
 
 // logits[i] = cap * tanh((logits[i] / div) / cap) (no cap when cap <= 0).

@@ -4,11 +4,12 @@
 //! `decode.cu` plus the quantized mat-vecs of `kernels.cu`, recorded once into a CUDA graph and
 //! replayed per token with only `{token, pos}` copied in and the logits copied out.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
 use infer_quant::QuantFormat;
@@ -24,7 +25,7 @@ use crate::{ComputeError, DecodePlan, PlanRows, PlanWeight, TokenDecoder};
 const DEC_THREADS: u32 = 256;
 /// `dec_residual_norm` holds 16 values per thread.
 const MAX_HIDDEN: usize = DEC_THREADS as usize * 16;
-/// Shared row buffers of `dec_qk_rope_store` / `dec_attention`.
+/// Shared head buffers of `dec_attention`.
 const MAX_HEAD_DIM: usize = 1024;
 
 /// A kernel argument: a device pointer, an int or a float.
@@ -59,6 +60,91 @@ impl DevWeight {
             _ => None,
         }
     }
+}
+
+/// The products of one input: one `dec_mv_multi` launch over a device job table when every
+/// weight is quantized, else one product each. The input's producer quantizes it for
+/// [`Group::families`].
+#[derive(Debug)]
+struct Group {
+    weights: Vec<DevWeight>,
+    outs: Vec<u64>,
+    cols: usize,
+    /// `[W, y, rows, format, first block]` per weight; `None` when a weight is float.
+    jobs: Option<CudaSlice<i64>>,
+    blocks: usize,
+}
+
+/// `dec_mv_multi`'s format code.
+fn format_code(f: QuantFormat) -> Result<i64, ComputeError> {
+    Ok(match f {
+        QuantFormat::Q4_0 => 0,
+        QuantFormat::Q5_0 => 1,
+        QuantFormat::Q8_0 => 2,
+        QuantFormat::Q4_K => 4,
+        QuantFormat::Q6_K => 5,
+        _ => {
+            return Err(ComputeError::UnsupportedFormat {
+                backend: "cuda".to_string(),
+                format: f,
+            })
+        }
+    })
+}
+
+impl Group {
+    fn new(
+        st: &Arc<CudaStream>,
+        weights: Vec<DevWeight>,
+        outs: Vec<u64>,
+        cols: usize,
+    ) -> Result<Self, ComputeError> {
+        let mut table = Vec::new();
+        let mut blocks = 0usize;
+        let mut all_quant = true;
+        for (w, &y) in weights.iter().zip(&outs) {
+            let WKind::Quant(f) = w.kind else {
+                all_quant = false;
+                break;
+            };
+            table.extend([
+                w.ptr as i64,
+                y as i64,
+                w.rows as i64,
+                format_code(f)?,
+                blocks as i64,
+            ]);
+            blocks += w.rows.div_ceil(super::device::ROWS_PER_BLOCK);
+        }
+        let jobs = if all_quant {
+            int("mat-vec blocks", blocks)?;
+            Some(drv("upload mat-vec jobs", st.clone_htod(&table))?)
+        } else {
+            None
+        };
+        Ok(Group {
+            weights,
+            outs,
+            cols,
+            jobs,
+            blocks,
+        })
+    }
+
+    /// Activation families the quantized weights need: (Q8_K, 32-value blocks).
+    fn families(&self) -> (bool, bool) {
+        let has = |k| self.weights.iter().any(|w| w.family() == Some(k));
+        (has(true), has(false))
+    }
+}
+
+/// Per-layer product groups.
+#[derive(Debug)]
+struct LayerGroups {
+    qkv: Group,
+    o: Group,
+    gate_up: Group,
+    down: Group,
 }
 
 /// One layer's device pointers (0 = absent) and geometry.
@@ -137,12 +223,15 @@ pub(super) struct CudaDecoder<'b> {
     final_norm: u64,
     final_eps: f32,
     final_off: f32,
-    lm_head: DevWeight,
     logits_div: f32,
     final_cap: f32,
     layers: Vec<DevLayer>,
+    groups: Vec<LayerGroups>,
+    lm_group: Group,
     bufs: Bufs,
     graph: Option<CudaGraph>,
+    /// While [`TokenDecoder::profile_step`] runs: an event after each launch.
+    profile: RefCell<Option<Vec<(&'static str, CudaEvent)>>>,
 }
 
 fn ptr<T>(s: &CudaSlice<T>, st: &Arc<CudaStream>) -> u64 {
@@ -364,6 +453,31 @@ impl<'b> CudaDecoder<'b> {
             kq: act_buf(&stream, max_cols)?,
             b32: act_buf(&stream, max_cols)?,
         };
+        let p = |b: &CudaSlice<f32>| ptr(b, &stream);
+        let mut groups = Vec::with_capacity(layers.len());
+        for l in &layers {
+            let (gate_ws, gate_ys) = match l.gate {
+                Some(g) => (vec![g, l.up], vec![p(&bufs.gate), p(&bufs.up)]),
+                None => (vec![l.up], vec![p(&bufs.up)]),
+            };
+            groups.push(LayerGroups {
+                qkv: Group::new(
+                    &stream,
+                    vec![l.wq, l.wk, l.wv],
+                    vec![p(&bufs.q), p(&bufs.k), p(&bufs.v)],
+                    h,
+                )?,
+                o: Group::new(
+                    &stream,
+                    vec![l.wo],
+                    vec![p(&bufs.branch)],
+                    l.n_q * l.head_dim,
+                )?,
+                gate_up: Group::new(&stream, gate_ws, gate_ys, h)?,
+                down: Group::new(&stream, vec![l.down], vec![p(&bufs.branch)], l.inter)?,
+            });
+        }
+        let lm_group = Group::new(&stream, vec![lm_head], vec![p(&bufs.logits)], h)?;
         // Weights were uploaded on the backend's stream: wait before this stream reads them.
         drv("synchronize uploads", st.dev.stream.synchronize())?;
         let generation = st.generation;
@@ -380,16 +494,24 @@ impl<'b> CudaDecoder<'b> {
             final_norm,
             final_eps: plan.final_eps,
             final_off: plan.final_norm_offset,
-            lm_head,
             logits_div: plan.logits_divisor,
             final_cap: plan.final_softcap.unwrap_or(0.0),
             layers,
+            groups,
+            lm_group,
             bufs,
             graph: None,
+            profile: RefCell::new(None),
         })
     }
 
-    fn go(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[A]) -> Result<(), ComputeError> {
+    fn go(
+        &self,
+        name: &'static str,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &[A],
+    ) -> Result<(), ComputeError> {
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -400,7 +522,16 @@ impl<'b> CudaDecoder<'b> {
         }
         // SAFETY: every call site passes the argument list of the named kernel (decode.cu /
         // kernels.cu) with device pointers into buffers sized for it (allocated in `new`).
-        drv("launch a decode kernel", unsafe { b.launch(cfg) }).map(|_| ())
+        drv("launch a decode kernel", unsafe { b.launch(cfg) })?;
+        if let Some(events) = self.profile.borrow_mut().as_mut() {
+            let e = drv(
+                "record a profiling event",
+                self.stream
+                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+            )?;
+            events.push((name, e));
+        }
+        Ok(())
     }
 
     fn p<T>(&self, s: &CudaSlice<T>) -> u64 {
@@ -436,7 +567,7 @@ impl<'b> CudaDecoder<'b> {
                     A::P(self.p(&a.bsums)),
                     nb,
                 ];
-                self.go(&dev.k.quantize_q8_k, cfg, &args)?;
+                self.go("quantize", &dev.k.quantize_q8_k, cfg, &args)?;
             } else {
                 let a = &self.bufs.b32;
                 let args = [
@@ -446,7 +577,7 @@ impl<'b> CudaDecoder<'b> {
                     nb,
                     A::I(1),
                 ];
-                self.go(&dev.k.quantize_q8_32, cfg, &args)?;
+                self.go("quantize", &dev.k.quantize_q8_32, cfg, &args)?;
             }
         }
         Ok(())
@@ -478,7 +609,7 @@ impl<'b> CudaDecoder<'b> {
                     args.push(A::P(self.p(&a.bsums)));
                 }
                 args.extend([A::P(y), A::I(rows), A::I(cols), A::I(1)]);
-                self.go(f, cfg, &args)
+                self.go("mat-vec (single)", f, cfg, &args)
             }
             WKind::F32 | WKind::F16 => {
                 let f = match w.kind {
@@ -493,11 +624,27 @@ impl<'b> CudaDecoder<'b> {
                     A::I(rows),
                     A::I(cols),
                 ];
-                self.go(f, cfg, &args)
+                self.go("mat-vec (float)", f, cfg, &args)
             }
         }
     }
 
+    /// Quantized-activation pointers of the families `fam` = (Q8_K, 32-value): (q32, d32, qk, dk,
+    /// bsums), 0 where not wanted.
+    fn quant_targets(&self, fam: (bool, bool)) -> [A; 5] {
+        let (k, b) = (&self.bufs.kq, &self.bufs.b32);
+        let pick = |on: bool, v: u64| A::P(if on { v } else { 0 });
+        [
+            pick(fam.1, self.p(&b.aq)),
+            pick(fam.1, self.p(&b.ad)),
+            pick(fam.0, self.p(&k.aq)),
+            pick(fam.0, self.p(&k.ad)),
+            pick(fam.0, self.p(&k.bsums)),
+        ]
+    }
+
+    /// `x += [post](branch) · mult` (when `branch` ≠ 0), then `xn = rmsnorm(x) · (norm + off2)`
+    /// quantized for the families `fam` of the products that read `xn`.
     #[allow(clippy::too_many_arguments)]
     fn residual_norm(
         &self,
@@ -505,11 +652,10 @@ impl<'b> CudaDecoder<'b> {
         branch: u64,
         post: u64,
         mult: f32,
-        eps: f32,
-        off: f32,
+        (eps, off): (f32, f32),
         norm: u64,
-        eps2: f32,
-        off2: f32,
+        (eps2, off2): (f32, f32),
+        fam: (bool, bool),
     ) -> Result<(), ComputeError> {
         let b = &self.bufs;
         let cfg = LaunchConfig {
@@ -517,7 +663,7 @@ impl<'b> CudaDecoder<'b> {
             block_dim: (DEC_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let args = [
+        let mut args = vec![
             A::P(self.p(&b.x)),
             A::P(branch),
             A::P(post),
@@ -530,7 +676,40 @@ impl<'b> CudaDecoder<'b> {
             A::F(eps2),
             A::F(off2),
         ];
-        self.go(&dev.k.dec_residual_norm, cfg, &args)
+        args.extend(self.quant_targets(fam));
+        self.go(
+            "residual+norm+quantize",
+            &dev.k.dec_residual_norm,
+            cfg,
+            &args,
+        )
+    }
+
+    /// The products of `g` on their input (already quantized for [`Group::families`]).
+    fn run_group(&self, dev: &Device, g: &Group, x: u64) -> Result<(), ComputeError> {
+        let Some(jobs) = &g.jobs else {
+            for (w, &y) in g.weights.iter().zip(&g.outs) {
+                self.matvec(dev, w, x, y)?;
+            }
+            return Ok(());
+        };
+        let (k, b) = (&self.bufs.kq, &self.bufs.b32);
+        let cfg = LaunchConfig {
+            grid_dim: (g.blocks as u32, 1, 1),
+            block_dim: (32 * super::device::ROWS_PER_BLOCK as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            A::P(self.p(jobs)),
+            A::I(g.weights.len() as i32),
+            A::P(self.p(&b.aq)),
+            A::P(self.p(&b.ad)),
+            A::P(self.p(&k.aq)),
+            A::P(self.p(&k.ad)),
+            A::P(self.p(&k.bsums)),
+            A::I(int("cols", g.cols)?),
+        ];
+        self.go("mat-vec (fused)", &dev.k.dec_mv_multi, cfg, &args)
     }
 
     /// Enqueue one whole step on the decode stream (recorded into the graph on first use).
@@ -556,35 +735,21 @@ impl<'b> CudaDecoder<'b> {
             A::I(h),
             A::F(self.embed_scale),
         ];
-        self.go(embed, one(DEC_THREADS), &args)?;
-        let Some(first) = self.layers.first() else {
+        self.go("embedding", embed, one(DEC_THREADS), &args)?;
+        let (Some(first), Some(g0)) = (self.layers.first(), self.groups.first()) else {
             return Err(dev_err("decode: a plan without layers"));
         };
-        self.residual_norm(
-            dev,
-            0,
-            0,
-            1.0,
-            first.eps,
-            first.off,
-            first.pre_attn_norm,
-            first.eps,
-            first.off,
-        )?;
+        let norm0 = (first.eps, first.off);
+        let fam0 = g0.qkv.families();
+        self.residual_norm(dev, 0, 0, 1.0, norm0, first.pre_attn_norm, norm0, fam0)?;
         let (q, kk, v) = (self.p(&b.q), self.p(&b.k), self.p(&b.v));
-        let (attn, branch, gate, up) = (
-            self.p(&b.attn),
-            self.p(&b.branch),
-            self.p(&b.gate),
-            self.p(&b.up),
-        );
-        for (i, l) in self.layers.iter().enumerate() {
-            self.quantize_for(dev, &[&l.wq, &l.wk, &l.wv], xn, self.hidden)?;
-            self.matvec(dev, &l.wq, xn, q)?;
-            self.matvec(dev, &l.wk, xn, kk)?;
-            self.matvec(dev, &l.wv, xn, v)?;
+        let (attn, up) = (self.p(&b.attn), self.p(&b.up));
+        let (branch, gate) = (self.p(&b.branch), self.p(&b.gate));
+        for (i, (l, g)) in self.layers.iter().zip(&self.groups).enumerate() {
+            let en = (l.eps, l.off);
+            self.run_group(dev, &g.qkv, xn)?;
             let cfg = LaunchConfig {
-                grid_dim: ((l.n_q + l.n_kv) as u32, 1, 1),
+                grid_dim: (l.n_q as u32, 1, 1),
                 block_dim: (DEC_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -598,6 +763,8 @@ impl<'b> CudaDecoder<'b> {
                 A::P(inv),
                 A::P(self.p(&l.k_cache)),
                 A::P(self.p(&l.v_cache)),
+                A::P(attn),
+                A::P(self.p(&b.scores)),
                 A::P(pp),
                 A::I(int("query heads", l.n_q)?),
                 A::I(int("kv heads", l.n_kv)?),
@@ -606,79 +773,56 @@ impl<'b> CudaDecoder<'b> {
                 A::I(l.interleaved as i32),
                 A::F(l.eps),
                 A::F(l.off),
-            ];
-            self.go(&k.dec_qk_rope_store, cfg, &args)?;
-            let cfg = LaunchConfig {
-                grid_dim: (l.n_q as u32, 1, 1),
-                block_dim: (DEC_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let args = [
-                A::P(q),
-                A::P(self.p(&l.k_cache)),
-                A::P(self.p(&l.v_cache)),
-                A::P(attn),
-                A::P(self.p(&b.scores)),
-                A::P(pp),
-                A::I(int("query heads", l.n_q)?),
-                A::I(int("kv heads", l.n_kv)?),
-                A::I(int("head_dim", l.head_dim)?),
                 A::I(int("context", self.context)?),
                 A::F(l.scale),
                 A::I(l.window),
                 A::F(l.softcap),
             ];
-            self.go(&k.dec_attention, cfg, &args)?;
-            self.quantize_for(dev, &[&l.wo], attn, l.n_q * l.head_dim)?;
-            self.matvec(dev, &l.wo, attn, branch)?;
+            // The attention blocks quantize their heads for the o projection when every
+            // quantized block lies within one head; else a separate quantize launch.
+            let fam = g.o.families();
+            let fused = (!fam.0 || l.head_dim.is_multiple_of(256))
+                && (!fam.1 || l.head_dim.is_multiple_of(32));
+            let mut args = args.to_vec();
+            args.extend(self.quant_targets(if fused { fam } else { (false, false) }));
+            self.go(
+                "attention (rope, kv store, quantize)",
+                &k.dec_attention,
+                cfg,
+                &args,
+            )?;
+            if !fused {
+                self.quantize_for(dev, &g.o.weights.iter().collect::<Vec<_>>(), attn, g.o.cols)?;
+            }
+            self.run_group(dev, &g.o, attn)?;
+            let fam = g.gate_up.families();
             self.residual_norm(
                 dev,
                 branch,
                 l.post_attn_norm,
                 l.mult,
-                l.eps,
-                l.off,
+                en,
                 l.pre_ffn_norm,
-                l.eps,
-                l.off,
+                en,
+                fam,
             )?;
-            match &l.gate {
-                Some(g) => {
-                    self.quantize_for(dev, &[g, &l.up], xn, self.hidden)?;
-                    self.matvec(dev, g, xn, gate)?;
+            self.run_group(dev, &g.gate_up, xn)?;
+            self.act_quant(dev, l, &g.down, if l.gate.is_some() { gate } else { 0 }, up)?;
+            self.run_group(dev, &g.down, up)?;
+            let (norm, en2, fam) = match (self.layers.get(i + 1), self.groups.get(i + 1)) {
+                (Some(next), Some(ng)) => {
+                    (next.pre_attn_norm, (next.eps, next.off), ng.qkv.families())
                 }
-                None => self.quantize_for(dev, &[&l.up], xn, self.hidden)?,
-            }
-            self.matvec(dev, &l.up, xn, up)?;
-            let n = int("intermediate", l.inter)?;
-            let cfg = LaunchConfig {
-                grid_dim: (l.inter.div_ceil(256) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+                _ => (
+                    self.final_norm,
+                    (self.final_eps, self.final_off),
+                    self.lm_group.families(),
+                ),
             };
-            let g = if l.gate.is_some() { gate } else { 0 };
-            self.go(&k.dec_act, cfg, &[A::P(g), A::P(up), A::I(n), A::I(l.act)])?;
-            self.quantize_for(dev, &[&l.down], up, l.inter)?;
-            self.matvec(dev, &l.down, up, branch)?;
-            let (norm, eps2, off2) = match self.layers.get(i + 1) {
-                Some(next) => (next.pre_attn_norm, next.eps, next.off),
-                None => (self.final_norm, self.final_eps, self.final_off),
-            };
-            self.residual_norm(
-                dev,
-                branch,
-                l.post_ffn_norm,
-                l.mult,
-                l.eps,
-                l.off,
-                norm,
-                eps2,
-                off2,
-            )?;
+            self.residual_norm(dev, branch, l.post_ffn_norm, l.mult, en, norm, en2, fam)?;
         }
         let logits = self.p(&b.logits);
-        self.quantize_for(dev, &[&self.lm_head], xn, self.hidden)?;
-        self.matvec(dev, &self.lm_head, xn, logits)?;
+        self.run_group(dev, &self.lm_group, xn)?;
         if self.logits_div != 1.0 || self.final_cap > 0.0 {
             let cfg = LaunchConfig {
                 grid_dim: (self.vocab.div_ceil(256) as u32, 1, 1),
@@ -691,9 +835,50 @@ impl<'b> CudaDecoder<'b> {
                 A::F(self.logits_div),
                 A::F(self.final_cap),
             ];
-            self.go(&k.dec_logits_post, cfg, &args)?;
+            self.go("logit soft-cap", &k.dec_logits_post, cfg, &args)?;
         }
         Ok(())
+    }
+
+    /// `up = act(gate) · up` (or `act(up)` when `gate` is 0), quantized for `down` when it is a
+    /// quantized weight.
+    fn act_quant(
+        &self,
+        dev: &Device,
+        l: &DevLayer,
+        down: &Group,
+        gate: u64,
+        up: u64,
+    ) -> Result<(), ComputeError> {
+        let fam = down.weights.first().and_then(|w| w.family());
+        let kq = fam == Some(true);
+        let per_warp = if kq { 256 } else { 32 };
+        let warps = l.inter.div_ceil(per_warp);
+        let cfg = LaunchConfig {
+            grid_dim: (warps.div_ceil(4) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (qa, da, bs) = match fam {
+            Some(true) => (
+                self.p(&self.bufs.kq.aq),
+                self.p(&self.bufs.kq.ad),
+                self.p(&self.bufs.kq.bsums),
+            ),
+            Some(false) => (self.p(&self.bufs.b32.aq), self.p(&self.bufs.b32.ad), 0),
+            None => (0, 0, 0),
+        };
+        let args = [
+            A::P(gate),
+            A::P(up),
+            A::I(int("intermediate", l.inter)?),
+            A::I(l.act),
+            A::P(qa),
+            A::P(da),
+            A::P(bs),
+            A::I(kq as i32),
+        ];
+        self.go("activation+quantize", &dev.k.dec_act_quant, cfg, &args)
     }
 
     /// Capture [`Self::record`] into a graph (once).
@@ -711,6 +896,34 @@ impl<'b> CudaDecoder<'b> {
         recorded?;
         self.graph = Some(graph?.ok_or_else(|| dev_err("graph capture recorded nothing"))?);
         Ok(())
+    }
+
+    /// Check `token` and `pos` and copy them to the device (`p`). Errors: out of range, a
+    /// cleared weight cache (`generation` changed), a device failure.
+    fn set_params(&mut self, generation: u64, token: u32, pos: usize) -> Result<(), ComputeError> {
+        if token as usize >= self.vocab {
+            return Err(dev_err(format!(
+                "decode: token id {token} outside the vocabulary ({})",
+                self.vocab
+            )));
+        }
+        if pos >= self.context {
+            return Err(dev_err(format!(
+                "decode: position {pos} outside the context ({})",
+                self.context
+            )));
+        }
+        if generation != self.generation {
+            return Err(dev_err(
+                "decode: the backend's weight cache was cleared after this decoder was made",
+            ));
+        }
+        let params = [token as i32, int("position", pos)?];
+        let stream = self.stream.clone();
+        drv(
+            "upload token and position",
+            stream.memcpy_htod(&params, &mut self.bufs.p),
+        )
     }
 
     /// Check a KV row range of `layer`; returns (kv_dim, element offset).
@@ -789,44 +1002,57 @@ impl TokenDecoder for CudaDecoder<'_> {
     }
 
     fn step(&mut self, token: u32, pos: usize, logits: &mut [f32]) -> Result<(), ComputeError> {
-        if token as usize >= self.vocab {
-            return Err(dev_err(format!(
-                "decode: token id {token} outside the vocabulary ({})",
-                self.vocab
-            )));
-        }
-        if pos >= self.context {
-            return Err(dev_err(format!(
-                "decode: position {pos} outside the context ({})",
-                self.context
-            )));
-        }
         if logits.len() != self.vocab {
             return Err(shape_err("logits (vocab)", self.vocab, logits.len()));
         }
         let backend = self.backend;
         let st = backend.lock();
-        if st.generation != self.generation {
-            return Err(dev_err(
-                "decode: the backend's weight cache was cleared after this decoder was made",
-            ));
-        }
-        let params = [token as i32, int("position", pos)?];
-        let stream = self.stream.clone();
-        drv(
-            "upload token and position",
-            stream.memcpy_htod(&params, &mut self.bufs.p),
-        )?;
+        self.set_params(st.generation, token, pos)?;
         if self.graph.is_none() {
             self.capture(&st.dev)?;
         }
         if let Some(g) = &self.graph {
             drv("replay the decode graph", g.launch())?;
         }
+        let stream = self.stream.clone();
         drv(
             "download logits",
             stream.memcpy_dtoh(&self.bufs.logits, logits),
         )?;
         drv("synchronize", stream.synchronize())
+    }
+
+    fn profile_step(
+        &mut self,
+        token: u32,
+        pos: usize,
+    ) -> Result<Vec<(String, usize, f64)>, ComputeError> {
+        let backend = self.backend;
+        let st = backend.lock();
+        self.set_params(st.generation, token, pos)?;
+        let start = drv(
+            "record a profiling event",
+            self.stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+        )?;
+        *self.profile.borrow_mut() = Some(Vec::new());
+        let recorded = self.record(&st.dev);
+        let events = self.profile.borrow_mut().take().unwrap_or_default();
+        recorded?;
+        drv("synchronize", self.stream.synchronize())?;
+        let mut out: Vec<(String, usize, f64)> = Vec::new();
+        let mut prev = &start;
+        for (name, e) in &events {
+            let us = drv("event time", prev.elapsed_ms(e))? as f64 * 1e3;
+            match out.iter_mut().find(|o| o.0 == *name) {
+                Some(o) => {
+                    o.1 += 1;
+                    o.2 += us;
+                }
+                None => out.push((name.to_string(), 1, us)),
+            }
+            prev = e;
+        }
+        Ok(out)
     }
 }

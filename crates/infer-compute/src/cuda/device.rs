@@ -57,9 +57,9 @@ pub(super) struct Kernels {
     pub dec_embed_f32: CudaFunction,
     pub dec_embed_f16: CudaFunction,
     pub dec_residual_norm: CudaFunction,
-    pub dec_qk_rope_store: CudaFunction,
     pub dec_attention: CudaFunction,
-    pub dec_act: CudaFunction,
+    pub dec_act_quant: CudaFunction,
+    pub dec_mv_multi: CudaFunction,
     pub dec_logits_post: CudaFunction,
 }
 
@@ -148,9 +148,9 @@ impl Device {
             dec_embed_f32: f("dec_embed_f32")?,
             dec_embed_f16: f("dec_embed_f16")?,
             dec_residual_norm: f("dec_residual_norm")?,
-            dec_qk_rope_store: f("dec_qk_rope_store")?,
             dec_attention: f("dec_attention")?,
-            dec_act: f("dec_act")?,
+            dec_act_quant: f("dec_act_quant")?,
+            dec_mv_multi: f("dec_mv_multi")?,
             dec_logits_post: f("dec_logits_post")?,
         };
         let stream = ctx.default_stream();

@@ -85,11 +85,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 // One warp per 32-value block: d = amax/127, id = 1/d (0 if d == 0), q = roundf(x*id).
 // f16_scale != 0: ggml quantize_row_q8_0_ref (d stored as f16; the quants use the f32 d);
 // f16_scale == 0: the seed's Q8 activation format (f32 d), src/q8_split.rs quantize_row.
-extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __restrict__ q,
-                                          float* __restrict__ d, int nblocks, int f16_scale) {
-    int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (blk >= nblocks) return;
+// One 32-value block `blk` of x by one warp (lane = value).
+__device__ __forceinline__ void quant_block_32(const float* __restrict__ x, i8* __restrict__ q,
+                                               float* __restrict__ d, int blk, int lane,
+                                               int f16_scale) {
     float v = x[(long long)blk * 32 + lane];
     float a = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, o));
@@ -99,16 +98,22 @@ extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __res
     if (lane == 0) d[blk] = f16_scale ? round_to_f16(dd) : dd;
 }
 
+extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __restrict__ q,
+                                          float* __restrict__ d, int nblocks, int f16_scale) {
+    int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (blk >= nblocks) return;
+    quant_block_32(x, q, d, blk, lane, f16_scale);
+}
+
 // One warp per 256-value block, 8 consecutive values per lane: ggml quantize_row_q8_K_ref.
 // max = the first value of largest |x| (sequential strict '>'), iscale = -127/max,
 // q = min(nearest_int(iscale*x), 127), d = 1/iscale, bsums[g] = sum of q over 16-value group g.
 // An all-zero block gives d = 0, q = 0, bsums = 0.
-extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __restrict__ q,
-                                         float* __restrict__ d, int* __restrict__ bsums,
-                                         int nblocks) {
-    int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (blk >= nblocks) return;
+// One 256-value block `blk` of x by one warp.
+__device__ __forceinline__ void quant_block_k(const float* __restrict__ x, i8* __restrict__ q,
+                                              float* __restrict__ d, int* __restrict__ bsums,
+                                              int blk, int lane) {
     const float* xb = x + (long long)blk * 256 + lane * 8;
     float v[8];
     float amax = 0.0f, mx = 0.0f;
@@ -154,6 +159,15 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __rest
     if (lane == 0) d[blk] = 1.0f / iscale;
 }
 
+extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __restrict__ q,
+                                         float* __restrict__ d, int* __restrict__ bsums,
+                                         int nblocks) {
+    int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (blk >= nblocks) return;
+    quant_block_k(x, q, d, bsums, blk, lane);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 32-value block formats x int8 activations (Q8_0 or the seed's Q8): four lanes per block, eight
 // values per lane, the block's integer sum reduced over the four lanes, then one f32 term per
@@ -172,10 +186,10 @@ __device__ __forceinline__ int expand_bits4(u32 h) {
 template <int FMT>
 __device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __restrict__ wscale,
                                      const i8* __restrict__ aq, const float* __restrict__ ad,
-                                     float* __restrict__ y, int rows, int cols, int m) {
-    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+                                     float* __restrict__ y, int rows, int cols, int m, int bx,
+                                     u8* smw) {
     int warp = threadIdx.x >> 5;
-    int row = blockIdx.x * ROWS_PER_BLOCK + warp;
+    int row = bx * ROWS_PER_BLOCK + warp;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
     int t0 = blockIdx.y * MT;
@@ -190,7 +204,7 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __re
     for (int t = 0; t < MT; t++) acc[t] = 0.0f;
     for (int c0 = 0; c0 < nb; c0 += CB) {
         int cb = min(CB, nb - c0);
-        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, sm[warp], lane);
+        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, smw, lane);
 #pragma unroll 2
         for (int j0 = 0; j0 < cb; j0 += 8) {
             int ib = c0 + j0 + (lane >> 2);
@@ -266,19 +280,23 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __re
 
 extern "C" __global__ void mv_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
                                    int cols, int m) {
-    mv32<F_Q4_0>(W, 0, aq, ad, y, rows, cols, m);
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    mv32<F_Q4_0>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 extern "C" __global__ void mv_q5_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
                                    int cols, int m) {
-    mv32<F_Q5_0>(W, 0, aq, ad, y, rows, cols, m);
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    mv32<F_Q5_0>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 extern "C" __global__ void mv_q8_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
                                    int cols, int m) {
-    mv32<F_Q8_0>(W, 0, aq, ad, y, rows, cols, m);
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    mv32<F_Q8_0>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 extern "C" __global__ void mv_q8s(const u8* W, const float* ws, const i8* aq, const float* ad,
                                   float* y, int rows, int cols, int m) {
-    mv32<F_Q8S>(W, ws, aq, ad, y, rows, cols, m);
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    mv32<F_Q8S>(W, ws, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,10 +369,10 @@ __device__ __forceinline__ void mvk_block(const u8* __restrict__ b, int ib, int 
 template <bool Q4K>
 __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restrict__ aq,
                                     const float* __restrict__ ad, const int* __restrict__ bsums,
-                                    float* __restrict__ y, int rows, int cols, int m) {
-    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+                                    float* __restrict__ y, int rows, int cols, int m, int bx,
+                                    u8* smw) {
     int warp = threadIdx.x >> 5;
-    int row = blockIdx.x * ROWS_PER_BLOCK + warp;
+    int row = bx * ROWS_PER_BLOCK + warp;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
     int t0 = blockIdx.y * MT;
@@ -368,7 +386,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restri
     for (int t = 0; t < MT; t++) acc[t] = 0.0f;
     for (int c0 = 0; c0 < nb; c0 += CB) {
         int cb = min(CB, nb - c0);
-        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, sm[warp], lane);
+        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, smw, lane);
 #pragma unroll 2
         for (int j = 0; j < cb; j++)
             mvk_block<Q4K>(wr + j * bb, c0 + j, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
@@ -385,11 +403,13 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restri
 
 extern "C" __global__ void mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
                                    float* y, int rows, int cols, int m) {
-    mvk<true>(W, aq, ad, bsums, y, rows, cols, m);
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    mvk<true>(W, aq, ad, bsums, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 extern "C" __global__ void mv_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
                                    float* y, int rows, int cols, int m) {
-    mvk<false>(W, aq, ad, bsums, y, rows, cols, m);
+    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    mvk<false>(W, aq, ad, bsums, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 
 // ---------------------------------------------------------------------------------------------
