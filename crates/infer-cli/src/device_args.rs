@@ -147,6 +147,7 @@ mod tests {
     fn cuda_without_the_feature_is_a_clear_error() {
         let a = DeviceArgs {
             device: Device::Cuda(0),
+            host_loop: false,
         };
         let e = a.backend().err().expect("an error").to_string();
         assert_eq!(e, NO_CUDA);

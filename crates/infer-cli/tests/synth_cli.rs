@@ -6,25 +6,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{infer, model_file, text};
+use common::{infer, model_file, shared_dir, text};
 use infer_models::gguf::{GgufFile, GgufHeader};
 
 const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const GEMMA: &str = "gemma-3-270m-q4_k_m.gguf";
-
-fn shared_dir() -> PathBuf {
-    let p = std::env::var_os("INFER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    assert!(
-        p.join("archrefs").is_dir(),
-        "shared reference data not found at {} (set INFER_SHARED)",
-        p.display()
-    );
-    p
-}
 
 fn ok(args: &[&str]) -> String {
     let o = infer(args);
@@ -92,6 +80,11 @@ fn check_like(model: &Path, out: &Path) {
     }
 }
 
+/// `infer synth --like model --header-only -o skel`.
+fn header_only(model: &Path, skel: &Path) {
+    ok(&["synth", "--like", s(model), "--header-only", "-o", s(skel)]);
+}
+
 #[test]
 fn smollm2_synth_same_header_seeded_data_and_runs() {
     let model = model_file(SMOL);
@@ -102,14 +95,7 @@ fn smollm2_synth_same_header_seeded_data_and_runs() {
 
     // Header only: small, not openable as a model, but synth from it gives the same bytes.
     let skel = dir.path().join("skel.gguf");
-    ok(&[
-        "synth",
-        "--like",
-        s(&model),
-        "--header-only",
-        "-o",
-        s(&skel),
-    ]);
+    header_only(&model, &skel);
     let skel_len = std::fs::metadata(&skel).unwrap().len();
     assert!(skel_len < 4 << 20, "header-only file is {skel_len} bytes");
     assert!(GgufFile::open(&skel).is_err());
@@ -178,14 +164,7 @@ fn gemma3_synth_same_header_and_header_only_round_trip() {
     eprintln!("gemma synth: {:.1} s", t0.elapsed().as_secs_f64());
     check_like(&model, &out);
     let skel = dir.path().join("skel.gguf");
-    ok(&[
-        "synth",
-        "--like",
-        s(&model),
-        "--header-only",
-        "-o",
-        s(&skel),
-    ]);
+    header_only(&model, &skel);
     let again = dir.path().join("again.gguf");
     ok(&["synth", "--like", s(&skel), "-o", s(&again), "--seed", "7"]);
     assert!(

@@ -5,6 +5,22 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// The shared reference data (`INFER_SHARED`, default `../shared` next to the workspace);
+/// panics with the fix when its archrefs are missing.
+pub fn shared_dir() -> PathBuf {
+    let p = std::env::var_os("INFER_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+        });
+    assert!(
+        p.join("archrefs").is_dir(),
+        "shared reference data not found at {} (set INFER_SHARED)",
+        p.display()
+    );
+    p
+}
+
 /// A real model file from `INFER_MODELS` (default `~/.cache/infer/models`); panics with the fix
 /// when it is missing (CI always has it).
 pub fn model_file(name: &str) -> PathBuf {

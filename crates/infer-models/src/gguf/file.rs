@@ -287,6 +287,26 @@ fn read_tensor_info(
     })
 }
 
+/// Memory-map the file at `path`, refusing one shorter than the 24-byte GGUF header. Errors:
+/// [`ModelError::Io`] when it cannot be opened or mapped, [`ModelError::BadGguf`] when too short.
+pub(super) fn map_gguf(path: &Path) -> Result<memmap2::Mmap, ModelError> {
+    let io = |e| ModelError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len < 24 {
+        return Err(bad(
+            path,
+            format!("truncated: {len} bytes is shorter than the 24-byte GGUF header"),
+        ));
+    }
+    // SAFETY: the map is read-only; like every mmap reader we rely on the file not being
+    // truncated by another process while it is open.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(io)
+}
+
 impl GgufFile {
     /// Memory-map and parse a GGUF v2/v3 file.
     ///
@@ -295,21 +315,7 @@ impl GgufFile {
     /// has a bad magic or version, absurd counts, a string/array running past the end, an
     /// unknown value or ggml type, a misaligned tensor offset or a tensor past the end.
     pub fn open(path: &Path) -> Result<GgufFile, ModelError> {
-        let io = |e| ModelError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        if len < 24 {
-            return Err(bad(
-                path,
-                format!("truncated: {len} bytes is shorter than the 24-byte GGUF header"),
-            ));
-        }
-        // SAFETY: the map is read-only; like every mmap reader we rely on the file not being
-        // truncated by another process while it is open.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let mmap = map_gguf(path)?;
         let p = parse(path, &mmap)?;
         Ok(GgufFile {
             path: path.to_path_buf(),

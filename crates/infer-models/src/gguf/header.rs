@@ -33,21 +33,7 @@ impl GgufHeader {
     /// [`ModelError::BadGguf`] naming the file and what is wrong (not a GGUF file, truncated
     /// header, …).
     pub fn read(path: &Path) -> Result<GgufHeader, ModelError> {
-        let io = |e| ModelError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        if len < 24 {
-            return Err(ModelError::BadGguf {
-                path: path.to_path_buf(),
-                msg: format!("truncated: {len} bytes is shorter than the 24-byte GGUF header"),
-            });
-        }
-        // SAFETY: read-only map; as for every mmap reader, the file must not be truncated by
-        // another process while it is being parsed.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let mmap = super::file::map_gguf(path)?;
         let p = parse_header(path, &mmap)?;
         Ok(GgufHeader {
             version: p.version,
