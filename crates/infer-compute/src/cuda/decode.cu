@@ -8,6 +8,8 @@
 // the maximum subtracted (src/attention.rs). Sums run in a different order than the CPU's.
 
 #define DEC_THREADS 256
+#define RN_THREADS 1024
+#define RN_MAX 8192
 #define NEG_INF __int_as_float(0xff800000)
 
 // Block-wide sum of one double per thread (blockDim.x a multiple of 32, at most 1024).
@@ -49,17 +51,18 @@ extern "C" __global__ void dec_embed_f16(const u16* E, const int* p, float* x, i
     for (int i = threadIdx.x; i < h; i += blockDim.x) x[i] = f16_to_f32(row[i]) * scale;
 }
 
-// One block (DEC_THREADS threads), n <= DEC_THREADS * 16:
+// One block of RN_THREADS threads, n <= RN_MAX (decode.rs MAX_HIDDEN):
 //   if branch: b = post_w ? rmsnorm(branch) * (post_w + off) : branch;  x += b * mult
 //   out = rmsnorm(x) * (norm_w + off)  (norm eps/offset: eps2/off2)
 //   then, when given, out quantized for the next products: q32/d32 (32-value blocks, ggml
 //   quantize_row_q8_0_ref) and qk/dk/bsk (Q8_K), each by one warp per block.
-extern "C" __global__ void dec_residual_norm(float* x, const float* branch, const float* post_w,
-                                             float mult, const float* norm_w, float* out, int n,
-                                             float eps, float off, float eps2, float off2,
-                                             i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
+extern "C" __global__ void __launch_bounds__(RN_THREADS)
+    dec_residual_norm(float* x, const float* branch, const float* post_w, float mult,
+                      const float* norm_w, float* out, int n, float eps, float off, float eps2,
+                      float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
     __shared__ double sh[32];
-    float xv[16];
+    __shared__ float sv[RN_MAX];  // out, for the quantizing warps
+    float xv[RN_MAX / RN_THREADS];
     int cnt = 0;
     if (branch) {
         float sc = 1.0f;
@@ -85,14 +88,18 @@ extern "C" __global__ void dec_residual_norm(float* x, const float* branch, cons
     for (int c = 0; c < cnt; c++) ss += (double)xv[c] * (double)xv[c];
     float sc = rms_scale(block_sum_d(ss, sh), n, eps2);
     cnt = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (xv[cnt++] * sc) * (norm_w[i] + off2);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float o = (xv[cnt++] * sc) * (norm_w[i] + off2);
+        out[i] = o;
+        sv[i] = o;
+    }
     if (!q32 && !qk) return;
     __syncthreads();
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (q32)
-        for (int b = w; b < n / 32; b += nw) quant_block_32(out, q32, d32, b, lane, 1);
+        for (int b = w; b < n / 32; b += nw) quant_block_32(sv + b * 32, q32, d32, b, lane, 1);
     if (qk)
-        for (int b = w; b < n / 256; b += nw) quant_block_k(out, qk, dk, bsk, b, lane);
+        for (int b = w; b < n / 256; b += nw) quant_block_k(sv + b * 256, qk, dk, bsk, b, lane);
 }
 
 // RMSNorm (when nw) and RoPE (when inv_freq) of one head held in shared memory row[0:hd], by the
@@ -177,7 +184,9 @@ extern "C" __global__ void dec_attention(const float* q, const float* k, const f
     if (window < 0) lo = pos + 1;
     float* sc = scores + (long long)h * ctx;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    // Scores: one key per thread (its row read with 16-byte loads when hd % 4 == 0).
+    // Scores: one key per thread (its row read with 16-byte loads when hd % 4 == 0; every
+    // thread reads the same q value at a time, a shared-memory broadcast). Several threads per
+    // key, each on a slice of the row, measured slower on the H200 (bank conflicts on q).
     float mx = NEG_INF;
     for (int j = lo + threadIdx.x; j <= pos; j += blockDim.x) {
         const float* kr = j == pos ? ks : kc + (long long)j * kvd + (long long)g * hd;
@@ -235,9 +244,12 @@ extern "C" __global__ void dec_attention(const float* q, const float* k, const f
     if (!q32 && !qk) return;
     __syncthreads();
     if (q32)
-        for (int b = w; b < hd / 32; b += nw) quant_block_32(out, q32, d32, h * (hd / 32) + b, lane, 1);
+        for (int b = w; b < hd / 32; b += nw)
+            quant_block_32(out + ((long long)h * hd + b * 32), q32, d32, h * (hd / 32) + b, lane, 1);
     if (qk)
-        for (int b = w; b < hd / 256; b += nw) quant_block_k(out, qk, dk, bsk, h * (hd / 256) + b, lane);
+        for (int b = w; b < hd / 256; b += nw)
+            quant_block_k(out + ((long long)h * hd + b * 256), qk, dk, bsk, h * (hd / 256) + b,
+                          lane);
 }
 
 __device__ __forceinline__ float act_fn(float x, int act) {
@@ -256,17 +268,24 @@ extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, in
                                          float* d, int* bsums, int kq) {
     int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
+    __shared__ float sv[4][256];  // this warp's block, for the quantizer
     int per = kq ? 8 : 1;
     long long first = (long long)blk * 32 * per;
     if (first >= n) return;
+    float* wv = sv[(threadIdx.x >> 5) & 3];
     for (int i = 0; i < per; i++) {
         long long k = first + lane * per + i;
-        if (k < n) up[k] = gate ? act_fn(gate[k], act) * up[k] : act_fn(up[k], act);
+        float r = 0.0f;
+        if (k < n) {
+            r = gate ? act_fn(gate[k], act) * up[k] : act_fn(up[k], act);
+            up[k] = r;
+        }
+        wv[lane * per + i] = r;
     }
     if (!q) return;
     __syncwarp();
-    if (kq) quant_block_k(up, q, d, bsums, blk, lane);
-    else quant_block_32(up, q, d, blk, lane, 1);
+    if (kq) quant_block_k(wv, q, d, bsums, blk, lane);
+    else quant_block_32(wv, q, d, blk, lane, 1);
 }
 
 // Several quantized mat-vecs of one input in one launch (fused QKV, gate+up, or one matrix):

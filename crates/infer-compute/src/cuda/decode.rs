@@ -23,8 +23,10 @@ use crate::{ComputeError, DecodePlan, PlanRows, PlanWeight, TokenDecoder};
 
 /// Threads of the one-block kernels; `DEC_THREADS` in decode.cu.
 const DEC_THREADS: u32 = 256;
-/// `dec_residual_norm` holds 16 values per thread.
-const MAX_HIDDEN: usize = DEC_THREADS as usize * 16;
+/// Threads of `dec_residual_norm` (`RN_THREADS` in decode.cu).
+const RN_THREADS: u32 = 1024;
+/// Largest hidden size of `dec_residual_norm` (`RN_MAX`: its shared copy of the row).
+const MAX_HIDDEN: usize = 8192;
 /// Shared head buffers of `dec_attention`.
 const MAX_HEAD_DIM: usize = 1024;
 
@@ -660,7 +662,7 @@ impl<'b> CudaDecoder<'b> {
         let b = &self.bufs;
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (DEC_THREADS, 1, 1),
+            block_dim: (RN_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut args = vec![

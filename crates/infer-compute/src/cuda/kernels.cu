@@ -85,11 +85,11 @@ __device__ __forceinline__ float warp_sum(float v) {
 // One warp per 32-value block: d = amax/127, id = 1/d (0 if d == 0), q = roundf(x*id).
 // f16_scale != 0: ggml quantize_row_q8_0_ref (d stored as f16; the quants use the f32 d);
 // f16_scale == 0: the seed's Q8 activation format (f32 d), src/q8_split.rs quantize_row.
-// One 32-value block `blk` of x by one warp (lane = value).
-__device__ __forceinline__ void quant_block_32(const float* __restrict__ x, i8* __restrict__ q,
+// One 32-value block by one warp (lane = value): its values at xb, output block `blk` of q, d.
+__device__ __forceinline__ void quant_block_32(const float* __restrict__ xb, i8* __restrict__ q,
                                                float* __restrict__ d, int blk, int lane,
                                                int f16_scale) {
-    float v = x[(long long)blk * 32 + lane];
+    float v = xb[lane];
     float a = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, o));
     float dd = a / 127.0f;
@@ -103,18 +103,18 @@ extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __res
     int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;
-    quant_block_32(x, q, d, blk, lane, f16_scale);
+    quant_block_32(x + (long long)blk * 32, q, d, blk, lane, f16_scale);
 }
 
 // One warp per 256-value block, 8 consecutive values per lane: ggml quantize_row_q8_K_ref.
 // max = the first value of largest |x| (sequential strict '>'), iscale = -127/max,
 // q = min(nearest_int(iscale*x), 127), d = 1/iscale, bsums[g] = sum of q over 16-value group g.
 // An all-zero block gives d = 0, q = 0, bsums = 0.
-// One 256-value block `blk` of x by one warp.
-__device__ __forceinline__ void quant_block_k(const float* __restrict__ x, i8* __restrict__ q,
+// One 256-value block by one warp: its values at x256, output block `blk` of q, d, bsums.
+__device__ __forceinline__ void quant_block_k(const float* __restrict__ x256, i8* __restrict__ q,
                                               float* __restrict__ d, int* __restrict__ bsums,
                                               int blk, int lane) {
-    const float* xb = x + (long long)blk * 256 + lane * 8;
+    const float* xb = x256 + lane * 8;
     float v[8];
     float amax = 0.0f, mx = 0.0f;
     int idx = 1 << 30;
@@ -165,7 +165,7 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __rest
     int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;
-    quant_block_k(x, q, d, bsums, blk, lane);
+    quant_block_k(x + (long long)blk * 256, q, d, bsums, blk, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
