@@ -1,0 +1,407 @@
+//! Launching a decode step's kernels (`decode.cu`, and the quantizers of `kernels.cu`) on the
+//! decoder's stream, eagerly or into the CUDA graph, with optional timing events.
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use infer_quant::QuantFormat;
+
+use super::group::Group;
+use super::{ptr, CudaDecoder, DevLayer, DevWeight, WKind, A, DEC_THREADS, RN_THREADS};
+use crate::cuda::device::{dev_err, drv, int, Device, ROWS_PER_BLOCK};
+use crate::cuda::quant::mv_grid;
+use crate::ComputeError;
+
+impl CudaDecoder<'_> {
+    fn go(
+        &self,
+        name: &'static str,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &[A],
+    ) -> Result<(), ComputeError> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                A::P(v) => b.arg(v),
+                A::I(v) => b.arg(v),
+                A::F(v) => b.arg(v),
+            };
+        }
+        // SAFETY: every call site passes the argument list of the named kernel (decode.cu /
+        // kernels.cu) with device pointers into buffers sized for it (allocated in `new`).
+        drv("launch a decode kernel", unsafe { b.launch(cfg) })?;
+        if let Some(events) = self.profile.borrow_mut().as_mut() {
+            let e = drv(
+                "record a profiling event",
+                self.stream
+                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+            )?;
+            events.push((name, e));
+        }
+        Ok(())
+    }
+
+    fn p<T>(&self, s: &CudaSlice<T>) -> u64 {
+        ptr(s, &self.stream)
+    }
+
+    /// Quantize `cols` activations at `x` once per activation family used by `ws`.
+    fn quantize_for(
+        &self,
+        dev: &Device,
+        ws: &[&DevWeight],
+        x: u64,
+        cols: usize,
+    ) -> Result<(), ComputeError> {
+        for family in [true, false] {
+            if !ws.iter().any(|w| w.family() == Some(family)) {
+                continue;
+            }
+            let block = if family { 256 } else { 32 };
+            let nblocks = cols / block;
+            let cfg = LaunchConfig {
+                grid_dim: (nblocks.div_ceil(4) as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let nb = A::I(int("activation blocks", nblocks)?);
+            if family {
+                let a = &self.bufs.kq;
+                let args = [
+                    A::P(x),
+                    A::P(self.p(&a.aq)),
+                    A::P(self.p(&a.ad)),
+                    A::P(self.p(&a.bsums)),
+                    nb,
+                ];
+                self.go("quantize", &dev.k.quantize_q8_k, cfg, &args)?;
+            } else {
+                let a = &self.bufs.b32;
+                let args = [
+                    A::P(x),
+                    A::P(self.p(&a.aq)),
+                    A::P(self.p(&a.ad)),
+                    nb,
+                    A::I(1),
+                ];
+                self.go("quantize", &dev.k.quantize_q8_32, cfg, &args)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `y[rows] = W · x` with `x` (f32, `cols`) at `x`, already quantized for `w`'s family by
+    /// [`Self::quantize_for`] when `w` is quantized.
+    fn matvec(&self, dev: &Device, w: &DevWeight, x: u64, y: u64) -> Result<(), ComputeError> {
+        let (rows, cols) = (int("rows", w.rows)?, int("cols", w.cols)?);
+        let cfg = mv_grid(w.rows, 1);
+        match w.kind {
+            WKind::Quant(format) => {
+                let (f, kq) = match format {
+                    QuantFormat::Q4_0 => (&dev.k.mv_q4_0, false),
+                    QuantFormat::Q5_0 => (&dev.k.mv_q5_0, false),
+                    QuantFormat::Q8_0 => (&dev.k.mv_q8_0, false),
+                    QuantFormat::Q4_K => (&dev.k.mv_q4_k, true),
+                    QuantFormat::Q6_K => (&dev.k.mv_q6_k, true),
+                    _ => {
+                        return Err(ComputeError::UnsupportedFormat {
+                            backend: "cuda".to_string(),
+                            format,
+                        })
+                    }
+                };
+                let a = if kq { &self.bufs.kq } else { &self.bufs.b32 };
+                let mut args = vec![A::P(w.ptr), A::P(self.p(&a.aq)), A::P(self.p(&a.ad))];
+                if kq {
+                    args.push(A::P(self.p(&a.bsums)));
+                }
+                args.extend([A::P(y), A::I(rows), A::I(cols), A::I(1)]);
+                self.go("mat-vec (single)", f, cfg, &args)
+            }
+            WKind::F32 | WKind::F16 => {
+                let f = match w.kind {
+                    WKind::F16 => &dev.k.rowdot_f16,
+                    _ => &dev.k.rowdot_f32,
+                };
+                let args = [
+                    A::P(x),
+                    A::P(w.ptr),
+                    A::P(y),
+                    A::I(1),
+                    A::I(rows),
+                    A::I(cols),
+                ];
+                self.go("mat-vec (float)", f, cfg, &args)
+            }
+        }
+    }
+
+    /// Quantized-activation pointers of the families `fam` = (Q8_K, 32-value): (q32, d32, qk, dk,
+    /// bsums), 0 where not wanted.
+    fn quant_targets(&self, fam: (bool, bool)) -> [A; 5] {
+        let (k, b) = (&self.bufs.kq, &self.bufs.b32);
+        let pick = |on: bool, v: u64| A::P(if on { v } else { 0 });
+        [
+            pick(fam.1, self.p(&b.aq)),
+            pick(fam.1, self.p(&b.ad)),
+            pick(fam.0, self.p(&k.aq)),
+            pick(fam.0, self.p(&k.ad)),
+            pick(fam.0, self.p(&k.bsums)),
+        ]
+    }
+
+    /// `x += [post](branch) · mult` (when `branch` ≠ 0), then `xn = rmsnorm(x) · (norm + off2)`
+    /// quantized for the families `fam` of the products that read `xn`.
+    #[allow(clippy::too_many_arguments)]
+    fn residual_norm(
+        &self,
+        dev: &Device,
+        branch: u64,
+        post: u64,
+        mult: f32,
+        (eps, off): (f32, f32),
+        norm: u64,
+        (eps2, off2): (f32, f32),
+        fam: (bool, bool),
+    ) -> Result<(), ComputeError> {
+        let b = &self.bufs;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (RN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args = vec![
+            A::P(self.p(&b.x)),
+            A::P(branch),
+            A::P(post),
+            A::F(mult),
+            A::P(norm),
+            A::P(self.p(&b.xn)),
+            A::I(int("hidden", self.hidden)?),
+            A::F(eps),
+            A::F(off),
+            A::F(eps2),
+            A::F(off2),
+        ];
+        args.extend(self.quant_targets(fam));
+        self.go(
+            "residual+norm+quantize",
+            &dev.k.dec_residual_norm,
+            cfg,
+            &args,
+        )
+    }
+
+    /// The products of `g` on their input (already quantized for [`Group::families`]).
+    fn run_group(&self, dev: &Device, g: &Group, x: u64) -> Result<(), ComputeError> {
+        let Some(jobs) = &g.jobs else {
+            for (w, &y) in g.weights.iter().zip(&g.outs) {
+                self.matvec(dev, w, x, y)?;
+            }
+            return Ok(());
+        };
+        let (k, b) = (&self.bufs.kq, &self.bufs.b32);
+        let cfg = LaunchConfig {
+            grid_dim: (g.blocks as u32, 1, 1),
+            block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            A::P(self.p(jobs)),
+            A::I(g.weights.len() as i32),
+            A::P(self.p(&b.aq)),
+            A::P(self.p(&b.ad)),
+            A::P(self.p(&k.aq)),
+            A::P(self.p(&k.ad)),
+            A::P(self.p(&k.bsums)),
+            A::I(int("cols", g.cols)?),
+        ];
+        self.go("mat-vec (fused)", &dev.k.dec_mv_multi, cfg, &args)
+    }
+
+    /// Enqueue one whole step on the decode stream (recorded into the graph on first use).
+    pub(super) fn record(&self, dev: &Device) -> Result<(), ComputeError> {
+        let b = &self.bufs;
+        let k = &dev.k;
+        let one = |threads: u32| LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (x, xn, pp) = (self.p(&b.x), self.p(&b.xn), self.p(&b.p));
+        let h = int("hidden", self.hidden)?;
+        let embed = if self.embed.1 {
+            &k.dec_embed_f16
+        } else {
+            &k.dec_embed_f32
+        };
+        let args = [
+            A::P(self.embed.0),
+            A::P(pp),
+            A::P(x),
+            A::I(h),
+            A::F(self.embed_scale),
+        ];
+        self.go("embedding", embed, one(DEC_THREADS), &args)?;
+        let (Some(first), Some(g0)) = (self.layers.first(), self.groups.first()) else {
+            return Err(dev_err("decode: a plan without layers"));
+        };
+        let norm0 = (first.eps, first.off);
+        let fam0 = g0.qkv.families();
+        self.residual_norm(dev, 0, 0, 1.0, norm0, first.pre_attn_norm, norm0, fam0)?;
+        let (q, kk, v) = (self.p(&b.q), self.p(&b.k), self.p(&b.v));
+        let (attn, up) = (self.p(&b.attn), self.p(&b.up));
+        let (branch, gate) = (self.p(&b.branch), self.p(&b.gate));
+        for (i, (l, g)) in self.layers.iter().zip(&self.groups).enumerate() {
+            let en = (l.eps, l.off);
+            self.run_group(dev, &g.qkv, xn)?;
+            let cfg = LaunchConfig {
+                grid_dim: (l.n_q as u32, 1, 1),
+                block_dim: (DEC_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let inv = l.inv_freq.as_ref().map_or(0, |f| self.p(f));
+            let args = [
+                A::P(q),
+                A::P(kk),
+                A::P(v),
+                A::P(l.q_norm),
+                A::P(l.k_norm),
+                A::P(inv),
+                A::P(self.p(&l.k_cache)),
+                A::P(self.p(&l.v_cache)),
+                A::P(attn),
+                A::P(self.p(&b.scores)),
+                A::P(pp),
+                A::I(int("query heads", l.n_q)?),
+                A::I(int("kv heads", l.n_kv)?),
+                A::I(int("head_dim", l.head_dim)?),
+                A::I(int("rotary dim", l.rot)?),
+                A::I(l.interleaved as i32),
+                A::F(l.eps),
+                A::F(l.off),
+                A::I(int("context", self.context)?),
+                A::F(l.scale),
+                A::I(l.window),
+                A::F(l.softcap),
+            ];
+            // The attention blocks quantize their heads for the o projection when every
+            // quantized block lies within one head; else a separate quantize launch.
+            let fam = g.o.families();
+            let fused = (!fam.0 || l.head_dim.is_multiple_of(256))
+                && (!fam.1 || l.head_dim.is_multiple_of(32));
+            let mut args = args.to_vec();
+            args.extend(self.quant_targets(if fused { fam } else { (false, false) }));
+            self.go(
+                "attention (rope, kv store, quantize)",
+                &k.dec_attention,
+                cfg,
+                &args,
+            )?;
+            if !fused {
+                self.quantize_for(dev, &g.o.weights.iter().collect::<Vec<_>>(), attn, g.o.cols)?;
+            }
+            self.run_group(dev, &g.o, attn)?;
+            let fam = g.gate_up.families();
+            self.residual_norm(
+                dev,
+                branch,
+                l.post_attn_norm,
+                l.mult,
+                en,
+                l.pre_ffn_norm,
+                en,
+                fam,
+            )?;
+            self.run_group(dev, &g.gate_up, xn)?;
+            self.act_quant(dev, l, &g.down, if l.gate.is_some() { gate } else { 0 }, up)?;
+            self.run_group(dev, &g.down, up)?;
+            let (norm, en2, fam) = match (self.layers.get(i + 1), self.groups.get(i + 1)) {
+                (Some(next), Some(ng)) => {
+                    (next.pre_attn_norm, (next.eps, next.off), ng.qkv.families())
+                }
+                _ => (
+                    self.final_norm,
+                    (self.final_eps, self.final_off),
+                    self.lm_group.families(),
+                ),
+            };
+            self.residual_norm(dev, branch, l.post_ffn_norm, l.mult, en, norm, en2, fam)?;
+        }
+        let logits = self.p(&b.logits);
+        self.run_group(dev, &self.lm_group, xn)?;
+        if self.logits_div != 1.0 || self.final_cap > 0.0 {
+            let cfg = LaunchConfig {
+                grid_dim: (self.vocab.div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let args = [
+                A::P(logits),
+                A::I(int("vocab", self.vocab)?),
+                A::F(self.logits_div),
+                A::F(self.final_cap),
+            ];
+            self.go("logit soft-cap", &k.dec_logits_post, cfg, &args)?;
+        }
+        Ok(())
+    }
+
+    /// `up = act(gate) · up` (or `act(up)` when `gate` is 0), quantized for `down` when it is a
+    /// quantized weight.
+    fn act_quant(
+        &self,
+        dev: &Device,
+        l: &DevLayer,
+        down: &Group,
+        gate: u64,
+        up: u64,
+    ) -> Result<(), ComputeError> {
+        let fam = down.weights.first().and_then(|w| w.family());
+        let kq = fam == Some(true);
+        let per_warp = if kq { 256 } else { 32 };
+        let warps = l.inter.div_ceil(per_warp);
+        let cfg = LaunchConfig {
+            grid_dim: (warps.div_ceil(4) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (qa, da, bs) = match fam {
+            Some(true) => (
+                self.p(&self.bufs.kq.aq),
+                self.p(&self.bufs.kq.ad),
+                self.p(&self.bufs.kq.bsums),
+            ),
+            Some(false) => (self.p(&self.bufs.b32.aq), self.p(&self.bufs.b32.ad), 0),
+            None => (0, 0, 0),
+        };
+        let args = [
+            A::P(gate),
+            A::P(up),
+            A::I(int("intermediate", l.inter)?),
+            A::I(l.act),
+            A::P(qa),
+            A::P(da),
+            A::P(bs),
+            A::I(kq as i32),
+        ];
+        self.go("activation+quantize", &dev.k.dec_act_quant, cfg, &args)
+    }
+
+    /// Capture [`Self::record`] into a graph (once).
+    pub(super) fn capture(&mut self, dev: &Device) -> Result<(), ComputeError> {
+        drv(
+            "begin graph capture",
+            self.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED),
+        )?;
+        let recorded = self.record(dev);
+        let graph = drv(
+            "end graph capture",
+            self.stream.end_capture(CUgraphInstantiate_flags(0)),
+        );
+        recorded?;
+        self.graph = Some(graph?.ok_or_else(|| dev_err("graph capture recorded nothing"))?);
+        Ok(())
+    }
+}
