@@ -1,0 +1,260 @@
+//! [`TokenRunner`] keeps the host KV cache and a device decoder's cache in step, without a GPU:
+//! a test backend (`MirrorBackend`: the CPU backend's products) offers a [`TokenDecoder`] that
+//! holds its own KV cache, filled with NaN where nothing was written, and runs each step through
+//! [`Model::forward`] on it. Any row the runner fails to copy (host → decoder before a device
+//! step, decoder → host before a host pass) is NaN or stale there and changes the logits; a
+//! correct runner gives logits bit-identical to the plain CPU host loop for the same calls.
+//!
+//! Cases: archrefs `llama` and `gemma3` (q4k tier, which has a decode plan), sequence 0 as
+//! calls of a quarter, single tokens to the half, two tokens, single tokens to the end; then the
+//! cache is truncated (as a chat front end may do) and decoding goes on.
+
+mod common;
+
+use common::*;
+use infer_compute::{
+    ComputeBackend, ComputeError, CpuBackend, DecodePlan, QuantFormat, QuantProj, TokenDecoder,
+};
+use infer_inference::forward::Logits;
+use infer_inference::{KvCache, Model, TokenRunner};
+use infer_vindex::Vindex;
+
+/// The CPU backend's products plus a [`MirrorDecoder`] over `model`.
+struct MirrorBackend<'m, 'a> {
+    cpu: CpuBackend,
+    model: &'m Model<'a>,
+}
+
+/// A "device" decoder whose device is a second host KV cache.
+struct MirrorDecoder<'m, 'a> {
+    cpu: CpuBackend,
+    model: &'m Model<'a>,
+    cache: KvCache,
+}
+
+impl TokenDecoder for MirrorDecoder<'_, '_> {
+    fn write_kv(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), ComputeError> {
+        let n = k.len() / self.model.kv_dims()[layer];
+        let (kc, vc) = self.cache.rows_mut(layer, start, start + n);
+        kc.copy_from_slice(k);
+        vc.copy_from_slice(v);
+        Ok(())
+    }
+
+    fn read_kv(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        let n = k.len() / self.model.kv_dims()[layer];
+        let (kc, vc) = self.cache.rows(layer, start, start + n);
+        k.copy_from_slice(kc);
+        v.copy_from_slice(vc);
+        Ok(())
+    }
+
+    fn step(&mut self, token: u32, pos: usize, logits: &mut [f32]) -> Result<(), ComputeError> {
+        // Rows 0..pos are whatever was written or computed here; position pos is the token's.
+        self.cache.truncate(pos);
+        self.cache.advance(pos - self.cache.len());
+        let l = self
+            .model
+            .forward(&self.cpu, &[token], &mut self.cache, Logits::Last)
+            .expect("mirror forward");
+        logits.copy_from_slice(&l);
+        Ok(())
+    }
+}
+
+impl ComputeBackend for MirrorBackend<'_, '_> {
+    fn name(&self) -> &str {
+        "mirror"
+    }
+    fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        self.cpu.matmul_transb(a, b, m, k, n, c)
+    }
+    fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+        self.cpu.matmul(a, b, m, k, n, c)
+    }
+    fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]) {
+        self.cpu.gemv(b, x, n, k, y)
+    }
+    fn quant_matvec(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        self.cpu.quant_matvec(format, bytes, x, rows, cols, y)
+    }
+    fn quant_matmul(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        m: usize,
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        self.cpu.quant_matmul(format, bytes, x, m, rows, cols, y)
+    }
+    fn quant_matmul_many(
+        &self,
+        x: &[f32],
+        m: usize,
+        cols: usize,
+        projs: &mut [QuantProj<'_>],
+    ) -> Result<(), ComputeError> {
+        self.cpu.quant_matmul_many(x, m, cols, projs)
+    }
+    fn q8_matmul(
+        &self,
+        values: &[u8],
+        scales: &[f32],
+        x: &[f32],
+        m: usize,
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        self.cpu.q8_matmul(values, scales, x, m, rows, cols, y)
+    }
+    fn token_decoder<'s>(
+        &'s self,
+        plan: &DecodePlan<'_>,
+    ) -> Result<Option<Box<dyn TokenDecoder + 's>>, ComputeError> {
+        let mut cache = self.model.new_cache(plan.context);
+        for l in 0..cache.layers() {
+            let (k, v) = cache.rows_mut(l, 0, plan.context);
+            k.fill(f32::NAN);
+            v.fill(f32::NAN);
+        }
+        Ok(Some(Box::new(MirrorDecoder {
+            cpu: CpuBackend::new(),
+            model: self.model,
+            cache,
+        })))
+    }
+}
+
+/// Each call's last logits for `calls` (token counts) over `seq`, then, after truncating the
+/// cache to `cut` positions, the calls `after` over `seq2` (the same up to `cut`, other tokens
+/// after it, so rows left over from the first pass would change the logits).
+#[allow(clippy::too_many_arguments)]
+fn run(
+    model: &Model,
+    backend: &dyn ComputeBackend,
+    seq: &[u32],
+    calls: &[usize],
+    cut: usize,
+    seq2: &[u32],
+    after: &[usize],
+    expect_device: bool,
+) -> Vec<Vec<f32>> {
+    let mut cache = model.new_cache(seq.len());
+    let mut runner = TokenRunner::new(model, backend, seq.len(), true).expect("runner");
+    assert_eq!(
+        runner.on_device(),
+        expect_device,
+        "{:?}",
+        runner.host_reason
+    );
+    let (mut out, mut logits, mut at) = (Vec::new(), Vec::new(), 0);
+    let mut go = |tokens: &[u32], cache: &mut KvCache| {
+        runner
+            .forward_into(tokens, cache, Logits::Last, &mut logits)
+            .expect("forward");
+        out.push(logits.clone());
+    };
+    for &n in calls {
+        go(&seq[at..at + n], &mut cache);
+        at += n;
+    }
+    cache.truncate(cut);
+    at = cut;
+    for &n in after {
+        go(&seq2[at..at + n], &mut cache);
+        at += n;
+    }
+    out
+}
+
+fn check(case: &str) {
+    let dir = shared_dir().join("archrefs").join(case);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = extract_with(
+        &dir,
+        tmp.path(),
+        case,
+        "f32",
+        None,
+        infer_vindex::QuantTiers::Q4K,
+    );
+    let vindex = Vindex::open(&path).expect("open vindex");
+    let model = Model::from_vindex(&vindex).expect("model");
+    let r = StFile::open(&dir.join("reference.safetensors"));
+    let t = r.shape("input_ids")[1];
+    let seq = &r.i64_as_u32("input_ids")[..t];
+    let (q, h) = (t / 4, t / 2);
+    let mut calls = vec![q];
+    calls.extend(std::iter::repeat(1).take(h - q));
+    calls.push(2);
+    calls.extend(std::iter::repeat(1).take(t - h - 2));
+    // After the run: back to position h - 1 (device rows beyond it dropped), then one host pass
+    // of two tokens and single tokens again.
+    let cut = h - 1;
+    let mut after = vec![2];
+    after.extend(std::iter::repeat(1).take(t - cut - 2));
+    let seq2: Vec<u32> = (0..t)
+        .map(|i| {
+            if i < cut {
+                seq[i]
+            } else {
+                seq[t - 1 - (i - cut)]
+            }
+        })
+        .collect();
+    assert_ne!(&seq2[cut..], &seq[cut..]);
+
+    let mirror = MirrorBackend {
+        cpu: CpuBackend::new(),
+        model: &model,
+    };
+    let got = run(&model, &mirror, seq, &calls, cut, &seq2, &after, true);
+    let cpu = CpuBackend::new();
+    let want = run(&model, &cpu, seq, &calls, cut, &seq2, &after, false);
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{case}: call {i}: logits differ from the host loop's (max |Δ| {})",
+            max_abs_diff(g, w)
+        );
+    }
+    println!(
+        "{case}: {} calls, logits identical to the host loop",
+        got.len()
+    );
+}
+
+#[test]
+fn llama_runner_keeps_caches_in_step() {
+    check("llama");
+}
+
+#[test]
+fn gemma3_runner_keeps_caches_in_step() {
+    check("gemma3");
+}
