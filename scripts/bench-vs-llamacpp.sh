@@ -34,7 +34,7 @@ if [ -z "$bin" ]; then
 fi
 
 cargo build --release --quiet --bin infer
-infer=./target/release/infer
+infer="${CARGO_TARGET_DIR:-target}/release/infer"
 
 declare -A GGUF=([smollm2]="$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" [gemma3]="$cache/models/gemma-3-270m-q4_k_m.gguf")
 for m in smollm2 gemma3; do

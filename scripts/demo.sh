@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 cache="${INFER_CACHE:-$HOME/.cache/infer}"
 bash scripts/fetch-models.sh "$cache" smollm2 >/dev/null
 cargo build --release --bin infer
+infer="${CARGO_TARGET_DIR:-target}/release/infer"
 vindex="${VINDEX:-$cache/smollm2.vindex}"
-[ -d "$vindex" ] || ./target/release/infer extract "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$vindex"
-./target/release/infer run "$vindex" $'<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n' -n 32
+[ -d "$vindex" ] || "$infer" extract "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$vindex"
+"$infer" run "$vindex" $'<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n' -n 32

@@ -6,8 +6,8 @@
 # CPU vs CUDA.
 #
 #   scripts/gpu-check.sh build   # here (x86-64, no GPU needed): build the test binaries and the
-#                                # `infer` binary with the `cuda` feature into CARGO_TARGET_DIR
-#                                # (default /work/target-cuda, apart from the main target dir),
+#                                # `infer` binary with the `cuda` feature into CUDA_TARGET_DIR
+#                                # (default target/cuda, apart from the main target dir),
 #                                # strip them into .gpu/bin and copy the archrefs cases into
 #                                # .gpu/shared/archrefs (.gpu/ is ignored through .git/info/exclude)
 #   scripts/gpu-check.sh run     # on the GPU machine (device tool, `carry: [".gpu/bin",
@@ -36,6 +36,18 @@ cd "$(dirname "$0")/.."
 mode="${1:-all}"
 GPU_DIR=.gpu
 BIN="$GPU_DIR/bin"
+# .gpu/ holds built binaries and copied data: never part of the repository.
+if [[ -d .git ]]; then
+    grep -qxF "/$GPU_DIR/" .git/info/exclude 2>/dev/null || echo "/$GPU_DIR/" >>.git/info/exclude
+fi
+
+# Fail with the fix when a carried folder is missing on the GPU machine.
+need() {
+    local what
+    for what in "$@"; do
+        [[ -e "$what" ]] || { echo "gpu-check: $what is missing: run \`scripts/gpu-check.sh build\` (and \`skel\` / \`split\`) here and carry ${what%/*} with the device call" >&2; exit 1; }
+    done
+}
 
 # Build one cargo target set and copy the named executables (stripped) into .gpu/bin.
 build_copy() {
@@ -59,8 +71,8 @@ for line in sys.stdin:
 }
 
 build() {
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-cuda}"
-    grep -qxF "/$GPU_DIR/" .git/info/exclude 2>/dev/null || echo "/$GPU_DIR/" >>.git/info/exclude
+    # The cuda feature rebuilds infer-compute: a target dir of its own (as scripts/test.sh).
+    export CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}"
     mkdir -p "$BIN"
     rm -f "$BIN"/cuda_parity "$BIN"/cuda_bench "$BIN"/cuda_archrefs "$BIN"/cuda_real_model "$BIN"/infer
     build_copy "cuda_parity cuda_bench" test --release -p infer-compute --features cuda \
@@ -113,6 +125,7 @@ log_path() {
 }
 
 run() {
+    need "$BIN/cuda_parity" "$BIN/cuda_archrefs" "$BIN/cuda_bench" "$GPU_DIR/shared/archrefs"
     local log
     log=$(log_path gpu-check.log)
     find_libs
@@ -145,6 +158,7 @@ run() {
 
 # Real model on the device: reassemble, extract (q4k tier), bench CPU vs CUDA, greedy tokens.
 model() {
+    need "$BIN/cuda_real_model" "$BIN/infer" "$GPU_DIR/m1/name" "$GPU_DIR/m2/part1"
     local log
     log=$(log_path gpu-model.log)
     find_libs
@@ -182,7 +196,8 @@ What is the capital of France?<|im_end|>
 }
 
 skel() {
-    local infer="${INFER_BIN:-target/release/infer}" g
+    local infer="${INFER_BIN:-${CARGO_TARGET_DIR:-target}/release/infer}" g
+    [[ $# -gt 0 ]] || { echo "usage: $0 skel GGUF..." >&2; exit 2; }
     [[ -x "$infer" ]] || { echo "gpu-check: no $infer (cargo build --release)" >&2; exit 1; }
     mkdir -p "$GPU_DIR/skel"
     for g in "$@"; do
@@ -193,6 +208,8 @@ skel() {
 
 # Same-file speed comparison on synthesised weights (see the header).
 synth() {
+    need "$BIN/infer"
+    compgen -G "$GPU_DIR/skel/*.gguf" >/dev/null || { echo "gpu-check: no $GPU_DIR/skel/*.gguf: run \`scripts/gpu-check.sh skel GGUF...\` here and carry $GPU_DIR/skel" >&2; exit 1; }
     local log work=/tmp/infer-synth s name g v
     log=$(log_path gpu-synth.log)
     find_libs

@@ -115,6 +115,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let mut runner = TokenRunner::new(&model, &*backend, ctx, !args.device.host_loop)?;
     let decode = crate::device_args::decode_mode(&runner, &args.device);
+    if args.profile && !runner.on_device() {
+        eprintln!(
+            "note: --profile times the device decoder's kernels; this run has none ({decode})"
+        );
+    }
     let mut logits = Vec::new();
     if runner.on_device() {
         // Warm-up (untimed): the first device step records the CUDA graph.
