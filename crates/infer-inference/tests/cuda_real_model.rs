@@ -1,8 +1,8 @@
 //! A real model on the CUDA backend: SmolLM2-135M-Instruct (Q4_1 GGUF from `INFER_MODELS`)
 //! extracted with the q4k tier, default quantized plan, CPU backend vs `CudaBackend`:
 //!
-//! - Greedy tokens of the chat prompt "What is the capital of France?" (24 tokens): identical
-//!   on both backends up to the first step whose CPU top-1/top-2 margin is below 1e-2 × std of
+//! - Greedy tokens of the chat prompt "What is the capital of France?" (24 tokens; on CUDA each
+//!   decoded token runs on the device-resident decoder): identical on both backends up to the first step whose CPU top-1/top-2 margin is below 1e-2 × std of
 //!   the logits (there a rounding difference may legitimately pick the other token), and the
 //!   CPU answer starts with "The capital of France is Paris" (models/README.md).
 //! - Speed (printed, not asserted): prefill of 128 tokens and decode of 64 tokens, median of
@@ -22,18 +22,29 @@ use infer_compute::{ComputeBackend, CpuBackend};
 use infer_inference::forward::Logits;
 use infer_inference::sampling::argmax;
 use infer_inference::tokenizer::Tokenizer;
-use infer_inference::Model;
+use infer_inference::{Model, TokenRunner};
 use infer_vindex::Vindex;
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const PROMPT: &str =
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
 
-/// Greedy ids after `prompt` and each step's logits margin / std.
+/// Greedy ids after `prompt` and each step's logits margin / std, through a `TokenRunner` (on
+/// CUDA: prefill in the host loop, each token on the device decoder, which must be in use).
 fn greedy(model: &Model, b: &dyn ComputeBackend, prompt: &[u32], n: usize) -> Vec<(u32, f64)> {
-    let mut cache = model.new_cache(prompt.len() + n + 1);
-    let mut logits = model
-        .forward(b, prompt, &mut cache, Logits::Last)
+    let ctx = prompt.len() + n + 1;
+    let mut cache = model.new_cache(ctx);
+    let mut runner = TokenRunner::new(model, b, ctx, true).expect("runner");
+    assert_eq!(
+        runner.on_device(),
+        b.name() != CpuBackend::new().name(),
+        "decode mode on {}: {:?}",
+        b.name(),
+        runner.host_reason
+    );
+    let mut logits = Vec::new();
+    runner
+        .forward_into(prompt, &mut cache, Logits::Last, &mut logits)
         .expect("prefill");
     let mut out = Vec::new();
     for _ in 0..n {
@@ -41,8 +52,8 @@ fn greedy(model: &Model, b: &dyn ComputeBackend, prompt: &[u32], n: usize) -> Ve
         let mut s = logits.clone();
         s.sort_by(|a, b| b.total_cmp(a));
         out.push((tok, ((s[0] - s[1]) as f64) / std_dev(&logits)));
-        logits = model
-            .forward(b, &[tok], &mut cache, Logits::Last)
+        runner
+            .forward_into(&[tok], &mut cache, Logits::Last, &mut logits)
             .expect("decode");
     }
     out
