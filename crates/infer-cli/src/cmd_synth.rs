@@ -5,13 +5,21 @@
 //!   random data quantized to each tensor's ggml type ([`gguf`]).
 //! - `--like MODEL.gguf --header-only -o SKEL.gguf`: just the header, a few MB to carry;
 //!   `--like SKEL.gguf` then gives the same bytes as `--like MODEL.gguf`.
-//! - `--like config.json -o DIR`: a HF folder with random safetensors weights ([`hf`]).
+//! - `--like config.json -o DIR` (or `--like HF_DIR`): a HF folder with random safetensors
+//!   weights ([`hf`]).
 //!
-//! Output is staged beside the target and renamed into place ([`stage`]).
+//! The kind of `--like` is recognised by content ([`like`]). Before anything is written the
+//! output's directory must exist, the sizes must be sane ([`limits`], llama.cpp's tensor
+//! offsets) and the output must fit in the free space of its filesystem ([`space`]). Output is
+//! staged beside the target and renamed into place ([`stage`]); `--force` replaces only a regular
+//! file (GGUF) or an empty or synth-written folder (HF).
 
 mod gguf;
 mod hf;
+mod like;
+mod limits;
 mod random;
+mod space;
 mod stage;
 
 use std::path::{Path, PathBuf};
@@ -20,83 +28,82 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use hf::StDtype;
+use like::Like;
 
 /// Arguments of `infer synth`.
 #[derive(Args)]
 pub struct SynthArgs {
-    /// The model to imitate: a GGUF file (only its header is read; a header-only file works)
-    /// or a HF `config.json`.
-    #[arg(long, value_name = "MODEL.gguf|config.json")]
+    /// The model to imitate, recognised by content: a GGUF file (starts with the magic "GGUF";
+    /// only its header is read, a header-only file works), a HF folder holding config.json, or
+    /// a HF config.json (*.json).
+    #[arg(long, value_name = "MODEL.gguf|HF_DIR|config.json")]
     pub like: PathBuf,
-    /// Output: a GGUF file for `--like *.gguf`, a folder for `--like config.json`.
+    /// Output: a GGUF file for a GGUF --like, a folder for a HF --like.
     #[arg(short, long)]
     pub output: PathBuf,
     /// Seed of the random values (same seed, same bytes).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Replace an existing output (a file for GGUF; for a folder only an empty one or one
-    /// holding config.json).
+    /// Replace an existing output: for GGUF a regular file (never a directory); for HF a
+    /// folder only when it is empty or was written by synth (holds its `.infer-synth` marker).
     #[arg(long)]
     pub force: bool,
     /// GGUF only: write just the header (metadata and tensor table, no data).
     #[arg(long)]
     pub header_only: bool,
-    /// config.json only: dtype of the safetensors weights, f32 or bf16 (default f32).
+    /// HF only: dtype of the safetensors weights, f32 or bf16 (default f32).
     #[arg(long)]
     pub dtype: Option<StDtype>,
 }
 
-/// What `--like` names.
-enum Like {
-    Gguf,
-    HfConfig,
-}
-
-fn like_kind(p: &Path) -> anyhow::Result<Like> {
-    let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
-    match ext.to_ascii_lowercase().as_str() {
-        "gguf" => Ok(Like::Gguf),
-        "json" => Ok(Like::HfConfig),
-        _ => bail!(
-            "{}: unknown kind of --like file (expected a .gguf file or a HF config.json)",
-            p.display()
-        ),
-    }
-}
-
 /// Run `infer synth`.
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    let kind = like_kind(&args.like)?;
-    if !args.like.is_file() {
-        bail!("{}: no such file", args.like.display());
-    }
+    let kind = like::recognise(&args.like)?;
+    space::check_output_dir(&args.output)?;
     let start = std::time::Instant::now();
     match kind {
-        Like::Gguf => {
+        Like::Gguf(like) => {
             if args.dtype.is_some() {
-                bail!("--dtype applies to --like config.json only (GGUF tensors keep their types)");
+                bail!("--dtype applies to a HF --like (config.json or folder) only (GGUF tensors keep their types)");
             }
-            synth_gguf(&args)?
+            synth_gguf(&args, &like)?
         }
-        Like::HfConfig => {
+        Like::HfConfig(config) => {
             if args.header_only {
-                bail!("--header-only applies to --like *.gguf only");
+                bail!("--header-only applies to a GGUF --like only");
             }
-            synth_hf(&args)?
+            synth_hf(&args, &config)?
         }
     }
     eprintln!("in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
 }
 
-fn synth_gguf(args: &SynthArgs) -> anyhow::Result<()> {
-    let header = gguf::read_header(&args.like)?;
+/// `b` is the existing file or directory `a`, or (with `inside`) lies inside `a`.
+fn same_or_inside(a: &Path, b: &Path, inside: bool) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b || (inside && b.starts_with(a)),
+        _ => false,
+    }
+}
+
+fn synth_gguf(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
+    if same_or_inside(&args.output, like, false) {
+        bail!(
+            "-o {} is the --like file {} itself; refusing to overwrite the model",
+            args.output.display(),
+            like.display()
+        );
+    }
+    let header = gguf::read_header(like)?;
+    let need = gguf::planned_size(like, &header, args.header_only)?;
+    space::check_fits(&args.output, need, &like.display().to_string())?;
     crate::cmd_vindex::install_interrupt_cleanup(&args.output);
     let staged = stage::Staged::new(&args.output, false, args.force)?;
     let written = if args.header_only {
         gguf::write_header_only(&header, staged.path(), &args.output)?
     } else {
-        gguf::write_random(&args.like, &header, staged.path(), &args.output, args.seed)?
+        gguf::write_random(like, &header, staged.path(), &args.output, args.seed)?
     };
     staged.commit()?;
     eprint!(
@@ -109,29 +116,47 @@ fn synth_gguf(args: &SynthArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn synth_hf(args: &SynthArgs) -> anyhow::Result<()> {
-    let config = infer_models::ModelConfig::from_hf_file(&args.like)
-        .with_context(|| format!("reading {}", args.like.display()))?;
-    let (tensors, arch) = hf::expected_tensors(&config, &args.like)?;
+fn synth_hf(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
+    let src_dir = space::output_dir(like);
+    if same_or_inside(&args.output, &src_dir, true) {
+        bail!(
+            "-o {} is (or holds) the folder of the --like config {}; refusing to replace it",
+            args.output.display(),
+            like.display()
+        );
+    }
+    limits::check_config_sizes(like)?;
+    let config = infer_models::ModelConfig::from_hf_file(like)
+        .with_context(|| format!("reading {}", like.display()))?;
+    let (tensors, arch) = hf::expected_tensors(&config, like)?;
     let norm_centre = 1.0 - arch.norm_weight_offset();
+    let dtype = args.dtype.unwrap_or(StDtype::F32);
+    let (head, data_len) = hf::safetensors_header(&tensors, dtype, like)?;
+    let copies: Vec<(PathBuf, &str)> = std::iter::once((like.to_path_buf(), "config.json"))
+        .chain(
+            hf::COPIED_FILES
+                .iter()
+                .map(|n| (src_dir.join(n), *n))
+                .filter(|(p, _)| p.is_file()),
+        )
+        .collect();
+    let copied_len: u64 = copies
+        .iter()
+        .map(|(p, _)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let need = (8 + head.len() as u64)
+        .saturating_add(data_len)
+        .saturating_add(copied_len);
+    space::check_fits(&args.output, need, &like.display().to_string())?;
     crate::cmd_vindex::install_interrupt_cleanup(&args.output);
     let staged = stage::Staged::new(&args.output, true, args.force)?;
     let dir = staged.path();
-    std::fs::copy(&args.like, dir.join("config.json"))
-        .with_context(|| format!("copying {}", args.like.display()))?;
-    let src_dir = args.like.parent().unwrap_or(Path::new("."));
-    let mut copied = Vec::new();
-    for name in hf::COPIED_FILES {
-        let src = src_dir.join(name);
-        if src.is_file() {
-            std::fs::copy(&src, dir.join(name))
-                .with_context(|| format!("copying {}", src.display()))?;
-            copied.push(*name);
-        }
+    for (src, name) in &copies {
+        std::fs::copy(src, dir.join(name)).with_context(|| format!("copying {}", src.display()))?;
     }
-    let dtype = args.dtype.unwrap_or(StDtype::F32);
     let bytes = hf::write_safetensors(
         &tensors,
+        &head,
         norm_centre,
         dtype,
         args.seed,
@@ -139,12 +164,16 @@ fn synth_hf(args: &SynthArgs) -> anyhow::Result<()> {
     )?;
     staged.commit()?;
     eprint!(
-        "wrote {} ({} {} tensors, {:.1} MiB; copied config.json{}) ",
+        "wrote {} ({} {} tensors, {:.1} MiB; copied {}) ",
         args.output.display(),
         tensors.len(),
         format!("{dtype:?}").to_lowercase(),
         bytes as f64 / (1 << 20) as f64,
-        copied.iter().map(|n| format!(", {n}")).collect::<String>()
+        copies
+            .iter()
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok(())
 }

@@ -353,3 +353,275 @@ fn sigterm_removes_the_temp_file() {
         entries(dir.path())
     );
 }
+
+/// `infer synth ARGS` fails; its output names `needles`; returns the output.
+fn fails(args: &[&str], needles: &[&str]) -> String {
+    let o = infer(args);
+    let t = text(&o);
+    assert!(!o.status.success(), "infer {args:?} succeeded:\n{t}");
+    assert_eq!(o.status.code(), Some(1), "not a clean error exit: {t}");
+    for n in needles {
+        assert!(t.contains(n), "infer {args:?}: expected '{n}' in:\n{t}");
+    }
+    t
+}
+
+/// A folder holding `config.json` (the archrefs llama config) and a `model.safetensors` that
+/// stands for real weights.
+fn real_hf_folder(dir: &Path) {
+    std::fs::create_dir(dir).unwrap();
+    let cfg = shared_dir().join("archrefs/llama/config.json");
+    std::fs::copy(cfg, dir.join("config.json")).unwrap();
+    std::fs::write(dir.join("model.safetensors"), "real weights").unwrap();
+}
+
+/// `--force` never deletes a real HF folder (one holding config.json but no synth marker), nor
+/// the folder of the `--like` config, nor the `--like` GGUF itself, nor a directory where a GGUF
+/// file goes; it replaces a synth-written folder (marker `.infer-synth`) and an empty one.
+#[test]
+fn force_replaces_only_what_synth_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let real = d.join("real");
+    real_hf_folder(&real);
+    let real_cfg = real.join("config.json");
+    let t = fails(
+        &["synth", "--like", s(&real_cfg), "-o", s(&real), "--force"],
+        &[s(&real), "refusing"],
+    );
+    assert!(t.contains("folder of the --like config"), "{t}");
+    // A real folder that is not the --like one: refused, not even with --force.
+    let other = d.join("other");
+    real_hf_folder(&other);
+    fails(
+        &["synth", "--like", s(&real_cfg), "-o", s(&other), "--force"],
+        &[s(&other), "not written by infer synth", ".infer-synth"],
+    );
+    for f in [&real, &other] {
+        assert_eq!(
+            std::fs::read_to_string(f.join("model.safetensors")).unwrap(),
+            "real weights"
+        );
+        assert_eq!(entries(f), ["config.json", "model.safetensors"]);
+    }
+    // Synth's own folder (marker present) and an empty folder are replaced.
+    let out = d.join("out");
+    ok(&["synth", "--like", s(&real_cfg), "-o", s(&out)]);
+    assert_eq!(
+        entries(&out),
+        [".infer-synth", "config.json", "model.safetensors"]
+    );
+    ok(&[
+        "synth",
+        "--like",
+        s(&real_cfg),
+        "-o",
+        s(&out),
+        "--force",
+        "--seed",
+        "4",
+    ]);
+    assert!(out.join(".infer-synth").is_file());
+    let empty = d.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    ok(&["synth", "--like", s(&real_cfg), "-o", s(&empty), "--force"]);
+    // The synth folder's own config as --like, written over itself: refused.
+    fails(
+        &[
+            "synth",
+            "--like",
+            s(&out.join("config.json")),
+            "-o",
+            s(&out),
+            "--force",
+        ],
+        &["folder of the --like config"],
+    );
+
+    // GGUF: --force replaces a file, never a directory, never the --like file.
+    let skel = d.join("skel.gguf");
+    header_only(&model_file(SMOL), &skel);
+    let skel_bytes = std::fs::read(&skel).unwrap();
+    fails(
+        &["synth", "--like", s(&skel), "-o", s(&skel), "--force"],
+        &["is the --like file", "refusing"],
+    );
+    assert!(std::fs::read(&skel).unwrap() == skel_bytes);
+    fails(
+        &[
+            "synth",
+            "--like",
+            s(&skel),
+            "--header-only",
+            "-o",
+            s(&empty),
+            "--force",
+        ],
+        &[s(&empty), "not a regular file"],
+    );
+    assert!(empty.join("model.safetensors").is_file());
+    assert_eq!(entries(d), ["empty", "other", "out", "real", "skel.gguf"]);
+}
+
+/// A GGUF header with `tensors` (and general.architecture only) written to `path`.
+fn write_header(path: &Path, tensors: Vec<infer_models::gguf::GgufTensorInfo>) {
+    let h = GgufHeader {
+        version: 3,
+        metadata: vec![(
+            "general.architecture".into(),
+            infer_models::gguf::GgufValue::String("llama".into()),
+        )],
+        tensors,
+        alignment: 32,
+    };
+    std::fs::write(path, infer_models::gguf::encode_header(&h, path).unwrap()).unwrap();
+}
+
+fn f32_tensor(name: &str, dims: &[usize]) -> infer_models::gguf::GgufTensorInfo {
+    infer_models::gguf::GgufTensorInfo {
+        name: name.into(),
+        dims: dims.to_vec(),
+        format: infer_quant::QuantFormat::F32,
+        offset: 0,
+        n_bytes: dims.iter().product::<usize>() * 4,
+    }
+}
+
+/// Headers that would fill the disk or exhaust memory are refused before anything is written
+/// (clean exit 1, nothing left behind): a tensor offset of 2^40 (llama.cpp's offset rule), a
+/// 1-D tensor of 2^42 values (more than any free space), a config.json with
+/// `"hidden_size": 1e12` (absurd field) or 2^24 (more than the free space: both numbers
+/// named); also a header without tensors and a zero-sized dimension.
+#[test]
+fn oversized_or_inconsistent_shapes_are_refused_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = d.join("out.gguf");
+    // Last tensor's offset (the last 8 bytes of a header-only file) set to 2^40.
+    let skel = d.join("skel.gguf");
+    header_only(&model_file(SMOL), &skel);
+    let mut b = std::fs::read(&skel).unwrap();
+    let n = b.len();
+    b[n - 8..].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let far = d.join("far.gguf");
+    std::fs::write(&far, &b).unwrap();
+    std::fs::remove_file(&skel).unwrap();
+    fails(
+        &["synth", "--like", s(&far), "-o", s(&out)],
+        &[s(&far), "has offset 1099511627776, expected"],
+    );
+
+    let huge = d.join("huge.gguf");
+    write_header(&huge, vec![f32_tensor("output_norm.weight", &[1 << 42])]);
+    let t = fails(
+        &["synth", "--like", s(&huge), "-o", s(&out)],
+        &[s(&huge), "needs 175921860445", "free"],
+    );
+    assert!(!t.contains("memory allocation"), "{t}");
+
+    let none = d.join("none.gguf");
+    write_header(&none, vec![]);
+    fails(
+        &["synth", "--like", s(&none), "-o", s(&out)],
+        &[s(&none), "has no tensors"],
+    );
+    let zero = d.join("zero.gguf");
+    write_header(&zero, vec![f32_tensor("blk.0.attn_q.weight", &[32, 0])]);
+    fails(
+        &["synth", "--like", s(&zero), "-o", s(&out)],
+        &[s(&zero), "'blk.0.attn_q.weight'", "zero-sized dimension"],
+    );
+
+    let src = shared_dir().join("archrefs/llama/config.json");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&src).unwrap()).unwrap();
+    let hf_out = d.join("hf");
+    for (hidden, needles) in [
+        (serde_json::json!(1e12), vec!["\"hidden_size\"", "absurd"]),
+        (
+            serde_json::json!(1u64 << 24),
+            vec!["needs", "bytes", "free"],
+        ),
+    ] {
+        let mut c = cfg.clone();
+        c["hidden_size"] = hidden.clone();
+        c["intermediate_size"] = hidden;
+        let p = d.join("big.json");
+        std::fs::write(&p, c.to_string()).unwrap();
+        let mut needles = needles;
+        needles.push(s(&p));
+        fails(&["synth", "--like", s(&p), "-o", s(&hf_out)], &needles);
+    }
+    assert_eq!(
+        entries(d),
+        [
+            "big.json",
+            "far.gguf",
+            "huge.gguf",
+            "none.gguf",
+            "zero.gguf"
+        ]
+    );
+}
+
+/// The kind of `--like` comes from the content: a GGUF named `*.bin` is a GGUF; a HF folder
+/// works like its config.json; a folder without config.json is refused naming the three kinds.
+#[test]
+fn like_kind_is_recognised_by_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let skel = d.join("skel.gguf");
+    header_only(&model_file(SMOL), &skel);
+    let renamed = d.join("skel.bin");
+    std::fs::copy(&skel, &renamed).unwrap();
+    let again = d.join("again.gguf");
+    header_only(&renamed, &again);
+    assert!(std::fs::read(&again).unwrap() == std::fs::read(&skel).unwrap());
+
+    let hf_dir = shared_dir().join("archrefs/llama");
+    let out = d.join("llama");
+    ok(&["synth", "--like", s(&hf_dir), "-o", s(&out), "--seed", "3"]);
+    assert_eq!(
+        st_shapes(&out.join("model.safetensors")),
+        st_shapes(&hf_dir.join("model.safetensors"))
+    );
+    let empty = d.join("nothing");
+    std::fs::create_dir(&empty).unwrap();
+    fails(
+        &["synth", "--like", s(&empty), "-o", s(&d.join("x"))],
+        &[s(&empty), "unknown kind", "GGUF", "config.json", "folder"],
+    );
+}
+
+/// A missing output directory, or one that is a file, is named as such (not the temp file).
+#[test]
+fn missing_output_directory_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = model_file(SMOL);
+    let missing = d.join("missing/dir");
+    let t = fails(
+        &[
+            "synth",
+            "--like",
+            s(&model),
+            "-o",
+            s(&missing.join("x.gguf")),
+        ],
+        &[&format!(
+            "output directory {} does not exist",
+            missing.display()
+        )],
+    );
+    assert!(!t.contains(".tmp-"), "{t}");
+    let file = d.join("file");
+    std::fs::write(&file, "x").unwrap();
+    fails(
+        &["synth", "--like", s(&model), "-o", s(&file.join("x.gguf"))],
+        &[&format!(
+            "output directory {} is not a directory",
+            file.display()
+        )],
+    );
+    assert_eq!(entries(d), ["file"]);
+}

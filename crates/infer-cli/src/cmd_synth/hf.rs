@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use infer_models::arch::TensorTransform;
 use infer_models::{architecture_for, ModelArchitecture, ModelConfig};
 use rayon::prelude::*;
 
-use super::random::{fill_row, Fill};
+use super::random::{fill_row, Fill, RowFill};
 
 /// Stored dtype of the safetensors file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,40 +213,101 @@ pub fn expected_tensors(
     Ok((map, arch))
 }
 
-/// Write `model.safetensors` at `out` with random values for `tensors` (sorted by name, as
-/// listed). Norm weights are centred on `1 - norm_weight_offset` (so `1 + w` families get
-/// effective weights ≈ 1), other 1-D tensors ± 0.02, matrices N(0, 0.02).
+/// At most this many values are generated at a time (16 MiB of f32), so memory stays bounded
+/// whatever the shapes (rows longer than this are generated piece by piece).
+const CHUNK_VALUES: usize = 1 << 22;
+
+/// The safetensors header of `tensors` (JSON padded with spaces to a multiple of 8 bytes) and
+/// the byte length of the data section after it. `config_path` names the file in errors.
+///
+/// Errors: a tensor with a zero-sized dimension, or whose byte size (or the running total)
+/// overflows u64 — naming the tensor and its shape.
+pub fn safetensors_header(
+    tensors: &TensorShapes,
+    dtype: StDtype,
+    config_path: &Path,
+) -> anyhow::Result<(Vec<u8>, u64)> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut offset = 0u64;
+    for (name, shape) in tensors {
+        if shape.contains(&0) {
+            bail!(
+                "{}: tensor '{name}' would have a zero-sized dimension (shape {shape:?}); check the config's sizes",
+                config_path.display()
+            );
+        }
+        let n = shape
+            .iter()
+            .try_fold(dtype.bytes() as u64, |a, &d| a.checked_mul(d as u64));
+        let end = n.and_then(|n| offset.checked_add(n)).with_context(|| {
+            format!(
+                "{}: tensor '{name}' of shape {shape:?} is absurdly large (its size overflows); check the config's sizes",
+                config_path.display()
+            )
+        })?;
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype.tag(), "shape": shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut head = serde_json::to_vec(&serde_json::Value::Object(header))?;
+    head.resize(head.len().div_ceil(8) * 8, b' ');
+    Ok((head, offset))
+}
+
+/// Little-endian bytes of `v` in `dtype`.
+fn encode(v: &[f32], dtype: StDtype) -> Vec<u8> {
+    match dtype {
+        StDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        StDtype::Bf16 => v
+            .iter()
+            .flat_map(|&x| infer_quant::float16::f32_to_bf16(x).to_le_bytes())
+            .collect(),
+    }
+}
+
+/// Write `model.safetensors` at `out`: `head` (from [`safetensors_header`] for the same
+/// `tensors` and `dtype`), then random values for `tensors` (sorted by name, as listed). Norm
+/// weights are centred on `1 - norm_weight_offset` (so `1 + w` families get effective weights
+/// ≈ 1), other 1-D tensors ± 0.02, matrices N(0, 0.02). Returns the bytes written.
 pub fn write_safetensors(
     tensors: &TensorShapes,
+    head: &[u8],
     norm_centre: f32,
     dtype: StDtype,
     seed: u64,
     out: &Path,
 ) -> anyhow::Result<u64> {
-    let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
-    let mut offset = 0usize;
-    for (name, shape) in tensors {
-        let n: usize = shape.iter().product::<usize>() * dtype.bytes();
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": dtype.tag(), "shape": shape, "data_offsets": [offset, offset + n]}),
-        );
-        offset += n;
-    }
-    let mut head = serde_json::to_vec(&serde_json::Value::Object(header))?;
-    head.resize(head.len().div_ceil(8) * 8, b' ');
     let io = |e: std::io::Error| anyhow::anyhow!("writing {}: {e}", out.display());
     let file = std::fs::File::create(out).map_err(io)?;
     let mut w = BufWriter::with_capacity(1 << 22, file);
     w.write_all(&(head.len() as u64).to_le_bytes())
         .map_err(io)?;
-    w.write_all(&head).map_err(io)?;
+    w.write_all(head).map_err(io)?;
+    let mut written = 8 + head.len() as u64;
     for (index, (name, shape)) in tensors.iter().enumerate() {
         let row_len = *shape.last().unwrap_or(&1);
         let rows = shape.iter().product::<usize>() / row_len.max(1);
         let fill = Fill::for_tensor(name, shape.len(), norm_centre);
-        let step = ((1usize << 22) / row_len.max(1)).max(1);
+        if row_len > CHUNK_VALUES {
+            let mut v = vec![0.0f32; CHUNK_VALUES];
+            for r in 0..rows {
+                let mut g = RowFill::new(seed, index as u64, r as u64, fill);
+                let mut left = row_len;
+                while left > 0 {
+                    let piece = &mut v[..left.min(CHUNK_VALUES)];
+                    g.next_values(piece);
+                    let bytes = encode(piece, dtype);
+                    w.write_all(&bytes).map_err(io)?;
+                    written += bytes.len() as u64;
+                    left -= piece.len();
+                }
+            }
+            continue;
+        }
+        let step = (CHUNK_VALUES / row_len.max(1)).max(1);
         let mut r0 = 0;
         while r0 < rows {
             let r1 = (r0 + step).min(rows);
@@ -255,17 +316,12 @@ pub fn write_safetensors(
                 .map(|r| {
                     let mut v = vec![0.0f32; row_len];
                     fill_row(seed, index as u64, r as u64, fill, &mut v);
-                    match dtype {
-                        StDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                        StDtype::Bf16 => v
-                            .iter()
-                            .flat_map(|&x| infer_quant::float16::f32_to_bf16(x).to_le_bytes())
-                            .collect(),
-                    }
+                    encode(&v, dtype)
                 })
                 .collect();
             for c in chunk {
                 w.write_all(&c).map_err(io)?;
+                written += c.len() as u64;
             }
             r0 = r1;
         }
@@ -274,7 +330,7 @@ pub fn write_safetensors(
         .into_inner()
         .map_err(|e| anyhow::anyhow!("writing {}: {}", out.display(), e.error()))?;
     file.sync_all().map_err(io)?;
-    Ok((8 + head.len() + offset) as u64)
+    Ok(written)
 }
 
 /// Files copied from beside `config.json` when present.

@@ -48,31 +48,56 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Fill `out` (one row of tensor number `tensor`) with values of kind `fill`, deterministic in
-/// `(seed, tensor, row)`.
-pub fn fill_row(seed: u64, tensor: u64, row: u64, fill: Fill, out: &mut [f32]) {
-    let mut rng = StdRng::seed_from_u64(mix(mix(mix(seed) ^ tensor) ^ row));
-    match fill {
-        Fill::Norm(c) => out
-            .iter_mut()
-            .for_each(|v| *v = c + rng.gen_range(-NORM_NOISE..=NORM_NOISE)),
-        Fill::Bias => out
-            .iter_mut()
-            .for_each(|v| *v = rng.gen_range(-BIAS_RANGE..=BIAS_RANGE)),
-        Fill::Matrix => {
-            // Box–Muller: two independent N(0, 1) per pair of uniforms.
-            for pair in out.chunks_mut(2) {
-                let u1: f64 = 1.0 - rng.gen::<f64>(); // (0, 1]
-                let u2: f64 = rng.gen();
-                let r = (-2.0 * u1.ln()).sqrt();
-                let t = std::f64::consts::TAU * u2;
-                pair[0] = (r * t.cos()) as f32 * MATRIX_STD;
-                if let Some(v) = pair.get_mut(1) {
-                    *v = (r * t.sin()) as f32 * MATRIX_STD;
+/// A row's value generator that can be drawn in pieces, so a row of any length is produced
+/// without holding it whole: drawing a row in pieces of even length (the last may be odd) gives
+/// exactly the values of one [`fill_row`] call over the whole row.
+pub struct RowFill {
+    rng: StdRng,
+    fill: Fill,
+}
+
+impl RowFill {
+    /// The generator of row `row` of tensor number `tensor`, deterministic in
+    /// `(seed, tensor, row)`.
+    pub fn new(seed: u64, tensor: u64, row: u64, fill: Fill) -> RowFill {
+        RowFill {
+            rng: StdRng::seed_from_u64(mix(mix(mix(seed) ^ tensor) ^ row)),
+            fill,
+        }
+    }
+
+    /// Fill `out` with the next `out.len()` values of the row (keep every piece but the last of
+    /// even length: matrices draw normal values in Box–Muller pairs).
+    pub fn next_values(&mut self, out: &mut [f32]) {
+        let rng = &mut self.rng;
+        match self.fill {
+            Fill::Norm(c) => out
+                .iter_mut()
+                .for_each(|v| *v = c + rng.gen_range(-NORM_NOISE..=NORM_NOISE)),
+            Fill::Bias => out
+                .iter_mut()
+                .for_each(|v| *v = rng.gen_range(-BIAS_RANGE..=BIAS_RANGE)),
+            Fill::Matrix => {
+                // Box–Muller: two independent N(0, 1) per pair of uniforms.
+                for pair in out.chunks_mut(2) {
+                    let u1: f64 = 1.0 - rng.gen::<f64>(); // (0, 1]
+                    let u2: f64 = rng.gen();
+                    let r = (-2.0 * u1.ln()).sqrt();
+                    let t = std::f64::consts::TAU * u2;
+                    pair[0] = (r * t.cos()) as f32 * MATRIX_STD;
+                    if let Some(v) = pair.get_mut(1) {
+                        *v = (r * t.sin()) as f32 * MATRIX_STD;
+                    }
                 }
             }
         }
     }
+}
+
+/// Fill `out` (one whole row of tensor number `tensor`) with values of kind `fill`,
+/// deterministic in `(seed, tensor, row)`.
+pub fn fill_row(seed: u64, tensor: u64, row: u64, fill: Fill, out: &mut [f32]) {
+    RowFill::new(seed, tensor, row, fill).next_values(out);
 }
 
 #[cfg(test)]
@@ -109,5 +134,22 @@ mod tests {
             Fill::for_tensor("blk.0.attn_q.weight", 2, 1.0),
             Fill::Matrix
         );
+    }
+
+    /// A row drawn in even pieces equals the row drawn whole, for every fill.
+    #[test]
+    fn pieces_equal_whole_row() {
+        for fill in [Fill::Matrix, Fill::Norm(1.0), Fill::Bias] {
+            let mut whole = vec![0.0f32; 1000];
+            fill_row(5, 2, 9, fill, &mut whole);
+            let mut g = RowFill::new(5, 2, 9, fill);
+            let mut pieces = Vec::new();
+            for n in [256, 2, 500, 242] {
+                let mut p = vec![0.0f32; n];
+                g.next_values(&mut p);
+                pieces.extend(p);
+            }
+            assert_eq!(pieces, whole, "{fill:?}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Atomic output of `infer synth`: write into `.NAME.tmp-PID` beside the target (the name
 //! `infer extract` stages under, so [`crate::cmd_vindex::install_interrupt_cleanup`] removes
 //! it on Ctrl-C/SIGTERM), rename into place at [`Staged::commit`], remove it on drop otherwise.
+//! Every staged folder holds [`MARKER`], so `--force` can tell synth's folders from user data.
 
 use std::path::{Path, PathBuf};
 
@@ -19,9 +20,13 @@ fn remove_any(p: &Path) {
     let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
 }
 
-/// Refuse an existing `target` without `force`; with `force`, a file target must be a file and
-/// a directory target a directory that is empty or holds `config.json` (a synthesised folder),
-/// so that user data is never replaced.
+/// Name of the marker file synth writes into every folder it creates; `--force` replaces a
+/// non-empty folder only when it holds this file, so user data (a real HF checkpoint folder,
+/// say) is never deleted.
+pub const MARKER: &str = ".infer-synth";
+
+/// Refuse an existing `target` without `force`; with `force`, a file target must be a regular
+/// file and a directory target a directory that is empty or holds [`MARKER`] (written by synth).
 fn check_target(target: &Path, dir: bool, force: bool) -> anyhow::Result<()> {
     let meta = match std::fs::symlink_metadata(target) {
         Ok(m) => m,
@@ -33,49 +38,60 @@ fn check_target(target: &Path, dir: bool, force: bool) -> anyhow::Result<()> {
     }
     if dir {
         if !meta.is_dir() {
-            bail!("{} exists and is not a directory", target.display());
+            bail!(
+                "{} exists and is not a directory; refusing to replace it",
+                target.display()
+            );
         }
         let empty = std::fs::read_dir(target)
             .with_context(|| format!("reading {}", target.display()))?
             .next()
             .is_none();
-        if !empty && !target.join("config.json").is_file() {
+        if !empty && !target.join(MARKER).is_file() {
             bail!(
-                "{} is a non-empty directory without config.json; refusing to replace it",
+                "{} is a non-empty folder not written by infer synth (no {MARKER} marker); \
+                 --force replaces only empty folders or synth's own; refusing to replace it",
                 target.display()
             );
         }
     } else if !meta.is_file() {
-        bail!("{} exists and is not a regular file", target.display());
+        bail!(
+            "{} exists and is not a regular file; --force replaces only a file here, refusing",
+            target.display()
+        );
     }
     Ok(())
 }
 
 impl Staged {
-    /// Check the target ([`check_target`]) and prepare `.NAME.tmp-PID` beside it (created as an
-    /// empty directory when `dir`; for a file, only the path is reserved).
+    /// Check the target ([`check_target`]) and prepare `.NAME.tmp-PID` beside it (created as a
+    /// directory holding only [`MARKER`] when `dir`; for a file, only the path is reserved).
     pub fn new(target: &Path, dir: bool, force: bool) -> anyhow::Result<Staged> {
         check_target(target, dir, force)?;
         let name = target
             .file_name()
             .and_then(|n| n.to_str())
             .with_context(|| format!("{}: output path has no usable name", target.display()))?;
-        let parent = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let parent = super::space::output_dir(target);
         let tmp = parent.join(infer_vindex::files::temp_dir_name(name, std::process::id()));
         remove_any(&tmp);
-        if dir {
-            std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        }
-        Ok(Staged {
+        let staged = Staged {
             tmp,
             target: target.to_path_buf(),
             dir,
             force,
             committed: false,
-        })
+        };
+        if dir {
+            let tmp = &staged.tmp;
+            std::fs::create_dir_all(tmp).with_context(|| format!("creating {}", tmp.display()))?;
+            std::fs::write(
+                tmp.join(MARKER),
+                "Written by `infer synth` (random weights); `infer synth --force` may replace this folder.\n",
+            )
+            .with_context(|| format!("writing {}", tmp.join(MARKER).display()))?;
+        }
+        Ok(staged)
     }
 
     /// Where to write.

@@ -102,8 +102,10 @@ fn put_array(b: &mut Vec<u8>, a: &GgufArray) {
 }
 
 /// Check what the encoder relies on: version 2/3, a power-of-two alignment that matches
-/// `general.alignment` when present, dims whose product is the tensor's byte count, aligned
-/// offsets in table order that do not overlap.
+/// `general.alignment` when present, dims whose product is the tensor's byte count, and each
+/// tensor's offset equal to the sum of the previous tensors' sizes padded to the alignment
+/// (what llama.cpp's `gguf_init_from_file` requires; so the data section is exactly as long as
+/// its tensors and a corrupt offset cannot ask for terabytes of padding).
 fn validate(h: &GgufHeader, path: &Path) -> Result<(), ModelError> {
     let bad = |msg: String| ModelError::BadGguf {
         path: path.to_path_buf(),
@@ -129,7 +131,9 @@ fn validate(h: &GgufHeader, path: &Path) -> Result<(), ModelError> {
             )))
         }
     }
-    let mut end = 0usize;
+    // llama.cpp `gguf_init_from_file`: each offset is the running total of the previous
+    // tensors' sizes, each padded to the alignment ("tensor '%s' has offset %zu, expected %zu").
+    let mut expected_offset = 0usize;
     for t in &h.tensors {
         let n = t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         let expected = n.and_then(|n| t.format.bytes_for(n).ok());
@@ -139,16 +143,17 @@ fn validate(h: &GgufHeader, path: &Path) -> Result<(), ModelError> {
                 t.name, t.dims, t.format, t.n_bytes
             )));
         }
-        if t.offset % h.alignment != 0 || t.offset < end {
+        if t.offset != expected_offset {
             return Err(bad(format!(
-                "tensor '{}': offset {} is unaligned or overlaps the previous tensor (ends at {end}); \
-                 tensors must be in data order",
-                t.name, t.offset
+                "tensor '{}' has offset {}, expected {expected_offset} (the previous tensors' \
+                 sizes, each padded to the alignment {}, as llama.cpp requires)",
+                t.name, t.offset, h.alignment
             )));
         }
-        end = t
-            .offset
-            .checked_add(t.n_bytes)
+        expected_offset = t
+            .n_bytes
+            .checked_next_multiple_of(h.alignment)
+            .and_then(|n| expected_offset.checked_add(n))
             .ok_or_else(|| bad(format!("tensor '{}': offset overflows", t.name)))?;
     }
     Ok(())
@@ -159,7 +164,8 @@ fn validate(h: &GgufHeader, path: &Path) -> Result<(), ModelError> {
 ///
 /// Errors: [`ModelError::BadGguf`] when `h` is inconsistent (version not 2/3, alignment not a
 /// power of two or different from `general.alignment`, a tensor whose dims do not give its
-/// byte count, offsets unaligned, overlapping or out of table order).
+/// byte count, a tensor whose offset is not the previous tensors' padded sizes: "tensor 'NAME'
+/// has offset X, expected Y").
 pub fn encode_header(h: &GgufHeader, path: &Path) -> Result<Vec<u8>, ModelError> {
     validate(h, path)?;
     let mut b = Vec::with_capacity(1 << 20);
@@ -415,7 +421,22 @@ mod tests {
         h.tensors[2].offset = 256; // overlaps the Q4_K tensor
         let e = encode_header(&h, &path).unwrap_err().to_string();
         assert!(
-            e.contains("token_embd.weight") && e.contains("overlaps"),
+            e.contains("tensor 'token_embd.weight' has offset 256, expected 704"),
+            "{e}"
+        );
+        // Aligned but past the end of the previous tensor (a hole of 2^40 bytes of padding).
+        let mut h = header();
+        h.tensors[2].offset = 1 << 40;
+        let e = encode_header(&h, &path).unwrap_err().to_string();
+        assert!(
+            e.contains("has offset 1099511627776, expected 704") && e.contains("bad.gguf"),
+            "{e}"
+        );
+        let mut h = header();
+        h.tensors[0].offset = 64; // aligned, but the first tensor starts at 0
+        let e = encode_header(&h, &path).unwrap_err().to_string();
+        assert!(
+            e.contains("attn_norm.weight' has offset 64, expected 0"),
             "{e}"
         );
         let mut h = header();
