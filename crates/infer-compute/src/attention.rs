@@ -2,6 +2,7 @@
 //! decode (one row), with GQA/MQA, causal and sliding-window masks and optional logit soft-cap.
 
 use crate::attention_blocked::attention_blocked;
+use crate::cpu::dot_generic;
 use crate::scratch;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -267,7 +268,7 @@ unsafe fn head_avx2<const HD: usize>(
 
 /// The body of [`head_attention`]. `HD`: the head dim when known at compile time (`qh.len()`),
 /// 0 for any length. Scores are `scale · dot(q, k_j)` with `crate::cpu::dot`'s summation order
-/// ([`dot_lanes`]), soft-capped; softmax with the max subtracted, sums in key order; the
+/// ([`crate::cpu::dot_generic`]), soft-capped; softmax with the max subtracted, sums in key order; the
 /// output is `Σ_j (p_j / Σp) · v_j` accumulated in key order from 0 with a multiply and an add
 /// (no FMA), per element.
 #[inline(always)]
@@ -298,7 +299,7 @@ fn head_attention_impl<const HD: usize>(
     let mut max = f32::NEG_INFINITY;
     for (j, sj) in (lo..=hi).zip(scores.iter_mut()) {
         let kj = &k[j * kv_row + col..][..hd];
-        let mut s = dot_lanes(qh, kj) * params.scale;
+        let mut s = dot_generic(qh, kj) * params.scale;
         if let Some(cap) = params.softcap {
             s = cap * (s / cap).tanh();
         }
@@ -333,42 +334,13 @@ fn head_attention_impl<const HD: usize>(
     }
 }
 
-/// Lanes of [`dot_lanes`], as in `crate::cpu::dot`.
-const LANES: usize = 16;
-
-/// `Σ a[i]·b[i]` in exactly `crate::cpu::dot`'s order (16 interleaved partial sums, then the remainder,
-/// reduced pairwise), inlined so that a length known at compile time unrolls.
-#[inline(always)]
-fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let ca = a.chunks_exact(LANES);
-    let cb = b.chunks_exact(LANES);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for ((s, &p), &q) in acc.iter_mut().zip(x).zip(y) {
-            *s += p * q;
-        }
-    }
-    for ((s, &p), &q) in acc.iter_mut().zip(ra).zip(rb) {
-        *s += p * q;
-    }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-        width /= 2;
-    }
-    acc[0]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cpu::dot;
 
     #[test]
-    fn dot_lanes_equals_dot_bitwise() {
+    fn dot_generic_equals_dot_bitwise() {
         let mut state = 0x9e37_79b9u64;
         let mut next = move || {
             state = state
@@ -380,7 +352,7 @@ mod tests {
             let a: Vec<f32> = (0..n).map(|_| next()).collect();
             let b: Vec<f32> = (0..n).map(|_| next()).collect();
             assert_eq!(
-                dot_lanes(&a, &b).to_bits(),
+                dot_generic(&a, &b).to_bits(),
                 dot(&a, &b).to_bits(),
                 "n = {n}"
             );

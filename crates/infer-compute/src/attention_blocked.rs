@@ -7,6 +7,7 @@
 use crate::attention::AttentionParams;
 use crate::ops::exp_poly;
 use crate::scratch;
+use crate::shared_out::SharedOut;
 use rayon::prelude::*;
 use std::cell::Cell;
 
@@ -22,18 +23,6 @@ thread_local! {
     /// Per-thread block scratch: stacked queries, score tile, output accumulator, row max, row
     /// sum (`crate::scratch`).
     static BLOCK: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-}
-
-/// A raw output pointer shared by tasks that write disjoint parts of it.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: the tasks using it write disjoint element sets (distinct (row, head) slices of `out`).
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// Query positions per block for `group` query heads per kv head (at least 1).

@@ -247,3 +247,17 @@ pub(crate) fn check_product<B>(
         c.len()
     );
 }
+
+/// The degenerate cases of a product `C[m×n] = A[m×k] · op(B)` (shared by every backend): true
+/// when nothing is left to compute — no output (`m` or `n` is 0), or an all-zero output (`k` is
+/// 0; `c` is then filled with zeros).
+pub(crate) fn empty_product(m: usize, n: usize, k: usize, c: &mut [f32]) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 {
+        c.fill(0.0);
+        return true;
+    }
+    false
+}

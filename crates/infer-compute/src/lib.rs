@@ -18,6 +18,7 @@ pub mod ops;
 pub mod q8_split;
 mod rope;
 mod scratch;
+mod shared_out;
 pub mod vec_dot;
 
 pub use attention::{attention, attention_reference, AttentionParams};

@@ -144,10 +144,29 @@ struct DeviceCache<'b> {
 }
 
 impl DeviceCache<'_> {
+    /// Copy the device cache's rows `host_valid..len` to the host cache.
+    fn download_rows(&mut self, cache: &mut KvCache) -> Result<(), InferenceError> {
+        let len = cache.len();
+        self.host_valid = self.host_valid.min(len);
+        if self.host_valid == len {
+            return Ok(());
+        }
+        for l in 0..cache.layers() {
+            let (k, v) = cache.rows_mut(l, self.host_valid, len);
+            self.decoder.read_kv(l, self.host_valid, k, v)?;
+        }
+        self.host_valid = len;
+        Ok(())
+    }
+
     /// Copy the host cache's rows `device_valid..len` to the device.
     fn upload_rows(&mut self, cache: &KvCache) -> Result<(), InferenceError> {
         let len = cache.len();
         self.device_valid = self.device_valid.min(len);
+        if self.device_valid == len {
+            // The usual decode step: the device already holds every row.
+            return Ok(());
+        }
         for l in 0..cache.layers() {
             let (k, v) = cache.rows(l, self.device_valid, len);
             self.decoder.write_kv(l, self.device_valid, k, v)?;
@@ -220,16 +239,12 @@ impl<'m, 'a> TokenRunner<'m, 'a> {
                 .model
                 .forward_into(self.backend, tokens, cache, which, logits);
         };
-        // The caller may have truncated or cleared the cache since the last call.
+        // The caller may have truncated or cleared the cache since the last call: device rows
+        // past its length are stale (the host's are trimmed in `download_rows`).
         dev.device_valid = dev.device_valid.min(len);
-        dev.host_valid = dev.host_valid.min(len);
         if tokens.len() != 1 {
             // Host pass: copy the rows only the device has into the host cache first.
-            for l in 0..self.model.layers.len() {
-                let (k, v) = cache.rows_mut(l, dev.host_valid, len);
-                dev.decoder.read_kv(l, dev.host_valid, k, v)?;
-            }
-            dev.host_valid = len;
+            dev.download_rows(cache)?;
             self.model
                 .forward_into(self.backend, tokens, cache, which, logits)?;
             dev.host_valid = cache.len();

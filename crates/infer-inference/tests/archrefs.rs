@@ -62,17 +62,9 @@ fn report_quantized(case: &str, vindex: &Vindex, r: &StFile) {
 }
 
 fn check_case(case: &str) {
-    let dir = shared_dir().join("archrefs").join(case);
     let tmp = tempfile::tempdir().expect("tempdir");
     // The f32 tier plus the default quantized tier (q4k), which is reported at the end.
-    let vpath = extract_with(
-        &dir,
-        tmp.path(),
-        case,
-        "f32",
-        None,
-        infer_vindex::QuantTiers::Q4K,
-    );
+    let (dir, vpath) = archrefs_q4k(case, tmp.path());
     let vindex = Vindex::open(&vpath).expect("open vindex");
     let model = Model::from_vindex_with(&vindex, &FLOAT).expect("model");
     let backend = CpuBackend::new();

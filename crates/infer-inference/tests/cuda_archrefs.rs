@@ -167,16 +167,8 @@ fn ratio_quant(what: &str, case: &str, got: &[f32], want: &[f32], vocab: usize, 
 }
 
 fn check_case(case: &str, gpu: &CudaBackend) {
-    let dir = shared_dir().join("archrefs").join(case);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let vpath = extract_with(
-        &dir,
-        tmp.path(),
-        case,
-        "f32",
-        None,
-        infer_vindex::QuantTiers::Q4K,
-    );
+    let (dir, vpath) = archrefs_q4k(case, tmp.path());
     let vindex = Vindex::open(&vpath).expect("open vindex");
     let cpu = CpuBackend::new();
     let r = StFile::open(&dir.join("reference.safetensors"));

@@ -239,26 +239,12 @@ fn quantized_decode_steps_allocate_nothing() {
         .expect("global rayon pool built first");
     let tmp = tempfile::tempdir().expect("tempdir");
     for case in ["llama", "gemma3"] {
-        let path = extract_with(
-            &shared_dir().join("archrefs").join(case),
-            tmp.path(),
-            case,
-            "f32",
-            None,
-            infer_vindex::QuantTiers::Q4K,
-        );
+        let (_, path) = archrefs_q4k(case, tmp.path());
         let v = Vindex::open(&path).expect("open vindex");
         check_zero(case, &q4k_model(&v), 8);
     }
 
-    let path = extract_with(
-        &models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf"),
-        tmp.path(),
-        "smollm2",
-        "f32",
-        None,
-        infer_vindex::QuantTiers::Q4K,
-    );
+    let path = smollm2_with(tmp.path(), infer_vindex::QuantTiers::Q4K);
     let v = Vindex::open(&path).expect("open vindex");
     let model = q4k_model(&v);
     check_zero("SmolLM2-135M", &model, 12);

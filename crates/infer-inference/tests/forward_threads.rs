@@ -33,14 +33,7 @@ fn run(model: &Model<'_>, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
 #[test]
 fn smollm2_quantized_logits_do_not_depend_on_thread_count() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let path = extract_with(
-        &models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf"),
-        tmp.path(),
-        "smollm2",
-        "f32",
-        None,
-        infer_vindex::QuantTiers::ALL,
-    );
+    let path = smollm2_with(tmp.path(), infer_vindex::QuantTiers::ALL);
     let v = Vindex::open(&path).expect("open vindex");
     let model = Model::from_vindex_with(&v, &FormatRequest::default()).expect("model");
     let prompt: Vec<u32> = (0..12u32).map(|i| (i * 7919 + 17) % 49152).collect();

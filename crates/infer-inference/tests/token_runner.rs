@@ -192,16 +192,8 @@ fn run(
 }
 
 fn check(case: &str) {
-    let dir = shared_dir().join("archrefs").join(case);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let path = extract_with(
-        &dir,
-        tmp.path(),
-        case,
-        "f32",
-        None,
-        infer_vindex::QuantTiers::Q4K,
-    );
+    let (dir, path) = archrefs_q4k(case, tmp.path());
     let vindex = Vindex::open(&path).expect("open vindex");
     let model = Model::from_vindex(&vindex).expect("model");
     let r = StFile::open(&dir.join("reference.safetensors"));

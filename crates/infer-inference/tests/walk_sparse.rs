@@ -282,8 +282,7 @@ fn sparse_prefill_equals_decode() {
 #[test]
 fn k_all_matches_real_smollm2_reference() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let gguf = models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let path = extract_with(&gguf, tmp.path(), "smollm2", "f32", None, Q4);
+    let path = smollm2_with(tmp.path(), Q4);
     let v = Vindex::open(&path).expect("open");
     let refdir = shared_dir().join("reference/smollm2-135m-instruct");
     let index: serde_json::Value = serde_json::from_str(

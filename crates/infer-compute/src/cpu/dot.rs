@@ -26,8 +26,11 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     dot_generic(a, b)
 }
 
+/// [`dot`]'s body (16 interleaved partial sums, then the remainder, reduced pairwise),
+/// always inlined: callers with a length known at compile time (attention's head dims) get it
+/// unrolled, bit-identical to [`dot`].
 #[inline(always)]
-fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let ca = a.chunks_exact(LANES);
     let cb = b.chunks_exact(LANES);

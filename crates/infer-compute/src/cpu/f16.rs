@@ -12,7 +12,9 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::backend::check_product as check;
+use crate::backend::empty_product;
 use crate::scratch;
+use crate::shared_out::SharedOut;
 use crate::vec_dot::Isa;
 
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -84,18 +86,6 @@ fn dot_scalar(a: &[f32], b: &[f16]) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-/// A raw output pointer shared by threads that write disjoint parts of it.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: the tasks using it write disjoint column ranges of C.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// `C[m×n] = A[m×k] · B[n×k]ᵀ`, `B` f16; see [`crate::ComputeBackend::matmul_transb_f16`].
 pub(crate) fn matmul_transb_f16(
     isa: Isa,
@@ -107,11 +97,7 @@ pub(crate) fn matmul_transb_f16(
     c: &mut [f32],
 ) {
     check("matmul_transb_f16", a, b, m, k, n, c);
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        c.fill(0.0);
+    if empty_product(m, n, k, c) {
         return;
     }
     let serial = rayon::current_num_threads() <= 1 || m * n * k < PAR_MIN_WORK;

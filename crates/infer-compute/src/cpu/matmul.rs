@@ -3,24 +3,13 @@
 
 use super::gemv::{gemv, vecmat};
 use crate::backend::check_product as check;
+use crate::shared_out::SharedOut;
 use rayon::prelude::*;
 
 /// Below this many multiply-adds the product runs on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 18;
 /// Column blocks are multiples of this (sgemm's widest micro-kernel is 16 columns).
 const COL_ALIGN: usize = 16;
-
-/// A raw output pointer shared by threads that write disjoint parts of it.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: the threads using it write disjoint element sets (distinct column ranges of C).
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// How B is stored.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -15,6 +15,7 @@ use crate::{ComputeBackend, ComputeError, QuantProj};
 use infer_quant::QuantFormat;
 
 pub use dot::dot;
+pub(crate) use dot::dot_generic;
 pub use f16::{axpy_f16, dot_f16};
 pub(crate) use quant::Split;
 

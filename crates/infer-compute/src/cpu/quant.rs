@@ -10,6 +10,7 @@
 
 use super::quant_fallback;
 use super::quant_tile;
+use crate::backend::empty_product;
 use crate::scratch;
 use crate::vec_dot::{self, Isa, VecDotFn};
 use crate::ComputeError;
@@ -212,11 +213,7 @@ pub fn quant_matmul(
         return quant_matvec(isa, format, bytes, x, rows, cols, y);
     }
     let row_bytes = check_weights(format, bytes, rows, cols)?;
-    if m == 0 || rows == 0 {
-        return Ok(());
-    }
-    if cols == 0 {
-        y.fill(0.0);
+    if empty_product(m, rows, cols, y) {
         return Ok(());
     }
     // Results are produced weight-row-major ([rows, m]) so that each task owns whole weight

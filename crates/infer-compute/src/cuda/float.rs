@@ -8,6 +8,7 @@ use super::cache::as_bytes;
 use super::device::{drv, int, GT};
 use super::quant::{download_y, mv_grid, upload_x};
 use super::State;
+use crate::backend::empty_product;
 use crate::ComputeError;
 
 /// The weight element type of a product.
@@ -35,11 +36,7 @@ pub(super) fn product(
     n: usize,
     c: &mut [f32],
 ) -> Result<(), ComputeError> {
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    if k == 0 {
-        c.fill(0.0);
+    if empty_product(m, n, k, c) {
         return Ok(());
     }
     let State { dev, cache, s, .. } = st;

@@ -12,6 +12,7 @@ use infer_quant::QuantFormat;
 use super::cache::Scratch;
 use super::device::{drv, int, Device, MT, ROWS_PER_BLOCK};
 use super::State;
+use crate::backend::empty_product;
 use crate::{ComputeError, QuantProj};
 
 /// The kernel of weight format `format`, or `None` when the CUDA backend has none.
@@ -174,11 +175,7 @@ pub(super) fn quant_matmul(
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
     check(&st.dev, format, bytes, rows, cols)?;
-    if m == 0 || rows == 0 {
-        return Ok(());
-    }
-    if cols == 0 {
-        y.fill(0.0);
+    if empty_product(m, rows, cols, y) {
         return Ok(());
     }
     let State { dev, cache, s, .. } = st;
@@ -266,11 +263,7 @@ pub(super) fn q8_matmul(
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
     crate::q8_split::check_shapes(values, scales, x, m, rows, cols, y)?;
-    if m == 0 || rows == 0 {
-        return Ok(());
-    }
-    if cols == 0 {
-        y.fill(0.0);
+    if empty_product(m, rows, cols, y) {
         return Ok(());
     }
     let State { dev, cache, s, .. } = st;

@@ -144,6 +144,28 @@ pub fn extract_with(
     out
 }
 
+/// Archrefs case `case` (its folder under `INFER_SHARED/archrefs`) extracted into `dir` with the
+/// f32 tier and the q4k tier: (the case folder, the vindex path).
+pub fn archrefs_q4k(case: &str, dir: &Path) -> (PathBuf, PathBuf) {
+    let case_dir = shared_dir().join("archrefs").join(case);
+    let vindex = extract_with(
+        &case_dir,
+        dir,
+        case,
+        "f32",
+        None,
+        infer_vindex::QuantTiers::Q4K,
+    );
+    (case_dir, vindex)
+}
+
+/// The real SmolLM2-135M-Instruct GGUF (`INFER_MODELS`) extracted into `dir` with the f32 tier
+/// and the quantized tiers `quant`; the vindex path.
+pub fn smollm2_with(dir: &Path, quant: infer_vindex::QuantTiers) -> PathBuf {
+    let gguf = models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    extract_with(&gguf, dir, "smollm2", "f32", None, quant)
+}
+
 /// The archrefs case folders (those with a `reference.safetensors`) other than `skip`, sorted;
 /// panics unless all 19 cases are there (a newly added folder of the same shape is picked up).
 pub fn archrefs_cases_except(skip: &[&str]) -> Vec<String> {
