@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use infer_inference::perplexity::perplexity;
-use infer_inference::Tokenizer;
 use infer_vindex::Vindex;
 
 use crate::device_args::DeviceArgs;
@@ -38,7 +37,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.file.display()))?;
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
-    let tok = Tokenizer::from_json(&vindex.tokenizer_json()?)?;
+    let tok = crate::cmd_run::load_tokenizer(&vindex, &args.vindex)?;
     let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
     let max = model.arch.config().max_position_embeddings;
     if args.ctx > max {

@@ -163,7 +163,7 @@ fn open_vindex(path: &std::path::Path) -> anyhow::Result<Vindex> {
     Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))
 }
 
-fn load_tokenizer(vindex: &Vindex, path: &std::path::Path) -> anyhow::Result<Tokenizer> {
+pub(crate) fn load_tokenizer(vindex: &Vindex, path: &std::path::Path) -> anyhow::Result<Tokenizer> {
     let json = vindex
         .tokenizer_json()
         .with_context(|| format!("{}: reading tokenizer", path.display()))?;
@@ -337,7 +337,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let backend = args.sampling.device.backend()?;
     let ctx = context_size(&model, args.sampling.ctx)?;
     let template = chat_template(&l.vindex, &l.tokenizer)
-        .with_context(|| format!("{}: chat template", args.vindex.display()))?;
+        .with_context(|| args.vindex.display().to_string())?;
     let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
     args.sampling
         .device

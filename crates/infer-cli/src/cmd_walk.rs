@@ -35,10 +35,10 @@ pub struct WalkArgs {
     #[arg(long)]
     pub layer: Option<usize>,
     /// Features listed per layer, by |activation|.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub top: u64,
     /// Tokens shown per feature from down_meta.bin (at most what it stores).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub tokens: u64,
     /// Print one JSON document instead of text.
     #[arg(long)]
