@@ -11,8 +11,8 @@
 //! The kind of `--like` is recognised by content ([`like`]). Before anything is written the
 //! output's directory must exist, the sizes must be sane ([`limits`], llama.cpp's tensor
 //! offsets) and the output must fit in the free space of its filesystem ([`space`]). Output is
-//! staged beside the target and renamed into place ([`stage`]); `--force` replaces only a regular
-//! file (GGUF) or an empty or synth-written folder (HF).
+//! staged beside the target and moved into place ([`stage`]). A GGUF output never replaces an
+//! existing path, `--force` or not; `--force` replaces only an empty or synth-written folder (HF).
 
 mod gguf;
 mod hf;
@@ -44,8 +44,9 @@ pub struct SynthArgs {
     /// Seed of the random values (same seed, same bytes).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Replace an existing output: for GGUF a regular file (never a directory); for HF a
-    /// folder only when it is empty or was written by synth (holds its `.infer-synth` marker).
+    /// HF only: replace an existing output folder, only when it is empty or was written by
+    /// synth (holds its `.infer-synth` marker). A GGUF output file is never replaced, even with
+    /// --force: remove it first.
     #[arg(long)]
     pub force: bool,
     /// GGUF only: write just the header (metadata and tensor table, no data).
@@ -95,6 +96,7 @@ fn synth_gguf(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
             like.display()
         );
     }
+    stage::check_target(&args.output, false, args.force)?;
     let header = gguf::read_header(like)?;
     let need = gguf::planned_size(like, &header, args.header_only)?;
     space::check_fits(&args.output, need, &like.display().to_string())?;
@@ -125,6 +127,7 @@ fn synth_hf(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
             like.display()
         );
     }
+    stage::check_target(&args.output, true, args.force)?;
     limits::check_config_sizes(like)?;
     let config = infer_models::ModelConfig::from_hf_file(like)
         .with_context(|| format!("reading {}", like.display()))?;

@@ -107,31 +107,38 @@ fn smollm2_synth_same_header_seeded_data_and_runs() {
         "header-only round trip differs"
     );
 
-    // Same seed (with --force over an existing file): same bytes; another seed: different data.
+    // An existing file is never replaced, not even with --force (it stays byte-identical).
+    fails(
+        &[
+            "synth",
+            "--like",
+            s(&model),
+            "-o",
+            s(&again),
+            "--seed",
+            "2",
+            "--force",
+        ],
+        &[s(&again), "does not replace files"],
+    );
+    assert!(std::fs::read(&again).unwrap() == a, "existing file changed");
+    // Same seed: same bytes; another seed: different data.
+    let same_out = dir.path().join("same.gguf");
     ok(&[
         "synth",
         "--like",
         s(&model),
         "-o",
-        s(&again),
+        s(&same_out),
         "--seed",
         "1",
-        "--force",
     ]);
-    assert!(std::fs::read(&again).unwrap() == a, "same seed differs");
-    ok(&[
-        "synth",
-        "--like",
-        s(&model),
-        "-o",
-        s(&again),
-        "--seed",
-        "2",
-        "--force",
-    ]);
-    let b = std::fs::read(&again).unwrap();
+    assert!(std::fs::read(&same_out).unwrap() == a, "same seed differs");
+    let other = dir.path().join("other.gguf");
+    ok(&["synth", "--like", s(&model), "-o", s(&other), "--seed", "2"]);
+    let b = std::fs::read(&other).unwrap();
     assert_eq!(a.len(), b.len());
-    let ds = GgufFile::open(&again).unwrap().data_start();
+    let ds = GgufFile::open(&other).unwrap().data_start();
     assert_eq!(&a[..ds], &b[..ds]);
     let same = a[ds..].iter().zip(&b[ds..]).filter(|(x, y)| x == y).count();
     assert!(
@@ -139,6 +146,8 @@ fn smollm2_synth_same_header_seeded_data_and_runs() {
         "seed 2 shares {same} of {} data bytes with seed 1",
         a.len() - ds
     );
+    std::fs::remove_file(&same_out).unwrap();
+    std::fs::remove_file(&other).unwrap();
     assert_eq!(
         entries(dir.path()),
         ["again.gguf", "skel.gguf", "smol.gguf"]
@@ -314,7 +323,7 @@ fn errors_name_the_file_and_leave_nothing() {
         "{}",
         text(&o)
     );
-    assert!(text(&o).contains("--force"), "{}", text(&o));
+    assert!(text(&o).contains("does not replace files"), "{}", text(&o));
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep me");
     assert_eq!(
         entries(d),
@@ -438,7 +447,7 @@ fn force_replaces_only_what_synth_wrote() {
         &["folder of the --like config"],
     );
 
-    // GGUF: --force replaces a file, never a directory, never the --like file.
+    // GGUF: --force replaces nothing: never the --like file, never a directory.
     let skel = d.join("skel.gguf");
     header_only(&model_file(SMOL), &skel);
     let skel_bytes = std::fs::read(&skel).unwrap();
@@ -457,10 +466,52 @@ fn force_replaces_only_what_synth_wrote() {
             s(&empty),
             "--force",
         ],
-        &[s(&empty), "not a regular file"],
+        &[s(&empty), "exists; infer synth does not replace files"],
     );
     assert!(empty.join("model.safetensors").is_file());
     assert_eq!(entries(d), ["empty", "other", "out", "real", "skel.gguf"]);
+}
+
+/// A GGUF output never replaces an existing file, with or without `--force`: a copy of the real
+/// SmolLM2 GGUF at OUT (the same size and header as what synth would write) and a HF
+/// `config.json` at OUT are refused with "exists; infer synth does not replace files", stay
+/// byte-identical, and no temp file is left behind.
+#[test]
+fn gguf_output_never_replaces_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = model_file(SMOL);
+    let skel = d.join("fake.gguf");
+    header_only(&model, &skel);
+    let real = d.join("real.gguf");
+    std::fs::copy(&model, &real).unwrap();
+    let real_bytes = std::fs::read(&model).unwrap();
+    for extra in [&[][..], &["--force"][..], &["--header-only", "--force"][..]] {
+        let mut args = vec!["synth", "--like", s(&skel), "-o", s(&real)];
+        args.extend_from_slice(extra);
+        fails(
+            &args,
+            &[
+                s(&real),
+                "exists; infer synth does not replace files (remove it first)",
+            ],
+        );
+        assert!(
+            std::fs::read(&real).unwrap() == real_bytes,
+            "{extra:?}: the real model changed"
+        );
+    }
+    let hf = d.join("hf");
+    real_hf_folder(&hf);
+    let cfg = hf.join("config.json");
+    let cfg_bytes = std::fs::read(&cfg).unwrap();
+    fails(
+        &["synth", "--like", s(&skel), "-o", s(&cfg), "--force"],
+        &[s(&cfg), "does not replace files"],
+    );
+    assert_eq!(std::fs::read(&cfg).unwrap(), cfg_bytes);
+    assert_eq!(entries(&hf), ["config.json", "model.safetensors"]);
+    assert_eq!(entries(d), ["fake.gguf", "hf", "real.gguf"]);
 }
 
 /// A GGUF header with `tensors` (and general.architecture only) written to `path`.

@@ -2,6 +2,7 @@
 //! `infer extract` stages under, so [`crate::cmd_vindex::install_interrupt_cleanup`] removes
 //! it on Ctrl-C/SIGTERM), rename into place at [`Staged::commit`], remove it on drop otherwise.
 //! Every staged folder holds [`MARKER`], so `--force` can tell synth's folders from user data.
+//! A file output never replaces anything: an existing path is refused, `--force` or not.
 
 use std::path::{Path, PathBuf};
 
@@ -25,42 +26,62 @@ fn remove_any(p: &Path) {
 /// say) is never deleted.
 pub const MARKER: &str = ".infer-synth";
 
-/// Refuse an existing `target` without `force`; with `force`, a file target must be a regular
-/// file and a directory target a directory that is empty or holds [`MARKER`] (written by synth).
-fn check_target(target: &Path, dir: bool, force: bool) -> anyhow::Result<()> {
+/// The error for a file output (GGUF) that already exists: synth never replaces a file, with or
+/// without `--force` (a file it did not write cannot be told from one it did).
+fn file_exists_error(target: &Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} exists; infer synth does not replace files (remove it first)",
+        target.display()
+    )
+}
+
+/// Refuse an existing file target (anything at the path: file, directory, link) whatever
+/// `force` says ([`file_exists_error`]). An existing directory target is refused without
+/// `force`; with `force` it must be a directory that is empty or holds [`MARKER`] (written by
+/// synth). Errors name `target`.
+pub fn check_target(target: &Path, dir: bool, force: bool) -> anyhow::Result<()> {
     let meta = match std::fs::symlink_metadata(target) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("inspecting {}", target.display())),
     };
+    if !dir {
+        return Err(file_exists_error(target));
+    }
     if !force {
         bail!("{} exists (use --force to replace it)", target.display());
     }
-    if dir {
-        if !meta.is_dir() {
-            bail!(
-                "{} exists and is not a directory; refusing to replace it",
-                target.display()
-            );
-        }
-        let empty = std::fs::read_dir(target)
-            .with_context(|| format!("reading {}", target.display()))?
-            .next()
-            .is_none();
-        if !empty && !target.join(MARKER).is_file() {
-            bail!(
-                "{} is a non-empty folder not written by infer synth (no {MARKER} marker); \
-                 --force replaces only empty folders or synth's own; refusing to replace it",
-                target.display()
-            );
-        }
-    } else if !meta.is_file() {
+    if !meta.is_dir() {
         bail!(
-            "{} exists and is not a regular file; --force replaces only a file here, refusing",
+            "{} exists and is not a directory; refusing to replace it",
+            target.display()
+        );
+    }
+    let empty = std::fs::read_dir(target)
+        .with_context(|| format!("reading {}", target.display()))?
+        .next()
+        .is_none();
+    if !empty && !target.join(MARKER).is_file() {
+        bail!(
+            "{} is a non-empty folder not written by infer synth (no {MARKER} marker); \
+             --force replaces only empty folders or synth's own; refusing to replace it",
             target.display()
         );
     }
     Ok(())
+}
+
+/// Move the finished file `tmp` to `target` without ever replacing a file: a hard link fails
+/// with `AlreadyExists` when something appeared at `target` since [`check_target`] (POSIX
+/// `link`), then `tmp` is unlinked. Where the filesystem has no hard links, a plain rename
+/// (the target was checked absent just before).
+fn place_file(tmp: &Path, target: &Path) -> anyhow::Result<()> {
+    match std::fs::hard_link(tmp, target) {
+        Ok(()) => std::fs::remove_file(tmp).with_context(|| format!("removing {}", tmp.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(file_exists_error(target)),
+        Err(_) => std::fs::rename(tmp, target)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), target.display())),
+    }
 }
 
 impl Staged {
@@ -99,8 +120,8 @@ impl Staged {
         &self.tmp
     }
 
-    /// Move the finished output onto the target (checked again: it may have appeared meanwhile).
-    /// A replaced directory is parked under `.NAME.old-PID` and deleted after the swap.
+    /// Move the finished output onto the target (checked again: it may have appeared meanwhile;
+    /// a file is placed with [`place_file`], which never replaces). A replaced directory is parked under `.NAME.old-PID` and deleted after the swap.
     pub fn commit(mut self) -> anyhow::Result<()> {
         check_target(&self.target, self.dir, self.force)?;
         let rename = |a: &Path, b: &Path| {
@@ -123,8 +144,10 @@ impl Staged {
                 return Err(e);
             }
             remove_any(&old);
-        } else {
+        } else if self.dir {
             rename(&self.tmp, &self.target)?;
+        } else {
+            place_file(&self.tmp, &self.target)?;
         }
         self.committed = true;
         Ok(())
