@@ -7,6 +7,7 @@
 
 mod json;
 mod rope;
+pub(crate) mod validate;
 
 use std::path::Path;
 
@@ -142,7 +143,10 @@ impl ModelConfig {
     /// [`SUPPORTED_MODEL_TYPES`]; [`ModelError::MissingField`] naming a required field
     /// (`hidden_size`, `num_hidden_layers`, `num_attention_heads`, `intermediate_size`,
     /// `vocab_size` or the family's spelling); [`ModelError::BadField`] for wrong types,
-    /// inconsistent sizes, unknown activations or unsupported RoPE types.
+    /// inconsistent sizes, unknown activations or unsupported RoPE types, and (see
+    /// `config/validate.rs`) `max_position_embeddings` (gpt2 `n_positions`) = 0 or, for RoPE
+    /// families, a rotary dimension `head_dim · partial_rotary_factor` that is not even, ≥ 2
+    /// and ≤ head_dim, or a non-positive `rope_theta`.
     pub fn from_hf_json(path: &Path, json: &Value) -> Result<Self, ModelError> {
         let top = Obj::new(path, json, "")?;
         let model_type = top
@@ -359,7 +363,7 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         _ => (0, 0, None, None, false),
     };
 
-    Ok(ModelConfig {
+    let cfg = ModelConfig {
         model_type: mt.to_string(),
         hidden_size,
         intermediate_size,
@@ -396,7 +400,18 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         bos_token_id: c.opt_u32("bos_token_id")?,
         eos_token_ids: c.u32_or_list("eos_token_id")?,
         pad_token_id: c.opt_u32("pad_token_id")?,
-    })
+    };
+    let names = validate::PositionFields {
+        context: c.name(if gpt2 {
+            "n_positions"
+        } else {
+            "max_position_embeddings"
+        }),
+        rotary: c.name("partial_rotary_factor"),
+        theta: c.name("rope_theta"),
+    };
+    validate::check_positions(&cfg, c.path, &names)?;
+    Ok(cfg)
 }
 
 /// The activation string HF uses for the family: Gemma reads `hidden_activation` (HF ignores

@@ -15,7 +15,7 @@ use infer_models::{ModelSource, SourceKind, TensorInfo};
 use infer_quant::QuantFormat;
 
 use crate::atomic::{check_replaceable, TempBuildDir};
-use crate::classify::{classify, Placement, Role};
+use crate::classify::{check_layer_count, classify, split_layer, Placement, Role};
 use crate::files;
 use crate::hash::sha256_file;
 use crate::index::{
@@ -119,7 +119,8 @@ impl Planned<'_> {
 /// [`VindexError::TargetNotVindex`] (with `force`, the target is a file or a non-empty directory
 /// that is not a vindex: never replaced), [`VindexError::NoTokenizer`],
 /// [`VindexError::BadSource`] (unknown architecture, no embedding, duplicate keys, shapes that
-/// disagree with the config; `down_meta == Some(0)`), source read errors, I/O errors. On any error the temp directory
+/// disagree with the config, per-layer tensors that do not cover exactly the declared layer
+/// count — see [`crate::classify::check_layer_count`]; `down_meta == Some(0)`), source read errors, I/O errors. On any error the temp directory
 /// is removed and `target` is untouched.
 pub fn build(
     source: &ModelSource,
@@ -181,11 +182,7 @@ fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
                 ));
             }
             let s = spec.shape;
-            let mut place = classify(&key, &s);
-            if place.layer.is_some_and(|l| l >= cfg.num_hidden_layers) {
-                // A tensor of a layer past num_hidden_layers: keep it, but only as "other".
-                place.role = Role::Other;
-            }
+            let place = classify(&key, &s);
             let shape_err = |want: String| {
                 bad_source(
                     source,
@@ -227,6 +224,19 @@ fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
             "no 'model.embed_tokens.weight' tensor".into(),
         ));
     }
+    // The declared layer count must match the layers the tensors cover (no layer may be
+    // stored as passthrough or left without weights).
+    let layer_keys: Vec<(usize, &str)> = out
+        .iter()
+        .flat_map(|p| p.outs.iter())
+        .filter_map(|o| split_layer(&o.key))
+        .collect();
+    check_layer_count(
+        cfg.num_hidden_layers,
+        &layer_count_field(source),
+        &layer_keys,
+    )
+    .map_err(|m| bad_source(source, m))?;
     // FFN matrices of one layer must agree on the intermediate size.
     for l in 0..cfg.num_hidden_layers {
         let sizes: Vec<(String, usize)> = out
@@ -247,6 +257,19 @@ fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
         }
     }
     Ok(out)
+}
+
+/// The source's name of the layer-count field: GGUF `{arch}.block_count`, HF
+/// `num_hidden_layers` in `config.json`.
+fn layer_count_field(source: &ModelSource) -> String {
+    match (&source.kind, &source.gguf) {
+        (SourceKind::Gguf, Some(g)) => match g.get_str("general.architecture") {
+            Some(arch) => format!("{arch}.block_count"),
+            None => "block_count".into(),
+        },
+        (SourceKind::Gguf, None) => "block_count".into(),
+        (SourceKind::HfFolder, _) => "num_hidden_layers in config.json".into(),
+    }
 }
 
 /// The output files of the float tier, in write order.

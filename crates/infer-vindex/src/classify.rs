@@ -61,6 +61,58 @@ pub fn split_layer(name: &str) -> Option<(usize, &str)> {
     Some((num.parse().ok()?, rest))
 }
 
+/// Check that per-layer tensors exist for exactly the layers `0..declared` the config declares
+/// and that every layer has the same per-layer tensors. `layer_keys` holds `(layer, rest)` of
+/// every per-layer canonical key (`model.layers.{layer}.{rest}`); `field` names the config
+/// field for the message (HF `num_hidden_layers`, GGUF `{arch}.block_count`).
+///
+/// Errors (as a message): a tensor of a layer ≥ `declared` (too few declared), a layer below
+/// `declared` without tensors (too many declared, or a gap), or a layer lacking a tensor that
+/// another layer has (e.g. `mlp.gate_proj.weight`).
+pub fn check_layer_count(
+    declared: usize,
+    field: &str,
+    layer_keys: &[(usize, &str)],
+) -> Result<(), String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut per_layer: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
+    for &(l, rest) in layer_keys {
+        per_layer.entry(l).or_default().insert(rest);
+    }
+    let Some(&max) = per_layer.keys().next_back() else {
+        return Err(format!(
+            "config declares {declared} layers ({field}) but no per-layer tensors exist"
+        ));
+    };
+    let found = || format!("tensors exist for layers 0..{max} ({} layers)", max + 1);
+    if max >= declared || (max + 1 < declared && per_layer.len() == max + 1) {
+        return Err(format!(
+            "config declares {declared} layers ({field}) but {}",
+            found()
+        ));
+    }
+    if let Some(gap) = (0..declared).find(|l| !per_layer.contains_key(l)) {
+        return Err(format!(
+            "layer {gap} has no tensors (config declares {declared} layers ({field}); {})",
+            found()
+        ));
+    }
+    let all: BTreeSet<&str> = per_layer.values().flatten().copied().collect();
+    for (l, have) in &per_layer {
+        if let Some(missing) = all.difference(have).next() {
+            let other = per_layer
+                .iter()
+                .find(|(_, h)| h.contains(missing))
+                .map_or(0, |(o, _)| *o);
+            return Err(format!(
+                "layer {l} lacks tensor '{missing}' that layer {other} has (config declares \
+                 {declared} layers ({field}))"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +162,39 @@ mod tests {
             role("model.layers.0.mlp.down_proj.weight", &[4, 8]),
             (Role::FfnDown, Some(0))
         );
+    }
+
+    #[test]
+    fn layer_count_must_match_tensors() {
+        let keys: Vec<(usize, &str)> = (0..3)
+            .flat_map(|l| [(l, "self_attn.q_proj.weight"), (l, "mlp.gate_proj.weight")])
+            .collect();
+        assert_eq!(check_layer_count(3, "n", &keys), Ok(()));
+        assert_eq!(
+            check_layer_count(5, "n", &keys).unwrap_err(),
+            "config declares 5 layers (n) but tensors exist for layers 0..2 (3 layers)"
+        );
+        assert_eq!(
+            check_layer_count(2, "n", &keys).unwrap_err(),
+            "config declares 2 layers (n) but tensors exist for layers 0..2 (3 layers)"
+        );
+        let gap: Vec<_> = keys.iter().copied().filter(|k| k.0 != 1).collect();
+        assert_eq!(
+            check_layer_count(3, "n", &gap).unwrap_err(),
+            "layer 1 has no tensors (config declares 3 layers (n); tensors exist for layers 0..2 (3 layers))"
+        );
+        let partial: Vec<_> = keys
+            .iter()
+            .copied()
+            .filter(|k| *k != (2, "mlp.gate_proj.weight"))
+            .collect();
+        assert_eq!(
+            check_layer_count(3, "n", &partial).unwrap_err(),
+            "layer 2 lacks tensor 'mlp.gate_proj.weight' that layer 0 has (config declares 3 layers (n))"
+        );
+        assert!(check_layer_count(3, "n", &[])
+            .unwrap_err()
+            .contains("no per-layer tensors"));
     }
 
     #[test]

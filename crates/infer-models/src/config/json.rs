@@ -31,7 +31,8 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn name(&self, key: &str) -> String {
+    /// `key` with this object's prefix (e.g. `text_config.max_position_embeddings`).
+    pub fn name(&self, key: &str) -> String {
         format!("{}{}", self.prefix, key)
     }
 

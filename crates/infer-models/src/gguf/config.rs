@@ -10,6 +10,7 @@
 
 use super::family::{family, supported, Family};
 use super::{GgufFile, GgufValue};
+use crate::config::validate::{check_positions, PositionFields};
 use crate::names::ROPE_FACTOR_TENSORS;
 use crate::{LayerKind, ModelConfig, ModelError, RopeScaling};
 
@@ -103,7 +104,9 @@ impl Meta<'_> {
 /// [`ModelError::MissingField`] for a required key that is absent or mistyped (named
 /// `{arch}.key`); [`ModelError::Unsupported`] for features this reader would otherwise get
 /// silently wrong: MoE (`expert_count` > 0), per-layer FFN widths, RoPE scaling other than
-/// linear, and RoPE frequency-factor tensors (`rope_freqs`: Llama-3 scaling, LongRoPE).
+/// linear, and RoPE frequency-factor tensors (`rope_freqs`: Llama-3 scaling, LongRoPE);
+/// [`ModelError::BadField`] for `{arch}.context_length` = 0, a `{arch}.rope.dimension_count`
+/// that is 0, odd or above head_dim, or a non-positive `{arch}.rope.freq_base`.
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     let path = g.path().to_path_buf();
     let arch = g
@@ -207,7 +210,7 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     };
 
     let eos = m.token_id("tokenizer.ggml.eos_token_id")?;
-    Ok(ModelConfig {
+    let cfg = ModelConfig {
         model_type: fam.model_type.to_string(),
         hidden_size: hidden,
         intermediate_size: m.req_usize("feed_forward_length")?,
@@ -245,5 +248,12 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids: eos.into_iter().collect(),
         pad_token_id: m.token_id("tokenizer.ggml.padding_token_id")?,
-    })
+    };
+    let names = PositionFields {
+        context: m.key("context_length"),
+        rotary: m.key("rope.dimension_count"),
+        theta: m.key("rope.freq_base"),
+    };
+    check_positions(&cfg, g.path(), &names)?;
+    Ok(cfg)
 }

@@ -1,0 +1,82 @@
+//! Position checks shared by the HF (`config.json`) and GGUF readers, run on the finished
+//! [`ModelConfig`] so both sources refuse the same nonsense: a context of 0 positions, or a
+//! RoPE family whose rotary dimension is unusable (0 turns RoPE off silently; odd or wider than
+//! a head cannot be rotated in pairs).
+
+use std::path::Path;
+
+use crate::arch::Family;
+use crate::{ModelConfig, ModelError};
+
+/// The source's own names of the checked fields (for error messages): HF
+/// `max_position_embeddings` / `partial_rotary_factor` / `rope_theta`, GGUF
+/// `{arch}.context_length` / `{arch}.rope.dimension_count` / `{arch}.rope.freq_base`.
+pub(crate) struct PositionFields {
+    pub context: String,
+    pub rotary: String,
+    pub theta: String,
+}
+
+/// Rotated leading dimensions of each head: `floor(head_dim · partial_rotary_factor)` as HF
+/// computes `int(head_dim * partial_rotary_factor)` (a tiny epsilon absorbs the f64 error of
+/// factors such as `32 / 80`).
+pub(crate) fn rotary_dim(cfg: &ModelConfig) -> usize {
+    let x = cfg.head_dim as f64 * cfg.partial_rotary_factor;
+    if x.is_finite() && x > 0.0 {
+        (x + 1e-9).floor() as usize
+    } else {
+        0
+    }
+}
+
+/// Check `max_position_embeddings ≥ 1`, `head_dim ≥ 1`, and, for RoPE families (all but
+/// GPT-2's learned positions): rotary dimension ([`rotary_dim`]) even, ≥ 2 and ≤ `head_dim`,
+/// and `rope_theta` (and `rope_local_theta`) finite and > 0.
+///
+/// Errors: [`ModelError::BadField`] naming `path` and the source's field (`names`).
+pub(crate) fn check_positions(
+    cfg: &ModelConfig,
+    path: &Path,
+    names: &PositionFields,
+) -> Result<(), ModelError> {
+    let bad = |field: &str, msg: String| ModelError::BadField {
+        path: path.to_path_buf(),
+        field: field.to_string(),
+        msg,
+    };
+    if cfg.max_position_embeddings == 0 {
+        return Err(bad(
+            &names.context,
+            "the context length must be at least 1 position (got 0)".into(),
+        ));
+    }
+    if cfg.head_dim == 0 {
+        return Err(bad(
+            "head_dim",
+            "the head dimension must be positive".into(),
+        ));
+    }
+    if Family::from_model_type(&cfg.model_type) == Some(Family::Gpt2) {
+        return Ok(()); // learned absolute positions, no RoPE
+    }
+    let d = rotary_dim(cfg);
+    if d < 2 || d % 2 != 0 || d > cfg.head_dim {
+        return Err(bad(
+            &names.rotary,
+            format!(
+                "rotary dimension {d} (head_dim {} × partial rotary factor {}) must be even, \
+                 at least 2 and at most head_dim for a RoPE model ({})",
+                cfg.head_dim, cfg.partial_rotary_factor, cfg.model_type
+            ),
+        ));
+    }
+    for theta in std::iter::once(cfg.rope_theta).chain(cfg.rope_local_theta) {
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(bad(
+                &names.theta,
+                format!("RoPE base must be finite and positive (got {theta})"),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! `extract` refuses sources whose declared layer count, context length or rotary dimension
+//! disagree with the tensors or make no sense, naming the source and the field, and leaves
+//! nothing at (or beside) the output path. Sources are doctored copies: an archrefs HF folder
+//! with `config.json` edited, and the SmolLM2 GGUF with one header value rewritten.
+
+mod common;
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use common::{model_file, shared_dir};
+use infer_models::gguf::{encode_header, GgufHeader, GgufValue};
+use infer_vindex::{extract, BuildOptions};
+
+fn opts() -> BuildOptions {
+    BuildOptions {
+        allow_no_tokenizer: true, // archrefs carry no tokenizer
+        ..Default::default()
+    }
+}
+
+/// Extract `src` into a fresh empty directory; the build must fail. Returns the error text
+/// after checking that the output directory is still empty (no target, no temp directory).
+fn extract_fails(src: &Path) -> String {
+    let out = tempfile::tempdir().expect("tempdir");
+    let target = out.path().join("m.vindex");
+    let err = match extract(src, &target, &opts()) {
+        Ok(_) => panic!("{}: extract succeeded on a doctored source", src.display()),
+        Err(e) => e.to_string(),
+    };
+    let left: Vec<_> = std::fs::read_dir(out.path())
+        .expect("read out dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "{err}: left behind {left:?}");
+    assert!(
+        err.contains(&src.display().to_string()),
+        "error does not name the source {}: {err}",
+        src.display()
+    );
+    err
+}
+
+/// A copy of archrefs/`case` in a temp dir with `config.json` edited by `edit`.
+fn doctored_hf(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let from = shared_dir().join("archrefs").join(case);
+    let dir = tempfile::tempdir().expect("tempdir");
+    for e in std::fs::read_dir(&from).unwrap_or_else(|e| panic!("{}: {e}", from.display())) {
+        let p = e.expect("dir entry").path();
+        if p.is_file() {
+            std::fs::copy(&p, dir.path().join(p.file_name().expect("file name"))).expect("copy");
+        }
+    }
+    let cfg = dir.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).expect("read config")).expect("json");
+    edit(&mut v);
+    std::fs::write(&cfg, serde_json::to_string_pretty(&v).expect("json")).expect("write config");
+    dir
+}
+
+#[test]
+fn hf_layer_count_must_match_tensors() {
+    // archrefs/llama has tensors for layers 0..2.
+    for (n, want) in [
+        (5, "config declares 5 layers (num_hidden_layers in config.json) but tensors exist for layers 0..2 (3 layers)"),
+        (2, "config declares 2 layers (num_hidden_layers in config.json) but tensors exist for layers 0..2 (3 layers)"),
+    ] {
+        let src = doctored_hf("llama", |v| v["num_hidden_layers"] = serde_json::json!(n));
+        let err = extract_fails(src.path());
+        assert!(err.contains(want), "num_hidden_layers {n}: {err}");
+    }
+    // The undoctored copy builds (the check does not refuse a good source).
+    let ok = doctored_hf("llama", |_| {});
+    let out = tempfile::tempdir().expect("tempdir");
+    let index = extract(ok.path(), &out.path().join("m.vindex"), &opts()).expect("good copy");
+    assert_eq!(index.shapes.num_layers, 3);
+}
+
+#[test]
+fn hf_zero_context_and_rotary_are_refused() {
+    let src = doctored_hf("llama", |v| {
+        v["max_position_embeddings"] = serde_json::json!(0)
+    });
+    let err = extract_fails(src.path());
+    assert!(
+        err.contains("'max_position_embeddings': the context length must be at least 1"),
+        "{err}"
+    );
+    let src = doctored_hf("phi3-partial", |v| {
+        v["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(0.0)
+    });
+    let err = extract_fails(src.path());
+    assert!(
+        err.contains("'partial_rotary_factor': rotary dimension 0"),
+        "{err}"
+    );
+}
+
+/// Copy the GGUF at `from` to `to` with the integer metadata value `key` set to `value` (same
+/// value type, so the header keeps its length and the tensor data its offsets).
+fn doctored_gguf(from: &Path, to: &Path, key: &str, value: u64) {
+    let mut h = GgufHeader::read(from).unwrap_or_else(|e| panic!("{e}"));
+    let old_len = encode_header(&h, from).expect("encode").len();
+    let slot = h
+        .metadata
+        .iter_mut()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("{}: no key {key}", from.display()));
+    slot.1 = match slot.1 {
+        GgufValue::U32(_) => GgufValue::U32(value as u32),
+        GgufValue::U64(_) => GgufValue::U64(value),
+        GgufValue::I32(_) => GgufValue::I32(value as i32),
+        ref other => panic!("{key}: unexpected value type {other:?}"),
+    };
+    let header = encode_header(&h, to).expect("encode doctored");
+    assert_eq!(header.len(), old_len, "{key}: header length changed");
+    let mut src = File::open(from).expect("open gguf");
+    src.seek(SeekFrom::Start(old_len as u64)).expect("seek");
+    let mut dst = File::create(to).expect("create copy");
+    dst.write_all(&header).expect("write header");
+    std::io::copy(&mut src, &mut dst).expect("copy data");
+}
+
+#[test]
+fn gguf_doctored_metadata_is_refused() {
+    let orig = model_file("SmolLM2-135M-Instruct.Q4_1.gguf"); // 30 layers
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy: PathBuf = dir.path().join("doctored.gguf");
+    for (key, value, want) in [
+        (
+            "llama.block_count",
+            40,
+            "config declares 40 layers (llama.block_count) but tensors exist for layers 0..29 (30 layers)",
+        ),
+        (
+            "llama.block_count",
+            20,
+            "config declares 20 layers (llama.block_count) but tensors exist for layers 0..29 (30 layers)",
+        ),
+        (
+            "llama.context_length",
+            0,
+            "config field 'llama.context_length': the context length must be at least 1 position (got 0)",
+        ),
+        (
+            "llama.rope.dimension_count",
+            0,
+            "config field 'llama.rope.dimension_count': rotary dimension 0 (head_dim 64",
+        ),
+        (
+            "llama.rope.dimension_count",
+            63,
+            "config field 'llama.rope.dimension_count': rotary dimension 63 (head_dim 64",
+        ),
+    ] {
+        doctored_gguf(&orig, &copy, key, value);
+        let err = extract_fails(&copy);
+        assert!(err.contains(want), "{key} = {value}: {err}");
+    }
+}
