@@ -144,8 +144,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let ffn0 = infer_inference::walk::walk_ffn_nanos();
             let t0 = Instant::now();
             for _ in 0..args.n_gen {
-                runner.forward_into(&[tok], &mut cache, Logits::Last, &mut logits)?;
-                tok = infer_inference::sampling::argmax(&logits);
+                // Greedy, chosen on the device when the decoder offers it (as `run` does).
+                tok = runner.forward_greedy(tok, &mut cache, &mut logits)?;
             }
             tg.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
             let ffn_ns = infer_inference::walk::walk_ffn_nanos() - ffn0;

@@ -97,6 +97,15 @@ pub struct DecodePlan<'a> {
     pub context: usize,
 }
 
+/// The greedy choice of [`TokenDecoder::step_argmax`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Argmax {
+    /// Id of the largest finite logit (ties → the smaller id).
+    pub token: u32,
+    /// False when some logit is NaN or ±infinite (those take no part in the choice).
+    pub all_finite: bool,
+}
+
 /// A model resident on a device, decoding one token per [`TokenDecoder::step`] with its own
 /// KV cache (`[context, n_kv_heads · head_dim]` f32 per layer for K and for V). Positions are
 /// absolute; the caller keeps its host cache and this one consistent with
@@ -128,6 +137,16 @@ pub trait TokenDecoder {
     /// into `logits`. Errors: `pos` outside the context, a token id outside the vocabulary,
     /// `logits` of the wrong length, a device failure.
     fn step(&mut self, token: u32, pos: usize, logits: &mut [f32]) -> Result<(), ComputeError>;
+
+    /// Run one step like [`TokenDecoder::step`] and choose the greedy next token where the
+    /// logits are: the id of the largest logit, ties to the smaller id (a host argmax that
+    /// skips nothing), without copying the `[vocab]` logits back. `Ok(None)` when this decoder
+    /// does not offer it (the default): call [`TokenDecoder::step`] instead. Errors as
+    /// [`TokenDecoder::step`].
+    fn step_argmax(&mut self, token: u32, pos: usize) -> Result<Option<Argmax>, ComputeError> {
+        let _ = (token, pos);
+        Ok(None)
+    }
 
     /// Run one step like [`TokenDecoder::step`] (writing K/V at `pos`, no logits returned)
     /// kernel by kernel with a timing event after each, and return per kernel kind: (name,

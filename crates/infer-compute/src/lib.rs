@@ -24,7 +24,7 @@ pub mod vec_dot;
 pub use attention::{attention, attention_reference, AttentionParams};
 pub use backend::{ComputeBackend, QuantProj};
 pub use cpu::{axpy_f16, dot_f16, CpuBackend};
-pub use decode_plan::{DecodePlan, PlanLayer, PlanRows, PlanWeight, TokenDecoder};
+pub use decode_plan::{Argmax, DecodePlan, PlanLayer, PlanRows, PlanWeight, TokenDecoder};
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;
 pub use rope::{apply_rope, Rope, RopeConfig, RopeScaling};

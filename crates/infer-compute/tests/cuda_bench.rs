@@ -61,6 +61,7 @@ fn kernel_bandwidth_table() {
     println!("device: {}", gpu.name());
     let copy = gpu.time_copy(1 << 30, 20).expect("copy timing");
     let launch = gpu.time_empty_launch(2000).expect("launch timing");
+    let graph_launch = gpu.time_graph_launch(256).expect("graph launch timing");
     let mut rng = StdRng::seed_from_u64(1);
     let mut table = Vec::new();
     for &(fmt, rows, cols, what) in CASES {
@@ -86,9 +87,11 @@ fn kernel_bandwidth_table() {
     println!();
     println!("== CUDA quantized mat-vec (m = 1, activation quantize + mat-vec, device time) ==");
     println!(
-        "device copy bandwidth (1 GiB dtod, read+write): {:.0} GB/s; empty launch: {:.2} us",
+        "device copy bandwidth (1 GiB dtod, read+write): {:.0} GB/s; empty launch: {:.2} us; \
+         empty kernel in a PDL graph: {:.2} us",
         copy.gb_per_s(),
-        launch * 1e6
+        launch * 1e6,
+        graph_launch * 1e6
     );
     for l in &table {
         println!("{l}");

@@ -20,7 +20,11 @@
 
 use half::f16;
 use infer_compute::cuda::CudaBackend;
-use infer_compute::{ComputeBackend, ComputeError, CpuBackend, Isa, QuantFormat};
+use infer_compute::ops::Activation;
+use infer_compute::{
+    AttentionParams, ComputeBackend, ComputeError, CpuBackend, DecodePlan, Isa, PlanLayer,
+    PlanRows, PlanWeight, QuantFormat,
+};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const TOL: f64 = 1e-5;
@@ -331,6 +335,150 @@ fn fused_products_equal_single_products() {
         }
     }
     println!("parity fused quant_matmul_many: max err/Σ|terms| = {worst:.3e} (tolerance {TOL:e})");
+}
+
+/// A one-layer decode plan of hidden size `h` whose layer weights (`zeros`: Q8_0 `[h, h]`) are
+/// zero, so the final hidden state is the token's embedding row (`scale` 1, unit norms).
+fn zero_layer_plan<'a>(
+    embeddings: &'a [f32],
+    final_norm: &'a [f32],
+    ones: &'a [f32],
+    zeros: &'a [u8],
+    lm_head: Option<PlanWeight<'a>>,
+) -> DecodePlan<'a> {
+    let h = final_norm.len();
+    let q8 = PlanWeight::Quant {
+        format: QuantFormat::Q8_0,
+        bytes: zeros,
+    };
+    let layer = PlanLayer {
+        pre_attn_norm: ones,
+        post_attn_norm: None,
+        pre_ffn_norm: ones,
+        post_ffn_norm: None,
+        q_norm: None,
+        k_norm: None,
+        wq: q8,
+        wk: q8,
+        wv: q8,
+        wo: q8,
+        gate: Some(q8),
+        up: q8,
+        down: q8,
+        intermediate_size: h,
+        attention: AttentionParams {
+            n_q_heads: h / 64,
+            n_kv_heads: h / 64,
+            head_dim: 64,
+            scale: 0.125,
+            sliding_window: None,
+            softcap: None,
+        },
+        rope: None,
+        activation: Activation::Silu,
+        eps: 1e-6,
+        norm_offset: 0.0,
+        residual_multiplier: 1.0,
+    };
+    DecodePlan {
+        hidden_size: h,
+        vocab_size: embeddings.len() / h,
+        embeddings: PlanRows::F32(embeddings),
+        embedding_scale: 1.0,
+        layers: vec![layer],
+        final_norm,
+        final_eps: 1e-6,
+        final_norm_offset: 0.0,
+        lm_head,
+        logits_divisor: 1.0,
+        final_softcap: None,
+        context: 4,
+    }
+}
+
+/// The device decoder's lm_head product (`dec_mv_multi` with several rows per warp, as for a
+/// tall matrix) and its on-device argmax, on [`zero_layer_plan`]: logits vs the CPU reference
+/// product of the same RMSNorm'd embedding row (same tolerance as above), `step_argmax` equal
+/// to the host argmax of those logits; a NaN embedding row through the float (tied) lm_head
+/// reported as not finite (a quantized lm_head's activation quantization turns NaN into a
+/// finite value, on the CPU as well).
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn decoder_lm_head_and_argmax_match_cpu() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(91);
+    let (h, vocab) = (512usize, 20003usize);
+    let zeros = vec![0u8; h * h / 32 * 34];
+    let ones = vec![1.0f32; h];
+    let final_norm = gauss(&mut rng, h, 1.0);
+    let mut embeddings = gauss(&mut rng, vocab * h, 1.0);
+    embeddings[h + 5] = f32::NAN; // token 1
+    let token = 7usize;
+    // The decoder's final RMSNorm (decode.cu residual_norm_block): sum of squares in f64.
+    let x = &embeddings[token * h..(token + 1) * h];
+    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let sc = (1.0 / (ss / h as f64 + 1e-6f32 as f64).sqrt()) as f32;
+    let xn: Vec<f32> = x
+        .iter()
+        .zip(&final_norm)
+        .map(|(&v, &w)| (v * sc) * w)
+        .collect();
+    let mut worst = 0f64;
+    for fmt in [
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+        QuantFormat::Q5_0,
+        QuantFormat::Q4_0,
+    ] {
+        let lm = random_blocks(&mut rng, fmt, vocab * h / fmt.block_elems());
+        let lm_head = Some(PlanWeight::Quant {
+            format: fmt,
+            bytes: &lm,
+        });
+        let plan = zero_layer_plan(&embeddings, &final_norm, &ones, &zeros, lm_head);
+        let mut dec = gpu
+            .token_decoder(&plan)
+            .unwrap_or_else(|e| panic!("{fmt}: decoder: {e}"))
+            .expect("the CUDA backend offers a decoder");
+        let mut got = vec![f32::NAN; vocab];
+        dec.step(token as u32, 0, &mut got)
+            .unwrap_or_else(|e| panic!("{fmt}: step: {e}"));
+        let mut want = vec![f32::NAN; vocab];
+        cpu()
+            .quant_matvec(fmt, &lm, &xn, vocab, h, &mut want)
+            .unwrap();
+        let mag = term_sums(&weight_magnitudes(fmt, &lm, vocab * h), &xn, 1, vocab, h);
+        worst = worst.max(compare(
+            &format!("decoder lm_head {fmt}"),
+            &got,
+            &want,
+            &mag,
+        ));
+        let a = dec
+            .step_argmax(token as u32, 0)
+            .unwrap_or_else(|e| panic!("{fmt}: step_argmax: {e}"))
+            .expect("the CUDA decoder offers step_argmax");
+        let host = (0..vocab).fold(0, |b, i| if got[i] > got[b] { i } else { b });
+        assert_eq!(a.token as usize, host, "{fmt}: device vs host argmax");
+        assert!(a.all_finite, "{fmt}: finite logits reported as not finite");
+    }
+    let plan = zero_layer_plan(&embeddings, &final_norm, &ones, &zeros, None);
+    let mut dec = gpu.token_decoder(&plan).expect("decoder").expect("offered");
+    let mut logits = vec![0.0; vocab];
+    dec.step(1, 0, &mut logits).expect("step");
+    assert!(
+        logits.iter().all(|v| v.is_nan()),
+        "NaN hidden state, a non-NaN logit"
+    );
+    let bad = dec
+        .step_argmax(1, 0)
+        .expect("step_argmax")
+        .expect("offered");
+    assert!(!bad.all_finite, "NaN logits reported as finite");
+    println!(
+        "parity decoder lm_head: max err/Σ|terms| = {worst:.3e} (tolerance {TOL:e}); argmax equal; NaN flagged"
+    );
 }
 
 #[test]

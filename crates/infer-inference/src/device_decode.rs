@@ -176,6 +176,33 @@ impl DeviceCache<'_> {
     }
 }
 
+/// One device step of `token` at position `cache.len()`: check the id and the room, upload
+/// the host-only K/V rows, `run` the decoder at that position, and advance both caches when
+/// `run` says a step ran (`Ok(false)`: the decoder declined, nothing changed).
+fn device_step(
+    dev: &mut DeviceCache<'_>,
+    model: &Model<'_>,
+    token: u32,
+    cache: &mut KvCache,
+    run: impl FnOnce(&mut dyn TokenDecoder, usize) -> Result<bool, infer_compute::ComputeError>,
+) -> Result<bool, InferenceError> {
+    if token as usize >= model.vocab_size {
+        return Err(InferenceError::TokenOutOfRange {
+            id: token,
+            vocab: model.vocab_size,
+        });
+    }
+    cache.check_room(1)?;
+    dev.upload_rows(cache)?;
+    let len = cache.len();
+    if !run(&mut *dev.decoder, len)? {
+        return Ok(false);
+    }
+    cache.advance(1);
+    dev.device_valid = len + 1;
+    Ok(true)
+}
+
 /// See the [module docs](self).
 pub struct TokenRunner<'m, 'a> {
     model: &'m Model<'a>,
@@ -250,19 +277,44 @@ impl<'m, 'a> TokenRunner<'m, 'a> {
             dev.host_valid = cache.len();
             return Ok(());
         }
-        if tokens[0] as usize >= self.model.vocab_size {
-            return Err(InferenceError::TokenOutOfRange {
-                id: tokens[0],
-                vocab: self.model.vocab_size,
-            });
-        }
-        cache.check_room(1)?;
-        dev.upload_rows(cache)?;
         logits.resize(self.model.vocab_size, 0.0);
-        dev.decoder.step(tokens[0], len, logits)?;
-        cache.advance(1);
-        dev.device_valid = len + 1;
+        device_step(dev, self.model, tokens[0], cache, |d, pos| {
+            d.step(tokens[0], pos, logits).map(|()| true)
+        })?;
         Ok(())
+    }
+
+    /// One token at position `cache.len()` and the greedy next token: the largest logit, ties
+    /// to the smaller id ([`crate::sampling::argmax`]). The device decoder chooses it where the
+    /// logits are when it can ([`TokenDecoder::step_argmax`]: no logits copied back, `logits`
+    /// untouched); otherwise [`TokenRunner::forward_into`] writes `logits` and the host picks.
+    /// Errors as [`TokenRunner::forward_into`], and [`InferenceError::NonFiniteLogits`] when a
+    /// logit is NaN or infinite (the cache has advanced past `token` by then).
+    pub fn forward_greedy(
+        &mut self,
+        token: u32,
+        cache: &mut KvCache,
+        logits: &mut Vec<f32>,
+    ) -> Result<u32, InferenceError> {
+        if let Some(dev) = &mut self.device {
+            dev.device_valid = dev.device_valid.min(cache.len());
+            let mut chosen = None;
+            device_step(dev, self.model, token, cache, |d, pos| {
+                chosen = d.step_argmax(token, pos)?;
+                Ok(chosen.is_some())
+            })?;
+            if let Some(a) = chosen {
+                if !a.all_finite {
+                    return Err(InferenceError::NonFiniteLogits);
+                }
+                return Ok(a.token);
+            }
+        }
+        self.forward_into(&[token], cache, Logits::Last, logits)?;
+        if logits.iter().any(|v| !v.is_finite()) {
+            return Err(InferenceError::NonFiniteLogits);
+        }
+        Ok(crate::sampling::argmax(logits))
     }
 
     /// Device time per kernel kind of one device step of `token` at position `cache.len()`

@@ -131,6 +131,10 @@ impl<'m, 'a> Generator<'m, 'a> {
         let mut streamer = TextStreamer::new(self.tokenizer);
         let mut out = StopFilter::new(&opts.stop_strings);
         let mut tokens = Vec::new();
+        // Greedy sampling: each step's token is chosen where the logits are (on a device
+        // decoder, without copying them back); `chosen` carries it to the next iteration.
+        let greedy = sampler.is_greedy();
+        let mut chosen = None;
         let stop = loop {
             if interrupt.load(Ordering::Relaxed) {
                 break StopReason::Interrupted;
@@ -138,10 +142,15 @@ impl<'m, 'a> Generator<'m, 'a> {
             if tokens.len() >= opts.max_tokens {
                 break StopReason::MaxTokens;
             }
-            if logits.iter().any(|v| !v.is_finite()) {
-                return Err(InferenceError::NonFiniteLogits);
-            }
-            let next = sampler.sample(&logits, &history);
+            let next = match chosen.take() {
+                Some(next) => next,
+                None => {
+                    if logits.iter().any(|v| !v.is_finite()) {
+                        return Err(InferenceError::NonFiniteLogits);
+                    }
+                    sampler.sample(&logits, &history)
+                }
+            };
             tokens.push(next);
             history.push(next);
             if opts.eog_ids.contains(&next) {
@@ -159,7 +168,11 @@ impl<'m, 'a> Generator<'m, 'a> {
                 break StopReason::ContextFull;
             }
             // Reuses the logits buffer: no allocation per decoded token in this crate.
-            runner.forward_into(&[next], cache, Logits::Last, &mut logits)?;
+            if greedy {
+                chosen = Some(runner.forward_greedy(next, cache, &mut logits)?);
+            } else {
+                runner.forward_into(&[next], cache, Logits::Last, &mut logits)?;
+            }
         };
         if stop != StopReason::StopString {
             out.flush(&mut on_text);

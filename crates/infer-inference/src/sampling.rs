@@ -65,6 +65,13 @@ impl Sampler {
         &self.params
     }
 
+    /// True when [`Sampler::sample`] is a plain argmax of the logits (temperature 0, no
+    /// repetition penalty), so the choice can be made where the logits are
+    /// ([`crate::TokenRunner::forward_greedy`]).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0 && self.params.repeat_penalty == 1.0
+    }
+
     /// Pick the next token from `logits` (`[vocab]`), given the tokens so far (`history`).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;

@@ -97,6 +97,28 @@ fn decode_logits(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -> Ve
     out
 }
 
+/// The device decoder's greedy choices (`forward_greedy`: argmax on the device): `seq[..t/2]`
+/// prefilled, then each token of `seq[t/2..]`; entry i matches chunk i + 1 of
+/// [`decode_logits`].
+fn device_greedy_ids(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -> Vec<u32> {
+    let t = seq.len();
+    let mut cache = model.new_cache(t);
+    let mut runner = TokenRunner::new(model, backend, t, true).expect("runner");
+    assert!(runner.on_device(), "device decoder expected");
+    let mut logits = Vec::new();
+    runner
+        .forward_into(&seq[..t / 2], &mut cache, Logits::Last, &mut logits)
+        .expect("prefill");
+    seq[t / 2..]
+        .iter()
+        .map(|&tok| {
+            runner
+                .forward_greedy(tok, &mut cache, &mut logits)
+                .expect("greedy step")
+        })
+        .collect()
+}
+
 /// Sequence `seq` as calls of these lengths: a quarter, single tokens to the half, two tokens,
 /// single tokens to the end. Returns each call's last logits, `[calls, vocab]`.
 fn chunked_logits(
@@ -242,6 +264,25 @@ fn check_case(case: &str, gpu: &CudaBackend) {
             let gd = chunked_logits(&model, gpu, &ids[..t], true);
             let cd = chunked_logits(&model, &cpu, &ids[..t], false);
             ratio_quant("device decoder vs CPU", case, &gd, &cd, vocab, sq);
+            let ids_dev = device_greedy_ids(&model, gpu, &ids[..t]);
+            let cpu_steps = decode_logits(&model, &cpu, &ids[..t]);
+            let (mut compared, mut skipped) = (0, 0);
+            for (i, cr) in cpu_steps.chunks_exact(vocab).skip(1).enumerate() {
+                let mut sorted = cr.to_vec();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                if ((sorted[0] - sorted[1]) as f64) < MARGIN * sq {
+                    skipped += 1;
+                    continue;
+                }
+                compared += 1;
+                assert_eq!(
+                    ids_dev[i],
+                    argmax(cr),
+                    "{case}: device argmax at decode step {i} differs from the CPU's"
+                );
+            }
+            assert!(compared > 0, "{case}: no decode step above the margin");
+            println!("cuda archrefs {case}: device argmax equal at {compared} steps ({skipped} below margin)");
         }
     }
 }

@@ -56,6 +56,18 @@ fn greedy(model: &Model, b: &dyn ComputeBackend, prompt: &[u32], n: usize) -> Ve
             .forward_into(&[tok], &mut cache, Logits::Last, &mut logits)
             .expect("decode");
     }
+    // The same continuation chosen on the device (`forward_greedy`), from a fresh cache.
+    let mut cache = model.new_cache(ctx);
+    runner
+        .forward_into(prompt, &mut cache, Logits::Last, &mut logits)
+        .expect("prefill");
+    let mut tok = argmax(&logits);
+    for (i, &(want, _)) in out.iter().enumerate() {
+        assert_eq!(tok, want, "{}: forward_greedy at step {i}", b.name());
+        tok = runner
+            .forward_greedy(tok, &mut cache, &mut logits)
+            .expect("greedy step");
+    }
     out
 }
 

@@ -7,15 +7,18 @@
 //!
 //! Cases: archrefs `llama` and `gemma3` (q4k tier, which has a decode plan), sequence 0 as
 //! calls of a quarter, single tokens to the half, two tokens, single tokens to the end; then the
-//! cache is truncated (as a chat front end may do) and decoding goes on.
+//! cache is truncated (as a chat front end may do) and decoding goes on. Greedy decoding through
+//! [`TokenRunner::forward_greedy`] (the decoder's `step_argmax`) gives the host loop's tokens.
 
 mod common;
 
 use common::*;
 use infer_compute::{
-    ComputeBackend, ComputeError, CpuBackend, DecodePlan, QuantFormat, QuantProj, TokenDecoder,
+    Argmax, ComputeBackend, ComputeError, CpuBackend, DecodePlan, QuantFormat, QuantProj,
+    TokenDecoder,
 };
 use infer_inference::forward::Logits;
+use infer_inference::sampling::argmax;
 use infer_inference::{KvCache, Model, TokenRunner};
 use infer_vindex::Vindex;
 
@@ -71,6 +74,15 @@ impl TokenDecoder for MirrorDecoder<'_, '_> {
             .expect("mirror forward");
         logits.copy_from_slice(&l);
         Ok(())
+    }
+
+    fn step_argmax(&mut self, token: u32, pos: usize) -> Result<Option<Argmax>, ComputeError> {
+        let mut logits = vec![0.0; self.model.vocab_size];
+        self.step(token, pos, &mut logits)?;
+        Ok(Some(Argmax {
+            token: argmax(&logits),
+            all_finite: logits.iter().all(|v| v.is_finite()),
+        }))
     }
 }
 
@@ -249,4 +261,43 @@ fn llama_runner_keeps_caches_in_step() {
 #[test]
 fn gemma3_runner_keeps_caches_in_step() {
     check("gemma3");
+}
+
+/// Greedy ids after `prompt`: the prompt through `forward_into`, then `n` steps through
+/// `forward_greedy` (the mirror decoder's `step_argmax`, or the host loop + argmax).
+fn greedy(model: &Model, backend: &dyn ComputeBackend, prompt: &[u32], n: usize) -> Vec<u32> {
+    let ctx = prompt.len() + n;
+    let mut cache = model.new_cache(ctx);
+    let mut runner = TokenRunner::new(model, backend, ctx, true).expect("runner");
+    let mut logits = Vec::new();
+    runner
+        .forward_into(prompt, &mut cache, Logits::Last, &mut logits)
+        .expect("prefill");
+    let mut ids = vec![argmax(&logits)];
+    for _ in 1..n {
+        let next = runner
+            .forward_greedy(ids[ids.len() - 1], &mut cache, &mut logits)
+            .expect("greedy step");
+        ids.push(next);
+    }
+    assert_eq!(cache.len(), prompt.len() + n - 1);
+    ids
+}
+
+#[test]
+fn greedy_steps_on_the_decoder_match_the_host_loop() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (dir, path) = archrefs_q4k("llama", tmp.path());
+    let vindex = Vindex::open(&path).expect("open vindex");
+    let model = Model::from_vindex(&vindex).expect("model");
+    let r = StFile::open(&dir.join("reference.safetensors"));
+    let prompt = &r.i64_as_u32("input_ids")[..4];
+    let mirror = MirrorBackend {
+        cpu: CpuBackend::new(),
+        model: &model,
+    };
+    let got = greedy(&model, &mirror, prompt, 12);
+    let want = greedy(&model, &CpuBackend::new(), prompt, 12);
+    assert_eq!(got, want, "greedy ids: decoder vs host loop");
+    println!("llama: 12 greedy ids identical ({got:?})");
 }

@@ -2,11 +2,11 @@
 //! repetitions): quantized mat-vec bandwidth, device copy bandwidth (the memory floor) and the
 //! empty-launch time (the launch-overhead floor).
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use infer_quant::QuantFormat;
 
-use super::device::{drv, Device};
+use super::device::{dev_err, drv, launch_pdl, Device};
 use super::{quant, CudaBackend};
 use crate::ComputeError;
 
@@ -109,6 +109,52 @@ impl CudaBackend {
             seconds: secs,
             bytes: 2 * n,
         })
+    }
+
+    /// Seconds per kernel of a CUDA graph of `n` empty kernels (one block of 32 threads each)
+    /// launched with programmatic dependent launch, as the decode step's graph is (median of
+    /// repetitions of 10 replays): the per-kernel launch floor of a device decode step.
+    pub fn time_graph_launch(&self, n: usize) -> Result<f64, ComputeError> {
+        let st = self.lock();
+        let dev = &st.dev;
+        let n = n.max(1);
+        let stream = drv("create a stream", dev.ctx.new_stream())?;
+        drv(
+            "begin graph capture",
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED),
+        )?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `noop` takes no arguments.
+        let launched =
+            (0..n).try_for_each(|_| unsafe { launch_pdl(&stream, &dev.k.noop, cfg, &mut []) });
+        let graph = drv(
+            "end graph capture",
+            stream.end_capture(CUgraphInstantiate_flags(0)),
+        );
+        launched?;
+        let graph = graph?.ok_or_else(|| dev_err("graph capture recorded nothing"))?;
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let replays = 10;
+        drv("replay", graph.launch())?;
+        let mut times = Vec::with_capacity(REPS);
+        for _ in 0..REPS {
+            let start = drv("create event", dev.ctx.new_event(flags))?;
+            let end = drv("create event", dev.ctx.new_event(flags))?;
+            drv("record event", start.record(&stream))?;
+            for _ in 0..replays {
+                drv("replay", graph.launch())?;
+            }
+            drv("record event", end.record(&stream))?;
+            drv("synchronize", end.synchronize())?;
+            let ms = drv("elapsed time", start.elapsed_ms(&end))?;
+            times.push(ms as f64 * 1e-3 / (replays * n) as f64);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[REPS / 2])
     }
 
     /// Seconds per launch of an empty kernel (one block of 32 threads): the launch-overhead

@@ -9,29 +9,34 @@
 
 #define DEC_THREADS 256
 #define RN_THREADS 1024
-#define RN_MAX 8192
+#define ATT_THREADS 512
+#define MAX_HD 1024   // largest head_dim (decode/mod.rs MAX_HEAD_DIM)
+#define ATT_PART 4096 // floats of the attention warps' partial value sums
 #define NEG_INF __int_as_float(0xff800000)
 
-// Block-wide sum of one double per thread (blockDim.x a multiple of 32, at most 1024).
+// Block-wide sum of one double per thread (blockDim.x a multiple of 32, at most 1024): warp
+// sums by shuffles, then every warp adds the warps' sums by shuffles too (no serial loop over
+// the warps, no third barrier); every thread gets the same value.
 __device__ double block_sum_d(double v, double* sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    double t = 0.0;
-    for (int i = 0; i < nw; i++) t += sh[i];
+    double t = lane < nw ? sh[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL, t, o);
     return t;
 }
 
+// Block-wide maximum, as block_sum_d.
 __device__ float block_max_f(float v, float* sh) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    float t = NEG_INF;
-    for (int i = 0; i < nw; i++) t = fmaxf(t, sh[i]);
+    float t = lane < nw ? sh[lane] : NEG_INF;
+    for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(FULL, t, o));
     return t;
 }
 
@@ -39,31 +44,35 @@ __device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
     return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
 }
 
-// x[0:h] = scale * E[token, 0:h] (f32 or f16 table). One block.
+// x[0:h] = scale * E[token, 0:h] (f32 or f16 table); clears dec_argmax's best[0..2] for this
+// step. One block.
 extern "C" __global__ void dec_embed_f32(const float* E, const int* p, float* x, int h,
-                                         float scale) {
+                                         float scale, unsigned long long* best) {
+    pdl_trigger();
+    pdl_wait();
+    if (threadIdx.x < 2) best[threadIdx.x] = 0;
     const float* row = E + (long long)p[0] * h;
     for (int i = threadIdx.x; i < h; i += blockDim.x) x[i] = row[i] * scale;
 }
 extern "C" __global__ void dec_embed_f16(const u16* E, const int* p, float* x, int h,
-                                         float scale) {
+                                         float scale, unsigned long long* best) {
+    pdl_trigger();
+    pdl_wait();
+    if (threadIdx.x < 2) best[threadIdx.x] = 0;
     const u16* row = E + (long long)p[0] * h;
     for (int i = threadIdx.x; i < h; i += blockDim.x) x[i] = f16_to_f32(row[i]) * scale;
 }
 
-// One block of RN_THREADS threads, n <= RN_MAX (decode.rs MAX_HIDDEN):
+// Residual + RMSNorm + quantization by one whole block (any size, a multiple of 32), n values:
 //   if branch: b = post_w ? rmsnorm(branch) * (post_w + off) : branch;  x += b * mult
 //   out = rmsnorm(x) * (norm_w + off)  (norm eps/offset: eps2/off2)
 //   then, when given, out quantized for the next products: q32/d32 (32-value blocks, ggml
-//   quantize_row_q8_0_ref) and qk/dk/bsk (Q8_K), each by one warp per block.
-extern "C" __global__ void __launch_bounds__(RN_THREADS)
-    dec_residual_norm(float* x, const float* branch, const float* post_w, float mult,
-                      const float* norm_w, float* out, int n, float eps, float off, float eps2,
-                      float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
-    __shared__ double sh[32];
-    __shared__ float sv[RN_MAX];  // out, for the quantizing warps
-    float xv[RN_MAX / RN_THREADS];
-    int cnt = 0;
+//   quantize_row_q8_0_ref) and qk/dk/bsk (Q8_K), each by one warp per block from registers.
+__device__ void residual_norm_block(float* x, const float* branch, const float* post_w,
+                                    float mult, const float* norm_w, float* out, int n,
+                                    float eps, float off, float eps2, float off2, i8* q32,
+                                    float* d32, i8* qk, float* dk, int* bsk, double* sh) {
+    double ss2 = 0.0;
     if (branch) {
         float sc = 1.0f;
         if (post_w) {
@@ -79,27 +88,42 @@ extern "C" __global__ void __launch_bounds__(RN_THREADS)
             if (post_w) b = (b * sc) * (post_w[i] + off);
             float v = x[i] + (mult == 1.0f ? b : b * mult);
             x[i] = v;
-            xv[cnt++] = v;
+            ss2 += (double)v * (double)v;
         }
     } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) xv[cnt++] = x[i];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss2 += (double)x[i] * (double)x[i];
     }
-    double ss = 0.0;
-    for (int c = 0; c < cnt; c++) ss += (double)xv[c] * (double)xv[c];
-    float sc = rms_scale(block_sum_d(ss, sh), n, eps2);
-    cnt = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float o = (xv[cnt++] * sc) * (norm_w[i] + off2);
-        out[i] = o;
-        sv[i] = o;
-    }
-    if (!q32 && !qk) return;
-    __syncthreads();
+    // block_sum_d synchronises the block: every x[i] written above is visible after it.
+    float sc = rms_scale(block_sum_d(ss2, sh), n, eps2);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * sc) * (norm_w[i] + off2);
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (q32)
-        for (int b = w; b < n / 32; b += nw) quant_block_32(sv + b * 32, q32, d32, b, lane, 1);
+        for (int b = w; b < n / 32; b += nw) {
+            int i = b * 32 + lane;
+            quant_reg_32((x[i] * sc) * (norm_w[i] + off2), q32, d32, b, lane, 1);
+        }
     if (qk)
-        for (int b = w; b < n / 256; b += nw) quant_block_k(sv + b * 256, qk, dk, bsk, b, lane);
+        for (int b = w; b < n / 256; b += nw) {
+            float v[8];
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                int i = b * 256 + lane * 8 + t;
+                v[t] = (x[i] * sc) * (norm_w[i] + off2);
+            }
+            quant_regs_k(v, qk, dk, bsk, b, lane);
+        }
+}
+
+// residual_norm_block as a kernel of one block of RN_THREADS threads.
+extern "C" __global__ void __launch_bounds__(RN_THREADS)
+    dec_residual_norm(float* x, const float* branch, const float* post_w, float mult,
+                      const float* norm_w, float* out, int n, float eps, float off, float eps2,
+                      float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ double sh[32];
+    residual_norm_block(x, branch, post_w, mult, norm_w, out, n, eps, off, eps2, off2, q32, d32,
+                        qk, dk, bsk, sh);
 }
 
 // RMSNorm (when nw) and RoPE (when inv_freq) of one head held in shared memory row[0:hd], by the
@@ -137,7 +161,30 @@ __device__ void head_norm_rope(float* row, const float* nw, const double* inv_fr
     }
 }
 
-// Decode attention of this token, one block (DEC_THREADS) per query head h, kv head
+// Attention values of warp w of nv: keys j = lo + w, lo + w + nv, ... <= pos (p_j = sc[j], rows
+// vbase + j * kvd, this token's at vcur), lane d of each 32 dims, S >= hd / 32 register sums,
+// written to part[w * hd + d].
+template <int S>
+__device__ __forceinline__ void attn_values(const float* sc, const float* vbase,
+                                            const float* vcur, float* part, int lo, int pos,
+                                            int kvd, int hd, int w, int nv, int lane) {
+    float acc[S];
+#pragma unroll
+    for (int i = 0; i < S; i++) acc[i] = 0.0f;
+#pragma unroll 2
+    for (int j = lo + w; j <= pos; j += nv) {
+        float pj = sc[j];
+        const float* vr = j == pos ? vcur : vbase + (long long)j * kvd;
+#pragma unroll
+        for (int i = 0; i < S; i++)
+            if (i * 32 + lane < hd) acc[i] += pj * vr[i * 32 + lane];
+    }
+#pragma unroll
+    for (int i = 0; i < S; i++)
+        if (i * 32 + lane < hd) part[w * hd + i * 32 + lane] = acc[i];
+}
+
+// Decode attention of this token, one block (ATT_THREADS) per query head h, kv head
 // g = h / (nq / nkv):
 // 1. q head h and k head g of the projections: optional per-head RMSNorm (q_norm, k_norm), RoPE
 //    on the first rot dims at position pos = p[1]; the first query head of each group writes
@@ -148,17 +195,19 @@ __device__ void head_norm_rope(float* row, const float* nw, const double* inv_fr
 // 3. When given, the head's output quantized for the o projection (q32/d32: 32-value blocks;
 //    qk/dk/bsk: Q8_K; the host passes them only when hd is a multiple of the block).
 // scores: [nq, ctx] scratch.
-extern "C" __global__ void dec_attention(const float* q, const float* k, const float* v,
-                                         const float* q_norm, const float* k_norm,
-                                         const double* inv_freq, float* kc, float* vc,
-                                         float* out, float* scores, const int* p, int nq,
-                                         int nkv, int hd, int rot, int interleaved, float eps,
-                                         float off, int ctx, float scale, int window, float cap,
-                                         i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    dec_attention(const float* q, const float* k, const float* v, const float* q_norm,
+                  const float* k_norm, const double* inv_freq, float* kc, float* vc, float* out,
+                  float* scores, const int* p, int nq, int nkv, int hd, int rot, int interleaved,
+                  float eps, float off, int ctx, float scale, int window, float cap, i8* q32,
+                  float* d32, i8* qk, float* dk, int* bsk) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ double shd[32];
     __shared__ float shf[32];
-    __shared__ float qs[1024];
-    __shared__ float ks[1024];
+    __shared__ __align__(16) float qs[MAX_HD];
+    __shared__ __align__(16) float ks[MAX_HD];
+    __shared__ float part[ATT_PART];
     int h = blockIdx.x;
     int grp = nq / nkv;
     int g = h / grp;
@@ -184,28 +233,40 @@ extern "C" __global__ void dec_attention(const float* q, const float* k, const f
     if (window < 0) lo = pos + 1;
     float* sc = scores + (long long)h * ctx;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    // Scores: one key per thread (its row read with 16-byte loads when hd % 4 == 0; every
-    // thread reads the same q value at a time, a shared-memory broadcast). Several threads per
-    // key, each on a slice of the row, measured slower on the H200 (bank conflicts on q).
+    // Scores: T threads per key (T a power of two, T | hd / 4), thread t reading the float4s
+    // t, t + T, ... of the row, so the T threads of a key read adjacent 16 bytes of k and of q
+    // (no shared-memory bank conflicts); their partial sums meet by shuffles. T = 1 and scalar
+    // loads when hd % 4 != 0.
+    int T = 1;
+    if ((hd & 3) == 0)
+        while (T < 8 && T * 64 < hd && (hd / 4) % (2 * T) == 0) T *= 2;
+    int sub = threadIdx.x & (T - 1);
     float mx = NEG_INF;
-    for (int j = lo + threadIdx.x; j <= pos; j += blockDim.x) {
+    for (int j0 = lo; j0 <= pos; j0 += blockDim.x / T) {
+        int j = j0 + threadIdx.x / T;
+        bool live = j <= pos;
         const float* kr = j == pos ? ks : kc + (long long)j * kvd + (long long)g * hd;
         float acc = 0.0f;
-        if ((hd & 3) == 0 && j != pos) {
-            const float4* k4 = (const float4*)kr;
-#pragma unroll 8
-            for (int d4 = 0; d4 < hd / 4; d4++) {
-                float4 kv = k4[d4];
-                acc += qs[4 * d4] * kv.x + qs[4 * d4 + 1] * kv.y + qs[4 * d4 + 2] * kv.z +
-                       qs[4 * d4 + 3] * kv.w;
+        if (live) {
+            if ((hd & 3) == 0) {
+                const float4* k4 = (const float4*)kr;
+                const float4* q4 = (const float4*)qs;
+#pragma unroll 4
+                for (int d4 = sub; d4 < hd / 4; d4 += T) {
+                    float4 kv = k4[d4], qv = q4[d4];
+                    acc += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+                }
+            } else {
+                for (int d = 0; d < hd; d++) acc += qs[d] * kr[d];
             }
-        } else {
-            for (int d = 0; d < hd; d++) acc += qs[d] * kr[d];
         }
-        float s = acc * scale;
-        if (cap > 0.0f) s = cap * tanhf(s / cap);
-        sc[j] = s;
-        mx = fmaxf(mx, s);
+        for (int o = T / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL, acc, o);
+        if (live) {
+            float s = acc * scale;
+            if (cap > 0.0f) s = cap * tanhf(s / cap);
+            if (sub == 0) sc[j] = s;
+            mx = fmaxf(mx, s);
+        }
     }
     mx = block_max_f(mx, shf);
     __syncthreads();
@@ -218,38 +279,33 @@ extern "C" __global__ void dec_attention(const float* q, const float* k, const f
     float total = (float)block_sum_d(sum, shd);
     __syncthreads();
     float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    // Values: ng = blockDim / hd groups of threads (at least 1) take every ng-th key, each thread
-    // one output dim (or several when hd > blockDim); partial sums meet in shared memory (ks,
-    // no longer needed, holds them).
-    int ng = max(1, (int)blockDim.x / hd);
-    int grp_id = threadIdx.x / hd;
-    float* part = ks;
-    __syncthreads();
-    if (grp_id < ng) {
-        for (int d = threadIdx.x % hd; d < hd; d += (ng == 1 ? blockDim.x : hd)) {
-            const float* vr = vc + (long long)g * hd + d;
-            float acc = 0.0f;
-#pragma unroll 4
-            for (int j = lo + grp_id; j < pos; j += ng) acc += sc[j] * vr[(long long)j * kvd];
-            if (grp_id == 0 && lo <= pos) acc += sc[pos] * vcur[d];
-            part[grp_id * hd + d] = acc;
-        }
+    // Values: the first nv warps take every nv-th key, lane d of each 32 output dims (coalesced
+    // row reads, the sums in registers); the warps' partial sums meet in shared memory.
+    int nv = min(nw, ATT_PART / hd);
+    if (w < nv) {
+        const float* vbase = vc + (long long)g * hd;
+        int slots = (hd + 31) / 32;
+        if (slots <= 2) attn_values<2>(sc, vbase, vcur, part, lo, pos, kvd, hd, w, nv, lane);
+        else if (slots <= 4) attn_values<4>(sc, vbase, vcur, part, lo, pos, kvd, hd, w, nv, lane);
+        else if (slots <= 8) attn_values<8>(sc, vbase, vcur, part, lo, pos, kvd, hd, w, nv, lane);
+        else attn_values<MAX_HD / 32>(sc, vbase, vcur, part, lo, pos, kvd, hd, w, nv, lane);
     }
     __syncthreads();
+    float* res = ks;  // the head's output, for the quantizing warps
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (int t = 0; t < ng; t++) acc += part[t * hd + d];
+        for (int t = 0; t < nv; t++) acc += part[t * hd + d];
+        res[d] = acc * inv;
         out[(long long)h * hd + d] = acc * inv;
     }
     if (!q32 && !qk) return;
     __syncthreads();
     if (q32)
         for (int b = w; b < hd / 32; b += nw)
-            quant_block_32(out + ((long long)h * hd + b * 32), q32, d32, h * (hd / 32) + b, lane, 1);
+            quant_block_32(res + b * 32, q32, d32, h * (hd / 32) + b, lane, 1);
     if (qk)
         for (int b = w; b < hd / 256; b += nw)
-            quant_block_k(out + ((long long)h * hd + b * 256), qk, dk, bsk, h * (hd / 256) + b,
-                          lane);
+            quant_block_k(res + b * 256, qk, dk, bsk, h * (hd / 256) + b, lane);
 }
 
 __device__ __forceinline__ float act_fn(float x, int act) {
@@ -261,65 +317,111 @@ __device__ __forceinline__ float act_fn(float x, int act) {
     return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 }
 
-// up[i] = act(gate[i]) * up[i], or up[i] = act(up[i]) without a gate (act: 0 SiLU, 1 tanh-GELU,
-// 2 erf-GELU); one warp per block of 256 values (kq: 8 per lane) or 32 (1 per lane), which it
-// then quantizes for the down projection when q is given (Q8_K when kq, else 32-value blocks).
-extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, int act, i8* q,
-                                         float* d, int* bsums, int kq) {
-    int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    __shared__ float sv[4][256];  // this warp's block, for the quantizer
+// Activation of the 32-value (kq = 0, one per lane) or 256-value (kq = 1, eight per lane) chunk
+// c of n values by one warp: up[i] = act(gate[i]) * up[i], or act(up[i]) without a gate (act:
+// 0 SiLU, 1 tanh-GELU, 2 erf-GELU), then quantized for the down projection when q is given
+// (Q8_K when kq, else 32-value blocks; the host gives q only when n is a multiple of the chunk).
+__device__ void act_chunk(const float* gate, float* up, int n, int act, i8* q, float* d,
+                          int* bsums, int kq, int c, int lane) {
     int per = kq ? 8 : 1;
-    long long first = (long long)blk * 32 * per;
-    if (first >= n) return;
-    float* wv = sv[(threadIdx.x >> 5) & 3];
-    for (int i = 0; i < per; i++) {
-        long long k = first + lane * per + i;
-        float r = 0.0f;
-        if (k < n) {
-            r = gate ? act_fn(gate[k], act) * up[k] : act_fn(up[k], act);
-            up[k] = r;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = 0.0f;
+        long long k = (long long)c * 32 * per + lane * per + i;
+        if (i < per && k < n) {
+            float u = up[k];
+            v[i] = gate ? act_fn(gate[k], act) * u : act_fn(u, act);
+            up[k] = v[i];
         }
-        wv[lane * per + i] = r;
     }
     if (!q) return;
-    __syncwarp();
-    if (kq) quant_block_k(wv, q, d, bsums, blk, lane);
-    else quant_block_32(wv, q, d, blk, lane, 1);
+    if (kq) quant_regs_k(v, q, d, bsums, c, lane);
+    else quant_reg_32(v[0], q, d, c, lane, 1);
+}
+
+// act_chunk over all chunks, one warp each.
+extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, int act, i8* q,
+                                         float* d, int* bsums, int kq) {
+    pdl_trigger();
+    pdl_wait();
+    int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if ((long long)c * (kq ? 256 : 32) >= n) return;
+    act_chunk(gate, up, n, act, q, d, bsums, kq, c, threadIdx.x & 31);
 }
 
 // Several quantized mat-vecs of one input in one launch (fused QKV, gate+up, or one matrix):
-// jobs[5 j .. 5 j + 4] = {W, y, rows, format, first block}; block b runs the job whose first
-// block is the largest <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations aq32/ad32),
-// 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk).
+// jobs[6 j .. 6 j + 5] = {W, y, rows, format, first block, rows per warp}; block b runs the job
+// whose first block is the largest <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations
+// aq32/ad32), 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk).
 extern "C" __global__ void dec_mv_multi(const long long* __restrict__ jobs, int njobs,
                                         const i8* aq32, const float* ad32, const i8* aqk,
                                         const float* adk, const int* bsk, int cols) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
+    pdl_trigger();
     int b = blockIdx.x;
     int j = njobs - 1;
-    while (j > 0 && b < (int)jobs[5 * j + 4]) j--;
-    const long long* jb = jobs + 5 * j;
+    while (j > 0 && b < (int)jobs[6 * j + 4]) j--;
+    const long long* jb = jobs + 6 * j;
     const u8* W = (const u8*)jb[0];
     float* y = (float*)jb[1];
     int rows = (int)jb[2];
     int bx = b - (int)jb[4];
+    int rpw = (int)jb[5];
     u8* smw = sm[threadIdx.x >> 5];
     switch ((int)jb[3]) {
-        case 0: mv32<F_Q4_0>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw); break;
-        case 1: mv32<F_Q5_0>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw); break;
-        case 2: mv32<F_Q8_0>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw); break;
-        case 4: mvk<true>(W, aqk, adk, bsk, y, rows, cols, 1, bx, smw); break;
-        default: mvk<false>(W, aqk, adk, bsk, y, rows, cols, 1, bx, smw); break;
+        case 0: mv32<F_Q4_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
+        case 1: mv32<F_Q5_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
+        case 2: mv32<F_Q8_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
+        case 4: mvk<true, 1>(W, aqk, adk, bsk, y, rows, cols, 1, bx, smw, rpw); break;
+        default: mvk<false, 1>(W, aqk, adk, bsk, y, rows, cols, 1, bx, smw, rpw); break;
     }
 }
 
 // logits[i] = cap * tanh((logits[i] / div) / cap) (no cap when cap <= 0).
 extern "C" __global__ void dec_logits_post(float* logits, int n, float div, float cap) {
+    pdl_trigger();
+    pdl_wait();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = logits[i];
     if (div != 1.0f) v /= div;
     if (cap > 0.0f) v = cap * tanhf(v / cap);
     logits[i] = v;
+}
+
+// The greedy token over logits[0:n]: best[0] = max over finite logits of (the value's bits
+// mapped to an unsigned order, -0 as +0) << 32 | (0xffffffff - i), so the largest value wins
+// and ties go to the smaller id (sampling::argmax); best[1] = 1 when some logit is NaN or
+// infinite. best[] is cleared by dec_embed_* at the start of the step. Any grid of whole warps.
+extern "C" __global__ void dec_argmax(const float* logits, int n, unsigned long long* best) {
+    __shared__ unsigned long long sk[32];
+    pdl_trigger();
+    pdl_wait();
+    unsigned long long key = 0;
+    int bad = 0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = logits[i] + 0.0f;
+        if (!isfinite(v)) {
+            bad = 1;
+            continue;
+        }
+        u32 b = __float_as_uint(v);
+        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+        unsigned long long k = ((unsigned long long)b << 32) | (0xffffffffu - (u32)i);
+        key = k > key ? k : key;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned long long k = __shfl_xor_sync(FULL, key, o);
+        key = k > key ? k : key;
+    }
+    bad = __any_sync(FULL, bad);
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (lane == 0) sk[w] = key;
+    if (lane == 0 && bad) atomicOr(best + 1, 1ull);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < nw; i++) key = sk[i] > key ? sk[i] : key;
+        if (key) atomicMax(best, key);
+    }
 }

@@ -2,9 +2,10 @@
 //! kernels of `kernels.cu` compiled for the device, and the error mapping to
 //! [`ComputeError::Device`].
 
+use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::ComputeError;
@@ -15,6 +16,8 @@ pub(super) const KERNELS_CU: &str = concat!(include_str!("kernels.cu"), include_
 
 /// Warps (= weight rows) per block of the mat-vec kernels; `ROWS_PER_BLOCK` in `kernels.cu`.
 pub(super) const ROWS_PER_BLOCK: usize = 8;
+/// Bytes of a row chunk the mat-vec kernels stage per warp; `STAGE` in `kernels.cu`.
+pub(super) const STAGE: usize = 2048;
 /// Activation rows per warp of the mat-vec kernels; `MT` in `kernels.cu`.
 pub(super) const MT: usize = 4;
 /// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.
@@ -61,6 +64,7 @@ pub(super) struct Kernels {
     pub dec_act_quant: CudaFunction,
     pub dec_mv_multi: CudaFunction,
     pub dec_logits_post: CudaFunction,
+    pub dec_argmax: CudaFunction,
 }
 
 /// One device: its context, the stream every call runs on, and the compiled kernels.
@@ -152,6 +156,7 @@ impl Device {
             dec_act_quant: f("dec_act_quant")?,
             dec_mv_multi: f("dec_mv_multi")?,
             dec_logits_post: f("dec_logits_post")?,
+            dec_argmax: f("dec_argmax")?,
         };
         let stream = ctx.default_stream();
         Ok(Device {
@@ -192,4 +197,53 @@ pub fn check_kernels_compile() -> Result<usize, ComputeError> {
 /// A dimension as the kernels' `int`. Errors when it does not fit (> 2³¹ − 1).
 pub(super) fn int(what: &str, v: usize) -> Result<i32, ComputeError> {
     i32::try_from(v).map_err(|_| dev_err(format!("{what} = {v} exceeds the kernels' int range")))
+}
+
+/// Launch `f` on `stream` with programmatic dependent launch allowed (Hopper PDL, the
+/// `PROGRAMMATIC_STREAM_SERIALIZATION` attribute; kept in a captured graph): the kernel may
+/// start while the one before it on the stream finishes, so it must `pdl_wait` (kernels.cu)
+/// before reading anything an earlier kernel writes. `args`: one 8-byte slot per kernel
+/// parameter (4-byte ints and floats in the low bytes).
+///
+/// # Safety
+/// `args` must match `f`'s parameter list, with device pointers valid for what it accesses.
+pub(super) unsafe fn launch_pdl(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [u64],
+) -> Result<(), ComputeError> {
+    let mut params: Vec<*mut c_void> = args
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut c_void)
+        .collect();
+    // SAFETY: CUlaunchAttribute is a plain C struct (an id and a union of plain values);
+    // all-zero bytes are a valid value.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    drv("bind the CUDA context", stream.context().bind_to_thread())?;
+    // SAFETY: the caller's contract for `args`; `params` points into `args` and `attr` lives
+    // until the call returns (the driver copies the values at launch).
+    let launched = unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    drv("launch a kernel", launched.result())
 }

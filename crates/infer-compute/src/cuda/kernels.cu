@@ -28,6 +28,21 @@ typedef unsigned int u32;
 #define STAGE_BYTES (STAGE_WORDS * 32 * 16)
 #define MT 4
 
+// Programmatic dependent launch (sm_90+; no-ops elsewhere and when the kernel was launched
+// without the attribute, as the host-loop products are): pdl_wait blocks until the kernels
+// this one depends on have finished and their writes are visible; pdl_trigger lets the next
+// kernel of the stream start launching (it still waits before reading our outputs).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -85,11 +100,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 // One warp per 32-value block: d = amax/127, id = 1/d (0 if d == 0), q = roundf(x*id).
 // f16_scale != 0: ggml quantize_row_q8_0_ref (d stored as f16; the quants use the f32 d);
 // f16_scale == 0: the seed's Q8 activation format (f32 d), src/q8_split.rs quantize_row.
-// One 32-value block by one warp (lane = value): its values at xb, output block `blk` of q, d.
-__device__ __forceinline__ void quant_block_32(const float* __restrict__ xb, i8* __restrict__ q,
-                                               float* __restrict__ d, int blk, int lane,
-                                               int f16_scale) {
-    float v = xb[lane];
+// One 32-value block by one warp (lane = value, v its value): output block `blk` of q, d.
+__device__ __forceinline__ void quant_reg_32(float v, i8* __restrict__ q, float* __restrict__ d,
+                                             int blk, int lane, int f16_scale) {
     float a = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, o));
     float dd = a / 127.0f;
@@ -98,8 +111,16 @@ __device__ __forceinline__ void quant_block_32(const float* __restrict__ xb, i8*
     if (lane == 0) d[blk] = f16_scale ? round_to_f16(dd) : dd;
 }
 
+// The same with the block's values at xb.
+__device__ __forceinline__ void quant_block_32(const float* __restrict__ xb, i8* __restrict__ q,
+                                               float* __restrict__ d, int blk, int lane,
+                                               int f16_scale) {
+    quant_reg_32(xb[lane], q, d, blk, lane, f16_scale);
+}
+
 extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __restrict__ q,
                                           float* __restrict__ d, int nblocks, int f16_scale) {
+    pdl_wait();
     int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;
@@ -110,17 +131,15 @@ extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __res
 // max = the first value of largest |x| (sequential strict '>'), iscale = -127/max,
 // q = min(nearest_int(iscale*x), 127), d = 1/iscale, bsums[g] = sum of q over 16-value group g.
 // An all-zero block gives d = 0, q = 0, bsums = 0.
-// One 256-value block by one warp: its values at x256, output block `blk` of q, d, bsums.
-__device__ __forceinline__ void quant_block_k(const float* __restrict__ x256, i8* __restrict__ q,
-                                              float* __restrict__ d, int* __restrict__ bsums,
-                                              int blk, int lane) {
-    const float* xb = x256 + lane * 8;
-    float v[8];
+// One 256-value block by one warp, v = values 8 lane .. 8 lane + 7: output block `blk` of q,
+// d, bsums.
+__device__ __forceinline__ void quant_regs_k(const float (&v)[8], i8* __restrict__ q,
+                                             float* __restrict__ d, int* __restrict__ bsums,
+                                             int blk, int lane) {
     float amax = 0.0f, mx = 0.0f;
     int idx = 1 << 30;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        v[i] = xb[i];
         float ax = fabsf(v[i]);
         if (ax > amax) {
             amax = ax;
@@ -159,9 +178,20 @@ __device__ __forceinline__ void quant_block_k(const float* __restrict__ x256, i8
     if (lane == 0) d[blk] = 1.0f / iscale;
 }
 
+// The same with the block's values at x256.
+__device__ __forceinline__ void quant_block_k(const float* __restrict__ x256, i8* __restrict__ q,
+                                              float* __restrict__ d, int* __restrict__ bsums,
+                                              int blk, int lane) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = x256[lane * 8 + i];
+    quant_regs_k(v, q, d, bsums, blk, lane);
+}
+
 extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __restrict__ q,
                                          float* __restrict__ d, int* __restrict__ bsums,
                                          int nblocks) {
+    pdl_wait();
     int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;
@@ -183,94 +213,86 @@ __device__ __forceinline__ int expand_bits4(u32 h) {
     return (int)(((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25));
 }
 
-template <int FMT>
-__device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __restrict__ wscale,
-                                     const i8* __restrict__ aq, const float* __restrict__ ad,
-                                     float* __restrict__ y, int rows, int cols, int m, int bx,
-                                     u8* smw) {
-    int warp = threadIdx.x >> 5;
-    int row = bx * ROWS_PER_BLOCK + warp;
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
-    int t0 = blockIdx.y * MT;
-    int nt = min(MT, m - t0);
-    int nb = cols / 32;
+// Blocks c0 .. c0 + cb of weight row `row` (staged at wr) against activation rows
+// t0 .. t0 + nt: this lane's share of the partial sums, added to acc (reduced by the caller).
+template <int FMT, int M>
+__device__ __forceinline__ void mv32_blocks(const u8* wr, int c0, int cb, int row, int nb,
+                                            int cols, int t0, int nt, int lane,
+                                            const float* __restrict__ wscale,
+                                            const i8* __restrict__ aq,
+                                            const float* __restrict__ ad, float (&acc)[M]) {
     const int bb = FMT == F_Q4_0 ? 18 : FMT == F_Q5_0 ? 22 : FMT == F_Q8_0 ? 34 : 32;
-    const int CB = STAGE / bb;  // blocks per staged chunk
-    const u8* wrow = W + (long long)row * nb * bb;
     int sub = lane & 3;
-    float acc[MT];
-#pragma unroll
-    for (int t = 0; t < MT; t++) acc[t] = 0.0f;
-    for (int c0 = 0; c0 < nb; c0 += CB) {
-        int cb = min(CB, nb - c0);
-        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, smw, lane);
 #pragma unroll 2
-        for (int j0 = 0; j0 < cb; j0 += 8) {
-            int ib = c0 + j0 + (lane >> 2);
-            bool ok = j0 + (lane >> 2) < cb;
-            int w0 = 0, w1 = 0, aoff0 = 0, aoff1 = 0;
-            float dw = 0.0f;
-            if (ok) {
-                const u8* b = wr + (j0 + (lane >> 2)) * bb;
-                if (FMT == F_Q4_0) {
-                    dw = ld_f16(b);
-                    int qs = ld_i32_a2(b + 2 + 4 * sub);
-                    w0 = __vsub4(qs & 0x0F0F0F0F, 0x08080808);
-                    w1 = __vsub4((qs >> 4) & 0x0F0F0F0F, 0x08080808);
-                    aoff0 = 4 * sub;
-                    aoff1 = 16 + 4 * sub;
-                } else if (FMT == F_Q5_0) {
-                    dw = ld_f16(b);
-                    u32 qh = (u32)ld_i32_a2(b + 2);
-                    int qs = ld_i32_a2(b + 6 + 4 * sub);
-                    int lo = (qs & 0x0F0F0F0F) | expand_bits4((qh >> (4 * sub)) & 0xF);
-                    int hi = ((qs >> 4) & 0x0F0F0F0F) | expand_bits4((qh >> (16 + 4 * sub)) & 0xF);
-                    w0 = __vsub4(lo, 0x10101010);
-                    w1 = __vsub4(hi, 0x10101010);
-                    aoff0 = 4 * sub;
-                    aoff1 = 16 + 4 * sub;
-                } else if (FMT == F_Q8_0) {
-                    dw = ld_f16(b);
-                    w0 = ld_i32_a2(b + 2 + 8 * sub);
-                    w1 = ld_i32_a2(b + 6 + 8 * sub);
-                    aoff0 = 8 * sub;
-                    aoff1 = 8 * sub + 4;
-                } else {
-                    dw = wscale[(long long)row * nb + ib];
-                    w0 = ld_i32_a2(b + 8 * sub);
-                    w1 = ld_i32_a2(b + 8 * sub + 4);
-                    aoff0 = 8 * sub;
-                    aoff1 = 8 * sub + 4;
-                }
+    for (int j0 = 0; j0 < cb; j0 += 8) {
+        int ib = c0 + j0 + (lane >> 2);
+        bool ok = j0 + (lane >> 2) < cb;
+        int w0 = 0, w1 = 0, aoff0 = 0, aoff1 = 0;
+        float dw = 0.0f;
+        if (ok) {
+            const u8* b = wr + (j0 + (lane >> 2)) * bb;
+            if (FMT == F_Q4_0) {
+                dw = ld_f16(b);
+                int qs = ld_i32_a2(b + 2 + 4 * sub);
+                w0 = __vsub4(qs & 0x0F0F0F0F, 0x08080808);
+                w1 = __vsub4((qs >> 4) & 0x0F0F0F0F, 0x08080808);
+                aoff0 = 4 * sub;
+                aoff1 = 16 + 4 * sub;
+            } else if (FMT == F_Q5_0) {
+                dw = ld_f16(b);
+                u32 qh = (u32)ld_i32_a2(b + 2);
+                int qs = ld_i32_a2(b + 6 + 4 * sub);
+                int lo = (qs & 0x0F0F0F0F) | expand_bits4((qh >> (4 * sub)) & 0xF);
+                int hi = ((qs >> 4) & 0x0F0F0F0F) | expand_bits4((qh >> (16 + 4 * sub)) & 0xF);
+                w0 = __vsub4(lo, 0x10101010);
+                w1 = __vsub4(hi, 0x10101010);
+                aoff0 = 4 * sub;
+                aoff1 = 16 + 4 * sub;
+            } else if (FMT == F_Q8_0) {
+                dw = ld_f16(b);
+                w0 = ld_i32_a2(b + 2 + 8 * sub);
+                w1 = ld_i32_a2(b + 6 + 8 * sub);
+                aoff0 = 8 * sub;
+                aoff1 = 8 * sub + 4;
+            } else {
+                dw = wscale[(long long)row * nb + ib];
+                w0 = ld_i32_a2(b + 8 * sub);
+                w1 = ld_i32_a2(b + 8 * sub + 4);
+                aoff0 = 8 * sub;
+                aoff1 = 8 * sub + 4;
             }
+        }
 #pragma unroll
-            for (int t = 0; t < MT; t++) {
-                if (t < nt) {
-                    int s = 0;
-                    float dx = 0.0f;
-                    if (ok) {
-                        const i8* a = aq + (long long)(t0 + t) * cols + ib * 32;
-                        s = __dp4a(w0, *(const int*)(a + aoff0), 0);
-                        s = __dp4a(w1, *(const int*)(a + aoff1), s);
-                        dx = ad[(long long)(t0 + t) * nb + ib];
-                    }
-                    s += __shfl_xor_sync(FULL, s, 1);
-                    s += __shfl_xor_sync(FULL, s, 2);
-                    if (ok && sub == 0) {
-                        // Operation order of ggml_vec_dot_*_generic / q8_split::dot_row.
-                        if (FMT == F_Q4_0) acc[t] += (float)s * dw * dx;
-                        else if (FMT == F_Q5_0) acc[t] += (dw * dx) * (float)s;
-                        else if (FMT == F_Q8_0) acc[t] += (float)s * (dw * dx);
-                        else acc[t] += (float)s * dw * dx;
-                    }
+        for (int t = 0; t < M; t++) {
+            if (t < nt) {
+                int s = 0;
+                float dx = 0.0f;
+                if (ok) {
+                    const i8* a = aq + (long long)(t0 + t) * cols + ib * 32;
+                    s = __dp4a(w0, *(const int*)(a + aoff0), 0);
+                    s = __dp4a(w1, *(const int*)(a + aoff1), s);
+                    dx = ad[(long long)(t0 + t) * nb + ib];
+                }
+                s += __shfl_xor_sync(FULL, s, 1);
+                s += __shfl_xor_sync(FULL, s, 2);
+                if (ok && sub == 0) {
+                    // Operation order of ggml_vec_dot_*_generic / q8_split::dot_row.
+                    if (FMT == F_Q4_0) acc[t] += (float)s * dw * dx;
+                    else if (FMT == F_Q5_0) acc[t] += (dw * dx) * (float)s;
+                    else if (FMT == F_Q8_0) acc[t] += (float)s * (dw * dx);
+                    else acc[t] += (float)s * dw * dx;
                 }
             }
         }
-        __syncwarp();
     }
+}
+
+// Warp-sum acc and write the row's outputs.
+template <int M>
+__device__ __forceinline__ void mv_store(float (&acc)[M], float* __restrict__ y, int rows,
+                                         int row, int t0, int nt, int lane) {
 #pragma unroll
-    for (int t = 0; t < MT; t++) {
+    for (int t = 0; t < M; t++) {
         if (t < nt) {
             float v = warp_sum(acc[t]);
             if (lane == 0) y[(long long)(t0 + t) * rows + row] = v;
@@ -278,25 +300,69 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __re
     }
 }
 
+// rpw (rows per warp) > 1: the warp's rows rpw * w .. are contiguous and staged at once (the
+// host picks rpw so that rpw * row bytes <= STAGE): more bytes in flight per warp for tall
+// matrices (the lm_head), whose one-row warps are too short to hide the load latency.
+template <int FMT, int M>
+__device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __restrict__ wscale,
+                                     const i8* __restrict__ aq, const float* __restrict__ ad,
+                                     float* __restrict__ y, int rows, int cols, int m, int bx,
+                                     u8* smw, int rpw = 1) {
+    int warp = threadIdx.x >> 5;
+    int row = (bx * ROWS_PER_BLOCK + warp) * rpw;
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
+    int t0 = blockIdx.y * M;
+    int nt = min(M, m - t0);
+    int nb = cols / 32;
+    const int bb = FMT == F_Q4_0 ? 18 : FMT == F_Q5_0 ? 22 : FMT == F_Q8_0 ? 34 : 32;
+    const int CB = STAGE / bb;  // blocks per staged chunk
+    const u8* wrow = W + (long long)row * nb * bb;
+    float acc[M];
+    if (rpw > 1) {
+        int nr = min(rpw, rows - row);
+        const u8* wr = stage(wrow, nr * nb * bb, smw, lane);
+        pdl_wait();
+        for (int r = 0; r < nr; r++) {
+#pragma unroll
+            for (int t = 0; t < M; t++) acc[t] = 0.0f;
+            mv32_blocks<FMT, M>(wr + r * nb * bb, 0, nb, row + r, nb, cols, t0, nt, lane, wscale, aq,
+                             ad, acc);
+            mv_store(acc, y, rows, row + r, t0, nt, lane);
+        }
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < M; t++) acc[t] = 0.0f;
+    for (int c0 = 0; c0 < nb; c0 += CB) {
+        int cb = min(CB, nb - c0);
+        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, smw, lane);
+        if (c0 == 0) pdl_wait();  // the weights (never written) load before the wait
+        mv32_blocks<FMT, M>(wr, c0, cb, row, nb, cols, t0, nt, lane, wscale, aq, ad, acc);
+        __syncwarp();
+    }
+    mv_store(acc, y, rows, row, t0, nt, lane);
+}
+
 extern "C" __global__ void mv_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
                                    int cols, int m) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
-    mv32<F_Q4_0>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
+    mv32<F_Q4_0, MT>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 extern "C" __global__ void mv_q5_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
                                    int cols, int m) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
-    mv32<F_Q5_0>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
+    mv32<F_Q5_0, MT>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 extern "C" __global__ void mv_q8_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
                                    int cols, int m) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
-    mv32<F_Q8_0>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
+    mv32<F_Q8_0, MT>(W, 0, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 extern "C" __global__ void mv_q8s(const u8* W, const float* ws, const i8* aq, const float* ad,
                                   float* y, int rows, int cols, int m) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
-    mv32<F_Q8S>(W, ws, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
+    mv32<F_Q8S, MT>(W, ws, aq, ad, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -317,12 +383,12 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m
     }
 }
 
-template <bool Q4K>
+template <bool Q4K, int M>
 __device__ __forceinline__ void mvk_block(const u8* __restrict__ b, int ib, int nb, int cols,
                                           int t0, int nt, int lane,
                                           const i8* __restrict__ aq,
                                           const float* __restrict__ ad,
-                                          const int* __restrict__ bsums, float (&acc)[MT]) {
+                                          const int* __restrict__ bsums, float (&acc)[M]) {
     int w0, w1, sc, mn = 0;
     float d, dmin = 0.0f;
     if (Q4K) {
@@ -350,7 +416,7 @@ __device__ __forceinline__ void mvk_block(const u8* __restrict__ b, int ib, int 
         sc = (int)(i8)b[192 + (lane >> 1)];
     }
 #pragma unroll
-    for (int t = 0; t < MT; t++) {
+    for (int t = 0; t < M; t++) {
         if (t < nt) {
             long long ar = (long long)(t0 + t);
             const i8* a = aq + ar * cols + ib * 256 + 8 * lane;
@@ -366,50 +432,60 @@ __device__ __forceinline__ void mvk_block(const u8* __restrict__ b, int ib, int 
     }
 }
 
-template <bool Q4K>
+// rpw: as mv32.
+template <bool Q4K, int M>
 __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restrict__ aq,
                                     const float* __restrict__ ad, const int* __restrict__ bsums,
                                     float* __restrict__ y, int rows, int cols, int m, int bx,
-                                    u8* smw) {
+                                    u8* smw, int rpw = 1) {
     int warp = threadIdx.x >> 5;
-    int row = bx * ROWS_PER_BLOCK + warp;
+    int row = (bx * ROWS_PER_BLOCK + warp) * rpw;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
-    int t0 = blockIdx.y * MT;
-    int nt = min(MT, m - t0);
+    int t0 = blockIdx.y * M;
+    int nt = min(M, m - t0);
     int nb = cols / 256;
     const int bb = Q4K ? 144 : 210;
     const int CB = STAGE / bb;  // super-blocks per staged chunk
     const u8* wrow = W + (long long)row * nb * bb;
-    float acc[MT];
+    float acc[M];
+    if (rpw > 1) {
+        int nr = min(rpw, rows - row);
+        const u8* wr = stage(wrow, nr * nb * bb, smw, lane);
+        pdl_wait();
+        for (int r = 0; r < nr; r++) {
 #pragma unroll
-    for (int t = 0; t < MT; t++) acc[t] = 0.0f;
+            for (int t = 0; t < M; t++) acc[t] = 0.0f;
+            for (int j = 0; j < nb; j++)
+                mvk_block<Q4K, M>(wr + (r * nb + j) * bb, j, nb, cols, t0, nt, lane, aq, ad, bsums,
+                               acc);
+            mv_store(acc, y, rows, row + r, t0, nt, lane);
+        }
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < M; t++) acc[t] = 0.0f;
     for (int c0 = 0; c0 < nb; c0 += CB) {
         int cb = min(CB, nb - c0);
         const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, smw, lane);
+        if (c0 == 0) pdl_wait();  // the weights (never written) load before the wait
 #pragma unroll 2
         for (int j = 0; j < cb; j++)
-            mvk_block<Q4K>(wr + j * bb, c0 + j, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
+            mvk_block<Q4K, M>(wr + j * bb, c0 + j, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
         __syncwarp();
     }
-#pragma unroll
-    for (int t = 0; t < MT; t++) {
-        if (t < nt) {
-            float v = warp_sum(acc[t]);
-            if (lane == 0) y[(long long)(t0 + t) * rows + row] = v;
-        }
-    }
+    mv_store(acc, y, rows, row, t0, nt, lane);
 }
 
 extern "C" __global__ void mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
                                    float* y, int rows, int cols, int m) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
-    mvk<true>(W, aq, ad, bsums, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
+    mvk<true, MT>(W, aq, ad, bsums, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 extern "C" __global__ void mv_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
                                    float* y, int rows, int cols, int m) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
-    mvk<false>(W, aq, ad, bsums, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
+    mvk<false, MT>(W, aq, ad, bsums, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -449,9 +525,11 @@ __device__ __forceinline__ void rowdot(const float* __restrict__ A, const TB* __
 
 extern "C" __global__ void rowdot_f32(const float* A, const float* B, float* C, int m, int n,
                                       int k) {
+    pdl_wait();
     rowdot<float>(A, B, C, m, n, k);
 }
 extern "C" __global__ void rowdot_f16(const float* A, const u16* B, float* C, int m, int n, int k) {
+    pdl_wait();
     rowdot<u16>(A, B, C, m, n, k);
 }
 

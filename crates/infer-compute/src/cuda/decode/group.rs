@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use infer_quant::QuantFormat;
 
 use super::{DevWeight, WKind};
-use crate::cuda::device::{drv, int, ROWS_PER_BLOCK};
+use crate::cuda::device::{drv, int, ROWS_PER_BLOCK, STAGE};
 use crate::ComputeError;
 
 /// The products of one input: one `dec_mv_multi` launch over a device job table when every
@@ -18,7 +18,8 @@ pub(super) struct Group {
     pub weights: Vec<DevWeight>,
     pub outs: Vec<u64>,
     pub cols: usize,
-    /// `[W, y, rows, format, first block]` per weight; `None` when a weight is float.
+    /// `[W, y, rows, format, first block, rows per warp]` per weight; `None` when a weight is
+    /// float.
     pub jobs: Option<CudaSlice<i64>>,
     pub blocks: usize,
 }
@@ -40,6 +41,21 @@ fn format_code(f: QuantFormat) -> Result<i64, ComputeError> {
     })
 }
 
+/// Matrices with at least this many rows have more one-row warps than the H200 holds at once
+/// (132 SMs × 64 warps = 8448): there a warp takes several rows.
+const TALL_ROWS: usize = 16384;
+
+/// Rows per warp of `dec_mv_multi` for a `rows × cols` matrix of `format`: 1, or for tall
+/// matrices as many whole rows as one staged chunk holds (at most 4), so each warp keeps more
+/// weight bytes in flight (measured: the lm_head's one-row warps reached ~1 TB/s).
+fn rows_per_warp(format: QuantFormat, rows: usize, cols: usize) -> usize {
+    let row_bytes = cols / format.block_elems() * format.block_bytes();
+    if rows < TALL_ROWS || row_bytes == 0 {
+        return 1;
+    }
+    (STAGE / row_bytes).clamp(1, 4)
+}
+
 impl Group {
     pub fn new(
         st: &Arc<CudaStream>,
@@ -55,14 +71,16 @@ impl Group {
                 all_quant = false;
                 break;
             };
+            let rpw = rows_per_warp(f, w.rows, w.cols);
             table.extend([
                 w.ptr as i64,
                 y as i64,
                 w.rows as i64,
                 format_code(f)?,
                 blocks as i64,
+                rpw as i64,
             ]);
-            blocks += w.rows.div_ceil(ROWS_PER_BLOCK);
+            blocks += w.rows.div_ceil(ROWS_PER_BLOCK * rpw);
         }
         let jobs = if all_quant {
             int("mat-vec blocks", blocks)?;

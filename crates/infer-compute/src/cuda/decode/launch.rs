@@ -2,16 +2,22 @@
 //! decoder's stream, eagerly or into the CUDA graph, with optional timing events.
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use infer_quant::QuantFormat;
 
 use super::group::Group;
-use super::{ptr, CudaDecoder, DevLayer, DevWeight, WKind, A, DEC_THREADS, RN_THREADS};
-use crate::cuda::device::{dev_err, drv, int, Device, ROWS_PER_BLOCK};
+use super::{
+    ptr, CudaDecoder, DevLayer, DevWeight, WKind, A, ATT_THREADS, DEC_THREADS, RN_THREADS,
+};
+use crate::cuda::device::{dev_err, drv, int, launch_pdl, Device, ROWS_PER_BLOCK};
 use crate::cuda::quant::mv_grid;
 use crate::ComputeError;
 
 impl CudaDecoder<'_> {
+    /// Launch `f` on the decode stream with programmatic dependent launch ([`launch_pdl`]):
+    /// every decode kernel waits (`pdl_wait` in kernels.cu) before it reads what an earlier
+    /// kernel wrote, so only the launch latency and the mat-vecs' weight loads overlap the
+    /// kernel before.
     fn go(
         &self,
         name: &'static str,
@@ -19,17 +25,18 @@ impl CudaDecoder<'_> {
         cfg: LaunchConfig,
         args: &[A],
     ) -> Result<(), ComputeError> {
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                A::P(v) => b.arg(v),
-                A::I(v) => b.arg(v),
-                A::F(v) => b.arg(v),
-            };
-        }
+        // Each argument in an 8-byte slot (ints and floats in the low 4 bytes: little-endian).
+        let mut vals: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                A::P(v) => v,
+                A::I(v) => v as u32 as u64,
+                A::F(v) => v.to_bits() as u64,
+            })
+            .collect();
         // SAFETY: every call site passes the argument list of the named kernel (decode.cu /
         // kernels.cu) with device pointers into buffers sized for it (allocated in `new`).
-        drv("launch a decode kernel", unsafe { b.launch(cfg) })?;
+        unsafe { launch_pdl(&self.stream, f, cfg, &mut vals) }?;
         if let Some(events) = self.profile.borrow_mut().as_mut() {
             let e = drv(
                 "record a profiling event",
@@ -150,20 +157,9 @@ impl CudaDecoder<'_> {
         ]
     }
 
-    /// `x += [post](branch) · mult` (when `branch` ≠ 0), then `xn = rmsnorm(x) · (norm + off2)`
-    /// quantized for the families `fam` of the products that read `xn`.
-    #[allow(clippy::too_many_arguments)]
-    fn residual_norm(
-        &self,
-        dev: &Device,
-        branch: u64,
-        post: u64,
-        mult: f32,
-        (eps, off): (f32, f32),
-        norm: u64,
-        (eps2, off2): (f32, f32),
-        fam: (bool, bool),
-    ) -> Result<(), ComputeError> {
+    /// `x += [post](branch) · mult` (when `branch` ≠ 0), then `xn = rmsnorm(x) · (norm + off)`
+    /// quantized for the families of the products that read `xn` (`dec_residual_norm`).
+    fn residual_norm(&self, dev: &Device, branch: u64, n: NormTail) -> Result<(), ComputeError> {
         let b = &self.bufs;
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
@@ -173,17 +169,17 @@ impl CudaDecoder<'_> {
         let mut args = vec![
             A::P(self.p(&b.x)),
             A::P(branch),
-            A::P(post),
-            A::F(mult),
-            A::P(norm),
+            A::P(n.post),
+            A::F(n.mult),
+            A::P(n.norm),
             A::P(self.p(&b.xn)),
             A::I(int("hidden", self.hidden)?),
-            A::F(eps),
-            A::F(off),
-            A::F(eps2),
-            A::F(off2),
+            A::F(n.eps.0),
+            A::F(n.eps.1),
+            A::F(n.eps2.0),
+            A::F(n.eps2.1),
         ];
-        args.extend(self.quant_targets(fam));
+        args.extend(self.quant_targets(n.fam));
         self.go(
             "residual+norm+quantize",
             &dev.k.dec_residual_norm,
@@ -192,31 +188,44 @@ impl CudaDecoder<'_> {
         )
     }
 
-    /// The products of `g` on their input (already quantized for [`Group::families`]).
-    fn run_group(&self, dev: &Device, g: &Group, x: u64) -> Result<(), ComputeError> {
-        let Some(jobs) = &g.jobs else {
-            for (w, &y) in g.weights.iter().zip(&g.outs) {
-                self.matvec(dev, w, x, y)?;
+    /// The products of `g` on their input (already quantized for [`Group::families`]): one
+    /// `dec_mv_multi` launch over its job table, or one product each when a weight is float;
+    /// then `tail` on their outputs.
+    fn run_group(&self, dev: &Device, g: &Group, x: u64, tail: &Tail) -> Result<(), ComputeError> {
+        match &g.jobs {
+            Some(jobs) => {
+                let (k, b) = (&self.bufs.kq, &self.bufs.b32);
+                let cfg = LaunchConfig {
+                    grid_dim: (g.blocks as u32, 1, 1),
+                    block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let args = [
+                    A::P(self.p(jobs)),
+                    A::I(g.weights.len() as i32),
+                    A::P(self.p(&b.aq)),
+                    A::P(self.p(&b.ad)),
+                    A::P(self.p(&k.aq)),
+                    A::P(self.p(&k.ad)),
+                    A::P(self.p(&k.bsums)),
+                    A::I(int("cols", g.cols)?),
+                ];
+                self.go("mat-vec (fused)", &dev.k.dec_mv_multi, cfg, &args)?;
             }
-            return Ok(());
-        };
-        let (k, b) = (&self.bufs.kq, &self.bufs.b32);
-        let cfg = LaunchConfig {
-            grid_dim: (g.blocks as u32, 1, 1),
-            block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let args = [
-            A::P(self.p(jobs)),
-            A::I(g.weights.len() as i32),
-            A::P(self.p(&b.aq)),
-            A::P(self.p(&b.ad)),
-            A::P(self.p(&k.aq)),
-            A::P(self.p(&k.ad)),
-            A::P(self.p(&k.bsums)),
-            A::I(int("cols", g.cols)?),
-        ];
-        self.go("mat-vec (fused)", &dev.k.dec_mv_multi, cfg, &args)
+            None => {
+                for (w, &y) in g.weights.iter().zip(&g.outs) {
+                    self.matvec(dev, w, x, y)?;
+                }
+            }
+        }
+        match *tail {
+            Tail::None => Ok(()),
+            Tail::Norm(n) => self.residual_norm(dev, g.outs[0], n),
+            Tail::Act { layer, down_family } => {
+                let gate = if g.outs.len() == 2 { g.outs[0] } else { 0 };
+                self.act_quant(dev, layer, down_family, gate, g.outs[g.outs.len() - 1])
+            }
+        }
     }
 
     /// Enqueue one whole step on the decode stream (recorded into the graph on first use).
@@ -241,6 +250,7 @@ impl CudaDecoder<'_> {
             A::P(x),
             A::I(h),
             A::F(self.embed_scale),
+            A::P(self.p(&b.best)),
         ];
         self.go("embedding", embed, one(DEC_THREADS), &args)?;
         let (Some(first), Some(g0)) = (self.layers.first(), self.groups.first()) else {
@@ -248,16 +258,23 @@ impl CudaDecoder<'_> {
         };
         let norm0 = (first.eps, first.off);
         let fam0 = g0.qkv.families();
-        self.residual_norm(dev, 0, 0, 1.0, norm0, first.pre_attn_norm, norm0, fam0)?;
+        let first_norm = NormTail {
+            post: 0,
+            mult: 1.0,
+            eps: norm0,
+            norm: first.pre_attn_norm,
+            eps2: norm0,
+            fam: fam0,
+        };
+        self.residual_norm(dev, 0, first_norm)?;
         let (q, kk, v) = (self.p(&b.q), self.p(&b.k), self.p(&b.v));
         let (attn, up) = (self.p(&b.attn), self.p(&b.up));
-        let (branch, gate) = (self.p(&b.branch), self.p(&b.gate));
         for (i, (l, g)) in self.layers.iter().zip(&self.groups).enumerate() {
             let en = (l.eps, l.off);
-            self.run_group(dev, &g.qkv, xn)?;
+            self.run_group(dev, &g.qkv, xn, &Tail::None)?;
             let cfg = LaunchConfig {
                 grid_dim: (l.n_q as u32, 1, 1),
-                block_dim: (DEC_THREADS, 1, 1),
+                block_dim: (ATT_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             let inv = l.inv_freq.as_ref().map_or(0, |f| self.p(f));
@@ -301,22 +318,21 @@ impl CudaDecoder<'_> {
             if !fused {
                 self.quantize_for(dev, &g.o.weights.iter().collect::<Vec<_>>(), attn, g.o.cols)?;
             }
-            self.run_group(dev, &g.o, attn)?;
-            let fam = g.gate_up.families();
-            self.residual_norm(
-                dev,
-                branch,
-                l.post_attn_norm,
-                l.mult,
-                en,
-                l.pre_ffn_norm,
-                en,
-                fam,
-            )?;
-            self.run_group(dev, &g.gate_up, xn)?;
-            self.act_quant(dev, l, &g.down, if l.gate.is_some() { gate } else { 0 }, up)?;
-            self.run_group(dev, &g.down, up)?;
-            let (norm, en2, fam) = match (self.layers.get(i + 1), self.groups.get(i + 1)) {
+            let post_attn = NormTail {
+                post: l.post_attn_norm,
+                mult: l.mult,
+                eps: en,
+                norm: l.pre_ffn_norm,
+                eps2: en,
+                fam: g.gate_up.families(),
+            };
+            self.run_group(dev, &g.o, attn, &Tail::Norm(post_attn))?;
+            let act = Tail::Act {
+                layer: l,
+                down_family: g.down.weights.first().and_then(|w| w.family()),
+            };
+            self.run_group(dev, &g.gate_up, xn, &act)?;
+            let (norm, eps2, fam) = match (self.layers.get(i + 1), self.groups.get(i + 1)) {
                 (Some(next), Some(ng)) => {
                     (next.pre_attn_norm, (next.eps, next.off), ng.qkv.families())
                 }
@@ -326,10 +342,18 @@ impl CudaDecoder<'_> {
                     self.lm_group.families(),
                 ),
             };
-            self.residual_norm(dev, branch, l.post_ffn_norm, l.mult, en, norm, en2, fam)?;
+            let post_ffn = NormTail {
+                post: l.post_ffn_norm,
+                mult: l.mult,
+                eps: en,
+                norm,
+                eps2,
+                fam,
+            };
+            self.run_group(dev, &g.down, up, &Tail::Norm(post_ffn))?;
         }
         let logits = self.p(&b.logits);
-        self.run_group(dev, &self.lm_group, xn)?;
+        self.run_group(dev, &self.lm_group, xn, &Tail::None)?;
         if self.logits_div != 1.0 || self.final_cap > 0.0 {
             let cfg = LaunchConfig {
                 grid_dim: (self.vocab.div_ceil(256) as u32, 1, 1),
@@ -344,21 +368,32 @@ impl CudaDecoder<'_> {
             ];
             self.go("logit soft-cap", &k.dec_logits_post, cfg, &args)?;
         }
+        // The greedy token (read by `step_argmax`; `step` ignores it): a few µs, so always.
+        let cfg = LaunchConfig {
+            grid_dim: (self.vocab.div_ceil(256 * 8).min(1024) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            A::P(logits),
+            A::I(int("vocab", self.vocab)?),
+            A::P(self.p(&b.best)),
+        ];
+        self.go("argmax", &k.dec_argmax, cfg, &args)?;
         Ok(())
     }
 
-    /// `up = act(gate) · up` (or `act(up)` when `gate` is 0), quantized for `down` when it is a
-    /// quantized weight.
+    /// `up = act(gate) · up` (or `act(up)` when `gate` is 0), quantized for the down product
+    /// when it is quantized (`down_family`: see [`DevWeight::family`]).
     fn act_quant(
         &self,
         dev: &Device,
         l: &DevLayer,
-        down: &Group,
+        down_family: Option<bool>,
         gate: u64,
         up: u64,
     ) -> Result<(), ComputeError> {
-        let fam = down.weights.first().and_then(|w| w.family());
-        let kq = fam == Some(true);
+        let kq = down_family == Some(true);
         let per_warp = if kq { 256 } else { 32 };
         let warps = l.inter.div_ceil(per_warp);
         let cfg = LaunchConfig {
@@ -366,23 +401,16 @@ impl CudaDecoder<'_> {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (qa, da, bs) = match fam {
-            Some(true) => (
-                self.p(&self.bufs.kq.aq),
-                self.p(&self.bufs.kq.ad),
-                self.p(&self.bufs.kq.bsums),
-            ),
-            Some(false) => (self.p(&self.bufs.b32.aq), self.p(&self.bufs.b32.ad), 0),
-            None => (0, 0, 0),
-        };
+        let t = self.quant_targets((kq, down_family == Some(false)));
+        let (qa, da) = if kq { (t[2], t[3]) } else { (t[0], t[1]) };
         let args = [
             A::P(gate),
             A::P(up),
             A::I(int("intermediate", l.inter)?),
             A::I(l.act),
-            A::P(qa),
-            A::P(da),
-            A::P(bs),
+            qa,
+            da,
+            t[4],
             A::I(kq as i32),
         ];
         self.go("activation+quantize", &dev.k.dec_act_quant, cfg, &args)
@@ -404,4 +432,30 @@ impl CudaDecoder<'_> {
         self.graph = Some(graph?.ok_or_else(|| dev_err("graph capture recorded nothing"))?);
         Ok(())
     }
+}
+
+/// What follows a group's products.
+#[derive(Clone, Copy)]
+enum Tail<'a> {
+    None,
+    /// The residual add of the group's one output and the next norm.
+    Norm(NormTail),
+    /// The activation of gate/up for the down product of `down_family`.
+    Act {
+        layer: &'a DevLayer,
+        down_family: Option<bool>,
+    },
+}
+
+/// A residual + RMSNorm + quantization: `post` norm (0 = none) of the branch with `eps` =
+/// (eps, offset), residual multiplier `mult`, then the `norm` weight with `eps2`, quantized for
+/// the activation families `fam` = (Q8_K, 32-value).
+#[derive(Clone, Copy)]
+struct NormTail {
+    post: u64,
+    mult: f32,
+    eps: (f32, f32),
+    norm: u64,
+    eps2: (f32, f32),
+    fam: (bool, bool),
 }
