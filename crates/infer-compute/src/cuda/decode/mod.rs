@@ -2,13 +2,15 @@
 //! come from the backend's weight cache (uploaded once, shared with the host-loop products); the
 //! KV cache, activations and logits live in device buffers; one step is the kernels of
 //! `decode.cu` plus the quantized mat-vecs of `kernels.cu`, recorded once into a CUDA graph and
-//! replayed per token with only `{token, pos}` copied in and the logits copied out.
+//! replayed per token with only `{token, pos}` copied in and the logits (or, for greedy
+//! decoding, the chosen token: `dec_argmax`) copied out.
 //!
 //! Per layer eight launches (`launch.rs`): the fused QKV mat-vecs (`group.rs`), attention (q/k
 //! norm, RoPE, KV store, scores, softmax, values, output quantization), the o mat-vec,
 //! residual + RMSNorm + activation quantization, the fused gate+up mat-vecs, the activation and
-//! its quantization, the down mat-vec, residual + the next layer's norm + quantization. Launches use programmatic dependent launch (`launch.rs` `go`), so each kernel's launch
-//! and the mat-vecs' weight loads overlap the kernel before.
+//! its quantization, the down mat-vec, residual + the next layer's norm + quantization. Launches
+//! use programmatic dependent launch (`launch.rs` `go`), so each kernel's launch and the
+//! mat-vecs' weight loads overlap the kernel before.
 //!
 //! Fusing the norm and the activation into the mat-vecs' last block (a completion counter per
 //! launch) was measured slower on the H200 (SmolLM2 shapes, 770 vs 894 tokens/s with PDL):
