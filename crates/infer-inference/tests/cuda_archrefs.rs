@@ -97,6 +97,31 @@ fn decode_logits(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -> Ve
     out
 }
 
+/// Assert `got[i] == argmax(want_i)` for each `[vocab]` chunk `want_i` of `want` whose top-2
+/// margin is at least MARGIN × `sq` (nearer ties may flip with rounding); returns (compared,
+/// skipped).
+fn check_greedy(
+    case: &str,
+    what: &str,
+    got: &[u32],
+    want: &[f32],
+    vocab: usize,
+    sq: f64,
+) -> (usize, usize) {
+    let (mut compared, mut skipped) = (0, 0);
+    for (i, (&g, w)) in got.iter().zip(want.chunks_exact(vocab)).enumerate() {
+        let mut sorted = w.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if ((sorted[0] - sorted[1]) as f64) < MARGIN * sq {
+            skipped += 1;
+            continue;
+        }
+        compared += 1;
+        assert_eq!(g, argmax(w), "{case}: {what} at {i} differs GPU vs CPU");
+    }
+    (compared, skipped)
+}
+
 /// The device decoder's greedy choices (`forward_greedy`: argmax on the device): `seq[..t/2]`
 /// prefilled, then each token of `seq[t/2..]`; entry i matches chunk i + 1 of
 /// [`decode_logits`].
@@ -234,21 +259,8 @@ fn check_case(case: &str, gpu: &CudaBackend) {
     let gd = decode_logits(&model, gpu, &ids[..t]);
     let cd = decode_logits(&model, &cpu, &ids[..t]);
     ratio_quant("quantized KV decode vs CPU", case, &gd, &cd, vocab, sq);
-    let (mut compared, mut skipped) = (0, 0);
-    for (pos, (gr, cr)) in g.chunks_exact(vocab).zip(c.chunks_exact(vocab)).enumerate() {
-        let mut sorted = cr.to_vec();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        if ((sorted[0] - sorted[1]) as f64) < MARGIN * sq {
-            skipped += 1;
-            continue;
-        }
-        compared += 1;
-        assert_eq!(
-            argmax(gr),
-            argmax(cr),
-            "{case}: quantized greedy token at position {pos} differs GPU vs CPU"
-        );
-    }
+    let gpu_ids: Vec<u32> = g.chunks_exact(vocab).map(argmax).collect();
+    let (compared, skipped) = check_greedy(case, "quantized greedy token", &gpu_ids, &c, vocab, sq);
     println!("cuda archrefs {case}: quantized greedy tokens equal at {compared} positions ({skipped} below margin)");
 
     // The device-resident decoder where the model has a decode plan.
@@ -266,21 +278,14 @@ fn check_case(case: &str, gpu: &CudaBackend) {
             ratio_quant("device decoder vs CPU", case, &gd, &cd, vocab, sq);
             let ids_dev = device_greedy_ids(&model, gpu, &ids[..t]);
             let cpu_steps = decode_logits(&model, &cpu, &ids[..t]);
-            let (mut compared, mut skipped) = (0, 0);
-            for (i, cr) in cpu_steps.chunks_exact(vocab).skip(1).enumerate() {
-                let mut sorted = cr.to_vec();
-                sorted.sort_by(|a, b| b.total_cmp(a));
-                if ((sorted[0] - sorted[1]) as f64) < MARGIN * sq {
-                    skipped += 1;
-                    continue;
-                }
-                compared += 1;
-                assert_eq!(
-                    ids_dev[i],
-                    argmax(cr),
-                    "{case}: device argmax at decode step {i} differs from the CPU's"
-                );
-            }
+            let (compared, skipped) = check_greedy(
+                case,
+                "device argmax",
+                &ids_dev,
+                &cpu_steps[vocab..],
+                vocab,
+                sq,
+            );
             assert!(compared > 0, "{case}: no decode step above the margin");
             println!("cuda archrefs {case}: device argmax equal at {compared} steps ({skipped} below margin)");
         }

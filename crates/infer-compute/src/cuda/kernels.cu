@@ -300,23 +300,23 @@ __device__ __forceinline__ void mv_store(float (&acc)[M], float* __restrict__ y,
     }
 }
 
-// rpw (rows per warp) > 1: the warp's rows rpw * w .. are contiguous and staged at once (the
-// host picks rpw so that rpw * row bytes <= STAGE): more bytes in flight per warp for tall
-// matrices (the lm_head), whose one-row warps are too short to hide the load latency.
-template <int FMT, int M>
-__device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __restrict__ wscale,
-                                     const i8* __restrict__ aq, const float* __restrict__ ad,
-                                     float* __restrict__ y, int rows, int cols, int m, int bx,
-                                     u8* smw, int rpw = 1) {
+// The warp loop of the quantized mat-vecs: warp w of block bx takes rows (bx * ROWS_PER_BLOCK +
+// w) * rpw .., staging each row's weights (nb blocks of bb bytes) through smw in chunks, and
+// dot(wr, c0, cb, row, t0, nt, acc) adds blocks c0 .. c0 + cb of `row` (staged at wr) against
+// activation rows t0 .. t0 + nt to acc. rpw > 1: the warp's rows are contiguous and staged at
+// once (the host picks rpw so that rpw * nb * bb <= STAGE): more bytes in flight per warp for
+// tall matrices (the lm_head), whose one-row warps are too short to hide the load latency.
+// The weights (never written) are staged before pdl_wait.
+template <int M, typename Dot>
+__device__ __forceinline__ void mv_rows(const u8* __restrict__ W, float* __restrict__ y,
+                                        int rows, int nb, int bb, int m, int bx, u8* smw,
+                                        int rpw, Dot dot) {
     int warp = threadIdx.x >> 5;
     int row = (bx * ROWS_PER_BLOCK + warp) * rpw;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
     int t0 = blockIdx.y * M;
     int nt = min(M, m - t0);
-    int nb = cols / 32;
-    const int bb = FMT == F_Q4_0 ? 18 : FMT == F_Q5_0 ? 22 : FMT == F_Q8_0 ? 34 : 32;
-    const int CB = STAGE / bb;  // blocks per staged chunk
     const u8* wrow = W + (long long)row * nb * bb;
     float acc[M];
     if (rpw > 1) {
@@ -326,22 +326,37 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __re
         for (int r = 0; r < nr; r++) {
 #pragma unroll
             for (int t = 0; t < M; t++) acc[t] = 0.0f;
-            mv32_blocks<FMT, M>(wr + r * nb * bb, 0, nb, row + r, nb, cols, t0, nt, lane, wscale, aq,
-                             ad, acc);
+            dot(wr + r * nb * bb, 0, nb, row + r, t0, nt, acc);
             mv_store(acc, y, rows, row + r, t0, nt, lane);
         }
         return;
     }
+    const int CB = STAGE / bb;  // blocks per staged chunk
 #pragma unroll
     for (int t = 0; t < M; t++) acc[t] = 0.0f;
     for (int c0 = 0; c0 < nb; c0 += CB) {
         int cb = min(CB, nb - c0);
         const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, smw, lane);
-        if (c0 == 0) pdl_wait();  // the weights (never written) load before the wait
-        mv32_blocks<FMT, M>(wr, c0, cb, row, nb, cols, t0, nt, lane, wscale, aq, ad, acc);
+        if (c0 == 0) pdl_wait();
+        dot(wr, c0, cb, row, t0, nt, acc);
         __syncwarp();
     }
     mv_store(acc, y, rows, row, t0, nt, lane);
+}
+
+// 32-value block formats: mv_rows over mv32_blocks.
+template <int FMT, int M>
+__device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __restrict__ wscale,
+                                     const i8* __restrict__ aq, const float* __restrict__ ad,
+                                     float* __restrict__ y, int rows, int cols, int m, int bx,
+                                     u8* smw, int rpw = 1) {
+    const int bb = FMT == F_Q4_0 ? 18 : FMT == F_Q5_0 ? 22 : FMT == F_Q8_0 ? 34 : 32;
+    int nb = cols / 32, lane = threadIdx.x & 31;
+    mv_rows<M>(W, y, rows, nb, bb, m, bx, smw, rpw,
+               [&](const u8* wr, int c0, int cb, int row, int t0, int nt, float (&acc)[M]) {
+                   mv32_blocks<FMT, M>(wr, c0, cb, row, nb, cols, t0, nt, lane, wscale, aq, ad,
+                                       acc);
+               });
 }
 
 extern "C" __global__ void mv_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows,
@@ -432,49 +447,21 @@ __device__ __forceinline__ void mvk_block(const u8* __restrict__ b, int ib, int 
     }
 }
 
-// rpw: as mv32.
+// K-quants: mv_rows over mvk_block.
 template <bool Q4K, int M>
 __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restrict__ aq,
                                     const float* __restrict__ ad, const int* __restrict__ bsums,
                                     float* __restrict__ y, int rows, int cols, int m, int bx,
                                     u8* smw, int rpw = 1) {
-    int warp = threadIdx.x >> 5;
-    int row = (bx * ROWS_PER_BLOCK + warp) * rpw;
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;  // whole warps only: the kernel synchronises warps, not blocks
-    int t0 = blockIdx.y * M;
-    int nt = min(M, m - t0);
-    int nb = cols / 256;
     const int bb = Q4K ? 144 : 210;
-    const int CB = STAGE / bb;  // super-blocks per staged chunk
-    const u8* wrow = W + (long long)row * nb * bb;
-    float acc[M];
-    if (rpw > 1) {
-        int nr = min(rpw, rows - row);
-        const u8* wr = stage(wrow, nr * nb * bb, smw, lane);
-        pdl_wait();
-        for (int r = 0; r < nr; r++) {
-#pragma unroll
-            for (int t = 0; t < M; t++) acc[t] = 0.0f;
-            for (int j = 0; j < nb; j++)
-                mvk_block<Q4K, M>(wr + (r * nb + j) * bb, j, nb, cols, t0, nt, lane, aq, ad, bsums,
-                               acc);
-            mv_store(acc, y, rows, row + r, t0, nt, lane);
-        }
-        return;
-    }
-#pragma unroll
-    for (int t = 0; t < M; t++) acc[t] = 0.0f;
-    for (int c0 = 0; c0 < nb; c0 += CB) {
-        int cb = min(CB, nb - c0);
-        const u8* wr = stage(wrow + (long long)c0 * bb, cb * bb, smw, lane);
-        if (c0 == 0) pdl_wait();  // the weights (never written) load before the wait
+    int nb = cols / 256, lane = threadIdx.x & 31;
+    mv_rows<M>(W, y, rows, nb, bb, m, bx, smw, rpw,
+               [&](const u8* wr, int c0, int cb, int, int t0, int nt, float (&acc)[M]) {
 #pragma unroll 2
-        for (int j = 0; j < cb; j++)
-            mvk_block<Q4K, M>(wr + j * bb, c0 + j, nb, cols, t0, nt, lane, aq, ad, bsums, acc);
-        __syncwarp();
-    }
-    mv_store(acc, y, rows, row, t0, nt, lane);
+                   for (int j = 0; j < cb; j++)
+                       mvk_block<Q4K, M>(wr + j * bb, c0 + j, nb, cols, t0, nt, lane, aq, ad,
+                                         bsums, acc);
+               });
 }
 
 extern "C" __global__ void mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
