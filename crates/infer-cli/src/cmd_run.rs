@@ -429,6 +429,13 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("no tokens to run (empty prompt)");
     }
+    let max = model.arch.config().max_position_embeddings.max(1);
+    if ids.len() > max {
+        bail!(
+            "{} tokens exceed the model's maximum context {max}",
+            ids.len()
+        );
+    }
     let backend = args.device.backend()?;
     let mut cache = model.new_cache(ids.len());
     let logits = model.forward(&*backend, &ids, &mut cache, Logits::All)?;
@@ -469,11 +476,12 @@ fn check_output_path(out: &std::path::Path) -> anyhow::Result<()> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
     if !parent.is_dir() {
-        bail!(
-            "--out {}: folder {} does not exist",
-            out.display(),
-            parent.display()
-        );
+        let what = if parent.exists() {
+            "is not a folder"
+        } else {
+            "does not exist"
+        };
+        bail!("--out {}: {} {what}", out.display(), parent.display());
     }
     Ok(())
 }

@@ -257,6 +257,17 @@ fn config_json_synth_matches_archrefs_and_runs() {
             vals.iter().any(|&v| v != vals[0]),
             "{case}: constant logits"
         );
+        if case == "llama" {
+            // More ids than max_position_embeddings (256): refused as run/bench do.
+            let ids = vec!["1"; 257].join(",");
+            let o = infer(&["logits", s(&vx), "--ids", &ids]);
+            let t = text(&o);
+            assert_eq!(o.status.code(), Some(1), "{t}");
+            assert!(
+                t.contains("257 tokens exceed the model's maximum context 256"),
+                "{t}"
+            );
+        }
     }
     // bf16 weights.
     let out = dir.path().join("llama-bf16");

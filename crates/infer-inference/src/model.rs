@@ -231,6 +231,11 @@ impl<'a> Model<'a> {
                 "norm_eps {eps} must be a positive number"
             )));
         }
+        if config.max_position_embeddings == 0 {
+            return Err(InferenceError::Architecture(
+                "max_position_embeddings must be at least 1 (got 0)".into(),
+            ));
+        }
         let hidden = arch.hidden_size();
         let vocab = arch.vocab_size();
         let (emb, _) = v.embeddings();

@@ -100,10 +100,13 @@ impl Sampler {
             .enumerate()
             .map(|(i, &v)| (i as u32, v))
             .collect();
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < cand.len() {
+            // Only the top k need sorting (the order is total, so the result is the same).
+            cand.select_nth_unstable_by(p.top_k - 1, order);
             cand.truncate(p.top_k);
         }
+        cand.sort_by(order);
         let probs = softmax(&cand.iter().map(|c| c.1).collect::<Vec<_>>());
         let mut keep = cand.len();
         if p.top_p < 1.0 {
@@ -121,7 +124,10 @@ impl Sampler {
             keep = keep.min(probs.iter().take_while(|&&pr| pr >= cut).count().max(1));
         }
         cand.truncate(keep.max(1));
-        let scaled: Vec<f32> = cand.iter().map(|c| c.1 / p.temperature).collect();
+        // Differences from the largest logit (cand[0]), so a tiny temperature gives large
+        // negative values (→ probability 0), not an overflow to infinity.
+        let top = cand[0].1;
+        let scaled: Vec<f32> = cand.iter().map(|c| (c.1 - top) / p.temperature).collect();
         let probs = softmax(&scaled);
         let r: f32 = self.rng.gen();
         let mut cum = 0.0;
@@ -178,6 +184,37 @@ mod tests {
         );
         let mut s = Sampler::new(SamplingParams { top_k: 1, ..p });
         assert_eq!(s.sample(&logits, &[]), argmax(&logits));
+    }
+
+    #[test]
+    fn tiny_temperature_is_near_greedy_not_garbage() {
+        // 3.0 / 1e-40 overflows f32: the draw must still pick the largest logit.
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1e-40,
+            ..Default::default()
+        });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&[1.0, 3.0, 2.0, -4.0], &[]), 1);
+        }
+    }
+
+    #[test]
+    fn top_k_keeps_the_k_largest_with_ties_to_smaller_ids() {
+        // Logits 0, 1, 1, 0, 1 …: with k = 3 only ids 1, 2, 4 may come out.
+        let logits: Vec<f32> = (0..50)
+            .map(|i| if i % 3 == 0 { 0.0 } else { 1.0 })
+            .collect();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 3,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 3,
+            ..Default::default()
+        });
+        let seen: std::collections::HashSet<u32> =
+            (0..200).map(|_| s.sample(&logits, &[])).collect();
+        assert_eq!(seen, [1, 2, 4].into_iter().collect());
     }
 
     #[test]

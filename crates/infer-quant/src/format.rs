@@ -206,15 +206,23 @@ impl QuantFormat {
                 block_elems: be,
             });
         }
-        Ok(n_elems / be * self.block_bytes())
+        (n_elems / be)
+            .checked_mul(self.block_bytes())
+            .ok_or_else(|| QuantError::BadShape(format!("{n_elems} values overflow a byte count")))
     }
 
     /// Bytes of a row-major tensor of `shape` (last dimension = row length, which must be a
     /// multiple of the block size, as ggml requires).
     pub fn expected_bytes(self, shape: &[usize]) -> Result<usize, QuantError> {
+        let too_large = || QuantError::BadShape(format!("{shape:?} is too large"));
         let row = shape.last().copied().unwrap_or(1);
-        let rows: usize = shape.iter().rev().skip(1).product();
-        Ok(self.bytes_for(row)? * rows)
+        let rows = shape
+            .iter()
+            .rev()
+            .skip(1)
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(too_large)?;
+        self.bytes_for(row)?.checked_mul(rows).ok_or_else(too_large)
     }
 }
 

@@ -114,7 +114,9 @@ impl I8Entry {
                 self.format
             )));
         }
-        let numel: usize = self.shape.iter().product();
+        let Some(numel) = self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) else {
+            return Err(bad(format!("shape {:?} is too large", self.shape)));
+        };
         if self.length != numel {
             return Err(bad(format!(
                 "length {} bytes but shape {:?} in I8 needs {numel}",
@@ -217,5 +219,22 @@ mod tests {
         e.format = QuantFormat::F16;
         e.length = 12;
         e.validate(p, 1000).unwrap();
+    }
+
+    #[test]
+    fn shapes_whose_byte_count_overflows_are_errors() {
+        let p = Path::new("x.bin");
+        for (format, shape) in [
+            (QuantFormat::Q5_0, vec![1usize << 40, 1 << 40]),
+            (QuantFormat::F32, vec![1 << 62, 8]),
+            (QuantFormat::Q4_K, vec![usize::MAX / 2, 256]),
+        ] {
+            let mut e = entry();
+            e.format = format;
+            e.shape = shape.clone();
+            e.length = 0;
+            let msg = e.validate(p, 1000).unwrap_err().to_string();
+            assert!(msg.contains("too large"), "{format} {shape:?}: {msg}");
+        }
     }
 }
