@@ -259,13 +259,14 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         c.req_usize("intermediate_size")?
     };
     let vocab_size = c.req_usize("vocab_size")?;
-    let max_position_embeddings = c
-        .opt_usize(if gpt2 {
-            "n_positions"
-        } else {
-            "max_position_embeddings"
-        })?
-        .unwrap_or(if gpt2 { 1024 } else { 2048 });
+    let context_key = if gpt2 {
+        "n_positions"
+    } else {
+        "max_position_embeddings"
+    };
+    let max_position_embeddings =
+        c.opt_usize(context_key)?
+            .unwrap_or(if gpt2 { 1024 } else { 2048 });
 
     let norm_eps = c
         .opt_f64_any(&[
@@ -402,11 +403,7 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         pad_token_id: c.opt_u32("pad_token_id")?,
     };
     let names = validate::PositionFields {
-        context: c.name(if gpt2 {
-            "n_positions"
-        } else {
-            "max_position_embeddings"
-        }),
+        context: c.name(context_key),
         rotary: c.name("partial_rotary_factor"),
         theta: c.name("rope_theta"),
     };

@@ -359,9 +359,8 @@ fn write_all(
         );
     }
     order.extend(
-        plan.iter().filter(|p| {
-            !p.has_role(Role::Embedding) && p.layer().map_or(true, |l| l >= num_layers)
-        }),
+        plan.iter()
+            .filter(|p| !p.has_role(Role::Embedding) && p.layer().is_none()),
     );
 
     for p in order {
@@ -370,8 +369,8 @@ fn write_all(
             cur_layer = p.layer();
         }
         pb.set_message(match p.layer() {
-            Some(l) if l < num_layers => format!("layer {l}/{num_layers}"),
-            _ => "global tensors".to_string(),
+            Some(l) => format!("layer {l}/{num_layers}"),
+            None => "global tensors".to_string(),
         });
         let t = source.tensors.read_f32(&p.info.name)?;
         if t.shape != p.info.shape || t.data.len() != t.shape.iter().product::<usize>() {
@@ -391,16 +390,14 @@ fn write_all(
         let one_to_one = matches!(p.transform, TensorTransform::AsIs) && p.outs.len() == 1;
         let src_name = one_to_one.then_some(p.info.name.as_str());
         for (o, data) in p.outs.iter().zip(parts) {
-            if o.place.layer.map_or(true, |l| l < num_layers) {
-                qb.add(
-                    o.place.role,
-                    o.place.layer,
-                    &o.key,
-                    &o.shape,
-                    &data,
-                    src_name,
-                )?;
-            }
+            qb.add(
+                o.place.role,
+                o.place.layer,
+                &o.key,
+                &o.shape,
+                &data,
+                src_name,
+            )?;
             let format = if o.shape.len() <= 1 {
                 QuantFormat::F32
             } else {
@@ -415,7 +412,8 @@ fn write_all(
                 w.for_role(o.place.role)
                     .write_tensor(&o.key, &o.shape, format, &data)?
             };
-            if let Some(l) = o.place.layer.filter(|&l| l < num_layers) {
+            // `plan` refused layers ≥ num_layers (check_layer_count).
+            if let Some(l) = o.place.layer {
                 match o.place.role {
                     Role::FfnGate => layers[l].gate = Some(entry),
                     Role::FfnUp => layers[l].up = Some(entry),

@@ -4,15 +4,9 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+use super::random::{stream_tensor, Fill, CHUNK_VALUES};
 use anyhow::{bail, Context};
 use infer_models::gguf::{encode_header, GgufHeader, GgufTensorInfo, GgufWriter};
-use rayon::prelude::*;
-
-use super::random::{fill_row, Fill, RowFill};
-
-/// At most this many f32 values are generated per chunk of rows (16 MiB), so memory stays
-/// bounded whatever the tensor size (Gemma-3's 262144 × 640 embedding included).
-const CHUNK_VALUES: usize = 1 << 22;
 
 /// What was written.
 pub struct Written {
@@ -79,31 +73,8 @@ pub fn write_header_only(h: &GgufHeader, out: &Path, shown: &Path) -> anyhow::Re
     })
 }
 
-/// Random blocks for whole rows `rows` of tensor number `index` (rows of at most
-/// [`CHUNK_VALUES`] values), in order.
-fn synth_rows(
-    t: &GgufTensorInfo,
-    index: usize,
-    seed: u64,
-    rows: std::ops::Range<usize>,
-) -> anyhow::Result<Vec<Vec<u8>>> {
-    let row_len = t.dims[0];
-    let fill = Fill::for_tensor(&t.name, t.dims.len(), 1.0);
-    rows.into_par_iter()
-        .map(|r| {
-            let mut v = vec![0.0f32; row_len];
-            fill_row(seed, index as u64, r as u64, fill, &mut v);
-            infer_quant::quantize(t.format, &v, row_len, None)
-                .with_context(|| format!("quantizing tensor '{}' to {}", t.name, t.format))
-        })
-        .collect()
-}
-
-/// Stream the random data of tensor number `index` into `sink`, generating at most `chunk`
-/// values at a time (`chunk`: an even multiple of the format's block size). Rows up to `chunk`
-/// values are generated several at a time in parallel; a longer row is generated and quantized
-/// piece by piece (ggml's reference quantizers work block by block, so the bytes are those of
-/// the whole row).
+/// Stream the random data of tensor number `index` into `sink` ([`stream_tensor`] in the
+/// tensor's own ggml type; ggml's `dims[0]` is the row length).
 fn tensor_data(
     t: &GgufTensorInfo,
     index: usize,
@@ -113,33 +84,17 @@ fn tensor_data(
 ) -> anyhow::Result<()> {
     let row_len = t.dims[0];
     let rows = t.n_elements().checked_div(row_len).unwrap_or(0);
-    if row_len <= chunk {
-        let step = (chunk / row_len.max(1)).max(1);
-        let mut r0 = 0;
-        while r0 < rows {
-            let r1 = (r0 + step).min(rows);
-            for block in synth_rows(t, index, seed, r0..r1)? {
-                sink(&block)?;
-            }
-            r0 = r1;
-        }
-        return Ok(());
-    }
     let fill = Fill::for_tensor(&t.name, t.dims.len(), 1.0);
-    let mut v = vec![0.0f32; chunk];
-    for r in 0..rows {
-        let mut g = RowFill::new(seed, index as u64, r as u64, fill);
-        let mut left = row_len;
-        while left > 0 {
-            let piece = &mut v[..left.min(chunk)];
-            g.next_values(piece);
-            let q = infer_quant::quantize(t.format, piece, piece.len(), None)
-                .with_context(|| format!("quantizing tensor '{}' to {}", t.name, t.format))?;
-            sink(&q)?;
-            left -= piece.len();
-        }
-    }
-    Ok(())
+    stream_tensor(
+        &t.name,
+        t.format,
+        fill,
+        seed,
+        index,
+        (rows, row_len),
+        chunk,
+        sink,
+    )
 }
 
 /// Write `h` with random data for every tensor to `out` (`shown` names it in errors).

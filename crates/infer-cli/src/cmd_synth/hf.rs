@@ -14,9 +14,9 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use infer_models::arch::TensorTransform;
 use infer_models::{architecture_for, ModelArchitecture, ModelConfig};
-use rayon::prelude::*;
+use infer_quant::QuantFormat;
 
-use super::random::{fill_row, Fill, RowFill};
+use super::random::{stream_tensor, Fill, CHUNK_VALUES};
 
 /// Stored dtype of the safetensors file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,16 +37,11 @@ impl std::str::FromStr for StDtype {
 }
 
 impl StDtype {
-    fn bytes(self) -> usize {
+    /// The same encoding as an infer-quant format (its name is the safetensors dtype tag).
+    fn format(self) -> QuantFormat {
         match self {
-            StDtype::F32 => 4,
-            StDtype::Bf16 => 2,
-        }
-    }
-    fn tag(self) -> &'static str {
-        match self {
-            StDtype::F32 => "F32",
-            StDtype::Bf16 => "BF16",
+            StDtype::F32 => QuantFormat::F32,
+            StDtype::Bf16 => QuantFormat::BF16,
         }
     }
 }
@@ -213,10 +208,6 @@ pub fn expected_tensors(
     Ok((map, arch))
 }
 
-/// At most this many values are generated at a time (16 MiB of f32), so memory stays bounded
-/// whatever the shapes (rows longer than this are generated piece by piece).
-const CHUNK_VALUES: usize = 1 << 22;
-
 /// The safetensors header of `tensors` (JSON padded with spaces to a multiple of 8 bytes) and
 /// the byte length of the data section after it. `config_path` names the file in errors.
 ///
@@ -239,7 +230,9 @@ pub fn safetensors_header(
         }
         let n = shape
             .iter()
-            .try_fold(dtype.bytes() as u64, |a, &d| a.checked_mul(d as u64));
+            .try_fold(dtype.format().block_bytes() as u64, |a, &d| {
+                a.checked_mul(d as u64)
+            });
         let end = n.and_then(|n| offset.checked_add(n)).with_context(|| {
             format!(
                 "{}: tensor '{name}' of shape {shape:?} is absurdly large (its size overflows); check the config's sizes",
@@ -248,24 +241,13 @@ pub fn safetensors_header(
         })?;
         header.insert(
             name.clone(),
-            serde_json::json!({"dtype": dtype.tag(), "shape": shape, "data_offsets": [offset, end]}),
+            serde_json::json!({"dtype": dtype.format().name(), "shape": shape, "data_offsets": [offset, end]}),
         );
         offset = end;
     }
     let mut head = serde_json::to_vec(&serde_json::Value::Object(header))?;
     head.resize(head.len().div_ceil(8) * 8, b' ');
     Ok((head, offset))
-}
-
-/// Little-endian bytes of `v` in `dtype`.
-fn encode(v: &[f32], dtype: StDtype) -> Vec<u8> {
-    match dtype {
-        StDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        StDtype::Bf16 => v
-            .iter()
-            .flat_map(|&x| infer_quant::float16::f32_to_bf16(x).to_le_bytes())
-            .collect(),
-    }
 }
 
 /// Write `model.safetensors` at `out`: `head` (from [`safetensors_header`] for the same
@@ -291,40 +273,21 @@ pub fn write_safetensors(
         let row_len = *shape.last().unwrap_or(&1);
         let rows = shape.iter().product::<usize>() / row_len.max(1);
         let fill = Fill::for_tensor(name, shape.len(), norm_centre);
-        if row_len > CHUNK_VALUES {
-            let mut v = vec![0.0f32; CHUNK_VALUES];
-            for r in 0..rows {
-                let mut g = RowFill::new(seed, index as u64, r as u64, fill);
-                let mut left = row_len;
-                while left > 0 {
-                    let piece = &mut v[..left.min(CHUNK_VALUES)];
-                    g.next_values(piece);
-                    let bytes = encode(piece, dtype);
-                    w.write_all(&bytes).map_err(io)?;
-                    written += bytes.len() as u64;
-                    left -= piece.len();
-                }
-            }
-            continue;
-        }
-        let step = (CHUNK_VALUES / row_len.max(1)).max(1);
-        let mut r0 = 0;
-        while r0 < rows {
-            let r1 = (r0 + step).min(rows);
-            let chunk: Vec<Vec<u8>> = (r0..r1)
-                .into_par_iter()
-                .map(|r| {
-                    let mut v = vec![0.0f32; row_len];
-                    fill_row(seed, index as u64, r as u64, fill, &mut v);
-                    encode(&v, dtype)
-                })
-                .collect();
-            for c in chunk {
-                w.write_all(&c).map_err(io)?;
-                written += c.len() as u64;
-            }
-            r0 = r1;
-        }
+        let geometry = (rows, row_len);
+        stream_tensor(
+            name,
+            dtype.format(),
+            fill,
+            seed,
+            index,
+            geometry,
+            CHUNK_VALUES,
+            &mut |b| {
+                w.write_all(b).map_err(io)?;
+                written += b.len() as u64;
+                Ok(())
+            },
+        )?;
     }
     let file = w
         .into_inner()

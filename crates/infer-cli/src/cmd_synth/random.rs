@@ -3,8 +3,11 @@
 //! Every row of every tensor has its own generator, seeded from `(seed, tensor index, row)`
 //! (SplitMix64 mixing, rand 0.8 `StdRng`), so the values do not depend on threads or chunking.
 
+use anyhow::Context;
+use infer_quant::QuantFormat;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 
 /// Half-width of the uniform noise around a norm weight's centre.
 pub const NORM_NOISE: f32 = 0.05;
@@ -98,6 +101,66 @@ impl RowFill {
 /// deterministic in `(seed, tensor, row)`.
 pub fn fill_row(seed: u64, tensor: u64, row: u64, fill: Fill, out: &mut [f32]) {
     RowFill::new(seed, tensor, row, fill).next_values(out);
+}
+
+/// At most this many values are generated at a time (16 MiB of f32), so memory stays bounded
+/// whatever the shapes (Gemma-3's 262144 × 640 embedding included).
+pub const CHUNK_VALUES: usize = 1 << 22;
+
+/// Stream the random data of tensor number `index` (`rows` rows of `row_len` values drawn as
+/// `fill`), encoded in `format` by `infer_quant::quantize` (ggml's reference quantizer, or the
+/// plain F32 / BF16 bytes), into `sink`, generating at most `chunk` values at a time (`chunk`:
+/// an even multiple of the format's block size). Rows up to `chunk` values are generated
+/// several at a time in parallel; a longer row is generated and encoded piece by piece (the
+/// reference quantizers work block by block, so the bytes are those of the whole row). `name`
+/// names the tensor in errors.
+#[allow(clippy::too_many_arguments)]
+pub fn stream_tensor(
+    name: &str,
+    format: QuantFormat,
+    fill: Fill,
+    seed: u64,
+    index: usize,
+    (rows, row_len): (usize, usize),
+    chunk: usize,
+    sink: &mut dyn FnMut(&[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let encode = |v: &[f32]| {
+        infer_quant::quantize(format, v, v.len(), None)
+            .with_context(|| format!("quantizing tensor '{name}' to {format}"))
+    };
+    if row_len <= chunk {
+        let step = (chunk / row_len.max(1)).max(1);
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + step).min(rows);
+            let blocks: Vec<Vec<u8>> = (r0..r1)
+                .into_par_iter()
+                .map(|r| {
+                    let mut v = vec![0.0f32; row_len];
+                    fill_row(seed, index as u64, r as u64, fill, &mut v);
+                    encode(&v)
+                })
+                .collect::<anyhow::Result<_>>()?;
+            for b in blocks {
+                sink(&b)?;
+            }
+            r0 = r1;
+        }
+        return Ok(());
+    }
+    let mut v = vec![0.0f32; chunk];
+    for r in 0..rows {
+        let mut g = RowFill::new(seed, index as u64, r as u64, fill);
+        let mut left = row_len;
+        while left > 0 {
+            let piece = &mut v[..left.min(chunk)];
+            g.next_values(piece);
+            sink(&encode(piece)?)?;
+            left -= piece.len();
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

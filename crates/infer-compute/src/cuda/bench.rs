@@ -2,11 +2,11 @@
 //! repetitions): quantized mat-vec bandwidth, device copy bandwidth (the memory floor) and the
 //! empty-launch time (the launch-overhead floor).
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
 use infer_quant::QuantFormat;
 
-use super::device::{dev_err, drv, launch_pdl, Device};
+use super::device::{capture_graph, drv, launch_pdl, Device};
 use super::{quant, CudaBackend};
 use crate::ComputeError;
 
@@ -28,9 +28,11 @@ impl KernelTime {
 
 const REPS: usize = 7;
 
-/// Median over [`REPS`] repetitions of `iters` calls of `f(i)`, timed with CUDA events.
+/// Median over [`REPS`] repetitions of `iters` calls of `f(i)` on `stream`, timed with CUDA
+/// events (after up to 16 untimed warm-up calls).
 fn time_events(
     dev: &Device,
+    stream: &CudaStream,
     iters: usize,
     mut f: impl FnMut(usize) -> Result<(), ComputeError>,
 ) -> Result<f64, ComputeError> {
@@ -43,11 +45,11 @@ fn time_events(
         let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
         let start = drv("create event", dev.ctx.new_event(flags))?;
         let end = drv("create event", dev.ctx.new_event(flags))?;
-        drv("record event", start.record(&dev.stream))?;
+        drv("record event", start.record(stream))?;
         for i in 0..iters {
             f(i)?;
         }
-        drv("record event", end.record(&dev.stream))?;
+        drv("record event", end.record(stream))?;
         drv("synchronize", end.synchronize())?;
         let ms = drv("elapsed time", start.elapsed_ms(&end))?;
         times.push(ms as f64 * 1e-3 / iters as f64);
@@ -55,6 +57,13 @@ fn time_events(
     times.sort_by(f64::total_cmp);
     Ok(times[REPS / 2])
 }
+
+/// One block of 32 threads: the empty kernels' launch shape.
+const ONE_WARP: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (32, 1, 1),
+    shared_mem_bytes: 0,
+};
 
 impl CudaBackend {
     /// Device time of [`quant_matvec`](crate::ComputeBackend::quant_matvec)'s device work
@@ -85,7 +94,7 @@ impl CudaBackend {
             .collect::<Result<_, _>>()?;
         quant::upload_x(dev, s, x)?;
         s.y.at_least(&dev.stream, rows)?;
-        let secs = time_events(dev, iters, |i| {
+        let secs = time_events(dev, &dev.stream, iters, |i| {
             quant::quantize_acts(dev, s, Some(format), 1, cols)?;
             quant::launch_mv(dev, s, format, &ws[i % copies], 1, rows, cols, 0)
         })?;
@@ -102,7 +111,7 @@ impl CudaBackend {
         let dev = &st.dev;
         let src = drv("allocate", dev.stream.alloc_zeros::<u8>(n.max(1)))?;
         let mut dst = drv("allocate", dev.stream.alloc_zeros::<u8>(n.max(1)))?;
-        let secs = time_events(dev, iters, |_| {
+        let secs = time_events(dev, &dev.stream, iters, |_| {
             drv("copy", dev.stream.memcpy_dtod(&src, &mut dst))
         })?;
         Ok(KernelTime {
@@ -119,42 +128,13 @@ impl CudaBackend {
         let dev = &st.dev;
         let n = n.max(1);
         let stream = drv("create a stream", dev.ctx.new_stream())?;
-        drv(
-            "begin graph capture",
-            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED),
-        )?;
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: `noop` takes no arguments.
-        let launched =
-            (0..n).try_for_each(|_| unsafe { launch_pdl(&stream, &dev.k.noop, cfg, &mut []) });
-        let graph = drv(
-            "end graph capture",
-            stream.end_capture(CUgraphInstantiate_flags(0)),
-        );
-        launched?;
-        let graph = graph?.ok_or_else(|| dev_err("graph capture recorded nothing"))?;
-        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let graph = capture_graph(&stream, || {
+            // SAFETY: `noop` takes no arguments.
+            (0..n).try_for_each(|_| unsafe { launch_pdl(&stream, &dev.k.noop, ONE_WARP, &mut []) })
+        })?;
         let replays = 10;
-        drv("replay", graph.launch())?;
-        let mut times = Vec::with_capacity(REPS);
-        for _ in 0..REPS {
-            let start = drv("create event", dev.ctx.new_event(flags))?;
-            let end = drv("create event", dev.ctx.new_event(flags))?;
-            drv("record event", start.record(&stream))?;
-            for _ in 0..replays {
-                drv("replay", graph.launch())?;
-            }
-            drv("record event", end.record(&stream))?;
-            drv("synchronize", end.synchronize())?;
-            let ms = drv("elapsed time", start.elapsed_ms(&end))?;
-            times.push(ms as f64 * 1e-3 / (replays * n) as f64);
-        }
-        times.sort_by(f64::total_cmp);
-        Ok(times[REPS / 2])
+        let per_replay = time_events(dev, &stream, replays, |_| drv("replay", graph.launch()))?;
+        Ok(per_replay / n as f64)
     }
 
     /// Seconds per launch of an empty kernel (one block of 32 threads): the launch-overhead
@@ -162,15 +142,10 @@ impl CudaBackend {
     pub fn time_empty_launch(&self, iters: usize) -> Result<f64, ComputeError> {
         let st = self.lock();
         let dev = &st.dev;
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        time_events(dev, iters, |_| {
+        time_events(dev, &dev.stream, iters, |_| {
             let mut b = dev.stream.launch_builder(&dev.k.noop);
             // SAFETY: `noop` takes no arguments.
-            drv("launch noop", unsafe { b.launch(cfg) }).map(|_| ())
+            drv("launch noop", unsafe { b.launch(ONE_WARP) }).map(|_| ())
         })
     }
 }

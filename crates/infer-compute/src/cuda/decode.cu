@@ -44,23 +44,24 @@ __device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
     return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
 }
 
-// x[0:h] = scale * E[token, 0:h] (f32 or f16 table); clears dec_argmax's best[0..2] for this
-// step. One block.
-extern "C" __global__ void dec_embed_f32(const float* E, const int* p, float* x, int h,
-                                         float scale, unsigned long long* best) {
+// x[0:h] = scale * E[token, 0:h] (f32 or f16 table: to_f32 of kernels.cu); clears
+// dec_argmax's best[0..2] for this step. One block.
+template <typename T>
+__device__ __forceinline__ void embed_row(const T* E, const int* p, float* x, int h, float scale,
+                                          unsigned long long* best) {
     pdl_trigger();
     pdl_wait();
     if (threadIdx.x < 2) best[threadIdx.x] = 0;
-    const float* row = E + (long long)p[0] * h;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) x[i] = row[i] * scale;
+    const T* row = E + (long long)p[0] * h;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) x[i] = to_f32(row[i]) * scale;
+}
+extern "C" __global__ void dec_embed_f32(const float* E, const int* p, float* x, int h,
+                                         float scale, unsigned long long* best) {
+    embed_row(E, p, x, h, scale, best);
 }
 extern "C" __global__ void dec_embed_f16(const u16* E, const int* p, float* x, int h,
                                          float scale, unsigned long long* best) {
-    pdl_trigger();
-    pdl_wait();
-    if (threadIdx.x < 2) best[threadIdx.x] = 0;
-    const u16* row = E + (long long)p[0] * h;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) x[i] = f16_to_f32(row[i]) * scale;
+    embed_row(E, p, x, h, scale, best);
 }
 
 // Residual + RMSNorm + quantization by one whole block (any size, a multiple of 32), n values:

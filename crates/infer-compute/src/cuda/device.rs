@@ -5,7 +5,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::ComputeError;
@@ -246,4 +247,23 @@ pub(super) unsafe fn launch_pdl(
         )
     };
     drv("launch a kernel", launched.result())
+}
+
+/// Record what `record` enqueues on `stream` into a CUDA graph (relaxed capture mode). Errors:
+/// `record`'s error (capture is ended first), a capture failure, or an empty capture.
+pub(super) fn capture_graph(
+    stream: &Arc<CudaStream>,
+    record: impl FnOnce() -> Result<(), ComputeError>,
+) -> Result<CudaGraph, ComputeError> {
+    drv(
+        "begin graph capture",
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED),
+    )?;
+    let recorded = record();
+    let graph = drv(
+        "end graph capture",
+        stream.end_capture(CUgraphInstantiate_flags(0)),
+    );
+    recorded?;
+    graph?.ok_or_else(|| dev_err("graph capture recorded nothing"))
 }

@@ -15,8 +15,9 @@ use super::State;
 use crate::backend::empty_product;
 use crate::{ComputeError, QuantProj};
 
-/// The kernel of weight format `format`, or `None` when the CUDA backend has none.
-fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
+/// The mat-vec kernel of weight format `format` and whether it reads Q8_K activations (else
+/// 32-value blocks), or `None` when the CUDA backend has none.
+pub(super) fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
     Some(match format {
         QuantFormat::Q4_0 => (&dev.k.mv_q4_0, false),
         QuantFormat::Q5_0 => (&dev.k.mv_q5_0, false),

@@ -64,6 +64,48 @@ mod ty {
     pub const F64: u32 = 12;
 }
 
+impl GgufValue {
+    /// ggml `enum gguf_type` id of this value (what the writer stores before it).
+    pub(super) fn type_id(&self) -> u32 {
+        match self {
+            GgufValue::U8(_) => ty::U8,
+            GgufValue::I8(_) => ty::I8,
+            GgufValue::U16(_) => ty::U16,
+            GgufValue::I16(_) => ty::I16,
+            GgufValue::U32(_) => ty::U32,
+            GgufValue::I32(_) => ty::I32,
+            GgufValue::F32(_) => ty::F32,
+            GgufValue::Bool(_) => ty::BOOL,
+            GgufValue::String(_) => ty::STRING,
+            GgufValue::Array(_) => ty::ARRAY,
+            GgufValue::U64(_) => ty::U64,
+            GgufValue::I64(_) => ty::I64,
+            GgufValue::F64(_) => ty::F64,
+        }
+    }
+}
+
+impl GgufArray {
+    /// ggml `enum gguf_type` id of the array's elements.
+    pub(super) fn type_id(&self) -> u32 {
+        match self {
+            GgufArray::U8(_) => ty::U8,
+            GgufArray::I8(_) => ty::I8,
+            GgufArray::U16(_) => ty::U16,
+            GgufArray::I16(_) => ty::I16,
+            GgufArray::U32(_) => ty::U32,
+            GgufArray::I32(_) => ty::I32,
+            GgufArray::F32(_) => ty::F32,
+            GgufArray::Bool(_) => ty::BOOL,
+            GgufArray::String(_) => ty::STRING,
+            GgufArray::Array(_) => ty::ARRAY,
+            GgufArray::U64(_) => ty::U64,
+            GgufArray::I64(_) => ty::I64,
+            GgufArray::F64(_) => ty::F64,
+        }
+    }
+}
+
 /// Smallest number of bytes one element of type `t` occupies in the file (for count checks).
 fn min_size(t: u32) -> Option<usize> {
     Some(match t {

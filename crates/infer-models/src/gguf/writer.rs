@@ -19,44 +19,6 @@ fn put_str(b: &mut Vec<u8>, s: &str) {
     b.extend_from_slice(s.as_bytes());
 }
 
-/// ggml `enum gguf_type` id of a value.
-fn value_type(v: &GgufValue) -> u32 {
-    match v {
-        GgufValue::U8(_) => 0,
-        GgufValue::I8(_) => 1,
-        GgufValue::U16(_) => 2,
-        GgufValue::I16(_) => 3,
-        GgufValue::U32(_) => 4,
-        GgufValue::I32(_) => 5,
-        GgufValue::F32(_) => 6,
-        GgufValue::Bool(_) => 7,
-        GgufValue::String(_) => 8,
-        GgufValue::Array(_) => 9,
-        GgufValue::U64(_) => 10,
-        GgufValue::I64(_) => 11,
-        GgufValue::F64(_) => 12,
-    }
-}
-
-/// ggml `enum gguf_type` id of an array's elements.
-fn array_type(a: &GgufArray) -> u32 {
-    match a {
-        GgufArray::U8(_) => 0,
-        GgufArray::I8(_) => 1,
-        GgufArray::U16(_) => 2,
-        GgufArray::I16(_) => 3,
-        GgufArray::U32(_) => 4,
-        GgufArray::I32(_) => 5,
-        GgufArray::F32(_) => 6,
-        GgufArray::Bool(_) => 7,
-        GgufArray::String(_) => 8,
-        GgufArray::Array(_) => 9,
-        GgufArray::U64(_) => 10,
-        GgufArray::I64(_) => 11,
-        GgufArray::F64(_) => 12,
-    }
-}
-
 fn put_value(b: &mut Vec<u8>, v: &GgufValue) {
     match v {
         GgufValue::U8(x) => b.push(*x),
@@ -77,7 +39,7 @@ fn put_value(b: &mut Vec<u8>, v: &GgufValue) {
 
 /// Element type, count, elements (a nested array element repeats the same layout).
 fn put_array(b: &mut Vec<u8>, a: &GgufArray) {
-    b.extend_from_slice(&array_type(a).to_le_bytes());
+    b.extend_from_slice(&a.type_id().to_le_bytes());
     b.extend_from_slice(&(a.len() as u64).to_le_bytes());
     fn each<T>(b: &mut Vec<u8>, v: &[T], f: impl Fn(&mut Vec<u8>, &T)) {
         for x in v {
@@ -175,7 +137,7 @@ pub fn encode_header(h: &GgufHeader, path: &Path) -> Result<Vec<u8>, ModelError>
     b.extend_from_slice(&(h.metadata.len() as u64).to_le_bytes());
     for (k, v) in &h.metadata {
         put_str(&mut b, k);
-        b.extend_from_slice(&value_type(v).to_le_bytes());
+        b.extend_from_slice(&v.type_id().to_le_bytes());
         put_value(&mut b, v);
     }
     for t in &h.tensors {

@@ -1,16 +1,15 @@
 //! Launching a decode step's kernels (`decode.cu`, and the quantizers of `kernels.cu`) on the
 //! decoder's stream, eagerly or into the CUDA graph, with optional timing events.
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
-use infer_quant::QuantFormat;
 
 use super::group::Group;
 use super::{
     ptr, CudaDecoder, DevLayer, DevWeight, WKind, A, ATT_THREADS, DEC_THREADS, RN_THREADS,
 };
-use crate::cuda::device::{dev_err, drv, int, launch_pdl, Device, ROWS_PER_BLOCK};
-use crate::cuda::quant::mv_grid;
+use crate::cuda::device::{capture_graph, dev_err, drv, int, launch_pdl, Device, ROWS_PER_BLOCK};
+use crate::cuda::quant::{self, mv_grid};
 use crate::ComputeError;
 
 impl CudaDecoder<'_> {
@@ -104,18 +103,11 @@ impl CudaDecoder<'_> {
         let cfg = mv_grid(w.rows, 1);
         match w.kind {
             WKind::Quant(format) => {
-                let (f, kq) = match format {
-                    QuantFormat::Q4_0 => (&dev.k.mv_q4_0, false),
-                    QuantFormat::Q5_0 => (&dev.k.mv_q5_0, false),
-                    QuantFormat::Q8_0 => (&dev.k.mv_q8_0, false),
-                    QuantFormat::Q4_K => (&dev.k.mv_q4_k, true),
-                    QuantFormat::Q6_K => (&dev.k.mv_q6_k, true),
-                    _ => {
-                        return Err(ComputeError::UnsupportedFormat {
-                            backend: "cuda".to_string(),
-                            format,
-                        })
-                    }
+                let Some((f, kq)) = quant::kernel(dev, format) else {
+                    return Err(ComputeError::UnsupportedFormat {
+                        backend: "cuda".to_string(),
+                        format,
+                    });
                 };
                 let a = if kq { &self.bufs.kq } else { &self.bufs.b32 };
                 let mut args = vec![A::P(w.ptr), A::P(self.p(&a.aq)), A::P(self.p(&a.ad))];
@@ -418,18 +410,8 @@ impl CudaDecoder<'_> {
 
     /// Capture [`Self::record`] into a graph (once).
     pub(super) fn capture(&mut self, dev: &Device) -> Result<(), ComputeError> {
-        drv(
-            "begin graph capture",
-            self.stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED),
-        )?;
-        let recorded = self.record(dev);
-        let graph = drv(
-            "end graph capture",
-            self.stream.end_capture(CUgraphInstantiate_flags(0)),
-        );
-        recorded?;
-        self.graph = Some(graph?.ok_or_else(|| dev_err("graph capture recorded nothing"))?);
+        let stream = self.stream.clone();
+        self.graph = Some(capture_graph(&stream, || self.record(dev))?);
         Ok(())
     }
 }

@@ -35,7 +35,7 @@ use super::device::{dev_err, drv, int};
 use super::quant::check;
 use super::{CudaBackend, State};
 use crate::ops::Activation;
-use crate::{Argmax, ComputeError, DecodePlan, PlanRows, PlanWeight, TokenDecoder};
+use crate::{Argmax, ComputeError, DecodePlan, PlanLayer, PlanRows, PlanWeight, TokenDecoder};
 
 /// Threads of the one-block kernels; `DEC_THREADS` in decode.cu.
 const DEC_THREADS: u32 = 256;
@@ -260,7 +260,6 @@ impl<'b> CudaDecoder<'b> {
             return Err(dev_err("decode: hidden_size 0"));
         }
         let stream = drv("create the decode stream", st.dev.ctx.new_stream())?;
-        let (mut max_cols, mut max_q) = (h, 0usize);
         let mut layers = Vec::with_capacity(plan.layers.len());
         for l in &plan.layers {
             let a = &l.attention;
@@ -276,8 +275,6 @@ impl<'b> CudaDecoder<'b> {
                 )));
             }
             let (qd, kvd, inter) = (a.n_q_heads * hd, a.n_kv_heads * hd, l.intermediate_size);
-            max_cols = max_cols.max(qd).max(inter);
-            max_q = max_q.max(a.n_q_heads);
             let (rot, interleaved, inv_freq) = match &l.rope {
                 Some(r) => {
                     let f = r.inv_freq();
@@ -352,24 +349,13 @@ impl<'b> CudaDecoder<'b> {
             },
         };
         let final_norm = vector(&mut st, Some(plan.final_norm), h)?;
-        let max_kvd = plan
-            .layers
-            .iter()
-            .map(|l| l.attention.n_kv_heads * l.attention.head_dim)
-            .max()
-            .unwrap_or(0);
-        let max_qd = plan
-            .layers
-            .iter()
-            .map(|l| l.attention.n_q_heads * l.attention.head_dim)
-            .max()
-            .unwrap_or(0);
-        let max_inter = plan
-            .layers
-            .iter()
-            .map(|l| l.intermediate_size)
-            .max()
-            .unwrap_or(0);
+        let widest = |f: fn(&PlanLayer<'_>) -> usize| plan.layers.iter().map(f).max().unwrap_or(0);
+        let max_kvd = widest(|l| l.attention.n_kv_heads * l.attention.head_dim);
+        let max_qd = widest(|l| l.attention.n_q_heads * l.attention.head_dim);
+        let max_inter = widest(|l| l.intermediate_size);
+        let max_q = widest(|l| l.attention.n_q_heads);
+        // The widest product input: hidden, attention output or intermediate.
+        let max_cols = h.max(max_qd).max(max_inter);
         let bufs = Bufs {
             p: zeros(&stream, 2)?,
             x: zeros(&stream, h)?,
