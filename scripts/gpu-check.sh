@@ -201,7 +201,9 @@ skel() {
     [[ -x "$infer" ]] || { echo "gpu-check: no $infer (cargo build --release)" >&2; exit 1; }
     mkdir -p "$GPU_DIR/skel"
     for g in "$@"; do
-        "$infer" synth --like "$g" --header-only -o "$GPU_DIR/skel/$(basename "$g")" --force
+        # synth never replaces a GGUF file: remove the old skeleton first.
+        rm -f "$GPU_DIR/skel/$(basename "$g")"
+        "$infer" synth --like "$g" --header-only -o "$GPU_DIR/skel/$(basename "$g")"
     done
     du -sh "$GPU_DIR/skel"/*
 }

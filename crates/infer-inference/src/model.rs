@@ -175,7 +175,8 @@ fn compute_scaling(s: Option<RopeScaling>) -> ComputeRopeScaling {
 /// Everything the forward pass needs to know about layer `l`, from the architecture.
 pub fn layer_geometry(arch: &dyn ModelArchitecture, l: usize) -> LayerGeometry {
     let head_dim = arch.head_dim_for_layer(l);
-    let rotary_dim = ((arch.rotary_fraction_for_layer(l) * head_dim as f64) as usize) & !1;
+    // The formula the config check validated (even, ≥ 2, ≤ head_dim for RoPE families).
+    let rotary_dim = infer_models::config::rotary_dim(head_dim, arch.rotary_fraction_for_layer(l));
     let rope = (!arch.has_learned_positions()).then(|| RopeConfig {
         head_dim,
         rotary_dim,

@@ -9,6 +9,8 @@ mod json;
 mod rope;
 pub(crate) mod validate;
 
+pub use validate::rotary_dim;
+
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};

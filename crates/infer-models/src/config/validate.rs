@@ -17,11 +17,12 @@ pub(crate) struct PositionFields {
     pub theta: String,
 }
 
-/// Rotated leading dimensions of each head: `floor(head_dim · partial_rotary_factor)` as HF
-/// computes `int(head_dim * partial_rotary_factor)` (a tiny epsilon absorbs the f64 error of
-/// factors such as `32 / 80`).
-pub(crate) fn rotary_dim(cfg: &ModelConfig) -> usize {
-    let x = cfg.head_dim as f64 * cfg.partial_rotary_factor;
+/// Rotated leading dimensions of each head: `floor(head_dim · fraction)` as HF computes
+/// `int(head_dim * partial_rotary_factor)` (a tiny epsilon absorbs the f64 error of factors
+/// such as `32 / 80`, or a GGUF `rope.dimension_count / head_dim`); 0 for a non-finite or
+/// non-positive fraction. The one formula of the config check and the forward pass.
+pub fn rotary_dim(head_dim: usize, fraction: f64) -> usize {
+    let x = head_dim as f64 * fraction;
     if x.is_finite() && x > 0.0 {
         (x + 1e-9).floor() as usize
     } else {
@@ -59,7 +60,7 @@ pub(crate) fn check_positions(
     if Family::from_model_type(&cfg.model_type) == Some(Family::Gpt2) {
         return Ok(()); // learned absolute positions, no RoPE
     }
-    let d = rotary_dim(cfg);
+    let d = rotary_dim(cfg.head_dim, cfg.partial_rotary_factor);
     if d < 2 || d % 2 != 0 || d > cfg.head_dim {
         return Err(bad(
             &names.rotary,
@@ -79,4 +80,19 @@ pub(crate) fn check_positions(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rotary_dim;
+
+    #[test]
+    fn rotary_dim_absorbs_the_f64_error_of_a_stored_fraction() {
+        // GGUF stores rope.dimension_count; the config keeps it as d / head_dim.
+        for (d, hd) in [(30usize, 44usize), (32, 80), (64, 64), (24, 96)] {
+            assert_eq!(rotary_dim(hd, d as f64 / hd as f64), d, "{d}/{hd}");
+        }
+        assert_eq!(rotary_dim(64, 0.0), 0);
+        assert_eq!(rotary_dim(64, f64::NAN), 0);
+    }
 }
