@@ -36,6 +36,13 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Sequences run at once (llama-batched-bench's `-npl`): B prompts of `-p` tokens are
+    /// prefilled in batched steps, then every step decodes one token of each of the B
+    /// sequences (continuing after its prompt), `-n` steps; aggregate and per-sequence
+    /// tokens/s are reported. 1 (the default): the llama-bench protocol above (decode from an
+    /// empty context).
+    #[arg(short = 'B', long = "batch", default_value_t = 1)]
+    pub batch: usize,
     /// With a device decoder (`--device cuda`): also run one decode step kernel by kernel with
     /// timing events and print the device time per kernel kind.
     #[arg(long)]
@@ -94,6 +101,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .build_global()
             .context("setting up the thread pool")?;
     }
+    if args.batch == 0 || args.batch > 4096 {
+        bail!("--batch {}: must be between 1 and 4096", args.batch);
+    }
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
     let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
@@ -113,6 +123,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .map(|i| ((i * 2654435761 + 12345) % vocab) as u32)
         .collect();
 
+    if args.batch > 1 {
+        return batched(&args, &model, &*backend, &ids, ctx);
+    }
     let mut runner = TokenRunner::new(&model, &*backend, ctx, !args.device.host_loop)?;
     let decode = crate::device_args::decode_mode(&runner, &args.device);
     if args.profile && !runner.on_device() {
@@ -220,6 +233,128 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             println!("peak RSS {:.1} MB", r as f64 / 1e6);
         }
         print_profile(&profile, args.n_gen, tg_med);
+    }
+    Ok(())
+}
+
+/// Most prompt tokens in one prefill step of `--batch` (llama-batched-bench's `-b 2048`):
+/// bounds the step's activation buffers.
+const MAX_STEP_TOKENS: usize = 2048;
+
+/// `--batch B`: B prompts of `-p` tokens prefilled in steps of at most [`MAX_STEP_TOKENS`]
+/// tokens (whole prompts), then `-n` steps each decoding one greedy token of every sequence
+/// after its prompt, llama-batched-bench style. Reports the medians of aggregate prefill and
+/// decode tokens/s (all sequences) and decode tokens/s per sequence.
+fn batched(
+    args: &BenchArgs,
+    model: &infer_inference::Model<'_>,
+    backend: &dyn infer_compute::ComputeBackend,
+    ids: &[u32],
+    ctx: usize,
+) -> anyhow::Result<()> {
+    use infer_inference::forward::{BatchBuffers, BatchSeq};
+    let b = args.batch;
+    let vocab = model.vocab_size;
+    // Every sequence gets its own prompt (rotated ids), as the server would see.
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|i| {
+            let n = args.n_prompt.max(1);
+            (0..n).map(|j| ids[(i * 7 + j) % ids.len()]).collect()
+        })
+        .collect();
+    let per_step = (MAX_STEP_TOKENS / args.n_prompt.max(1)).max(1);
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    let mut bufs = BatchBuffers::default();
+    let mut logits = Vec::new();
+    for _ in 0..args.repetitions {
+        let mut caches: Vec<_> = (0..b).map(|_| model.new_cache(ctx)).collect();
+        let t0 = Instant::now();
+        for (group, prompts) in caches.chunks_mut(per_step).zip(prompts.chunks(per_step)) {
+            let mut seqs: Vec<BatchSeq<'_>> = group
+                .iter_mut()
+                .zip(prompts)
+                .map(|(cache, p)| BatchSeq {
+                    tokens: if args.n_prompt == 0 { &p[..1] } else { p },
+                    cache,
+                    logits: Logits::Last,
+                })
+                .collect();
+            model.forward_batch(backend, &mut seqs, &mut bufs, &mut logits)?;
+        }
+        if args.n_prompt > 0 {
+            pp.push((b * args.n_prompt) as f64 / t0.elapsed().as_secs_f64());
+        }
+        if args.n_gen == 0 {
+            continue;
+        }
+        // The last prefill group's logits give its next tokens; the others start from a
+        // fixed id (the tokens only need to be valid).
+        let mut next: Vec<u32> = vec![ids[0]; b];
+        let t1 = Instant::now();
+        for _ in 0..args.n_gen {
+            let mut seqs: Vec<BatchSeq<'_>> = caches
+                .iter_mut()
+                .zip(next.chunks(1))
+                .map(|(cache, tok)| BatchSeq {
+                    tokens: tok,
+                    cache,
+                    logits: Logits::Last,
+                })
+                .collect();
+            model.forward_batch(backend, &mut seqs, &mut bufs, &mut logits)?;
+            for (n, row) in next.iter_mut().zip(logits.chunks_exact(vocab)) {
+                *n = infer_inference::sampling::argmax(row);
+            }
+        }
+        tg.push((b * args.n_gen) as f64 / t1.elapsed().as_secs_f64());
+    }
+    let threads = rayon::current_num_threads();
+    let pp_med = (!pp.is_empty()).then(|| median(pp));
+    let tg_med = (!tg.is_empty()).then(|| median(tg));
+    let name = args.vindex.display().to_string();
+    if args.json {
+        let j = serde_json::json!({
+            "vindex": name,
+            "model_type": model.arch.config().model_type,
+            "threads": threads,
+            "device": args.device.device.to_string(),
+            "batch": b,
+            "n_prompt": args.n_prompt,
+            "n_gen": args.n_gen,
+            "repetitions": args.repetitions,
+            "pp_tokens_per_s": pp_med,
+            "tg_tokens_per_s": tg_med,
+            "tg_tokens_per_s_per_sequence": tg_med.map(|t| t / b as f64),
+            "weight_bytes_per_token": model.weight_bytes_per_token(),
+            "peak_rss_bytes": peak_rss_bytes(),
+        });
+        crate::print_stdout(&format!("{j}\n"));
+    } else {
+        println!(
+            "batched forward: {b} sequences per step on {}",
+            backend.name()
+        );
+        println!(
+            "| vindex | threads | B | test | tokens/s (all sequences) | tokens/s per sequence |"
+        );
+        println!("|---|---|---|---|---|---|");
+        if let Some(v) = pp_med {
+            let per = v / b as f64;
+            println!(
+                "| {name} | {threads} | {b} | pp{} | {v:.2} | {per:.2} |",
+                args.n_prompt
+            );
+        }
+        if let Some(v) = tg_med {
+            let per = v / b as f64;
+            println!(
+                "| {name} | {threads} | {b} | tg{} | {v:.2} | {per:.2} |",
+                args.n_gen
+            );
+        }
+        if let Some(r) = peak_rss_bytes() {
+            println!("peak RSS {:.1} MB", r as f64 / 1e6);
+        }
     }
     Ok(())
 }

@@ -32,6 +32,97 @@ enum Capture<'c> {
     FfnInputs(&'c mut Vec<Vec<f32>>),
 }
 
+/// One sequence's part of a [`Model::forward_batch`] step.
+pub struct BatchSeq<'b> {
+    /// Token ids run at positions `cache.len()..`: a prompt chunk or one decode token.
+    pub tokens: &'b [u32],
+    /// This sequence's KV cache (its slot); advanced by `tokens.len()` on success.
+    pub cache: &'b mut KvCache,
+    /// Which of its logits the step returns.
+    pub logits: Logits,
+}
+
+impl BatchSeq<'_> {
+    /// Rows of `[vocab]` logits this sequence contributes to the step's output: 1 for
+    /// [`Logits::Last`], `tokens.len()` for [`Logits::All`].
+    pub fn logit_rows(&self) -> usize {
+        match self.logits {
+            Logits::Last => 1,
+            Logits::All => self.tokens.len(),
+        }
+    }
+}
+
+/// Activation buffers reused by [`Model::forward_batch`] across steps (so that a step of the
+/// same or a smaller batch allocates nothing in this crate).
+#[derive(Debug, Default)]
+pub struct BatchBuffers {
+    scratch: Scratch,
+}
+
+/// Where the rows of one sequence sit in a batch step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span {
+    /// First row of the sequence in the batch's `[R, width]` buffers.
+    pub(crate) row0: usize,
+    /// Its number of rows (tokens).
+    pub(crate) rows: usize,
+}
+
+/// The state of one forward pass over a batch.
+struct Pass<'p, 'b, 'c> {
+    backend: &'p dyn ComputeBackend,
+    seqs: &'p mut [BatchSeq<'b>],
+    s: &'p mut Scratch,
+    capture: Capture<'c>,
+}
+
+impl Pass<'_, '_, '_> {
+    /// Check every sequence (tokens present, room in its cache) and lay out the batch's rows:
+    /// token ids, absolute positions and each sequence's [`Span`].
+    fn plan_rows(&mut self) -> Result<(), InferenceError> {
+        if self.seqs.is_empty() {
+            return Err(InferenceError::EmptyInput);
+        }
+        let s = &mut *self.s;
+        s.tokens.clear();
+        s.positions.clear();
+        s.spans.clear();
+        for q in self.seqs.iter() {
+            if q.tokens.is_empty() {
+                return Err(InferenceError::EmptyInput);
+            }
+            q.cache.check_room(q.tokens.len())?;
+            let start = q.cache.len();
+            s.spans.push(Span {
+                row0: s.tokens.len(),
+                rows: q.tokens.len(),
+            });
+            s.tokens.extend_from_slice(q.tokens);
+            s.positions.extend(start..start + q.tokens.len());
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f` on a worker of rayon's current pool. Called from a thread outside the pool (the
+/// CLI's main thread), every parallel product would otherwise be injected into the pool and
+/// the caller put to sleep on a latch until it is done: two futex wake-ups per product, ~120
+/// per decoded token. Entering the pool once per forward pass makes the nested parallel
+/// regions plain work-stealing joins.
+fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_num_threads() <= 1 || rayon::current_thread_index().is_some() {
+        f()
+    } else {
+        let mut out = None;
+        rayon::scope(|_| out = Some(f()));
+        match out {
+            Some(r) => r,
+            None => unreachable!("rayon::scope runs its closure"),
+        }
+    }
+}
+
 impl Model<'_> {
     /// KV-dim of every layer, to size a [`KvCache`].
     pub fn kv_dims(&self) -> Vec<usize> {
@@ -141,11 +232,40 @@ impl Model<'_> {
         Ok((logits, inputs))
     }
 
-    /// Runs [`Model::forward_body`] on a worker of rayon's current pool. Called from a thread
-    /// outside the pool (the CLI's main thread), every parallel product would otherwise be
-    /// injected into the pool and the caller put to sleep on a latch until it is done: two
-    /// futex wake-ups per product, ~120 per decoded token. Entering the pool once per forward
-    /// pass makes the nested parallel regions plain work-stealing joins.
+    /// One step for a batch of sequences: each [`BatchSeq`] runs its `tokens` (a prompt chunk,
+    /// or one decode token) at positions `cache.len()..` of its own cache, and the steps of
+    /// prefilling and decoding sequences mix freely. The matrix products see every row of the
+    /// batch at once (each weight matrix is read once per step for all sequences); RoPE uses
+    /// each row's own position and attention runs per sequence against its own cache.
+    ///
+    /// `logits` is resized to the concatenation, in batch order, of each sequence's logits:
+    /// `[vocab]` for [`Logits::Last`], `[T_i, vocab]` for [`Logits::All`]
+    /// ([`BatchSeq::logit_rows`] rows each). Each sequence's logits equal those of the same
+    /// sequence run alone through [`Model::forward`] up to the summation order of the
+    /// products (the quantized kernels are row-independent, so they are bit-identical there).
+    ///
+    /// Errors (checked before any cache is written): an empty batch or a sequence without
+    /// tokens ([`InferenceError::EmptyInput`]), a token id outside the vocabulary, a sequence
+    /// whose cache has no room for its tokens; and backend failures. On error no cache has
+    /// advanced (rows past a cache's length may have been overwritten).
+    pub fn forward_batch(
+        &self,
+        backend: &dyn ComputeBackend,
+        seqs: &mut [BatchSeq<'_>],
+        bufs: &mut BatchBuffers,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), InferenceError> {
+        let mut pass = Pass {
+            backend,
+            seqs,
+            s: &mut bufs.scratch,
+            capture: Capture::Nothing,
+        };
+        in_pool(|| self.forward_body(&mut pass, logits))
+    }
+
+    /// A pass of one sequence through [`Model::forward_body`] with the cache's own scratch
+    /// buffers.
     fn forward_inner(
         &self,
         backend: &dyn ComputeBackend,
@@ -158,45 +278,41 @@ impl Model<'_> {
         // The scratch buffers leave the cache for the pass (a move, no allocation) so that
         // the cache can be written while they are borrowed; they are put back even on error.
         let mut s = std::mem::take(&mut cache.scratch);
-        let r = if rayon::current_num_threads() <= 1 || rayon::current_thread_index().is_some() {
-            self.forward_body(backend, tokens, cache, &mut s, which, capture, logits)
-        } else {
-            rayon::scope(|_| {
-                self.forward_body(backend, tokens, cache, &mut s, which, capture, logits)
-            })
+        let mut seqs = [BatchSeq {
+            tokens,
+            cache,
+            logits: which,
+        }];
+        let mut pass = Pass {
+            backend,
+            seqs: &mut seqs,
+            s: &mut s,
+            capture,
         };
-        cache.scratch = s;
+        let r = in_pool(|| self.forward_body(&mut pass, logits));
+        seqs[0].cache.scratch = s;
         r
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The forward pass of a batch: embeddings, every layer, final norm and output projection
+    /// of the rows whose logits are asked for.
     fn forward_body(
         &self,
-        backend: &dyn ComputeBackend,
-        tokens: &[u32],
-        cache: &mut KvCache,
-        s: &mut Scratch,
-        which: Logits,
-        mut capture: Capture<'_>,
+        p: &mut Pass<'_, '_, '_>,
         logits: &mut Vec<f32>,
     ) -> Result<(), InferenceError> {
-        if tokens.is_empty() {
-            return Err(InferenceError::EmptyInput);
-        }
-        cache.check_room(tokens.len())?;
-        let t = tokens.len();
         let h = self.hidden_size;
-        let start = cache.len();
-        s.positions.clear();
-        s.positions.extend(start..start + t);
-
-        self.embed(tokens, &s.positions, &mut s.x)?;
-        if let Capture::Hidden(hs) = &mut capture {
-            hs.push(s.x.clone());
+        p.plan_rows()?;
+        let s = &mut *p.s;
+        self.embed(&s.tokens, &s.positions, &mut s.x)?;
+        if let Capture::Hidden(hs) = &mut p.capture {
+            hs.push(p.s.x.clone());
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(backend, layer, l, s, cache)?;
-            match &mut capture {
+            self.layer_forward(p, layer, l)?;
+            let s = &*p.s;
+            let t = s.positions.len();
+            match &mut p.capture {
                 Capture::Nothing => {}
                 Capture::Hidden(hs) => hs.push(s.x.clone()),
                 Capture::FfnInputs(inputs) => {
@@ -211,11 +327,29 @@ impl Model<'_> {
                 }
             }
         }
-        cache.advance(t);
+        for seq in p.seqs.iter_mut() {
+            seq.cache.advance(seq.tokens.len());
+        }
 
-        let rows = match which {
-            Logits::Last => &s.x[(t - 1) * h..],
-            Logits::All => &s.x[..],
+        // The rows whose logits are asked for: all of them, one sequence's last row (both
+        // read in place), or gathered into `tmp`.
+        let s = &mut *p.s;
+        let all = p.seqs.iter().all(|q| q.logits == Logits::All);
+        let rows: &[f32] = if all {
+            &s.x
+        } else if let [only] = &p.seqs[..] {
+            let t = only.tokens.len();
+            &s.x[(t - 1) * h..]
+        } else {
+            s.tmp.clear();
+            for (q, span) in p.seqs.iter().zip(&s.spans) {
+                let r = match q.logits {
+                    Logits::All => span.row0..span.row0 + span.rows,
+                    Logits::Last => span.row0 + span.rows - 1..span.row0 + span.rows,
+                };
+                s.tmp.extend_from_slice(&s.x[r.start * h..r.end * h]);
+            }
+            &s.tmp
         };
         let n_rows = rows.len() / h;
         let normed = fit(&mut s.normed, rows.len());
@@ -227,14 +361,15 @@ impl Model<'_> {
             self.norm_eps(),
             self.norm_offset(),
         );
-        if let Capture::Hidden(hs) = capture {
-            if which == Logits::All {
+        if let Capture::Hidden(hs) = &mut p.capture {
+            if all {
                 if let Some(last) = hs.last_mut() {
                     last.clear();
                     last.extend_from_slice(normed);
                 }
             }
         }
+        let backend = p.backend;
         let logits = fit(logits, n_rows * self.vocab_size);
         match &self.lm_head {
             Some(w) => matmul_weight(backend, w, normed, n_rows, h, self.vocab_size, logits)?,
@@ -265,8 +400,8 @@ impl Model<'_> {
         self.arch.norm_weight_offset()
     }
 
-    /// Token (and learned position) embeddings times the embedding scale, into `x`:
-    /// `[T, hidden]`.
+    /// Token (and learned position) embeddings times the embedding scale of every row of the
+    /// batch (`tokens[r]` at `positions[r]`), into `x`: `[R, hidden]`.
     fn embed(
         &self,
         tokens: &[u32],
@@ -303,18 +438,18 @@ impl Model<'_> {
         Ok(())
     }
 
-    /// One block on the residual stream `s.x` `[T, hidden]` at positions `s.positions`.
+    /// One block on the residual stream `s.x` `[R, hidden]` (the rows of every sequence of
+    /// the batch) at positions `s.positions`.
     fn layer_forward(
         &self,
-        backend: &dyn ComputeBackend,
+        p: &mut Pass<'_, '_, '_>,
         layer: &FullPipelineLayer<'_>,
         l: usize,
-        s: &mut Scratch,
-        cache: &mut KvCache,
     ) -> Result<(), InferenceError> {
+        let backend = p.backend;
+        let s = &mut *p.s;
         let g = &layer.geometry;
-        let positions = &s.positions[..];
-        let t = positions.len();
+        let t = s.positions.len();
         let (ty, eps, off) = (g.norm_type, g.eps, g.norm_offset);
         maybe_norm(
             layer.pre_attn_norm.as_ref(),
@@ -341,13 +476,10 @@ impl Model<'_> {
             }
         }
         if let Some(rope) = &g.rope {
-            infer_compute::apply_rope(&mut s.q, g.num_q_heads, positions, rope);
-            infer_compute::apply_rope(&mut s.k, g.num_kv_heads, positions, rope);
+            infer_compute::apply_rope(&mut s.q, g.num_q_heads, &s.positions, rope);
+            infer_compute::apply_rope(&mut s.k, g.num_kv_heads, &s.positions, rope);
         }
-        let (k_all, v_all) = cache.write(l, &s.k, &s.v)?;
-        let t_kv = positions[0] + t;
-        let attn = fit(&mut s.attn, t * g.q_dim());
-        infer_compute::attention(&s.q, k_all, v_all, positions, t_kv, &g.attention, attn);
+        attend(p.seqs, s, l, g)?;
         project(backend, &layer.wo, &s.attn, t, &mut s.attn_out)?;
         if let Some(n) = &layer.post_attn_norm {
             maybe_norm(Some(n), &s.attn_out, ty, eps, off, &mut s.tmp);
@@ -525,6 +657,62 @@ fn moe_ffn(
         }
     }
     out
+}
+
+/// Store each sequence's new K/V rows of layer `l` in its cache and run its query rows
+/// against its cache, into `s.attn` `[R, q_dim]`. Several sequences run in parallel (each
+/// attention call parallelises over heads by itself only at long contexts).
+fn attend(
+    seqs: &mut [BatchSeq<'_>],
+    s: &mut Scratch,
+    l: usize,
+    g: &crate::LayerGeometry,
+) -> Result<(), InferenceError> {
+    let (qd, kvd) = (g.q_dim(), g.kv_dim());
+    let Scratch {
+        q,
+        k,
+        v,
+        attn,
+        positions,
+        spans,
+        ..
+    } = s;
+    let attn = fit(attn, positions.len() * qd);
+    let one = |seq: &mut BatchSeq<'_>, span: &Span, out: &mut [f32]| {
+        let r = span.row0..span.row0 + span.rows;
+        let start = seq.cache.len();
+        let (k_all, v_all) = seq.cache.write(
+            l,
+            &k[r.start * kvd..r.end * kvd],
+            &v[r.start * kvd..r.end * kvd],
+        )?;
+        infer_compute::attention(
+            &q[r.start * qd..r.end * qd],
+            k_all,
+            v_all,
+            &positions[r],
+            start + span.rows,
+            &g.attention,
+            out,
+        );
+        Ok::<(), InferenceError>(())
+    };
+    if let ([seq], [span]) = (&mut seqs[..], &spans[..]) {
+        return one(seq, span, attn);
+    }
+    let mut outs = Vec::with_capacity(spans.len());
+    let mut rest = &mut attn[..];
+    for span in spans.iter() {
+        let (head, tail) = rest.split_at_mut(span.rows * qd);
+        outs.push(head);
+        rest = tail;
+    }
+    use rayon::prelude::*;
+    seqs.par_iter_mut()
+        .zip(spans.par_iter())
+        .zip(outs.into_par_iter())
+        .try_for_each(|((seq, span), out)| one(seq, span, out))
 }
 
 fn residual_add(x: &mut [f32], branch: &[f32], mult: f32) {

@@ -6,8 +6,12 @@
 /// only allocates when a batch is larger than any before it.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
-    /// Positions `start..start+T` of the batch.
+    /// Token id of each row of the batch `[R]` (every sequence's tokens, in batch order).
+    pub(crate) tokens: Vec<u32>,
+    /// Absolute position of each row `[R]`.
     pub(crate) positions: Vec<usize>,
+    /// Where each sequence's rows are.
+    pub(crate) spans: Vec<crate::forward::Span>,
     /// Residual stream `[T, hidden]`.
     pub(crate) x: Vec<f32>,
     /// Pre-attention norm output `[T, hidden]`.
