@@ -1,7 +1,9 @@
-//! The [`ComputeBackend`] trait: the matrix products of a forward pass, behind one interface
-//! so a CPU, a quantized and a CUDA implementation are interchangeable.
+//! The [`ComputeBackend`] trait: the operations of a forward pass — matrix products (float and
+//! quantized), norms, RoPE, attention, activations, residuals, embedding lookup and argmax —
+//! behind one interface, so that one block description runs on a CPU or a CUDA implementation.
 
-use crate::ComputeError;
+use crate::ops::Activation;
+use crate::{Argmax, AttentionParams, ComputeError, FloatTable, RopeConfig};
 use half::f16;
 use infer_quant::QuantFormat;
 
@@ -202,6 +204,92 @@ pub trait ComputeBackend: Send + Sync {
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
         crate::q8_split::q8_matmul(values, scales, x, m, rows, cols, y)
+    }
+
+    /// Normalise every row of `x` (`[R, width]`, `width = norm.weight.len()`) into `out`
+    /// (same shape, fully overwritten): RMSNorm or LayerNorm as [`NormKind`] says. Errors
+    /// ([`ComputeError::ShapeMismatch`]): `x` not whole rows, `out` or the bias of another
+    /// length; device failures. The default (the CPU's): [`crate::ops::rms_norm`] /
+    /// [`crate::ops::layer_norm`].
+    ///
+    /// [`NormKind`]: crate::NormKind
+    fn norm(&self, norm: &crate::Norm<'_>, x: &[f32], out: &mut [f32]) -> Result<(), ComputeError> {
+        crate::host_ops::norm(norm, x, out)
+    }
+
+    /// [`norm`](Self::norm) in place (per-head q/k norms over `[R · heads, head_dim]`).
+    fn norm_inplace(&self, norm: &crate::Norm<'_>, x: &mut [f32]) -> Result<(), ComputeError> {
+        crate::host_ops::norm_inplace(norm, x)
+    }
+
+    /// Rotary position embedding in place on `x` `[R, n_heads · head_dim]`, row `r` rotated
+    /// for absolute position `positions[r]` (every row its own position: rows of several
+    /// sequences in one batch). Errors: `x` not `positions.len() · n_heads · cfg.head_dim`
+    /// values; device failures. The default: [`crate::apply_rope`].
+    fn rope(
+        &self,
+        x: &mut [f32],
+        n_heads: usize,
+        positions: &[usize],
+        cfg: &RopeConfig,
+    ) -> Result<(), ComputeError> {
+        crate::host_ops::rope(x, n_heads, positions, cfg)
+    }
+
+    /// Causal attention of one sequence's query rows over its KV cache (prefill chunk or
+    /// decode row; GQA/MQA, sliding window, soft-cap per `params`), into `out`
+    /// `[t_q, n_q_heads · head_dim]`. Numerics and masking: [`crate::attention`]. Errors:
+    /// shapes that disagree, heads that do not divide, a query position not below `t_kv`;
+    /// device failures.
+    fn attention(
+        &self,
+        input: &crate::AttentionInput<'_>,
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        crate::host_ops::attention(input, params, out)
+    }
+
+    /// Gated FFN combination `up[i] = act(gate[i]) · up[i]`
+    /// ([`crate::ops::gated_mul_fast`]'s numerics). Errors: lengths differ; device failures.
+    fn gated_activation(
+        &self,
+        act: Activation,
+        gate: &[f32],
+        up: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        crate::host_ops::gated_activation(act, gate, up)
+    }
+
+    /// `x[i] = act(x[i])` ([`crate::ops::act_fast_inplace`]). Errors: device failures.
+    fn activation(&self, act: Activation, x: &mut [f32]) -> Result<(), ComputeError> {
+        crate::ops::act_fast_inplace(act, x);
+        Ok(())
+    }
+
+    /// Residual update `x += alpha · y` (`alpha` 1 for most models, Granite's
+    /// `residual_multiplier`). Errors: lengths differ; device failures.
+    fn add_scaled(&self, x: &mut [f32], y: &[f32], alpha: f32) -> Result<(), ComputeError> {
+        crate::host_ops::add_scaled(x, y, alpha)
+    }
+
+    /// Embedding lookup: row `ids[r]` of `table` (`[rows, width]`, `width = out.len() /
+    /// ids.len()`) times `scale`, widened to f32, into row `r` of `out`. Errors: an id not
+    /// below the table's rows, `out` not whole rows; device failures.
+    fn embed(
+        &self,
+        table: FloatTable<'_>,
+        ids: &[u32],
+        scale: f32,
+        out: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        crate::host_ops::embed(table, ids, scale, out)
+    }
+
+    /// Greedy choice over `logits` `[vocab]`: the largest finite value, ties to the smaller
+    /// id, and whether every value was finite. Errors: empty logits; device failures.
+    fn argmax(&self, logits: &[f32]) -> Result<Argmax, ComputeError> {
+        crate::host_ops::argmax(logits)
     }
 
     /// A device-resident whole-token decoder for `plan` (the seed's `decode_token`): weights,

@@ -15,7 +15,7 @@ use half::f16;
 use infer_quant::QuantFormat;
 
 use crate::ops::Activation;
-use crate::{AttentionParams, ComputeError, RopeConfig};
+use crate::{Argmax, AttentionParams, ComputeError, FloatTable, RopeConfig};
 
 /// A weight matrix `[rows, cols]` (HF Linear layout: one output feature per row).
 #[derive(Clone, Copy, Debug)]
@@ -28,13 +28,6 @@ pub enum PlanWeight<'a> {
     /// f32 values, `rows · cols`.
     F32(&'a [f32]),
     /// f16 values, `rows · cols`.
-    F16(&'a [f16]),
-}
-
-/// A float table `[rows, cols]` (token embeddings), f32 or f16 as stored.
-#[derive(Clone, Copy, Debug)]
-pub enum PlanRows<'a> {
-    F32(&'a [f32]),
     F16(&'a [f16]),
 }
 
@@ -79,7 +72,7 @@ pub struct DecodePlan<'a> {
     pub hidden_size: usize,
     pub vocab_size: usize,
     /// Token embeddings `[vocab, hidden]`, multiplied by `embedding_scale` when read.
-    pub embeddings: PlanRows<'a>,
+    pub embeddings: FloatTable<'a>,
     pub embedding_scale: f32,
     pub layers: Vec<PlanLayer<'a>>,
     /// `[hidden]`, with the layers' `eps` and `norm_offset` convention (`final_eps`,
@@ -95,15 +88,6 @@ pub struct DecodePlan<'a> {
     pub final_softcap: Option<f32>,
     /// Positions the device KV cache holds (the context size).
     pub context: usize,
-}
-
-/// The greedy choice of [`TokenDecoder::step_argmax`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Argmax {
-    /// Id of the largest finite logit (ties → the smaller id).
-    pub token: u32,
-    /// False when some logit is NaN or ±infinite (those take no part in the choice).
-    pub all_finite: bool,
 }
 
 /// A model resident on a device, decoding one token per [`TokenDecoder::step`] with its own

@@ -22,8 +22,8 @@ use half::f16;
 use infer_compute::cuda::CudaBackend;
 use infer_compute::ops::Activation;
 use infer_compute::{
-    AttentionParams, ComputeBackend, ComputeError, CpuBackend, DecodePlan, Isa, PlanLayer,
-    PlanRows, PlanWeight, QuantFormat,
+    AttentionParams, ComputeBackend, ComputeError, CpuBackend, DecodePlan, FloatTable, Isa,
+    PlanLayer, PlanWeight, QuantFormat,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -383,7 +383,7 @@ fn zero_layer_plan<'a>(
     DecodePlan {
         hidden_size: h,
         vocab_size: embeddings.len() / h,
-        embeddings: PlanRows::F32(embeddings),
+        embeddings: FloatTable::F32(embeddings),
         embedding_scale: 1.0,
         layers: vec![layer],
         final_norm,
@@ -703,4 +703,14 @@ fn kernels_compile_with_nvrtc() {
         .unwrap_or_else(|e| panic!("{e} (scripts/fetch-nvrtc.sh fetches it)"));
     assert!(ptx > 10_000, "PTX of {ptx} bytes");
     println!("kernels.cu + decode.cu: {ptx} bytes of PTX for compute_90");
+}
+
+mod common;
+
+/// The whole operations (norms, RoPE, attention, activations, residual, embedding, argmax) of
+/// the CUDA backend against the same scalar references as the CPU's (`tests/backend_ops.rs`).
+#[test]
+#[ignore]
+fn cuda_backend_operations_match_scalar_references() {
+    common::ops_parity::check_backend_ops(&gpu());
 }

@@ -5,12 +5,12 @@
 //! it writes are uploaded to the device cache before the next device step, and rows the device
 //! wrote are copied back before the next host pass, so both caches agree wherever they are read.
 
-use infer_compute::{ComputeBackend, DecodePlan, PlanLayer, PlanRows, PlanWeight, TokenDecoder};
+use infer_compute::{ComputeBackend, DecodePlan, PlanLayer, PlanWeight, TokenDecoder};
 use infer_models::{Activation, FfnType, NormType};
 
 use crate::forward::Logits;
 use crate::layer::Ffn;
-use crate::layer::{FloatRows, Linear, NormWeights, QuantWeight, WeightData};
+use crate::layer::{Linear, NormWeights, QuantWeight, WeightData};
 use crate::{InferenceError, KvCache, Model};
 
 impl Model<'_> {
@@ -86,10 +86,7 @@ impl Model<'_> {
         Ok(DecodePlan {
             hidden_size: self.hidden_size,
             vocab_size: self.vocab_size,
-            embeddings: match &self.embeddings {
-                FloatRows::F32(v) => PlanRows::F32(v),
-                FloatRows::F16(v) => PlanRows::F16(v),
-            },
+            embeddings: self.embeddings.table(),
             embedding_scale: self.arch.embedding_scale(),
             layers,
             final_norm: &self.final_norm.weight,

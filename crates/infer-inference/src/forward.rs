@@ -6,7 +6,7 @@ use infer_models::{Activation, FfnType, NormType};
 use crate::layer::{
     DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, QuantWeight, WeightData,
 };
-use crate::scratch::{fit, Scratch};
+use crate::scratch::{fit, FfnScratch, Scratch};
 use crate::walk::{layer_walk_ffn, walk_ffn, WalkBuffers};
 use crate::{InferenceError, KvCache, Model};
 
@@ -304,7 +304,7 @@ impl Model<'_> {
         let h = self.hidden_size;
         p.plan_rows()?;
         let s = &mut *p.s;
-        self.embed(&s.tokens, &s.positions, &mut s.x)?;
+        self.embed(p.backend, &s.tokens, &s.positions, &mut s.x)?;
         if let Capture::Hidden(hs) = &mut p.capture {
             hs.push(p.s.x.clone());
         }
@@ -353,14 +353,9 @@ impl Model<'_> {
         };
         let n_rows = rows.len() / h;
         let normed = fit(&mut s.normed, rows.len());
-        apply_norm(
-            &self.final_norm,
-            rows,
-            normed,
-            self.layers[0].geometry.norm_type,
-            self.norm_eps(),
-            self.norm_offset(),
-        );
+        let g0 = &self.layers[0].geometry;
+        p.backend
+            .norm(&self.final_norm.view(norm_kind(g0), g0.eps), rows, normed)?;
         if let Capture::Hidden(hs) = &mut p.capture {
             if all {
                 if let Some(last) = hs.last_mut() {
@@ -392,47 +387,38 @@ impl Model<'_> {
         Ok(())
     }
 
-    fn norm_eps(&self) -> f32 {
-        self.arch.norm_eps() as f32
-    }
-
-    fn norm_offset(&self) -> f32 {
-        self.arch.norm_weight_offset()
-    }
-
     /// Token (and learned position) embeddings times the embedding scale of every row of the
     /// batch (`tokens[r]` at `positions[r]`), into `x`: `[R, hidden]`.
     fn embed(
         &self,
+        backend: &dyn ComputeBackend,
         tokens: &[u32],
         positions: &[usize],
         x: &mut Vec<f32>,
     ) -> Result<(), InferenceError> {
         let h = self.hidden_size;
-        let scale = self.arch.embedding_scale();
-        x.clear();
-        for (&tok, &pos) in tokens.iter().zip(positions) {
-            let id = tok as usize;
-            if id >= self.vocab_size {
-                return Err(InferenceError::TokenOutOfRange {
-                    id: tok,
-                    vocab: self.vocab_size,
-                });
-            }
-            let n = x.len();
-            x.resize(n + h, 0.0);
-            let row = &mut x[n..];
-            self.embeddings.copy_row(id, row);
-            row.iter_mut().for_each(|v| *v *= scale);
-            if let Some(pe) = &self.position_embeddings {
-                let n = x.len();
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(InferenceError::TokenOutOfRange {
+                id,
+                vocab: self.vocab_size,
+            });
+        }
+        let x = fit(x, tokens.len() * h);
+        backend.embed(
+            self.embeddings.table(),
+            tokens,
+            self.arch.embedding_scale(),
+            x,
+        )?;
+        if let Some(pe) = &self.position_embeddings {
+            for (row, &pos) in x.chunks_exact_mut(h).zip(positions) {
                 let p = pe
                     .get(pos * h..(pos + 1) * h)
                     .ok_or(InferenceError::ContextFull {
                         needed: pos + 1,
                         capacity: pe.len() / h,
                     })?;
-                x[n - h..].iter_mut().zip(p).for_each(|(a, b)| *a += b);
+                backend.add_scaled(row, p, 1.0)?;
             }
         }
         Ok(())
@@ -450,15 +436,8 @@ impl Model<'_> {
         let s = &mut *p.s;
         let g = &layer.geometry;
         let t = s.positions.len();
-        let (ty, eps, off) = (g.norm_type, g.eps, g.norm_offset);
-        maybe_norm(
-            layer.pre_attn_norm.as_ref(),
-            &s.x,
-            ty,
-            eps,
-            off,
-            &mut s.normed,
-        );
+        let b = backend;
+        maybe_norm(b, layer.pre_attn_norm.as_ref(), g, &s.x, &mut s.normed)?;
 
         // Attention: projections, q/k norms, RoPE, cache, attention, output projection.
         project_many(
@@ -472,17 +451,20 @@ impl Model<'_> {
         // projection for OLMo-2), so one row-wise norm covers both.
         for (n, x) in [(&layer.q_norm, &mut s.q), (&layer.k_norm, &mut s.k)] {
             if let Some(n) = n {
-                ops::rms_norm_inplace(x, &n.weight, g.eps, g.norm_offset);
+                let rms = infer_compute::NormKind::Rms {
+                    offset: g.norm_offset,
+                };
+                b.norm_inplace(&n.view(rms, g.eps), x)?;
             }
         }
         if let Some(rope) = &g.rope {
-            infer_compute::apply_rope(&mut s.q, g.num_q_heads, &s.positions, rope);
-            infer_compute::apply_rope(&mut s.k, g.num_kv_heads, &s.positions, rope);
+            b.rope(&mut s.q, g.num_q_heads, &s.positions, rope)?;
+            b.rope(&mut s.k, g.num_kv_heads, &s.positions, rope)?;
         }
-        attend(p.seqs, s, l, g)?;
+        attend(b, p.seqs, s, l, g)?;
         project(backend, &layer.wo, &s.attn, t, &mut s.attn_out)?;
         if let Some(n) = &layer.post_attn_norm {
-            maybe_norm(Some(n), &s.attn_out, ty, eps, off, &mut s.tmp);
+            maybe_norm(b, Some(n), g, &s.attn_out, &mut s.tmp)?;
             std::mem::swap(&mut s.attn_out, &mut s.tmp);
         }
 
@@ -490,99 +472,65 @@ impl Model<'_> {
             // x + attn(norm1(x)) + ffn(norm2(x)); phi shares the first norm.
             let ffn_in = match &layer.pre_ffn_norm {
                 Some(n) => {
-                    maybe_norm(Some(n), &s.x, ty, eps, off, &mut s.ffn_in);
+                    maybe_norm(b, Some(n), g, &s.x, &mut s.ffn_in)?;
                     &s.ffn_in
                 }
                 None => &s.normed,
             };
-            ffn(
-                backend,
-                &layer.ffn,
-                ffn_in,
-                t,
-                g,
-                &mut s.gate,
-                &mut s.up,
-                &mut s.walk_idx,
-                &mut s.ffn_out,
-            )?;
-            for ((xi, a), f) in s.x.iter_mut().zip(&s.attn_out).zip(&s.ffn_out) {
-                *xi += (a + f) * g.residual_multiplier;
-            }
+            ffn(b, &layer.ffn, ffn_in, t, g, &mut s.ffn, &mut s.ffn_out)?;
+            b.add_scaled(&mut s.attn_out, &s.ffn_out, 1.0)?;
+            b.add_scaled(&mut s.x, &s.attn_out, g.residual_multiplier)?;
             return Ok(());
         }
-        residual_add(&mut s.x, &s.attn_out, g.residual_multiplier);
-        maybe_norm(
-            layer.pre_ffn_norm.as_ref(),
-            &s.x,
-            ty,
-            eps,
-            off,
-            &mut s.ffn_in,
-        );
-        ffn(
-            backend,
-            &layer.ffn,
-            &s.ffn_in,
-            t,
-            g,
-            &mut s.gate,
-            &mut s.up,
-            &mut s.walk_idx,
-            &mut s.ffn_out,
-        )?;
+        b.add_scaled(&mut s.x, &s.attn_out, g.residual_multiplier)?;
+        maybe_norm(b, layer.pre_ffn_norm.as_ref(), g, &s.x, &mut s.ffn_in)?;
+        ffn(b, &layer.ffn, &s.ffn_in, t, g, &mut s.ffn, &mut s.ffn_out)?;
         if let Some(n) = &layer.post_ffn_norm {
-            maybe_norm(Some(n), &s.ffn_out, ty, eps, off, &mut s.tmp);
+            maybe_norm(b, Some(n), g, &s.ffn_out, &mut s.tmp)?;
             std::mem::swap(&mut s.ffn_out, &mut s.tmp);
         }
-        residual_add(&mut s.x, &s.ffn_out, g.residual_multiplier);
+        b.add_scaled(&mut s.x, &s.ffn_out, g.residual_multiplier)?;
         Ok(())
     }
 }
 
-/// The layer's FFN of `x` `[T, hidden]` into `out` `[T, hidden]`; `gate`, `up`, `walk_idx`
-/// are scratch.
-#[allow(clippy::too_many_arguments)]
+/// The layer's FFN of `x` `[T, hidden]` into `out` `[T, hidden]`; `bufs` are scratch.
 fn ffn(
     backend: &dyn ComputeBackend,
     w: &Ffn<'_>,
     x: &[f32],
     t: usize,
     g: &crate::LayerGeometry,
-    gate: &mut Vec<f32>,
-    up: &mut Vec<f32>,
-    walk_idx: &mut Vec<u32>,
+    bufs: &mut FfnScratch,
     out: &mut Vec<f32>,
 ) -> Result<(), InferenceError> {
     match w {
         Ffn::Walk(w) => {
             // The walk FFN borrows the scratch buffers for the call (moves, no allocation).
-            let mut bufs = WalkBuffers {
-                gate: std::mem::take(gate),
-                up: std::mem::take(up),
-                idx: std::mem::take(walk_idx),
+            let mut walk = WalkBuffers {
+                gate: std::mem::take(&mut bufs.gate),
+                up: std::mem::take(&mut bufs.up),
+                idx: std::mem::take(&mut bufs.walk_idx),
             };
-            let r = layer_walk_ffn(backend, w, x, t, g, &mut bufs, out);
-            (*gate, *up, *walk_idx) = (bufs.gate, bufs.up, bufs.idx);
+            let r = layer_walk_ffn(backend, w, x, t, g, &mut walk, out);
+            (bufs.gate, bufs.up, bufs.walk_idx) = (walk.gate, walk.up, walk.idx);
             r?
         }
-        Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, gate, up, out)?,
+        Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, bufs, out)?,
         Ffn::Moe(m) => *out = moe_ffn(backend, m, x, t, g),
     }
     Ok(())
 }
 
 /// A dense FFN over Linear-layout (quantized) matrices: `down(act(gate(x)) ⊙ up(x))`, into
-/// `out`.
-#[allow(clippy::too_many_arguments)]
+/// `out`; `bufs.gate`, `bufs.up` are scratch.
 fn dense_ffn(
     backend: &dyn ComputeBackend,
     d: &DenseFfn<'_>,
     x: &[f32],
     t: usize,
     g: &crate::LayerGeometry,
-    gate_buf: &mut Vec<f32>,
-    up: &mut Vec<f32>,
+    bufs: &mut FfnScratch,
     out: &mut Vec<f32>,
 ) -> Result<(), InferenceError> {
     // Quantized tiers: the vectorised activations of `ops::gated_mul_fast` (≤ 4e-7 relative
@@ -593,14 +541,17 @@ fn dense_ffn(
         Activation::GeluTanh => ops::Activation::GeluTanh,
         Activation::Gelu => ops::Activation::Gelu,
     };
+    let FfnScratch {
+        gate: gate_buf, up, ..
+    } = bufs;
     match (&d.gate, g.ffn_type) {
         (Some(gate), FfnType::Gated) => {
             project_many(backend, [gate, &d.up], x, t, [&mut *gate_buf, &mut *up])?;
-            ops::gated_mul_fast(act, gate_buf, up);
+            backend.gated_activation(act, gate_buf, up)?;
         }
         _ => {
             project(backend, &d.up, x, t, up)?;
-            ops::act_fast_inplace(act, up);
+            backend.activation(act, up)?;
         }
     }
     project(backend, &d.down, up, t, out)
@@ -663,6 +614,7 @@ fn moe_ffn(
 /// against its cache, into `s.attn` `[R, q_dim]`. Several sequences run in parallel (each
 /// attention call parallelises over heads by itself only at long contexts).
 fn attend(
+    backend: &dyn ComputeBackend,
     seqs: &mut [BatchSeq<'_>],
     s: &mut Scratch,
     l: usize,
@@ -687,15 +639,14 @@ fn attend(
             &k[r.start * kvd..r.end * kvd],
             &v[r.start * kvd..r.end * kvd],
         )?;
-        infer_compute::attention(
-            &q[r.start * qd..r.end * qd],
-            k_all,
-            v_all,
-            &positions[r],
-            start + span.rows,
-            &g.attention,
-            out,
-        );
+        let input = infer_compute::AttentionInput {
+            q: &q[r.start * qd..r.end * qd],
+            k_cache: k_all,
+            v_cache: v_all,
+            positions: &positions[r],
+            t_kv: start + span.rows,
+        };
+        backend.attention(&input, &g.attention, out)?;
         Ok::<(), InferenceError>(())
     };
     if let ([seq], [span]) = (&mut seqs[..], &spans[..]) {
@@ -713,14 +664,6 @@ fn attend(
         .zip(spans.par_iter())
         .zip(outs.into_par_iter())
         .try_for_each(|((seq, span), out)| one(seq, span, out))
-}
-
-fn residual_add(x: &mut [f32], branch: &[f32], mult: f32) {
-    if mult == 1.0 {
-        x.iter_mut().zip(branch).for_each(|(a, b)| *a += b);
-    } else {
-        x.iter_mut().zip(branch).for_each(|(a, b)| *a += b * mult);
-    }
 }
 
 fn add_bias(rows: &mut [f32], bias: &[f32]) {
@@ -824,35 +767,31 @@ fn matmul_weight(
     Ok(())
 }
 
-fn apply_norm(
-    n: &NormWeights<'_>,
-    x: &[f32],
-    out: &mut [f32],
-    ty: NormType,
-    eps: f32,
-    offset: f32,
-) {
-    match ty {
-        NormType::RmsNorm => ops::rms_norm(x, &n.weight, eps, offset, out),
-        NormType::LayerNorm => ops::layer_norm(x, &n.weight, n.bias.as_deref(), eps, out),
+/// The norm of a layer geometry's kind (RMSNorm with its weight offset, or LayerNorm).
+fn norm_kind(g: &crate::LayerGeometry) -> infer_compute::NormKind {
+    match g.norm_type {
+        NormType::RmsNorm => infer_compute::NormKind::Rms {
+            offset: g.norm_offset,
+        },
+        NormType::LayerNorm => infer_compute::NormKind::Layer,
     }
 }
 
 /// Normalise every row of `x` (row length = the norm's width) into `out`, or copy when there
 /// is no norm; `out` is resized to `x.len()`.
 fn maybe_norm(
+    backend: &dyn ComputeBackend,
     n: Option<&NormWeights<'_>>,
+    g: &crate::LayerGeometry,
     x: &[f32],
-    ty: NormType,
-    eps: f32,
-    offset: f32,
     out: &mut Vec<f32>,
-) {
+) -> Result<(), InferenceError> {
     match n {
-        Some(n) => apply_norm(n, x, fit(out, x.len()), ty, eps, offset),
+        Some(n) => backend.norm(&n.view(norm_kind(g), g.eps), x, fit(out, x.len()))?,
         None => {
             out.clear();
             out.extend_from_slice(x);
         }
     }
+    Ok(())
 }

@@ -122,6 +122,14 @@ impl FloatRows<'_> {
         }
     }
 
+    /// The compute crate's view of these values (zero-copy).
+    pub fn table(&self) -> infer_compute::FloatTable<'_> {
+        match self {
+            FloatRows::F32(v) => infer_compute::FloatTable::F32(v),
+            FloatRows::F16(v) => infer_compute::FloatTable::F16(v),
+        }
+    }
+
     /// Row `i` (of `out.len()` values) widened to f32 into `out`.
     pub fn copy_row(&self, i: usize, out: &mut [f32]) {
         let k = out.len();
@@ -338,6 +346,16 @@ pub struct FullPipelineLayer<'a> {
 }
 
 impl NormWeights<'_> {
+    /// These weights as the compute crate's norm of `kind` with `eps`.
+    pub fn view(&self, kind: infer_compute::NormKind, eps: f32) -> infer_compute::Norm<'_> {
+        infer_compute::Norm {
+            kind,
+            weight: &self.weight,
+            bias: self.bias.as_deref(),
+            eps,
+        }
+    }
+
     fn byte_len(&self) -> usize {
         (self.weight.len() + self.bias.as_ref().map_or(0, |b| b.len())) * 4
     }

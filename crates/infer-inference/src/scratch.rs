@@ -24,15 +24,22 @@ pub(crate) struct Scratch {
     /// output projection.
     pub(crate) attn: Vec<f32>,
     pub(crate) attn_out: Vec<f32>,
-    /// FFN input `[T, hidden]`, gate/up `[T, intermediate]`, output `[T, hidden]`.
+    /// FFN input and output `[T, hidden]`.
     pub(crate) ffn_in: Vec<f32>,
-    pub(crate) gate: Vec<f32>,
-    pub(crate) up: Vec<f32>,
     pub(crate) ffn_out: Vec<f32>,
-    /// Sparse walk FFN: feature indices per token `[T, intermediate]` (`--walk-k`).
-    pub(crate) walk_idx: Vec<u32>,
+    /// The FFN's own buffers.
+    pub(crate) ffn: FfnScratch,
     /// Post-norm target, swapped with the buffer it normalises `[T, hidden]`.
     pub(crate) tmp: Vec<f32>,
+}
+
+/// Buffers inside an FFN: gate/up `[T, intermediate]`, and the sparse walk FFN's feature
+/// indices per token `[T, intermediate]` (`--walk-k`).
+#[derive(Debug, Default)]
+pub(crate) struct FfnScratch {
+    pub(crate) gate: Vec<f32>,
+    pub(crate) up: Vec<f32>,
+    pub(crate) walk_idx: Vec<u32>,
 }
 
 /// Resize `buf` to `n` zeros and return it; allocates only when `n` exceeds its capacity.

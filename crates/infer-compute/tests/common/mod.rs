@@ -1,6 +1,8 @@
 //! Shared helpers for tests that read reference data from `shared/`.
 #![allow(dead_code)]
 
+pub mod ops_parity;
+
 use std::path::PathBuf;
 
 /// The shared reference-data folder: `$INFER_SHARED`, else `<CARGO_MANIFEST_DIR>/../../../shared`.

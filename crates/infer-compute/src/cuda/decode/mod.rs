@@ -35,7 +35,7 @@ use super::device::{dev_err, drv, int};
 use super::quant::check;
 use super::{CudaBackend, State};
 use crate::ops::Activation;
-use crate::{Argmax, ComputeError, DecodePlan, PlanLayer, PlanRows, PlanWeight, TokenDecoder};
+use crate::{Argmax, ComputeError, DecodePlan, FloatTable, PlanLayer, PlanWeight, TokenDecoder};
 
 /// Threads of the one-block kernels; `DEC_THREADS` in decode.cu.
 const DEC_THREADS: u32 = 256;
@@ -325,8 +325,8 @@ impl<'b> CudaDecoder<'b> {
             });
         }
         let (embed_bytes, embed_f16, embed_len) = match plan.embeddings {
-            PlanRows::F32(v) => (as_bytes(v), false, v.len()),
-            PlanRows::F16(v) => (as_bytes(v), true, v.len()),
+            FloatTable::F32(v) => (as_bytes(v), false, v.len()),
+            FloatTable::F16(v) => (as_bytes(v), true, v.len()),
         };
         if embed_len != plan.vocab_size * h {
             return Err(shape_err(

@@ -1,0 +1,210 @@
+//! The whole operations of [`crate::ComputeBackend`] on the host (the CPU backend's, and the
+//! trait's defaults): shape checks that return [`ComputeError::ShapeMismatch`], then the f32
+//! routines of [`crate::ops`], [`crate::rope`] and [`crate::attention`].
+
+use crate::ops::{self, Activation};
+use crate::{
+    Argmax, AttentionInput, AttentionParams, ComputeError, FloatTable, Norm, NormKind, RopeConfig,
+};
+
+/// `Err(ShapeMismatch)` unless `got == expected`.
+pub(crate) fn check(
+    what: &'static str,
+    got: usize,
+    expected: usize,
+    unit: &'static str,
+) -> Result<(), ComputeError> {
+    if got != expected {
+        return Err(ComputeError::ShapeMismatch {
+            what,
+            expected,
+            got,
+            unit,
+        });
+    }
+    Ok(())
+}
+
+/// `x` must be whole rows of the norm's width (and the bias as wide as the weight).
+fn check_norm(norm: &Norm<'_>, len: usize) -> Result<(), ComputeError> {
+    let d = norm.weight.len();
+    if let Some(b) = norm.bias {
+        check("norm bias", b.len(), d, "values")?;
+    }
+    if (d == 0 && len != 0) || (d != 0 && !len.is_multiple_of(d)) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "norm input (whole rows of the weight's width)",
+            expected: len.div_ceil(d.max(1)) * d,
+            got: len,
+            unit: "values",
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn norm(n: &Norm<'_>, x: &[f32], out: &mut [f32]) -> Result<(), ComputeError> {
+    check_norm(n, x.len())?;
+    check("norm output", out.len(), x.len(), "values")?;
+    match n.kind {
+        NormKind::Rms { offset } => ops::rms_norm(x, n.weight, n.eps, offset, out),
+        NormKind::Layer => ops::layer_norm(x, n.weight, n.bias, n.eps, out),
+    }
+    Ok(())
+}
+
+pub(crate) fn norm_inplace(n: &Norm<'_>, x: &mut [f32]) -> Result<(), ComputeError> {
+    check_norm(n, x.len())?;
+    match n.kind {
+        NormKind::Rms { offset } => ops::rms_norm_inplace(x, n.weight, n.eps, offset),
+        NormKind::Layer => {
+            let input = x.to_vec();
+            ops::layer_norm(&input, n.weight, n.bias, n.eps, x);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn rope(
+    x: &mut [f32],
+    n_heads: usize,
+    positions: &[usize],
+    cfg: &RopeConfig,
+) -> Result<(), ComputeError> {
+    check(
+        "rope input (positions × heads × head_dim)",
+        x.len(),
+        positions.len() * n_heads * cfg.head_dim,
+        "values",
+    )?;
+    crate::apply_rope(x, n_heads, positions, cfg);
+    Ok(())
+}
+
+pub(crate) fn attention(
+    a: &AttentionInput<'_>,
+    p: &AttentionParams,
+    out: &mut [f32],
+) -> Result<(), ComputeError> {
+    let (q_row, kv_row) = (p.n_q_heads * p.head_dim, p.n_kv_heads * p.head_dim);
+    if p.n_kv_heads == 0 || !p.n_q_heads.is_multiple_of(p.n_kv_heads) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "attention heads (n_kv_heads must divide n_q_heads)",
+            expected: p.n_q_heads,
+            got: p.n_kv_heads,
+            unit: "kv heads",
+        });
+    }
+    check(
+        "attention q",
+        a.q.len(),
+        a.positions.len() * q_row,
+        "values",
+    )?;
+    check("attention output", out.len(), a.q.len(), "values")?;
+    for (what, c) in [
+        ("attention k cache", a.k_cache),
+        ("attention v cache", a.v_cache),
+    ] {
+        if c.len() < a.t_kv * kv_row {
+            return Err(ComputeError::ShapeMismatch {
+                what,
+                expected: a.t_kv * kv_row,
+                got: c.len(),
+                unit: "values (at least)",
+            });
+        }
+    }
+    if let Some(&pos) = a.positions.iter().find(|&&pos| pos >= a.t_kv) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "attention query position (must be < t_kv)",
+            expected: a.t_kv,
+            got: pos,
+            unit: "position",
+        });
+    }
+    crate::attention(a.q, a.k_cache, a.v_cache, a.positions, a.t_kv, p, out);
+    Ok(())
+}
+
+pub(crate) fn gated_activation(
+    act: Activation,
+    gate: &[f32],
+    up: &mut [f32],
+) -> Result<(), ComputeError> {
+    check("gated activation up", up.len(), gate.len(), "values")?;
+    ops::gated_mul_fast(act, gate, up);
+    Ok(())
+}
+
+pub(crate) fn add_scaled(x: &mut [f32], y: &[f32], alpha: f32) -> Result<(), ComputeError> {
+    check("residual branch", y.len(), x.len(), "values")?;
+    if alpha == 1.0 {
+        x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+    } else {
+        x.iter_mut().zip(y).for_each(|(a, b)| *a += b * alpha);
+    }
+    Ok(())
+}
+
+pub(crate) fn embed(
+    table: FloatTable<'_>,
+    ids: &[u32],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<(), ComputeError> {
+    let h = if ids.is_empty() {
+        0
+    } else {
+        out.len() / ids.len()
+    };
+    check("embedding output", out.len(), ids.len() * h, "values")?;
+    let rows = table.len().checked_div(h).unwrap_or(0);
+    for (&id, row) in ids.iter().zip(out.chunks_exact_mut(h.max(1))) {
+        let i = id as usize;
+        if i >= rows {
+            return Err(ComputeError::ShapeMismatch {
+                what: "embedding row (token id < rows)",
+                expected: rows,
+                got: i,
+                unit: "row",
+            });
+        }
+        match table {
+            FloatTable::F32(t) => row.copy_from_slice(&t[i * h..(i + 1) * h]),
+            FloatTable::F16(t) => row
+                .iter_mut()
+                .zip(&t[i * h..(i + 1) * h])
+                .for_each(|(o, w)| *o = w.to_f32()),
+        }
+        if scale != 1.0 {
+            row.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn argmax(logits: &[f32]) -> Result<Argmax, ComputeError> {
+    if logits.is_empty() {
+        return Err(ComputeError::ShapeMismatch {
+            what: "argmax logits",
+            expected: 1,
+            got: 0,
+            unit: "values (at least)",
+        });
+    }
+    let mut best: Option<(usize, f32)> = None;
+    let mut all_finite = true;
+    for (i, &v) in logits.iter().enumerate() {
+        if !v.is_finite() {
+            all_finite = false;
+            continue;
+        }
+        if best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    Ok(Argmax {
+        token: best.map_or(0, |(i, _)| i as u32),
+        all_finite,
+    })
+}

@@ -1,0 +1,72 @@
+//! Arguments of the whole operations of [`crate::ComputeBackend`] (norms, attention, embedding
+//! lookup): one struct per operation instead of long positional lists.
+
+use half::f16;
+
+/// Which normalisation a [`Norm`] computes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NormKind {
+    /// RMSNorm `x · rsqrt(mean(x²) + eps) · (w + offset)` (HF `LlamaRMSNorm`, offset 0;
+    /// `GemmaRMSNorm`, offset 1); see [`crate::ops::rms_norm`].
+    Rms { offset: f32 },
+    /// LayerNorm `(x − mean) / sqrt(var + eps) · w + b` (`torch.nn.functional.layer_norm`);
+    /// see [`crate::ops::layer_norm`].
+    Layer,
+}
+
+/// A norm over rows of `weight.len()` values, f32.
+#[derive(Clone, Copy, Debug)]
+pub struct Norm<'a> {
+    pub kind: NormKind,
+    /// `[width]`.
+    pub weight: &'a [f32],
+    /// `[width]` LayerNorm bias; `None`: no bias (always `None` for RMSNorm).
+    pub bias: Option<&'a [f32]>,
+    pub eps: f32,
+}
+
+/// The tensors of one sequence's attention step ([`crate::ComputeBackend::attention`]).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionInput<'a> {
+    /// `[t_q, n_q_heads · head_dim]` f32, RoPE applied.
+    pub q: &'a [f32],
+    /// At least `t_kv` rows of `[n_kv_heads · head_dim]` f32; row `j` holds position `j`.
+    pub k_cache: &'a [f32],
+    pub v_cache: &'a [f32],
+    /// Absolute position of each query row (`t_q` values, each `< t_kv`).
+    pub positions: &'a [usize],
+    /// Cached positions the queries may see (the sequence's length after this step).
+    pub t_kv: usize,
+}
+
+/// A float table `[rows, cols]` (token embeddings), f32 or f16 as stored.
+#[derive(Clone, Copy, Debug)]
+pub enum FloatTable<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl FloatTable<'_> {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            FloatTable::F32(v) => v.len(),
+            FloatTable::F16(v) => v.len(),
+        }
+    }
+
+    /// True when the table holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The greedy choice of an argmax over logits ([`crate::ComputeBackend::argmax`],
+/// `TokenDecoder::step_argmax`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Argmax {
+    /// Id of the largest finite logit (ties → the smaller id).
+    pub token: u32,
+    /// False when some logit is NaN or ±infinite (those take no part in the choice).
+    pub all_finite: bool,
+}
