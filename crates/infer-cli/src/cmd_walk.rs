@@ -77,12 +77,18 @@ fn act_fn(a: Activation) -> fn(f32) -> f32 {
     }
 }
 
-/// `y = M·x` for `M` `[n, k]` in its stored dtype (f16 rows widened on the fly).
-fn matvec(backend: &dyn ComputeBackend, m: FloatSlice<'_>, x: &[f32], n: usize) -> Vec<f32> {
+/// `y = M·x` for `M` `[n, k]` in its stored dtype (f16 rows widened on the fly). Errors: the
+/// backend's.
+fn matvec(
+    backend: &dyn ComputeBackend,
+    m: FloatSlice<'_>,
+    x: &[f32],
+    n: usize,
+) -> anyhow::Result<Vec<f32>> {
     let k = x.len();
     let mut y = vec![0.0f32; n];
     match m {
-        FloatSlice::F32(s) => backend.gemv(s, x, n, k, &mut y),
+        FloatSlice::F32(s) => backend.gemv(s, x, n, k, &mut y)?,
         FloatSlice::F16(s) => y.par_iter_mut().enumerate().for_each(|(i, yi)| {
             *yi = s[i * k..(i + 1) * k]
                 .iter()
@@ -91,7 +97,7 @@ fn matvec(backend: &dyn ComputeBackend, m: FloatSlice<'_>, x: &[f32], n: usize) 
                 .sum();
         }),
     }
-    y
+    Ok(y)
 }
 
 /// A 1-D bias by key, when the architecture names one and the vindex holds it.
@@ -147,11 +153,11 @@ fn walk_layer(c: &Ctx<'_>, l: usize, x: &[f32]) -> anyhow::Result<LayerReport> {
     }
     let n = v.intermediate_size(l)?;
     let act = act_fn(arch.activation());
-    let mut up = matvec(backend, v.up_layer(l)?, x, n);
+    let mut up = matvec(backend, v.up_layer(l)?, x, n)?;
     add(&mut up, bias(v, arch.ffn_up_bias_key(l), n)?);
     let gate = match arch.ffn_type() {
         FfnType::Gated => {
-            let mut g = matvec(backend, v.gate_layer(l)?, x, n);
+            let mut g = matvec(backend, v.gate_layer(l)?, x, n)?;
             add(&mut g, bias(v, arch.ffn_gate_bias_key(l), n)?);
             Some(g)
         }

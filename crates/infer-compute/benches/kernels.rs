@@ -67,8 +67,13 @@ fn bench_quant_matvec(c: &mut Criterion) {
         let id = BenchmarkId::new(format.name(), format!("{name}_{rows}x{cols}"));
         g.bench_function(id, |b| {
             b.iter(|| {
-                be.quant_matvec(format, black_box(&bytes), black_box(&x), rows, cols, &mut y)
-                    .expect("quant_matvec")
+                be.linear(
+                    &infer_compute::Matrix::blocks(format, black_box(&bytes), rows, cols),
+                    black_box(&x),
+                    1,
+                    &mut y,
+                )
+                .expect("quant_matvec")
             })
         });
     }
@@ -91,13 +96,10 @@ fn bench_quant_matmul(c: &mut Criterion) {
         let id = BenchmarkId::new(format.name(), format!("{name}_{rows}x{cols}_m{m}"));
         g.bench_function(id, |b| {
             b.iter(|| {
-                be.quant_matmul(
-                    format,
-                    black_box(&bytes),
+                be.linear(
+                    &infer_compute::Matrix::blocks(format, black_box(&bytes), rows, cols),
                     black_box(&x),
                     m,
-                    rows,
-                    cols,
                     &mut y,
                 )
                 .expect("quant_matmul")
@@ -146,13 +148,15 @@ fn bench_q8_split(c: &mut Criterion) {
     let id = BenchmarkId::new("q8_split", format!("smollm2_q_{rows}x{cols}_m{m}"));
     g.bench_function(id, |b| {
         b.iter(|| {
-            be.q8_matmul(
-                black_box(&values),
-                black_box(&scales),
+            be.linear(
+                &infer_compute::Matrix::split_q8(
+                    black_box(&values),
+                    black_box(&scales),
+                    rows,
+                    cols,
+                ),
                 black_box(&x),
                 m,
-                rows,
-                cols,
                 &mut y,
             )
             .expect("q8_matmul")

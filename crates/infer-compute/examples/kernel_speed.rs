@@ -33,7 +33,7 @@ fn main() {
             &format!("gemv n={n} k={k}"),
             2.0 * (n * k) as f64,
             50,
-            || be.gemv(&b, &x, n, k, &mut y),
+            || be.gemv(&b, &x, n, k, &mut y).unwrap(),
         );
     }
     {
@@ -45,7 +45,7 @@ fn main() {
             &format!("matmul (plain B) m=1 n={n} k={k}"),
             2.0 * (n * k) as f64,
             50,
-            || be.matmul(&x, &b, 1, k, n, &mut y),
+            || be.matmul(&x, &b, 1, k, n, &mut y).unwrap(),
         );
         let mut c = vec![0f32; 64 * n];
         let a = fill(64 * k);
@@ -53,7 +53,7 @@ fn main() {
             &format!("matmul (plain B) m=64 n={n} k={k}"),
             2.0 * (64 * n * k) as f64,
             20,
-            || be.matmul(&a, &b, 64, k, n, &mut c),
+            || be.matmul(&a, &b, 64, k, n, &mut c).unwrap(),
         );
     }
     for &(m, n, k) in &[
@@ -68,7 +68,7 @@ fn main() {
             &format!("matmul m={m} n={n} k={k}"),
             2.0 * (m * n * k) as f64,
             20,
-            || be.matmul_transb(&a, &b, m, k, n, &mut c),
+            || be.matmul_transb(&a, &b, m, k, n, &mut c).unwrap(),
         );
     }
     let p = AttentionParams {

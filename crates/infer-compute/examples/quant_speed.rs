@@ -63,8 +63,13 @@ fn main() {
         for &isa in &isas {
             let be = CpuBackend::with_isa(isa).expect("isa");
             let s = best_time(|| {
-                be.quant_matvec(fmt, &bytes, &x, rows, cols, &mut y)
-                    .expect("matvec")
+                be.linear(
+                    &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
+                    &x,
+                    1,
+                    &mut y,
+                )
+                .expect("matvec")
             });
             println!(
                 "matvec {fmt:<5} {rows:>5}x{cols:<5} {isa:<8?} {:>8.1} us  {:>6.2} GB/s",
@@ -78,8 +83,13 @@ fn main() {
         let mut ym = vec![0f32; m * rows];
         let be = CpuBackend::new();
         let s = best_time(|| {
-            be.quant_matmul(fmt, &bytes, &xm, m, rows, cols, &mut ym)
-                .expect("matmul")
+            be.linear(
+                &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
+                &xm,
+                m,
+                &mut ym,
+            )
+            .expect("matmul")
         });
         println!(
             "matmul {fmt:<5} {rows:>5}x{cols:<5} m={m} {:>8.1} us  {:>6.1} GFLOP/s",
@@ -93,7 +103,7 @@ fn main() {
     let x = fill(cols, 2);
     let mut y = vec![0f32; rows];
     let be = CpuBackend::new();
-    let s = best_time(|| be.gemv(&w, &x, rows, cols, &mut y));
+    let s = best_time(|| be.gemv(&w, &x, rows, cols, &mut y).unwrap());
     println!(
         "gemv   F32   {rows:>5}x{cols:<5}          {:>8.1} us  {:>6.2} GB/s",
         s * 1e6,

@@ -3,21 +3,8 @@
 //! behind one interface, so that one block description runs on a CPU or a CUDA implementation.
 
 use crate::ops::Activation;
-use crate::{Argmax, AttentionParams, ComputeError, FloatTable, RopeConfig};
+use crate::{Argmax, AttentionParams, ComputeError, FloatTable, Matrix, Proj, RopeConfig};
 use half::f16;
-use infer_quant::QuantFormat;
-
-/// One weight matrix of a [`ComputeBackend::quant_matmul_many`] call, with its output.
-///
-/// - `bytes`: `rows` rows of ggml blocks of `format` (as in
-///   [`ComputeBackend::quant_matvec`]); `y`: `[m, rows]` row-major f32, fully overwritten.
-#[derive(Debug)]
-pub struct QuantProj<'a> {
-    pub format: QuantFormat,
-    pub bytes: &'a [u8],
-    pub rows: usize,
-    pub y: &'a mut [f32],
-}
 
 /// Matrix products used by inference. All matrices are row-major f32 unless stated.
 ///
@@ -28,12 +15,13 @@ pub struct QuantProj<'a> {
 /// Design notes for implementers:
 /// - Every method writes **every** element of its output (no "skip" paths that leave stale
 ///   values); outputs need not be initialised by the caller.
-/// - Shapes are given explicitly; slice lengths that disagree with them are programmer errors
-///   and panic with a message naming the argument. Data that came from a file (quantized
-///   bytes) is checked and reported as [`ComputeError`] instead.
-/// - Quantized weights arrive as raw ggml block bytes plus a [`QuantFormat`] tag
-///   ([`quant_matvec`](Self::quant_matvec)); the tag alone selects the kernel, it is never
-///   guessed from the byte count.
+/// - Every method is fallible: a device error (out of memory, a failed launch) is a
+///   [`ComputeError`] naming the operation, never a panic or stale output. Matrices and the
+///   activations of [`linear`](Self::linear) and of the whole operations are checked and
+///   reported as [`ComputeError::ShapeMismatch`]; the raw f32 table products panic on slice
+///   lengths that disagree with their explicit shapes (programmer errors).
+/// - Weight matrices arrive as one view, [`Matrix`] (storage tag, bytes or values, shape); the
+///   tag alone selects the kernel, it is never guessed from the byte count.
 /// - A GPU backend keeps the same signatures (host slices in, host slices out) and may cache
 ///   device copies of weight slices keyed by their address; fused kernels (QKV projection,
 ///   attention) will be added as further methods with a CPU default.
@@ -47,24 +35,49 @@ pub trait ComputeBackend: Send + Sync {
     /// - `b`: `[n, k]` row-major (a Linear weight `[out=n, in=k]`), `b.len() == n*k`.
     /// - `c`: `[m, n]` row-major, `c.len() == m*n`; fully overwritten.
     ///
-    /// `k == 0` gives an all-zero `c`. Panics if a slice length disagrees with the shape.
-    fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]);
+    /// `k == 0` gives an all-zero `c`. Errors: device failures. Panics if a slice length
+    /// disagrees with the shape.
+    fn matmul_transb(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError>;
 
     /// `C[m×n] = A[m×k] · B[k×n]` with `B` row-major `[k, n]` (a feature-major table such as
     /// the vindex's `down_features`, `[features, hidden]`).
     ///
     /// - `a`: `[m, k]`, `b`: `[k, n]`, `c`: `[m, n]` (fully overwritten), all row-major.
     ///
-    /// `k == 0` gives an all-zero `c`. Panics if a slice length disagrees with the shape.
-    fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]);
+    /// `k == 0` gives an all-zero `c`. Errors: device failures. Panics if a slice length
+    /// disagrees with the shape.
+    fn matmul(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError>;
 
     /// Matrix–vector product `y[n] = B[n×k] · x[k]` (the `m == 1` case of
     /// [`matmul_transb`](Self::matmul_transb)).
     ///
     /// - `b`: `[n, k]` row-major, `x`: `[k]`, `y`: `[n]` (fully overwritten).
     ///
-    /// Panics if a slice length disagrees with the shape.
-    fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]);
+    /// Errors: device failures. Panics if a slice length disagrees with the shape.
+    fn gemv(
+        &self,
+        b: &[f32],
+        x: &[f32],
+        n: usize,
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError>;
 
     /// `C[m×n] = A[m×k] · B[n×k]ᵀ` with `B` in IEEE half precision (a Linear weight of the
     /// vindex f16 tier, read in place from the mmap).
@@ -75,11 +88,19 @@ pub trait ComputeBackend: Send + Sync {
     ///   equals [`matmul_transb`](Self::matmul_transb) on the widened weights up to summation
     ///   order.
     ///
-    /// Panics if a slice length disagrees with the shape. The default implementation widens
-    /// `b` and calls `matmul_transb`.
-    fn matmul_transb_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    /// Errors: device failures. Panics if a slice length disagrees with the shape. The default
+    /// implementation widens `b` and calls `matmul_transb`.
+    fn matmul_transb_f16(
+        &self,
+        a: &[f32],
+        b: &[f16],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
-        self.matmul_transb(a, &wide, m, k, n, c);
+        self.matmul_transb(a, &wide, m, k, n, c)
     }
 
     /// `C[m×n] = A[m×k] · B[k×n]` with `B` row-major in IEEE half precision (a feature-major
@@ -88,122 +109,64 @@ pub trait ComputeBackend: Send + Sync {
     /// - `a`: `[m, k]` f32; `b`: `[k, n]` f16; `c`: `[m, n]` f32, fully overwritten.
     /// - Numerics as [`matmul_transb_f16`](Self::matmul_transb_f16).
     ///
-    /// Panics if a slice length disagrees with the shape. The default implementation widens
-    /// `b` and calls [`matmul`](Self::matmul).
-    fn matmul_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    /// Errors: device failures. Panics if a slice length disagrees with the shape. The default
+    /// implementation widens `b` and calls [`matmul`](Self::matmul).
+    fn matmul_f16(
+        &self,
+        a: &[f32],
+        b: &[f16],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
-        self.matmul(a, &wide, m, k, n, c);
+        self.matmul(a, &wide, m, k, n, c)
     }
 
-    /// Quantized matrix–vector product `y[rows] = W[rows×cols] · x[cols]`, where `W` is stored as
-    /// `rows` consecutive rows of ggml blocks of `format` (each row `format.bytes_for(cols)`
-    /// bytes, the layout of ggml / llama.cpp tensors and of the vindex quantized tiers).
+    /// The product of a weight matrix in any storage: `y[m×rows] = x[m×cols] · Wᵀ`, the
+    /// storage tag ([`crate::MatData`]) alone selecting the kernel (never guessed from a byte count).
     ///
-    /// - `bytes`: `rows * format.bytes_for(cols)` bytes; `x`: `[cols]` f32; `y`: `[rows]` f32,
-    ///   fully overwritten.
-    /// - Numerics (CPU backend): like llama.cpp, Q4_K and Q6_K weights are multiplied with `x`
-    ///   quantized once to Q8_K, and Q4_0, Q5_0 and Q8_0 weights with `x` quantized to Q8_0
-    ///   (integer block dot products, see [`crate::vec_dot`]); so `y` carries the activation
-    ///   quantization error (relative ~1e-3 of Σ|wᵢxᵢ|) as in llama.cpp. Other formats with a
-    ///   ggml dequantizer (Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q8_K, F16, BF16, F32) are dequantized
-    ///   exactly and multiplied in f32.
+    /// - `w`: a [`Matrix`] `[rows, cols]`; `x`: `[m, cols]` row-major f32 (one activation row
+    ///   per token); `y`: `[m, rows]` row-major f32, fully overwritten. Row `i` of `y` depends
+    ///   only on row `i` of `x` (a row's result does not depend on the other rows of a batch).
+    /// - Numerics (CPU backend): f32 and f16 weights multiply in f32. Like llama.cpp, Q4_K and
+    ///   Q6_K weights are multiplied with `x` quantized once to Q8_K, and Q4_0, Q5_0 and Q8_0
+    ///   weights with `x` quantized to Q8_0 (integer block dot products, see [`crate::vec_dot`]);
+    ///   so `y` carries the activation quantization error (relative ~1e-3 of Σ|wᵢxᵢ|) as in
+    ///   llama.cpp. Other formats with a ggml dequantizer (Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q8_K,
+    ///   F16, BF16, F32 blocks) are dequantized exactly and multiplied in f32. The seed's split
+    ///   Q8 multiplies int8 values with int8 activations per 32 values ([`crate::q8_split`]).
     ///
     /// Errors: [`ComputeError::UnsupportedFormat`] for a format without kernel (Q8_1),
     /// [`ComputeError::Quant`] when `cols` is not a multiple of the format's block size,
-    /// [`ComputeError::ShapeMismatch`] when `bytes.len() != rows * bytes_for(cols)`.
-    /// Panics if `x.len() != cols` or `y.len() != rows`.
-    fn quant_matvec(
+    /// [`ComputeError::ShapeMismatch`] when the storage or `x`/`y` disagree with the shape;
+    /// device failures.
+    fn linear(
         &self,
-        format: QuantFormat,
-        bytes: &[u8],
+        w: &Matrix<'_>,
         x: &[f32],
-        rows: usize,
-        cols: usize,
+        m: usize,
         y: &mut [f32],
     ) -> Result<(), ComputeError>;
 
-    /// Quantized matrix product for prefill: `Y[m×rows] = X[m×cols] · W[rows×cols]ᵀ`, `W` stored
-    /// as in [`quant_matvec`](Self::quant_matvec).
+    /// Several products of the **same** activations (a fused QKV or gate+up projection): for
+    /// each `p` in `projs`, `p.y[m×p.w.rows] = x[m×cols] · p.wᵀ`, every `p.w` with `cols`
+    /// columns.
     ///
-    /// - `x`: `[m, cols]` row-major f32 (one activation row per token); `y`: `[m, rows]`
-    ///   row-major f32, fully overwritten. Row `i` of `y` equals `quant_matvec` of row `i` of `x`
-    ///   (same kernels, same rounding), computed with each weight row read once per tile of
-    ///   activation rows.
-    ///
-    /// Errors as [`quant_matvec`](Self::quant_matvec). Panics if `x.len() != m*cols` or
-    /// `y.len() != m*rows`. The default implementation calls `quant_matvec` per row.
-    #[allow(clippy::too_many_arguments)]
-    fn quant_matmul(
-        &self,
-        format: QuantFormat,
-        bytes: &[u8],
-        x: &[f32],
-        m: usize,
-        rows: usize,
-        cols: usize,
-        y: &mut [f32],
-    ) -> Result<(), ComputeError> {
-        assert_eq!(
-            x.len(),
-            m * cols,
-            "quant_matmul: x is not m*cols = {m}*{cols}"
-        );
-        assert_eq!(
-            y.len(),
-            m * rows,
-            "quant_matmul: y is not m*rows = {m}*{rows}"
-        );
-        for i in 0..m {
-            let xi = &x[i * cols..(i + 1) * cols];
-            self.quant_matvec(
-                format,
-                bytes,
-                xi,
-                rows,
-                cols,
-                &mut y[i * rows..(i + 1) * rows],
-            )?;
+    /// Each output equals [`linear`](Self::linear) of its matrix bit for bit; the CPU backend
+    /// quantizes `x` once per activation format and runs all block-format matrices in one
+    /// parallel region. Errors as [`linear`](Self::linear), checked for every matrix before
+    /// anything runs. The default implementation calls `linear` per matrix.
+    fn linear_many(&self, x: &[f32], m: usize, projs: &mut [Proj<'_>]) -> Result<(), ComputeError> {
+        for p in projs.iter() {
+            p.w.check()?;
+            p.w.check_io(x, m, p.y)?;
         }
-        Ok(())
-    }
-
-    /// Several quantized products of the **same** activations (a fused QKV or gate+up
-    /// projection): for each `p` in `projs`, `p.y[m×p.rows] = x[m×cols] · p.Wᵀ`.
-    ///
-    /// Each output equals [`quant_matmul`](Self::quant_matmul) of its matrix bit for bit; the
-    /// CPU backend quantizes `x` once per activation format and runs all matrices in one
-    /// parallel region. Errors as [`quant_matvec`](Self::quant_matvec), naming no matrix:
-    /// callers check shapes before. Panics if `x.len() != m*cols` or a `p.y.len() != m*p.rows`.
-    /// The default implementation calls `quant_matmul` per matrix.
-    fn quant_matmul_many(
-        &self,
-        x: &[f32],
-        m: usize,
-        cols: usize,
-        projs: &mut [QuantProj<'_>],
-    ) -> Result<(), ComputeError> {
         for p in projs.iter_mut() {
-            self.quant_matmul(p.format, p.bytes, x, m, p.rows, cols, p.y)?;
+            self.linear(&p.w, x, m, p.y)?;
         }
         Ok(())
-    }
-
-    /// `y[m×rows] = x[m×cols] · Wᵀ` for the seed's Q8 attention format: int8 `values`
-    /// `[rows, cols]` and f32 `scales` `[rows, cols/32]` (the vindex `attn_q8_layer_data`).
-    /// Activations are quantized to int8 per 32 values. Errors: shapes that disagree with the
-    /// buffers, `cols` not a multiple of 32.
-    #[allow(clippy::too_many_arguments)]
-    fn q8_matmul(
-        &self,
-        values: &[u8],
-        scales: &[f32],
-        x: &[f32],
-        m: usize,
-        rows: usize,
-        cols: usize,
-        y: &mut [f32],
-    ) -> Result<(), ComputeError> {
-        crate::q8_split::q8_matmul(values, scales, x, m, rows, cols, y)
     }
 
     /// Normalise every row of `x` (`[R, width]`, `width = norm.weight.len()`) into `out`

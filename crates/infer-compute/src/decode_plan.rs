@@ -11,25 +11,8 @@
 //! soft-cap. A model with anything else (LayerNorm, biases, parallel residual, MoE or walk FFN,
 //! learned positions) is not expressed as a plan and runs the host loop.
 
-use half::f16;
-use infer_quant::QuantFormat;
-
 use crate::ops::Activation;
-use crate::{Argmax, AttentionParams, ComputeError, FloatTable, RopeConfig};
-
-/// A weight matrix `[rows, cols]` (HF Linear layout: one output feature per row).
-#[derive(Clone, Copy, Debug)]
-pub enum PlanWeight<'a> {
-    /// ggml blocks of `format`, `rows · format.bytes_for(cols)` bytes.
-    Quant {
-        format: QuantFormat,
-        bytes: &'a [u8],
-    },
-    /// f32 values, `rows · cols`.
-    F32(&'a [f32]),
-    /// f16 values, `rows · cols`.
-    F16(&'a [f16]),
-}
+use crate::{Argmax, AttentionParams, ComputeError, FloatTable, MatData, RopeConfig};
 
 /// One decoder block. Norm weights are `[hidden]` f32 (q/k norms `[head_dim]`, applied per
 /// head); every norm computes `x · rsqrt(mean(x²) + eps) · (w + norm_offset)`.
@@ -42,18 +25,18 @@ pub struct PlanLayer<'a> {
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
     /// `[n_q_heads · head_dim, hidden]`.
-    pub wq: PlanWeight<'a>,
+    pub wq: MatData<'a>,
     /// `[n_kv_heads · head_dim, hidden]`.
-    pub wk: PlanWeight<'a>,
-    pub wv: PlanWeight<'a>,
+    pub wk: MatData<'a>,
+    pub wv: MatData<'a>,
     /// `[hidden, n_q_heads · head_dim]`.
-    pub wo: PlanWeight<'a>,
+    pub wo: MatData<'a>,
     /// `[intermediate, hidden]`; `None` for a plain `down(act(up(x)))` FFN.
-    pub gate: Option<PlanWeight<'a>>,
+    pub gate: Option<MatData<'a>>,
     /// `[intermediate, hidden]`.
-    pub up: PlanWeight<'a>,
+    pub up: MatData<'a>,
     /// `[hidden, intermediate]`.
-    pub down: PlanWeight<'a>,
+    pub down: MatData<'a>,
     pub intermediate_size: usize,
     /// Heads, head_dim, scale, sliding window, soft-cap.
     pub attention: AttentionParams,
@@ -81,7 +64,7 @@ pub struct DecodePlan<'a> {
     pub final_eps: f32,
     pub final_norm_offset: f32,
     /// `[vocab, hidden]`; `None`: tied to the embeddings.
-    pub lm_head: Option<PlanWeight<'a>>,
+    pub lm_head: Option<MatData<'a>>,
     /// Logits are divided by this (1 for most models).
     pub logits_divisor: f32,
     /// Final logit soft-cap `cap · tanh(z / cap)` (Gemma-2).

@@ -27,6 +27,9 @@ pub enum ComputeError {
         backend: &'static str,
         message: String,
     },
+    /// A kernel for ggml block formats was handed a matrix of another storage.
+    #[error("a {storage} matrix where ggml blocks were expected")]
+    NotBlocks { storage: String },
     /// Error from the block-format layer (bad block alignment, byte count, unsupported format).
     #[error(transparent)]
     Quant(#[from] QuantError),

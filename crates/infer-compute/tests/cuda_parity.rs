@@ -23,7 +23,7 @@ use infer_compute::cuda::CudaBackend;
 use infer_compute::ops::Activation;
 use infer_compute::{
     AttentionParams, ComputeBackend, ComputeError, CpuBackend, DecodePlan, FloatTable, Isa,
-    PlanLayer, PlanWeight, QuantFormat,
+    PlanLayer, QuantFormat,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -156,16 +156,36 @@ fn quant_case(
     let mut got = vec![f32::NAN; m * rows];
     if m == 1 {
         cpu()
-            .quant_matvec(fmt, &bytes, &x, rows, cols, &mut want)
+            .linear(
+                &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
+                &x,
+                1,
+                &mut want,
+            )
             .unwrap();
-        gpu.quant_matvec(fmt, &bytes, &x, rows, cols, &mut got)
-            .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"));
+        gpu.linear(
+            &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
+            &x,
+            1,
+            &mut got,
+        )
+        .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"));
     } else {
         cpu()
-            .quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut want)
+            .linear(
+                &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
+                &x,
+                m,
+                &mut want,
+            )
             .unwrap();
-        gpu.quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut got)
-            .unwrap_or_else(|e| panic!("{fmt} m={m} {rows}x{cols}: {e}"));
+        gpu.linear(
+            &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
+            &x,
+            m,
+            &mut got,
+        )
+        .unwrap_or_else(|e| panic!("{fmt} m={m} {rows}x{cols}: {e}"));
     }
     let mag = term_sums(
         &weight_magnitudes(fmt, &bytes, rows * cols),
@@ -259,13 +279,13 @@ fn q6_k_matches_cpu() {
     quant_format_parity(QuantFormat::Q6_K, 66);
 }
 
-/// `quant_matmul_many` (activations quantized once per family, one download) on mixed formats
+/// `linear_many` (activations quantized once per family, one download) on mixed formats
 /// sharing `cols`: every output bit-equal to the single-matrix GPU product and within TOL of
 /// the CPU's fused call; an empty (0-row) projection is allowed.
 #[test]
 #[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
 fn fused_products_equal_single_products() {
-    use infer_compute::QuantProj;
+    use infer_compute::{Matrix, Proj};
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(77);
     let mut worst = 0f64;
@@ -286,36 +306,37 @@ fn fused_products_equal_single_products() {
         let mut got: Vec<Vec<f32>> = specs.iter().map(|&(_, r)| vec![f32::NAN; m * r]).collect();
         let mut want: Vec<Vec<f32>> = specs.iter().map(|&(_, r)| vec![f32::NAN; m * r]).collect();
         {
-            let mut projs: Vec<QuantProj<'_>> = specs
+            let mut projs: Vec<Proj<'_>> = specs
                 .iter()
                 .zip(&weights)
                 .zip(got.iter_mut())
-                .map(|((&(format, rows), bytes), y)| QuantProj {
-                    format,
-                    bytes,
-                    rows,
+                .map(|((&(format, rows), bytes), y)| Proj {
+                    w: Matrix::blocks(format, bytes, rows, cols),
                     y,
                 })
                 .collect();
-            gpu.quant_matmul_many(&x, m, cols, &mut projs)
+            gpu.linear_many(&x, m, &mut projs)
                 .unwrap_or_else(|e| panic!("fused m={m} cols={cols}: {e}"));
-            let mut projs: Vec<QuantProj<'_>> = specs
+            let mut projs: Vec<Proj<'_>> = specs
                 .iter()
                 .zip(&weights)
                 .zip(want.iter_mut())
-                .map(|((&(format, rows), bytes), y)| QuantProj {
-                    format,
-                    bytes,
-                    rows,
+                .map(|((&(format, rows), bytes), y)| Proj {
+                    w: Matrix::blocks(format, bytes, rows, cols),
                     y,
                 })
                 .collect();
-            cpu().quant_matmul_many(&x, m, cols, &mut projs).unwrap();
+            cpu().linear_many(&x, m, &mut projs).unwrap();
         }
         for (i, &(fmt, rows)) in specs.iter().enumerate() {
             let mut single = vec![f32::NAN; m * rows];
-            gpu.quant_matmul(fmt, &weights[i], &x, m, rows, cols, &mut single)
-                .unwrap_or_else(|e| panic!("{fmt} m={m} {rows}x{cols}: {e}"));
+            gpu.linear(
+                &infer_compute::Matrix::blocks(fmt, &weights[i], rows, cols),
+                &x,
+                m,
+                &mut single,
+            )
+            .unwrap_or_else(|e| panic!("{fmt} m={m} {rows}x{cols}: {e}"));
             assert!(
                 single
                     .iter()
@@ -344,10 +365,10 @@ fn zero_layer_plan<'a>(
     final_norm: &'a [f32],
     ones: &'a [f32],
     zeros: &'a [u8],
-    lm_head: Option<PlanWeight<'a>>,
+    lm_head: Option<infer_compute::MatData<'a>>,
 ) -> DecodePlan<'a> {
     let h = final_norm.len();
-    let q8 = PlanWeight::Quant {
+    let q8 = infer_compute::MatData::Blocks {
         format: QuantFormat::Q8_0,
         bytes: zeros,
     };
@@ -432,7 +453,7 @@ fn decoder_lm_head_and_argmax_match_cpu() {
         QuantFormat::Q4_0,
     ] {
         let lm = random_blocks(&mut rng, fmt, vocab * h / fmt.block_elems());
-        let lm_head = Some(PlanWeight::Quant {
+        let lm_head = Some(infer_compute::MatData::Blocks {
             format: fmt,
             bytes: &lm,
         });
@@ -446,7 +467,12 @@ fn decoder_lm_head_and_argmax_match_cpu() {
             .unwrap_or_else(|e| panic!("{fmt}: step: {e}"));
         let mut want = vec![f32::NAN; vocab];
         cpu()
-            .quant_matvec(fmt, &lm, &xn, vocab, h, &mut want)
+            .linear(
+                &infer_compute::Matrix::blocks(fmt, &lm, vocab, h),
+                &xn,
+                1,
+                &mut want,
+            )
             .unwrap();
         let mag = term_sums(&weight_magnitudes(fmt, &lm, vocab * h), &xn, 1, vocab, h);
         worst = worst.max(compare(
@@ -500,10 +526,20 @@ fn q8_attention_format_matches_cpu() {
             let mut want = vec![f32::NAN; m * rows];
             let mut got = vec![f32::NAN; m * rows];
             cpu()
-                .q8_matmul(&values, &scales, &x, m, rows, cols, &mut want)
+                .linear(
+                    &infer_compute::Matrix::split_q8(&values, &scales, rows, cols),
+                    &x,
+                    m,
+                    &mut want,
+                )
                 .unwrap();
-            gpu.q8_matmul(&values, &scales, &x, m, rows, cols, &mut got)
-                .unwrap();
+            gpu.linear(
+                &infer_compute::Matrix::split_q8(&values, &scales, rows, cols),
+                &x,
+                m,
+                &mut got,
+            )
+            .unwrap();
             let wabs: Vec<f32> = (0..rows * cols)
                 .map(|j| ((values[j] as i8) as f32 * scales[j / 32]).abs())
                 .collect();
@@ -571,16 +607,19 @@ fn f32_and_f16_products_match_cpu() {
             (g, c)
         };
         let s = format!("m={m} k={k} n={n}");
-        let (g, c) = run(&|be, out| be.matmul_transb(&a, &b, m, k, n, out));
+        let (g, c) = run(&|be, out| be.matmul_transb(&a, &b, m, k, n, out).expect("product"));
         worst[0] = worst[0].max(compare(&format!("matmul_transb {s}"), &g, &c, &mag_t));
-        let (g, c) = run(&|be, out| be.matmul(&a, &b, m, k, n, out));
+        let (g, c) = run(&|be, out| be.matmul(&a, &b, m, k, n, out).expect("product"));
         worst[1] = worst[1].max(compare(&format!("matmul {s}"), &g, &c, &mag_n));
-        let (g, c) = run(&|be, out| be.matmul_transb_f16(&a, &bh, m, k, n, out));
+        let (g, c) = run(&|be, out| {
+            be.matmul_transb_f16(&a, &bh, m, k, n, out)
+                .expect("product")
+        });
         worst[2] = worst[2].max(compare(&format!("matmul_transb_f16 {s}"), &g, &c, &mag_th));
-        let (g, c) = run(&|be, out| be.matmul_f16(&a, &bh, m, k, n, out));
+        let (g, c) = run(&|be, out| be.matmul_f16(&a, &bh, m, k, n, out).expect("product"));
         worst[3] = worst[3].max(compare(&format!("matmul_f16 {s}"), &g, &c, &mag_nh));
         if m == 1 {
-            let (g, c) = run(&|be, out| be.gemv(&b, &a, n, k, out));
+            let (g, c) = run(&|be, out| be.gemv(&b, &a, n, k, out).expect("product"));
             worst[4] = worst[4].max(compare(&format!("gemv {s}"), &g, &c, &mag_t));
         }
     }
@@ -605,11 +644,21 @@ fn weights_are_cached_and_reuploaded_when_changed() {
     let mut bytes = random_blocks(&mut rng, QuantFormat::Q8_0, rows * cols / 32);
     let x = gauss(&mut rng, cols, 1.0);
     let (mut y1, mut y2, mut want) = (vec![0f32; rows], vec![0f32; rows], vec![0f32; rows]);
-    gpu.quant_matvec(QuantFormat::Q8_0, &bytes, &x, rows, cols, &mut y1)
-        .unwrap();
+    gpu.linear(
+        &infer_compute::Matrix::blocks(QuantFormat::Q8_0, &bytes, rows, cols),
+        &x,
+        1,
+        &mut y1,
+    )
+    .unwrap();
     assert_eq!(gpu.cached_weight_bytes(), bytes.len());
-    gpu.quant_matvec(QuantFormat::Q8_0, &bytes, &x, rows, cols, &mut y2)
-        .unwrap();
+    gpu.linear(
+        &infer_compute::Matrix::blocks(QuantFormat::Q8_0, &bytes, rows, cols),
+        &x,
+        1,
+        &mut y2,
+    )
+    .unwrap();
     assert_eq!(
         gpu.cached_weight_bytes(),
         bytes.len(),
@@ -619,10 +668,20 @@ fn weights_are_cached_and_reuploaded_when_changed() {
     // Rewrite the weights in place (same address and length): the fingerprint sees it.
     let fresh = random_blocks(&mut rng, QuantFormat::Q8_0, rows * cols / 32);
     bytes.copy_from_slice(&fresh);
-    gpu.quant_matvec(QuantFormat::Q8_0, &bytes, &x, rows, cols, &mut y2)
-        .unwrap();
+    gpu.linear(
+        &infer_compute::Matrix::blocks(QuantFormat::Q8_0, &bytes, rows, cols),
+        &x,
+        1,
+        &mut y2,
+    )
+    .unwrap();
     cpu()
-        .quant_matvec(QuantFormat::Q8_0, &bytes, &x, rows, cols, &mut want)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q8_0, &bytes, rows, cols),
+            &x,
+            1,
+            &mut want,
+        )
         .unwrap();
     let mag = term_sums(
         &weight_magnitudes(QuantFormat::Q8_0, &bytes, rows * cols),
@@ -643,14 +702,24 @@ fn bad_inputs_are_errors_on_the_device_backend() {
     let mut y = vec![0f32; 2];
     let x = vec![0f32; 32];
     let err = gpu
-        .quant_matvec(QuantFormat::Q4_1, &[0u8; 40], &x, 2, 32, &mut y)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q4_1, &[0u8; 40], 2, 32),
+            &x,
+            1,
+            &mut y,
+        )
         .unwrap_err();
     assert!(
         matches!(err, ComputeError::UnsupportedFormat { .. }),
         "{err}"
     );
     let err = gpu
-        .quant_matvec(QuantFormat::Q8_0, &[0u8; 67], &x, 2, 32, &mut y)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q8_0, &[0u8; 67], 2, 32),
+            &x,
+            1,
+            &mut y,
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -665,11 +734,21 @@ fn bad_inputs_are_errors_on_the_device_backend() {
     );
     let x31 = vec![0f32; 31];
     let err = gpu
-        .quant_matvec(QuantFormat::Q8_0, &[0u8; 68], &x31, 2, 31, &mut y)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q8_0, &[0u8; 68], 2, 31),
+            &x31,
+            1,
+            &mut y,
+        )
         .unwrap_err();
     assert!(matches!(err, ComputeError::Quant(_)), "{err}");
     let err = gpu
-        .q8_matmul(&[0u8; 64], &[1.0; 1], &x, 1, 2, 32, &mut y)
+        .linear(
+            &infer_compute::Matrix::split_q8(&[0u8; 64], &[1.0; 1], 2, 32),
+            &x,
+            1,
+            &mut y,
+        )
         .unwrap_err();
     assert!(matches!(err, ComputeError::ShapeMismatch { .. }), "{err}");
 }

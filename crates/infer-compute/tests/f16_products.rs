@@ -87,10 +87,12 @@ fn check_products(transposed: bool, seed: u64) {
                 let mut c = vec![f32::NAN; m * n];
                 let what = format!("{name}/{threads}t transposed={transposed}");
                 if transposed {
-                    pool.install(|| be.matmul_transb_f16(&a, &b, m, k, n, &mut c));
+                    pool.install(|| be.matmul_transb_f16(&a, &b, m, k, n, &mut c))
+                        .unwrap();
                     check(&what, &a, &c, m, k, n, |p, j| b[j * k + p].to_f32());
                 } else {
-                    pool.install(|| be.matmul_f16(&a, &b, m, k, n, &mut c));
+                    pool.install(|| be.matmul_f16(&a, &b, m, k, n, &mut c))
+                        .unwrap();
                     check(&what, &a, &c, m, k, n, |p, j| b[p * n + j].to_f32());
                 }
             }
@@ -118,8 +120,8 @@ fn f16_products_equal_f32_products_on_widened_weights() {
     let b = random_f16(&mut rng, n * k);
     let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
     let (mut c16, mut c32) = (vec![0.0; m * n], vec![0.0; m * n]);
-    be.matmul_transb_f16(&a, &b, m, k, n, &mut c16);
-    be.matmul_transb(&a, &wide, m, k, n, &mut c32);
+    be.matmul_transb_f16(&a, &b, m, k, n, &mut c16).unwrap();
+    be.matmul_transb(&a, &wide, m, k, n, &mut c32).unwrap();
     for (x, y) in c16.iter().zip(&c32) {
         assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{x} vs {y}");
     }

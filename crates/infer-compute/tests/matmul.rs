@@ -69,7 +69,7 @@ fn run_matmul_cases() {
         let b = random(&mut rng, n * k);
         let (want, scale) = reference(&a, &b, m, k, n);
         let mut c = vec![f32::NAN; m * n];
-        be.matmul_transb(&a, &b, m, k, n, &mut c);
+        be.matmul_transb(&a, &b, m, k, n, &mut c).unwrap();
         check(
             &c,
             &want,
@@ -79,7 +79,7 @@ fn run_matmul_cases() {
         // Same product with B given as [k, n].
         let b_plain = transpose(&b, n, k);
         let mut c = vec![f32::NAN; m * n];
-        be.matmul(&a, &b_plain, m, k, n, &mut c);
+        be.matmul(&a, &b_plain, m, k, n, &mut c).unwrap();
         check(&c, &want, &scale, &format!("matmul m={m} k={k} n={n}"));
     }
 }
@@ -104,10 +104,12 @@ fn matmul_matches_naive_f64_on_3_and_4_threads() {
 fn matmuls_with_k_zero_are_all_zero() {
     for m in [1, 2] {
         let mut c = vec![f32::NAN; m * 3];
-        CpuBackend::new().matmul_transb(&[], &[], m, 0, 3, &mut c);
+        CpuBackend::new()
+            .matmul_transb(&[], &[], m, 0, 3, &mut c)
+            .unwrap();
         assert_eq!(c, vec![0.0; m * 3]);
         let mut c = vec![f32::NAN; m * 3];
-        CpuBackend::new().matmul(&[], &[], m, 0, 3, &mut c);
+        CpuBackend::new().matmul(&[], &[], m, 0, 3, &mut c).unwrap();
         assert_eq!(c, vec![0.0; m * 3]);
     }
 }
@@ -129,7 +131,7 @@ fn gemv_matches_naive_f64() {
         let b = random(&mut rng, n * k);
         let x = random(&mut rng, k);
         let mut y = vec![f32::NAN; n];
-        be.gemv(&b, &x, n, k, &mut y);
+        be.gemv(&b, &x, n, k, &mut y).unwrap();
         let (want, scale) = reference(&x, &b, 1, k, n);
         check(&y, &want, &scale, &format!("gemv n={n} k={k}"));
     }
@@ -145,8 +147,8 @@ fn gemv_bitwise_equals_matmul_row_one() {
     let x = random(&mut rng, k);
     let mut y1 = vec![0f32; n];
     let mut y2 = vec![0f32; n];
-    be.gemv(&b, &x, n, k, &mut y1);
-    be.matmul_transb(&x, &b, 1, k, n, &mut y2);
+    be.gemv(&b, &x, n, k, &mut y1).unwrap();
+    be.matmul_transb(&x, &b, 1, k, n, &mut y2).unwrap();
     assert_eq!(y1, y2);
 }
 
@@ -159,10 +161,15 @@ fn quant_matvec_f32_matches_gemv() {
     let x = random(&mut rng, cols);
     let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut y = vec![f32::NAN; rows];
-    be.quant_matvec(QuantFormat::F32, &bytes, &x, rows, cols, &mut y)
-        .expect("f32 matvec");
+    be.linear(
+        &infer_compute::Matrix::blocks(QuantFormat::F32, &bytes, rows, cols),
+        &x,
+        1,
+        &mut y,
+    )
+    .expect("f32 matvec");
     let mut y_ref = vec![0f32; rows];
-    be.gemv(&w, &x, rows, cols, &mut y_ref);
+    be.gemv(&w, &x, rows, cols, &mut y_ref).unwrap();
     assert_eq!(y, y_ref);
 }
 
@@ -173,7 +180,12 @@ fn quant_matvec_rejects_bad_sizes() {
     let mut y = vec![0f32; 2];
     // 2 rows of 64 Q4_0 values = 2 * 2 blocks * 18 bytes = 72; give 71.
     let err = be
-        .quant_matvec(QuantFormat::Q4_0, &[0u8; 71], &x, 2, 64, &mut y)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q4_0, &[0u8; 71], 2, 64),
+            &x,
+            1,
+            &mut y,
+        )
         .expect_err("short bytes must fail");
     assert!(
         matches!(
@@ -189,7 +201,12 @@ fn quant_matvec_rejects_bad_sizes() {
     // 48 columns is not a whole number of 32-value blocks.
     let x = vec![0f32; 48];
     let err = be
-        .quant_matvec(QuantFormat::Q4_0, &[0u8; 54], &x, 2, 48, &mut y)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q4_0, &[0u8; 54], 2, 48),
+            &x,
+            1,
+            &mut y,
+        )
         .expect_err("unaligned row must fail");
     assert!(matches!(err, ComputeError::Quant(_)), "{err}");
 }

@@ -1,5 +1,5 @@
 //! The tiled quantized products (tile kernels for Q4_0/Q5_0/Q8_0 and Q6_K, one weight row against
-//! several activation rows) and `quant_matmul_many` (fused QKV / gate+up) against the scalar
+//! several activation rows) and `linear_many` (fused QKV / gate+up) against the scalar
 //! reference backend, on random data of many shapes: odd activation-row counts (tiles of 4
 //! plus remainders), odd weight-row counts, rows not divisible by the thread count.
 //!
@@ -7,7 +7,7 @@
 //! dots; only the f32 order of the per-block accumulation differs).
 
 use infer_compute::vec_dot::Isa;
-use infer_compute::{ComputeBackend, CpuBackend, QuantFormat, QuantProj};
+use infer_compute::{ComputeBackend, CpuBackend, Matrix, Proj, QuantFormat};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn gauss(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
@@ -88,10 +88,10 @@ fn tiled_quant_matmul_matches_scalar_backend() {
                 let x = gauss(&mut rng, m * cols, if m % 2 == 0 { 1.0 } else { 1e-3 });
                 let mut want = vec![f32::NAN; m * rows];
                 scalar
-                    .quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut want)
+                    .linear(&Matrix::blocks(fmt, &bytes, rows, cols), &x, m, &mut want)
                     .unwrap();
                 let mut got = vec![f32::NAN; m * rows];
-                best.quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut got)
+                best.linear(&Matrix::blocks(fmt, &bytes, rows, cols), &x, m, &mut got)
                     .unwrap();
                 let scale = abs_terms(fmt, &bytes, &x, m, rows, cols);
                 let what = format!("{fmt} m={m} {rows}x{cols}");
@@ -143,21 +143,19 @@ fn quant_matmul_many_equals_separate_products() {
                     .iter()
                     .map(|&(_, rows)| vec![f32::NAN; m * rows])
                     .collect();
-                let mut projs: Vec<QuantProj<'_>> = mix
+                let mut projs: Vec<Proj<'_>> = mix
                     .iter()
                     .zip(&ws)
                     .zip(outs.iter_mut())
-                    .map(|((&(format, rows), bytes), y)| QuantProj {
-                        format,
-                        bytes,
-                        rows,
+                    .map(|((&(format, rows), bytes), y)| Proj {
+                        w: Matrix::blocks(format, bytes, rows, cols),
                         y,
                     })
                     .collect();
-                be.quant_matmul_many(&x, m, cols, &mut projs).unwrap();
+                be.linear_many(&x, m, &mut projs).unwrap();
                 for ((&(f, rows), bytes), got) in mix.iter().zip(&ws).zip(&outs) {
                     let mut want = vec![f32::NAN; m * rows];
-                    be.quant_matmul(f, bytes, &x, m, rows, cols, &mut want)
+                    be.linear(&Matrix::blocks(f, bytes, rows, cols), &x, m, &mut want)
                         .unwrap();
                     assert_eq!(got, &want, "{:?} {f} m={m} rows={rows}", be.isa());
                 }
@@ -172,12 +170,10 @@ fn quant_matmul_many_reports_bad_bytes() {
     let x = vec![0.5f32; 64];
     let bytes = vec![0u8; 10];
     let mut y = vec![0f32; 2];
-    let mut projs = [QuantProj {
-        format: QuantFormat::Q5_0,
-        bytes: &bytes,
-        rows: 2,
+    let mut projs = [Proj {
+        w: Matrix::blocks(QuantFormat::Q5_0, &bytes, 2, 64),
         y: &mut y,
     }];
-    let err = be.quant_matmul_many(&x, 1, 64, &mut projs).unwrap_err();
+    let err = be.linear_many(&x, 1, &mut projs).unwrap_err();
     assert!(err.to_string().contains("bytes"), "{err}");
 }

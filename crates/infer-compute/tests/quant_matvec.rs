@@ -103,8 +103,13 @@ fn quant_matvec_matches_f64_reference_for_every_format() {
                     let bytes = infer_quant::quantize(fmt, &w, cols, None).unwrap();
                     let x = gauss(&mut rng, cols, 1.0);
                     let mut y = vec![f32::NAN; rows];
-                    be.quant_matvec(fmt, &bytes, &x, rows, cols, &mut y)
-                        .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"));
+                    be.linear(
+                        &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
+                        &x,
+                        1,
+                        &mut y,
+                    )
+                    .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"));
                     let (want, scale) = reference(fmt, &bytes, &x, rows, cols);
                     for r in 0..rows {
                         let err = (y[r] as f64 - want[r]).abs();
@@ -207,16 +212,19 @@ fn quant_matmul_rows_equal_quant_matvec() {
                 let bytes = infer_quant::quantize(fmt, &w, cols, None).unwrap();
                 let x = gauss(&mut rng, m * cols, 1.0);
                 let mut y = vec![f32::NAN; m * rows];
-                be.quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut y)
-                    .unwrap_or_else(|e| panic!("{fmt} m={m} {rows}x{cols}: {e}"));
+                be.linear(
+                    &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
+                    &x,
+                    m,
+                    &mut y,
+                )
+                .unwrap_or_else(|e| panic!("{fmt} m={m} {rows}x{cols}: {e}"));
                 for i in 0..m {
                     let mut yi = vec![f32::NAN; rows];
-                    be.quant_matvec(
-                        fmt,
-                        &bytes,
+                    be.linear(
+                        &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
                         &x[i * cols..(i + 1) * cols],
-                        rows,
-                        cols,
+                        1,
                         &mut yi,
                     )
                     .unwrap();
@@ -232,69 +240,128 @@ fn quant_matmul_rows_equal_quant_matvec() {
     }
 }
 
-/// A backend with only the required methods, to exercise the trait's default `quant_matmul`.
-struct OnlyMatvec(CpuBackend);
+/// A backend with only the required methods, to exercise the trait's default `linear_many`
+/// (one `linear` per matrix) against the CPU's fused one.
+struct OnlyLinear(CpuBackend);
 
-impl ComputeBackend for OnlyMatvec {
+impl ComputeBackend for OnlyLinear {
     fn name(&self) -> &str {
-        "only-matvec"
+        "only-linear"
     }
-    fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul_transb(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         self.0.matmul_transb(a, b, m, k, n, c)
     }
-    fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         self.0.matmul(a, b, m, k, n, c)
     }
-    fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]) {
-        self.0.gemv(b, x, n, k, y)
-    }
-    fn quant_matvec(
+    fn gemv(
         &self,
-        format: QuantFormat,
-        bytes: &[u8],
+        b: &[f32],
         x: &[f32],
-        rows: usize,
-        cols: usize,
+        n: usize,
+        k: usize,
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
-        self.0.quant_matvec(format, bytes, x, rows, cols, y)
+        self.0.gemv(b, x, n, k, y)
+    }
+    fn linear(
+        &self,
+        w: &infer_compute::Matrix<'_>,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
+        self.0.linear(w, x, m, y)
     }
 }
 
 #[test]
-fn default_quant_matmul_equals_cpu_quant_matmul() {
+fn default_linear_many_equals_cpu_linear_many() {
     let mut rng = StdRng::seed_from_u64(14);
-    let (m, rows, cols) = (3, 9, 512);
+    let (m, cols) = (3, 512);
     let cpu = CpuBackend::new();
-    let def = OnlyMatvec(cpu);
-    for fmt in [QuantFormat::Q4_K, QuantFormat::Q5_K] {
+    let def = OnlyLinear(cpu);
+    let mats: Vec<(QuantFormat, usize, Vec<u8>)> = [
+        (QuantFormat::Q4_K, 9),
+        (QuantFormat::Q5_K, 5),
+        (QuantFormat::Q8_0, 7),
+    ]
+    .iter()
+    .map(|&(fmt, rows)| {
         let w = gauss(&mut rng, rows * cols, 0.05);
-        let bytes = infer_quant::quantize(fmt, &w, cols, None).unwrap();
-        let x = gauss(&mut rng, m * cols, 1.0);
-        let mut y1 = vec![f32::NAN; m * rows];
-        let mut y2 = vec![f32::NAN; m * rows];
-        cpu.quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut y1)
-            .unwrap();
-        def.quant_matmul(fmt, &bytes, &x, m, rows, cols, &mut y2)
-            .unwrap();
-        assert_eq!(y1, y2, "{fmt}");
-    }
+        (
+            fmt,
+            rows,
+            infer_quant::quantize(fmt, &w, cols, None).unwrap(),
+        )
+    })
+    .collect();
+    let x = gauss(&mut rng, m * cols, 1.0);
+    let run = |be: &dyn ComputeBackend| -> Vec<Vec<f32>> {
+        let mut outs: Vec<Vec<f32>> = mats.iter().map(|(_, r, _)| vec![f32::NAN; m * r]).collect();
+        let mut projs: Vec<infer_compute::Proj<'_>> = mats
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|((f, r, b), y)| infer_compute::Proj {
+                w: infer_compute::Matrix::blocks(*f, b, *r, cols),
+                y,
+            })
+            .collect();
+        be.linear_many(&x, m, &mut projs).unwrap();
+        outs
+    };
+    assert_eq!(
+        run(&cpu),
+        run(&def),
+        "default linear_many differs from the CPU's fused one"
+    );
 }
 
 #[test]
 fn zero_sized_products_write_every_output() {
     let be = CpuBackend::new();
     let mut y = vec![f32::NAN; 3];
-    be.quant_matvec(QuantFormat::Q4_K, &[], &[], 3, 0, &mut y)
-        .unwrap();
+    be.linear(
+        &infer_compute::Matrix::blocks(QuantFormat::Q4_K, &[], 3, 0),
+        &[],
+        1,
+        &mut y,
+    )
+    .unwrap();
     assert_eq!(y, vec![0.0; 3]);
     let mut y = vec![f32::NAN; 6];
-    be.quant_matmul(QuantFormat::Q4_0, &[], &[], 2, 3, 0, &mut y)
-        .unwrap();
+    be.linear(
+        &infer_compute::Matrix::blocks(QuantFormat::Q4_0, &[], 3, 0),
+        &[],
+        2,
+        &mut y,
+    )
+    .unwrap();
     assert_eq!(y, vec![0.0; 6]);
     let mut y: Vec<f32> = vec![];
-    be.quant_matmul(QuantFormat::Q4_0, &[], &[0.0; 64], 2, 0, 32, &mut y)
-        .unwrap();
+    be.linear(
+        &infer_compute::Matrix::blocks(QuantFormat::Q4_0, &[], 0, 32),
+        &[0.0; 64],
+        2,
+        &mut y,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -304,7 +371,12 @@ fn bad_inputs_are_errors() {
     let mut y = vec![0f32; 2];
     // Q8_1 has no kernel and no dequantizer.
     let err = be
-        .quant_matvec(QuantFormat::Q8_1, &[0u8; 2 * 8 * 36], &x, 2, 256, &mut y)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q8_1, &[0u8; 2 * 8 * 36], 2, 256),
+            &x,
+            1,
+            &mut y,
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -319,7 +391,12 @@ fn bad_inputs_are_errors() {
     // 2 rows of 256 Q4_K values = 288 bytes; one short, one long.
     for len in [287usize, 289] {
         let err = be
-            .quant_matvec(QuantFormat::Q4_K, &vec![0u8; len], &x, 2, 256, &mut y)
+            .linear(
+                &infer_compute::Matrix::blocks(QuantFormat::Q4_K, &vec![0u8; len], 2, 256),
+                &x,
+                1,
+                &mut y,
+            )
             .unwrap_err();
         assert!(
             matches!(err, ComputeError::ShapeMismatch { expected: 288, got, .. } if got == len),
@@ -328,7 +405,12 @@ fn bad_inputs_are_errors() {
         let mut y2 = vec![0f32; 4];
         let x2 = vec![0.5f32; 512];
         let err = be
-            .quant_matmul(QuantFormat::Q4_K, &vec![0u8; len], &x2, 2, 2, 256, &mut y2)
+            .linear(
+                &infer_compute::Matrix::blocks(QuantFormat::Q4_K, &vec![0u8; len], 2, 256),
+                &x2,
+                2,
+                &mut y2,
+            )
             .unwrap_err();
         assert!(
             matches!(err, ComputeError::ShapeMismatch { expected: 288, .. }),
@@ -338,23 +420,57 @@ fn bad_inputs_are_errors() {
     // 288 columns: not a whole number of 256-value super-blocks.
     let x = vec![0.5f32; 288];
     let err = be
-        .quant_matvec(QuantFormat::Q6_K, &[0u8; 420], &x, 2, 288, &mut y)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q6_K, &[0u8; 420], 2, 288),
+            &x,
+            1,
+            &mut y,
+        )
         .unwrap_err();
     assert!(matches!(err, ComputeError::Quant(_)), "{err}");
     let mut y2 = vec![0f32; 4];
     let x2 = vec![0.5f32; 576];
     let err = be
-        .quant_matmul(QuantFormat::Q6_K, &[0u8; 420], &x2, 2, 2, 288, &mut y2)
+        .linear(
+            &infer_compute::Matrix::blocks(QuantFormat::Q6_K, &[0u8; 420], 2, 288),
+            &x2,
+            2,
+            &mut y2,
+        )
         .unwrap_err();
     assert!(matches!(err, ComputeError::Quant(_)), "{err}");
 }
 
 #[test]
-#[should_panic(expected = "x has 10 values")]
-fn wrong_activation_length_panics() {
+fn wrong_activation_or_output_length_is_an_error() {
     let be = CpuBackend::new();
+    let w = infer_compute::Matrix::blocks(QuantFormat::Q4_0, &[0u8; 18], 1, 32);
     let mut y = vec![0f32; 1];
-    let _ = be.quant_matvec(QuantFormat::Q4_0, &[0u8; 18], &[0.0; 10], 1, 32, &mut y);
+    let err = be.linear(&w, &[0.0; 10], 1, &mut y).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ComputeError::ShapeMismatch {
+                expected: 32,
+                got: 10,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut y2 = vec![0f32; 2];
+    let err = be.linear(&w, &[0.0; 32], 1, &mut y2).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ComputeError::ShapeMismatch {
+                expected: 1,
+                got: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]

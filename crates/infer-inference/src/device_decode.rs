@@ -5,12 +5,12 @@
 //! it writes are uploaded to the device cache before the next device step, and rows the device
 //! wrote are copied back before the next host pass, so both caches agree wherever they are read.
 
-use infer_compute::{ComputeBackend, DecodePlan, PlanLayer, PlanWeight, TokenDecoder};
+use infer_compute::{ComputeBackend, DecodePlan, MatData, PlanLayer, TokenDecoder};
 use infer_models::{Activation, FfnType, NormType};
 
 use crate::forward::Logits;
 use crate::layer::Ffn;
-use crate::layer::{Linear, NormWeights, QuantWeight, WeightData};
+use crate::layer::{Linear, NormWeights, WeightData};
 use crate::{InferenceError, KvCache, Model};
 
 impl Model<'_> {
@@ -110,25 +110,18 @@ fn norm_weight<'w>(n: &'w Option<NormWeights<'_>>) -> Result<Option<&'w [f32]>, 
 }
 
 /// A bias-free Linear as a plan weight.
-fn plan_weight<'w>(l: &'w Linear<'_>) -> Result<PlanWeight<'w>, String> {
+fn plan_weight<'w>(l: &'w Linear<'_>) -> Result<MatData<'w>, String> {
     if l.bias.is_some() {
         return Err("a Linear bias".into());
     }
     weight_data(&l.weight)
 }
 
-fn weight_data<'w>(w: &'w WeightData<'_>) -> Result<PlanWeight<'w>, String> {
-    Ok(match w {
-        WeightData::F32(v) => PlanWeight::F32(v),
-        WeightData::F16(v) => PlanWeight::F16(v),
-        WeightData::Quant(QuantWeight {
-            scales: Some(_), ..
-        }) => return Err("the Q8 (int8 + f32 scales) attention tier".into()),
-        WeightData::Quant(QuantWeight { data, format, .. }) => PlanWeight::Quant {
-            format: *format,
-            bytes: data,
-        },
-    })
+fn weight_data<'w>(w: &'w WeightData<'_>) -> Result<MatData<'w>, String> {
+    match w.view() {
+        MatData::SplitQ8 { .. } => Err("the Q8 (int8 + f32 scales) attention tier".into()),
+        data => Ok(data),
+    }
 }
 
 /// A [`TokenDecoder`] and how far each cache holds real rows.

@@ -1,11 +1,9 @@
 //! The forward pass — one loop for prefill (many tokens) and decode (one token).
 
-use infer_compute::{ops, ComputeBackend, QuantProj};
+use infer_compute::{ops, ComputeBackend, Proj};
 use infer_models::{Activation, FfnType, NormType};
 
-use crate::layer::{
-    DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights, QuantWeight, WeightData,
-};
+use crate::layer::{DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights};
 use crate::scratch::{fit, FfnScratch, Scratch};
 use crate::walk::{layer_walk_ffn, walk_ffn, WalkBuffers};
 use crate::{InferenceError, KvCache, Model};
@@ -367,11 +365,15 @@ impl Model<'_> {
         let backend = p.backend;
         let logits = fit(logits, n_rows * self.vocab_size);
         match &self.lm_head {
-            Some(w) => matmul_weight(backend, w, normed, n_rows, h, self.vocab_size, logits)?,
-            None => {
-                self.embeddings
-                    .matmul_transb(backend, normed, n_rows, h, self.vocab_size, logits)
-            }
+            Some(w) => backend.linear(&w.matrix(self.vocab_size, h), normed, n_rows, logits)?,
+            None => self.embeddings.matmul_transb(
+                backend,
+                normed,
+                n_rows,
+                h,
+                self.vocab_size,
+                logits,
+            )?,
         }
         if let Some(b) = &self.lm_head_bias {
             add_bias(logits, b);
@@ -517,7 +519,7 @@ fn ffn(
             r?
         }
         Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, bufs, out)?,
-        Ffn::Moe(m) => *out = moe_ffn(backend, m, x, t, g),
+        Ffn::Moe(m) => *out = moe_ffn(backend, m, x, t, g)?,
     }
     Ok(())
 }
@@ -566,11 +568,11 @@ fn moe_ffn(
     x: &[f32],
     t: usize,
     g: &crate::LayerGeometry,
-) -> Vec<f32> {
+) -> Result<Vec<f32>, InferenceError> {
     let h = g.hidden_size;
     let n = m.experts.len();
     let mut router = vec![0.0; t * n];
-    backend.matmul_transb(x, &m.router, t, h, n, &mut router);
+    backend.matmul_transb(x, &m.router, t, h, n, &mut router)?;
     let mut out = vec![0.0; t * h];
     let (mut gate, mut up, mut y) = (Vec::new(), Vec::new(), Vec::new());
     for (row, (xr, probs)) in x
@@ -590,12 +592,12 @@ fn moe_ffn(
             } else {
                 probs[e]
             };
-            walk_ffn(backend, &m.experts[e], xr, 1, g, &mut gate, &mut up, &mut y);
+            walk_ffn(backend, &m.experts[e], xr, 1, g, &mut gate, &mut up, &mut y)?;
             o.iter_mut().zip(&y).for_each(|(a, b)| *a += weight * b);
         }
     }
     if let Some(shared) = &m.shared {
-        walk_ffn(backend, shared, x, t, g, &mut gate, &mut up, &mut y);
+        walk_ffn(backend, shared, x, t, g, &mut gate, &mut up, &mut y)?;
         for (row, (o, yr)) in out.chunks_exact_mut(h).zip(y.chunks_exact(h)).enumerate() {
             let gate = match &m.shared_gate {
                 Some(sg) => {
@@ -607,7 +609,7 @@ fn moe_ffn(
             o.iter_mut().zip(yr).for_each(|(a, b)| *a += gate * b);
         }
     }
-    out
+    Ok(out)
 }
 
 /// Store each sequence's new K/V rows of layer `l` in its cache and run its query rows
@@ -681,7 +683,7 @@ fn project(
     out: &mut Vec<f32>,
 ) -> Result<(), InferenceError> {
     let out = fit(out, t * w.out_features);
-    matmul_weight(backend, &w.weight, x, t, w.in_features, w.out_features, out)?;
+    backend.linear(&w.matrix(), x, t, out)?;
     if let Some(b) = &w.bias {
         add_bias(out, b);
     }
@@ -689,9 +691,9 @@ fn project(
 }
 
 /// `x · Wᵢᵀ + bᵢ` for `t` rows and `N` Linear layers with the same input, into `outs[i]`
-/// (resized to `[t, out_featuresᵢ]`): one [`ComputeBackend::quant_matmul_many`] call
-/// (activations quantized once, one parallel region) when every weight is in a ggml block
-/// format, else one [`project`] each.
+/// (resized to `[t, out_featuresᵢ]`): one [`ComputeBackend::linear_many`] call (on the CPU,
+/// activations quantized once and one parallel region when every weight is in a ggml block
+/// format).
 fn project_many<const N: usize>(
     backend: &dyn ComputeBackend,
     ws: [&Linear<'_>; N],
@@ -699,70 +701,20 @@ fn project_many<const N: usize>(
     t: usize,
     mut outs: [&mut Vec<f32>; N],
 ) -> Result<(), InferenceError> {
-    let quant = ws.map(|w| match w.weight {
-        WeightData::Quant(q @ QuantWeight { scales: None, .. })
-            if w.in_features == ws[0].in_features =>
-        {
-            Some(q)
-        }
-        _ => None,
-    });
-    if quant.iter().any(Option::is_none) {
-        for (o, w) in outs.into_iter().zip(ws) {
-            project(backend, w, x, t, o)?;
-        }
-        return Ok(());
-    }
     let mut i = 0;
     let mut projs = outs.each_mut().map(|o| {
-        let (w, q) = (ws[i], quant[i]);
+        let w = ws[i];
         i += 1;
-        QuantProj {
-            // Every entry is `Some` (checked above); `rows: 0` is never reached.
-            format: q.map_or(infer_compute::QuantFormat::Q8_0, |q| q.format),
-            bytes: q.map_or(&[][..], |q| q.data),
-            rows: w.out_features,
+        Proj {
+            w: w.matrix(),
             y: fit(o, t * w.out_features),
         }
     });
-    backend.quant_matmul_many(x, t, ws[0].in_features, &mut projs)?;
+    backend.linear_many(x, t, &mut projs)?;
     for (o, w) in outs.iter_mut().zip(ws) {
         if let Some(b) = &w.bias {
             add_bias(o, b);
         }
-    }
-    Ok(())
-}
-
-/// `out[t×n] = x[t×k] · Wᵀ` for a weight `[n, k]` in any supported format; the format tag
-/// picks the kernel.
-fn matmul_weight(
-    backend: &dyn ComputeBackend,
-    w: &WeightData<'_>,
-    x: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-    out: &mut [f32],
-) -> Result<(), InferenceError> {
-    match w {
-        WeightData::F32(w) => backend.matmul_transb(x, w, t, k, n, out),
-        WeightData::F16(w) => backend.matmul_transb_f16(x, w, t, k, n, out),
-        WeightData::Quant(QuantWeight {
-            data,
-            scales: Some(scales),
-            ..
-        }) => backend.q8_matmul(data, scales, x, t, n, k, out)?,
-        WeightData::Quant(QuantWeight {
-            data,
-            scales: None,
-            format,
-        }) if t == 1 => backend.quant_matvec(*format, data, x, n, k, out)?,
-        WeightData::Quant(QuantWeight {
-            data,
-            scales: None,
-            format,
-        }) => backend.quant_matmul(*format, data, x, t, n, k, out)?,
     }
     Ok(())
 }

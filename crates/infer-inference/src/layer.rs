@@ -6,8 +6,8 @@ use std::fmt;
 
 use half::f16;
 
-use infer_compute::QuantFormat;
 use infer_compute::{AttentionParams, RopeConfig};
+use infer_compute::{MatData, Matrix, QuantFormat};
 use infer_models::{Activation, FfnType, NormType};
 
 /// Per-layer geometry and constants, all answered by `ModelArchitecture` for this layer.
@@ -50,16 +50,6 @@ impl LayerGeometry {
 pub struct NormWeights<'a> {
     pub weight: Cow<'a, [f32]>,
     pub bias: Option<Cow<'a, [f32]>>,
-}
-
-/// Quantized weight bytes straight from the vindex mmap (the seed's `QuantWeight`): ggml
-/// blocks of `format`, rows = output features; `scales` is `Some` only for the seed's Q8
-/// attention format (int8 values with a separate f32 scale per 32 values).
-#[derive(Clone, Copy, Debug)]
-pub struct QuantWeight<'a> {
-    pub data: &'a [u8],
-    pub scales: Option<&'a [f32]>,
-    pub format: QuantFormat,
 }
 
 /// A row-major float matrix from the vindex float tier, kept in its stored precision (the f16
@@ -143,6 +133,7 @@ impl FloatRows<'_> {
     }
 
     /// `C[m×n] = A[m×k] · selfᵀ`, self `[n, k]` (a Linear weight or feature-major key table).
+    /// Errors: the backend's (device failures).
     pub fn matmul_transb(
         &self,
         backend: &dyn infer_compute::ComputeBackend,
@@ -151,7 +142,7 @@ impl FloatRows<'_> {
         k: usize,
         n: usize,
         c: &mut [f32],
-    ) {
+    ) -> Result<(), infer_compute::ComputeError> {
         match self {
             FloatRows::F32(w) => backend.matmul_transb(a, w, m, k, n, c),
             FloatRows::F16(w) => backend.matmul_transb_f16(a, w, m, k, n, c),
@@ -159,6 +150,7 @@ impl FloatRows<'_> {
     }
 
     /// `C[m×n] = A[m×k] · self`, self `[k, n]` (a feature-major value table such as down).
+    /// Errors: the backend's (device failures).
     pub fn matmul(
         &self,
         backend: &dyn infer_compute::ComputeBackend,
@@ -167,7 +159,7 @@ impl FloatRows<'_> {
         k: usize,
         n: usize,
         c: &mut [f32],
-    ) {
+    ) -> Result<(), infer_compute::ComputeError> {
         match self {
             FloatRows::F32(w) => backend.matmul(a, w, m, k, n, c),
             FloatRows::F16(w) => backend.matmul_f16(a, w, m, k, n, c),
@@ -175,12 +167,24 @@ impl FloatRows<'_> {
     }
 }
 
-/// A weight matrix `[out, in]` (HF Linear layout) in f32, f16 or a quantized format.
+/// The storage of a weight matrix `[out, in]` (HF Linear layout): float values (borrowed from
+/// the vindex mmap, or owned), or quantized bytes straight from the mmap. Products see it as
+/// the compute crate's one matrix view ([`infer_compute::Matrix`], through [`Linear::matrix`]
+/// or [`WeightData::matrix`]).
 #[derive(Clone, Debug)]
 pub enum WeightData<'a> {
     F32(Cow<'a, [f32]>),
     F16(Cow<'a, [f16]>),
-    Quant(QuantWeight<'a>),
+    /// ggml blocks of `format`, one row of blocks per output feature.
+    Blocks {
+        format: QuantFormat,
+        bytes: &'a [u8],
+    },
+    /// The seed's Q8 attention format: int8 values and one f32 scale per 32 values.
+    SplitQ8 {
+        values: &'a [u8],
+        scales: &'a [f32],
+    },
 }
 
 impl<'a> WeightData<'a> {
@@ -194,25 +198,36 @@ impl<'a> WeightData<'a> {
 }
 
 impl WeightData<'_> {
-    /// Bytes read when the whole matrix is used once.
-    pub fn byte_len(&self) -> usize {
+    /// The compute crate's view of this storage (zero-copy).
+    pub fn view(&self) -> MatData<'_> {
         match self {
-            WeightData::F32(w) => w.len() * 4,
-            WeightData::F16(w) => w.len() * 2,
-            WeightData::Quant(q) => q.data.len() + q.scales.map_or(0, |s| s.len() * 4),
+            WeightData::F32(v) => MatData::F32(v),
+            WeightData::F16(v) => MatData::F16(v),
+            WeightData::Blocks { format, bytes } => MatData::Blocks {
+                format: *format,
+                bytes,
+            },
+            WeightData::SplitQ8 { values, scales } => MatData::SplitQ8 { values, scales },
         }
     }
 
-    /// Short description for `--explain`: `f32`, `f16`, `Q4_K`, `Q8 (int8 + f32 scales)`.
-    pub fn describe(&self) -> String {
-        match self {
-            WeightData::F32(_) => "f32".into(),
-            WeightData::F16(_) => "f16".into(),
-            WeightData::Quant(QuantWeight {
-                scales: Some(_), ..
-            }) => "Q8".into(),
-            WeightData::Quant(q) => q.format.name().into(),
+    /// This storage as a matrix `[rows, cols]`.
+    pub fn matrix(&self, rows: usize, cols: usize) -> Matrix<'_> {
+        Matrix {
+            data: self.view(),
+            rows,
+            cols,
         }
+    }
+
+    /// Bytes read when the whole matrix is used once.
+    pub fn byte_len(&self) -> usize {
+        self.matrix(0, 0).byte_len()
+    }
+
+    /// Short description for `--explain`: `f32`, `f16`, `Q4_K`, `Q8` (int8 + f32 scales).
+    pub fn describe(&self) -> String {
+        self.matrix(0, 0).describe()
     }
 }
 
@@ -362,6 +377,11 @@ impl NormWeights<'_> {
 }
 
 impl Linear<'_> {
+    /// The weight as the compute crate's matrix view `[out_features, in_features]`.
+    pub fn matrix(&self) -> Matrix<'_> {
+        self.weight.matrix(self.out_features, self.in_features)
+    }
+
     fn byte_len(&self) -> usize {
         self.weight.byte_len() + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }

@@ -8,7 +8,7 @@ use infer_vindex::{FloatSlice, Tier, Vindex};
 
 use crate::layer::{
     AttnPath, DenseFfn, DownLayout, Ffn, FfnPath, FloatRows, FullPipelineLayer, LayerGeometry,
-    Linear, MoeFfn, NormWeights, QuantWeight, WalkFfn, WeightData,
+    Linear, MoeFfn, NormWeights, WalkFfn, WeightData,
 };
 use crate::plan::{FormatPlan, FormatRequest, LmHeadPath};
 use crate::InferenceError;
@@ -390,7 +390,8 @@ pub fn layer_plan(arch: &dyn ModelArchitecture) -> String {
         .collect()
 }
 
-/// A quantized matrix `[out, in]` from the vindex; its byte count must match the geometry.
+/// A quantized matrix `[out, in]` from the vindex (ggml blocks of `format`, or the seed's split
+/// Q8 when `scales` is given); its byte count must match the geometry.
 fn quant_weight<'a>(
     what: String,
     data: &'a [u8],
@@ -399,24 +400,20 @@ fn quant_weight<'a>(
     out_features: usize,
     in_features: usize,
 ) -> Result<WeightData<'a>, InferenceError> {
-    let expected = match scales {
-        Some(_) => out_features * in_features,
-        None => format
-            .expected_bytes(&[out_features, in_features])
-            .map_err(|e| InferenceError::Plan(format!("{what}: {e}")))?,
+    let w = match scales {
+        Some(scales) => WeightData::SplitQ8 {
+            values: data,
+            scales,
+        },
+        None => WeightData::Blocks {
+            format,
+            bytes: data,
+        },
     };
-    if data.len() != expected {
-        return Err(InferenceError::BadShape {
-            key: what,
-            expected,
-            found: data.len(),
-        });
-    }
-    Ok(WeightData::Quant(QuantWeight {
-        data,
-        scales,
-        format,
-    }))
+    w.matrix(out_features, in_features)
+        .check()
+        .map_err(|e| InferenceError::Plan(format!("{what}: {e}")))?;
+    Ok(w)
 }
 
 fn with_weight<'a>(mut lin: Linear<'a>, weight: WeightData<'a>) -> Linear<'a> {

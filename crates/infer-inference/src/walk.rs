@@ -49,10 +49,7 @@ pub fn layer_walk_ffn(
             let act = activation_fn(g.activation);
             sparse_walk_ffn(backend, w, sp, x, t, g, act, bufs, out)
         }
-        _ => {
-            walk_ffn(backend, w, x, t, g, &mut bufs.gate, &mut bufs.up, out);
-            Ok(())
-        }
+        _ => walk_ffn(backend, w, x, t, g, &mut bufs.gate, &mut bufs.up, out),
     };
     WALK_FFN_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
     r
@@ -161,10 +158,10 @@ pub(crate) fn walk_ffn(
     gate: &mut Vec<f32>,
     up: &mut Vec<f32>,
     out: &mut Vec<f32>,
-) {
+) -> Result<(), InferenceError> {
     let (h, inter) = (g.hidden_size, w.intermediate_size);
     let up = fit(up, t * inter);
-    w.up.matmul_transb(backend, x, t, h, inter, up);
+    w.up.matmul_transb(backend, x, t, h, inter, up)?;
     if let Some(b) = &w.up_bias {
         for row in up.chunks_exact_mut(inter) {
             row.iter_mut().zip(b.iter()).for_each(|(a, b)| *a += b);
@@ -174,7 +171,7 @@ pub(crate) fn walk_ffn(
     match (g.ffn_type, &w.gate) {
         (FfnType::Gated, Some(gate_w)) => {
             let gate = fit(gate, t * inter);
-            gate_w.matmul_transb(backend, x, t, h, inter, gate);
+            gate_w.matmul_transb(backend, x, t, h, inter, gate)?;
             up.iter_mut()
                 .zip(gate.iter())
                 .for_each(|(u, gv)| *u *= act(*gv));
@@ -183,12 +180,13 @@ pub(crate) fn walk_ffn(
     }
     let out = fit(out, t * h);
     match w.down_layout {
-        DownLayout::FeatureMajor => w.down.matmul(backend, up, t, inter, h, out),
-        DownLayout::Linear => w.down.matmul_transb(backend, up, t, inter, h, out),
+        DownLayout::FeatureMajor => w.down.matmul(backend, up, t, inter, h, out)?,
+        DownLayout::Linear => w.down.matmul_transb(backend, up, t, inter, h, out)?,
     }
     if let Some(b) = &w.down_bias {
         for row in out.chunks_exact_mut(h) {
             row.iter_mut().zip(b.iter()).for_each(|(a, b)| *a += b);
         }
     }
+    Ok(())
 }

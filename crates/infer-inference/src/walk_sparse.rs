@@ -4,7 +4,7 @@
 //!
 //! Candidate scores come from the float gate rows (the full gate mat-vec, whose values are then
 //! used exactly) or from the Q4_0 gate copy (`gate_vectors_q4.bin` through
-//! [`ComputeBackend::quant_matmul`]), in which case the selected features' gate values are
+//! [`ComputeBackend::linear`]), in which case the selected features' gate values are
 //! recomputed exactly from the float rows. Without a gate (`FfnType::Standard`) the scores are
 //! the activations `act(uᵢ·x + bᵢ)` themselves. K = all never comes here: the dense matrix path
 //! in [`crate::walk`] runs instead.
@@ -221,7 +221,7 @@ fn axpy_cols(rows: &FloatRows<'_>, alpha: f32, i: usize, width: usize, c0: usize
 /// top-`sp.k` features by |score| (module docs), exact gate and up values for them, and the sum
 /// of their down rows weighted by `act(gᵢ·x)(uᵢ·x)`; plus the down bias. The down table must be
 /// feature-major. Errors: a Q4_0 gate copy whose size disagrees with the layer (from
-/// [`ComputeBackend::quant_matmul`]).
+/// [`ComputeBackend::linear`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sparse_walk_ffn(
     backend: &dyn ComputeBackend,
@@ -242,15 +242,13 @@ pub(crate) fn sparse_walk_ffn(
     };
     let scores = fit(&mut bufs.gate, t * inter);
     match (gate, sp.gate_q4) {
-        (Some(_), Some(q4)) if t == 1 => {
-            backend.quant_matvec(QuantFormat::Q4_0, q4, x, inter, h, scores)?
-        }
         (Some(_), Some(q4)) => {
-            backend.quant_matmul(QuantFormat::Q4_0, q4, x, t, inter, h, scores)?
+            let q4 = infer_compute::Matrix::blocks(QuantFormat::Q4_0, q4, inter, h);
+            backend.linear(&q4, x, t, scores)?
         }
-        (Some(gw), None) => gw.matmul_transb(backend, x, t, h, inter, scores),
+        (Some(gw), None) => gw.matmul_transb(backend, x, t, h, inter, scores)?,
         (None, _) => {
-            w.up.matmul_transb(backend, x, t, h, inter, scores);
+            w.up.matmul_transb(backend, x, t, h, inter, scores)?;
             for row in scores.chunks_exact_mut(inter) {
                 if let Some(b) = &w.up_bias {
                     row.iter_mut().zip(b.iter()).for_each(|(s, b)| *s += b);

@@ -14,8 +14,7 @@ mod common;
 
 use common::*;
 use infer_compute::{
-    Argmax, ComputeBackend, ComputeError, CpuBackend, DecodePlan, QuantFormat, QuantProj,
-    TokenDecoder,
+    Argmax, ComputeBackend, ComputeError, CpuBackend, DecodePlan, Matrix, Proj, TokenDecoder,
 };
 use infer_inference::forward::Logits;
 use infer_inference::sampling::argmax;
@@ -90,58 +89,49 @@ impl ComputeBackend for MirrorBackend<'_, '_> {
     fn name(&self) -> &str {
         "mirror"
     }
-    fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul_transb(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         self.cpu.matmul_transb(a, b, m, k, n, c)
     }
-    fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         self.cpu.matmul(a, b, m, k, n, c)
     }
-    fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]) {
+    fn gemv(
+        &self,
+        b: &[f32],
+        x: &[f32],
+        n: usize,
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
         self.cpu.gemv(b, x, n, k, y)
     }
-    fn quant_matvec(
+    fn linear(
         &self,
-        format: QuantFormat,
-        bytes: &[u8],
-        x: &[f32],
-        rows: usize,
-        cols: usize,
-        y: &mut [f32],
-    ) -> Result<(), ComputeError> {
-        self.cpu.quant_matvec(format, bytes, x, rows, cols, y)
-    }
-    fn quant_matmul(
-        &self,
-        format: QuantFormat,
-        bytes: &[u8],
+        w: &Matrix<'_>,
         x: &[f32],
         m: usize,
-        rows: usize,
-        cols: usize,
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
-        self.cpu.quant_matmul(format, bytes, x, m, rows, cols, y)
+        self.cpu.linear(w, x, m, y)
     }
-    fn quant_matmul_many(
-        &self,
-        x: &[f32],
-        m: usize,
-        cols: usize,
-        projs: &mut [QuantProj<'_>],
-    ) -> Result<(), ComputeError> {
-        self.cpu.quant_matmul_many(x, m, cols, projs)
-    }
-    fn q8_matmul(
-        &self,
-        values: &[u8],
-        scales: &[f32],
-        x: &[f32],
-        m: usize,
-        rows: usize,
-        cols: usize,
-        y: &mut [f32],
-    ) -> Result<(), ComputeError> {
-        self.cpu.q8_matmul(values, scales, x, m, rows, cols, y)
+    fn linear_many(&self, x: &[f32], m: usize, projs: &mut [Proj<'_>]) -> Result<(), ComputeError> {
+        self.cpu.linear_many(x, m, projs)
     }
     fn token_decoder<'s>(
         &'s self,

@@ -132,9 +132,15 @@ fn scores(w: &WalkFfn<'_>, g: &LayerGeometry, x: &[f32], t: usize) -> Vec<f32> {
             .gate
             .as_ref()
             .expect("gate")
-            .matmul_transb(&backend, x, t, h, inter, &mut s),
+            .matmul_transb(&backend, x, t, h, inter, &mut s)
+            .expect("gate scores"),
         Some(q4) => backend
-            .quant_matmul(QuantFormat::Q4_0, q4, x, t, inter, h, &mut s)
+            .linear(
+                &infer_compute::Matrix::blocks(QuantFormat::Q4_0, q4, inter, h),
+                x,
+                t,
+                &mut s,
+            )
             .expect("q4 scores"),
     }
     s

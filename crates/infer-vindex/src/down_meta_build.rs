@@ -194,7 +194,12 @@ pub(crate) fn write_down_meta(
                 }
             }
             scores.resize(rows * vocab, 0.0);
-            backend.matmul_transb(&d, w, rows, hidden, vocab, &mut scores);
+            backend
+                .matmul_transb(&d, w, rows, hidden, vocab, &mut scores)
+                .map_err(|e| VindexError::BadSource {
+                    path: dir.to_path_buf(),
+                    msg: format!("down-meta token scores: {e}"),
+                })?;
             best.resize(rows * 2 * n, zero);
             scores
                 .par_chunks(vocab)

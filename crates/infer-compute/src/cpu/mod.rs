@@ -11,8 +11,7 @@ mod quant_many;
 mod quant_tile;
 
 use crate::vec_dot::Isa;
-use crate::{ComputeBackend, ComputeError, QuantProj};
-use infer_quant::QuantFormat;
+use crate::{ComputeBackend, ComputeError, MatData, Matrix, Proj};
 
 pub use dot::dot;
 pub(crate) use dot::dot_generic;
@@ -57,16 +56,42 @@ impl ComputeBackend for CpuBackend {
         "cpu"
     }
 
-    fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul_transb(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         matmul::matmul_transb(a, b, m, k, n, c);
+        Ok(())
     }
 
-    fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         matmul::matmul(a, b, m, k, n, c);
+        Ok(())
     }
 
-    fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]) {
+    fn gemv(
+        &self,
+        b: &[f32],
+        x: &[f32],
+        n: usize,
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
         gemv::gemv(b, x, n, k, y);
+        Ok(())
     }
 
     fn matmul_transb_f16(
@@ -77,46 +102,57 @@ impl ComputeBackend for CpuBackend {
         k: usize,
         n: usize,
         c: &mut [f32],
-    ) {
+    ) -> Result<(), ComputeError> {
         f16::matmul_transb_f16(self.isa, a, b, m, k, n, c);
+        Ok(())
     }
 
-    fn matmul_f16(&self, a: &[f32], b: &[half::f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul_f16(
+        &self,
+        a: &[f32],
+        b: &[half::f16],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         f16::matmul_f16(self.isa, a, b, m, k, n, c);
+        Ok(())
     }
 
-    fn quant_matvec(
+    fn linear(
         &self,
-        format: QuantFormat,
-        bytes: &[u8],
-        x: &[f32],
-        rows: usize,
-        cols: usize,
-        y: &mut [f32],
-    ) -> Result<(), ComputeError> {
-        quant::quant_matvec(self.isa, format, bytes, x, rows, cols, y)
-    }
-
-    fn quant_matmul(
-        &self,
-        format: QuantFormat,
-        bytes: &[u8],
+        w: &Matrix<'_>,
         x: &[f32],
         m: usize,
-        rows: usize,
-        cols: usize,
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
-        quant::quant_matmul(self.isa, format, bytes, x, m, rows, cols, y)
+        w.check()?;
+        w.check_io(x, m, y)?;
+        match w.data {
+            MatData::F32(b) => self.matmul_transb(x, b, m, w.cols, w.rows, y),
+            MatData::F16(b) => self.matmul_transb_f16(x, b, m, w.cols, w.rows, y),
+            MatData::Blocks { .. } => quant::quant_matmul(self.isa, w, x, m, y),
+            MatData::SplitQ8 { values, scales } => {
+                crate::q8_split::q8_matmul(values, scales, x, m, w.rows, w.cols, y)
+            }
+        }
     }
 
-    fn quant_matmul_many(
-        &self,
-        x: &[f32],
-        m: usize,
-        cols: usize,
-        projs: &mut [QuantProj<'_>],
-    ) -> Result<(), ComputeError> {
-        quant_many::quant_matmul_many(self.isa, x, m, cols, projs)
+    fn linear_many(&self, x: &[f32], m: usize, projs: &mut [Proj<'_>]) -> Result<(), ComputeError> {
+        for p in projs.iter() {
+            p.w.check()?;
+            p.w.check_io(x, m, p.y)?;
+        }
+        if projs
+            .iter()
+            .all(|p| matches!(p.w.data, MatData::Blocks { .. }))
+        {
+            return quant_many::quant_matmul_many(self.isa, x, m, projs);
+        }
+        for p in projs.iter_mut() {
+            self.linear(&p.w, x, m, p.y)?;
+        }
+        Ok(())
     }
 }

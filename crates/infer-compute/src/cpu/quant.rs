@@ -185,18 +185,16 @@ pub fn quant_matvec(
     })
 }
 
-/// `y[m×rows] = x[m×cols] · Wᵀ`; see [`crate::ComputeBackend::quant_matmul`].
-#[allow(clippy::too_many_arguments)]
+/// `y[m×rows] = x[m×cols] · Wᵀ` for a block-format `w`; see [`crate::ComputeBackend::linear`].
 pub fn quant_matmul(
     isa: Isa,
-    format: QuantFormat,
-    bytes: &[u8],
+    w: &crate::Matrix<'_>,
     x: &[f32],
     m: usize,
-    rows: usize,
-    cols: usize,
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
+    let (format, bytes) = w.blocks_data()?;
+    let (rows, cols) = (w.rows, w.cols);
     assert_eq!(
         x.len(),
         m * cols,
@@ -225,7 +223,12 @@ pub fn quant_matmul(
         match fused(format, isa) {
             None => quant_fallback::matmul_t(format, bytes, x, m, cols, row_bytes, yt)?,
             Some((act_format, kern)) => with_acts(act_format, x, m, cols, |act, act_row| {
-                fused_matmul_t(kern, bytes, act, m, cols, row_bytes, act_row, yt)
+                let weights = WeightRows {
+                    bytes,
+                    row_bytes,
+                    cols,
+                };
+                fused_matmul_t(kern, weights, ActRows { act, m, act_row }, yt)
             })?,
         }
         transpose_into(yt, m, rows, y);
@@ -255,20 +258,32 @@ pub(super) fn transpose_into(yt: &[f32], m: usize, rows: usize, y: &mut [f32]) {
     }
 }
 
+/// Weight rows of one product: `bytes` holds rows of `row_bytes` bytes, `cols` values each.
+#[derive(Clone, Copy)]
+struct WeightRows<'a> {
+    bytes: &'a [u8],
+    row_bytes: usize,
+    cols: usize,
+}
+
+/// Quantized activation rows: `m` rows of `act_row` bytes in `act`.
+#[derive(Clone, Copy)]
+struct ActRows<'a> {
+    act: &'a [u8],
+    m: usize,
+    act_row: usize,
+}
+
 /// `yt[r*m + i] = kern(W[r], act[i])`: tasks own blocks of weight rows; inside a task the
 /// activation rows are taken in tiles of [`ACT_TILE`], and each weight row of the task is swept
 /// over the tile (weights read once per tile, from L1/L2).
-#[allow(clippy::too_many_arguments)]
-fn fused_matmul_t(
-    kern: VecDotFn,
-    bytes: &[u8],
-    act: &[u8],
-    m: usize,
-    cols: usize,
-    row_bytes: usize,
-    act_row: usize,
-    yt: &mut [f32],
-) {
+fn fused_matmul_t(kern: VecDotFn, w: WeightRows<'_>, a: ActRows<'_>, yt: &mut [f32]) {
+    let WeightRows {
+        bytes,
+        row_bytes,
+        cols,
+    } = w;
+    let ActRows { act, m, act_row } = a;
     let rows = yt.len() / m;
     let task = |ys: &mut [f32], ws: &[u8]| {
         for t0 in (0..m).step_by(ACT_TILE) {

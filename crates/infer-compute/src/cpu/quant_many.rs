@@ -8,7 +8,7 @@
 use super::quant::{self, Split};
 use super::quant_tile::{self, TileActs, Tiled};
 use crate::vec_dot::{Isa, OutMat, Q8Rows, VecDotFn};
-use crate::{ComputeError, QuantProj};
+use crate::{ComputeError, Proj};
 use infer_quant::QuantFormat;
 use rayon::prelude::*;
 
@@ -64,37 +64,22 @@ impl Plan<'_> {
     }
 }
 
-/// See [`crate::ComputeBackend::quant_matmul_many`].
+/// See [`crate::ComputeBackend::linear_many`]: every matrix holds ggml blocks, with the
+/// same `cols` (checked by the caller with [`crate::Matrix::check`] and `check_io`).
 pub(super) fn quant_matmul_many(
     isa: Isa,
     x: &[f32],
     m: usize,
-    cols: usize,
-    projs: &mut [QuantProj<'_>],
+    projs: &mut [Proj<'_>],
 ) -> Result<(), ComputeError> {
-    assert_eq!(
-        x.len(),
-        m * cols,
-        "quant_matmul_many: x has {} values, want m*cols = {m}*{cols}",
-        x.len()
-    );
-    for p in projs.iter() {
-        assert_eq!(
-            p.y.len(),
-            m * p.rows,
-            "quant_matmul_many: y has {} values, want m*rows = {m}*{}",
-            p.y.len(),
-            p.rows
-        );
-    }
+    let Some(cols) = projs.first().map(|p| p.w.cols) else {
+        return Ok(());
+    };
     if m == 0 || cols == 0 {
         for p in projs.iter_mut() {
-            quant::quant_matmul(isa, p.format, p.bytes, x, m, p.rows, cols, p.y)?;
+            quant::quant_matmul(isa, &p.w, x, m, p.y)?;
         }
         return Ok(());
-    }
-    for p in projs.iter() {
-        quant::check_weights(p.format, p.bytes, p.rows, cols)?;
     }
     for batch in projs.chunks_mut(MAX_PROJS) {
         batch_many(isa, x, m, cols, batch)?;
@@ -137,12 +122,12 @@ fn batch_many(
     x: &[f32],
     m: usize,
     cols: usize,
-    projs: &mut [QuantProj<'_>],
+    projs: &mut [Proj<'_>],
 ) -> Result<(), ComputeError> {
     debug_assert!(projs.len() <= MAX_PROJS);
     let mut kinds = [Kind::Rest; MAX_PROJS];
     for (k, p) in kinds.iter_mut().zip(projs.iter()) {
-        *k = kind(p.format, isa);
+        *k = kind(p.w.blocks_data()?.0, isa);
     }
     let kinds = &kinds[..projs.len()];
     let need_q8 = kinds.contains(&Kind::TiledQ8);
@@ -156,7 +141,7 @@ fn batch_many(
     })???;
     for (p, &k) in projs.iter_mut().zip(kinds) {
         if k == Kind::Rest {
-            quant::quant_matmul(isa, p.format, p.bytes, x, m, p.rows, cols, p.y)?;
+            quant::quant_matmul(isa, &p.w, x, m, p.y)?;
         }
     }
     Ok(())
@@ -197,7 +182,7 @@ fn run_batch(
     isa: Isa,
     m: usize,
     cols: usize,
-    projs: &mut [QuantProj<'_>],
+    projs: &mut [Proj<'_>],
     kinds: &[Kind],
     q8: Option<&Q8Rows>,
     q8k: Option<(&[u8], usize)>,
@@ -209,31 +194,33 @@ fn run_batch(
     let mut serial_cost = 0usize;
     for (pi, (p, &kd)) in projs.iter_mut().zip(kinds).enumerate() {
         starts[pi] = total;
+        let (format, bytes) = p.w.blocks_data()?;
         let kernel = match (kd, q8, q8k) {
             (Kind::TiledQ8, Some(a), _) => {
-                quant_tile::tiled(p.format, isa).map(|t| Kernel::Tiled(t, TileActs::Q8(a)))
+                quant_tile::tiled(format, isa).map(|t| Kernel::Tiled(t, TileActs::Q8(a)))
             }
             (Kind::TiledQ8K, _, Some((a, _))) => {
-                quant_tile::tiled(p.format, isa).map(|t| Kernel::Tiled(t, TileActs::Q8K(a)))
+                quant_tile::tiled(format, isa).map(|t| Kernel::Tiled(t, TileActs::Q8K(a)))
             }
             (Kind::FusedQ8K, _, Some((a, ar))) => {
-                quant::fused(p.format, isa).map(|(_, k)| Kernel::Fused(k, a, ar))
+                quant::fused(format, isa).map(|(_, k)| Kernel::Fused(k, a, ar))
             }
             _ => None,
         };
         let Some(kernel) = kernel else { continue };
-        if p.rows == 0 {
+        let rows = p.w.rows;
+        if rows == 0 {
             continue;
         }
-        let rb = p.format.bytes_for(cols)?;
-        serial_cost += p.rows * rb * m;
+        let rb = format.bytes_for(cols)?;
+        serial_cost += rows * rb * m;
         let plan = Plan {
             kernel,
-            w: p.bytes,
+            w: bytes,
             row_bytes: rb,
-            rows: p.rows,
-            rpt: Split::new(p.rows, rb * m).rows_per_task,
-            out: OutMat::rows_last(p.y, m, p.rows),
+            rows,
+            rpt: Split::new(rows, rb * m).rows_per_task,
+            out: OutMat::rows_last(p.y, m, rows),
         };
         total += plan.tasks();
         plans[pi] = Some(plan);

@@ -96,7 +96,18 @@ impl CudaBackend {
         s.y.at_least(&dev.stream, rows)?;
         let secs = time_events(dev, &dev.stream, iters, |i| {
             quant::quantize_acts(dev, s, Some(format), 1, cols)?;
-            quant::launch_mv(dev, s, format, &ws[i % copies], 1, rows, cols, 0)
+            quant::launch_mv(
+                dev,
+                s,
+                format,
+                &ws[i % copies],
+                quant::MvShape {
+                    m: 1,
+                    rows,
+                    cols,
+                    y_off: 0,
+                },
+            )
         })?;
         Ok(KernelTime {
             seconds: secs,

@@ -22,20 +22,33 @@ pub(super) enum WType {
 /// row read `m / MT` times); above, the tiled kernel.
 const ROWDOT_MAX_M: usize = 8;
 
-/// `C[m×n] = A[m×k] · op(B)`: `trans` = B is `[n, k]`, else `[k, n]`; `b` the weight bytes
-/// (f32 or f16 per `wt`). Shapes were checked by the caller.
-#[allow(clippy::too_many_arguments)]
+/// One float product `C[m×n] = A[m×k] · op(B)`: the weight type and whether `B` is `[n, k]`
+/// (`trans`, a Linear weight) or `[k, n]` (a feature-major table).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FloatOp {
+    pub wt: WType,
+    pub trans: bool,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+}
+
+impl FloatOp {
+    pub(super) fn new(wt: WType, trans: bool, m: usize, k: usize, n: usize) -> Self {
+        FloatOp { wt, trans, m, k, n }
+    }
+}
+
+/// `C[m×n] = A[m×k] · op(B)` per `op`; `b` the weight bytes (f32 or f16 per `op.wt`). Shapes
+/// were checked by the caller.
 pub(super) fn product(
     st: &mut State,
-    wt: WType,
-    trans: bool,
+    op: FloatOp,
     a: &[f32],
     b: &[u8],
-    m: usize,
-    k: usize,
-    n: usize,
     c: &mut [f32],
 ) -> Result<(), ComputeError> {
+    let FloatOp { wt, trans, m, k, n } = op;
     if empty_product(m, n, k, c) {
         return Ok(());
     }
@@ -78,17 +91,12 @@ pub(super) fn product(
 }
 
 /// [`product`] on typed weights.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn product_typed<T: Copy>(
     st: &mut State,
-    wt: WType,
-    trans: bool,
+    op: FloatOp,
     a: &[f32],
     b: &[T],
-    m: usize,
-    k: usize,
-    n: usize,
     c: &mut [f32],
 ) -> Result<(), ComputeError> {
-    product(st, wt, trans, a, as_bytes(b), m, k, n, c)
+    product(st, op, a, as_bytes(b), c)
 }

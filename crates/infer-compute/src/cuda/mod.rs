@@ -31,13 +31,12 @@ mod quant;
 use std::sync::{Mutex, MutexGuard};
 
 use half::f16;
-use infer_quant::QuantFormat;
 
 use crate::backend::check_product;
-use crate::{ComputeBackend, ComputeError, DecodePlan, QuantProj, TokenDecoder};
+use crate::{ComputeBackend, ComputeError, DecodePlan, MatData, Matrix, Proj, TokenDecoder};
 use cache::{Scratch, WeightCache};
 use device::Device;
-use float::WType;
+use float::{FloatOp, WType};
 
 pub use bench::KernelTime;
 pub use device::check_kernels_compile;
@@ -54,9 +53,8 @@ struct State {
 
 /// [`ComputeBackend`] on one CUDA device. See the [module docs](self) for numerics and caching.
 ///
-/// The f32 methods of the trait cannot return errors; a device failure inside them (lost
-/// device, out of memory) panics with the driver's message. The quantized methods return
-/// [`ComputeError::Device`] instead.
+/// A device failure (lost device, out of memory, a failed launch) is returned as
+/// [`ComputeError::Device`] naming the operation, from every method.
 #[derive(Debug)]
 pub struct CudaBackend {
     state: Mutex<State>,
@@ -102,13 +100,6 @@ impl CudaBackend {
     }
 }
 
-/// Unwrap the result of an infallible trait method, panicking with the device error.
-fn or_panic(what: &str, r: Result<(), ComputeError>) {
-    if let Err(e) = r {
-        panic!("CUDA {what} failed: {e}");
-    }
-}
-
 fn check_len(what: &str, got: usize, want: usize, shape: &str) {
     assert_eq!(got, want, "{what}: length {got}, want {shape} = {want}");
 }
@@ -118,92 +109,109 @@ impl ComputeBackend for CudaBackend {
         &self.name
     }
 
-    fn matmul_transb(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul_transb(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         check_product("matmul_transb", a, b, m, k, n, c);
-        let r = float::product_typed(&mut self.lock(), WType::F32, true, a, b, m, k, n, c);
-        or_panic("matmul_transb", r);
+        let op = FloatOp::new(WType::F32, true, m, k, n);
+        float::product_typed(&mut self.lock(), op, a, b, c)
     }
 
-    fn matmul(&self, a: &[f32], b: &[f32], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         check_product("matmul", a, b, m, k, n, c);
-        let r = float::product_typed(&mut self.lock(), WType::F32, false, a, b, m, k, n, c);
-        or_panic("matmul", r);
+        let op = FloatOp::new(WType::F32, false, m, k, n);
+        float::product_typed(&mut self.lock(), op, a, b, c)
     }
 
-    fn gemv(&self, b: &[f32], x: &[f32], n: usize, k: usize, y: &mut [f32]) {
+    fn gemv(
+        &self,
+        b: &[f32],
+        x: &[f32],
+        n: usize,
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<(), ComputeError> {
         check_len("gemv b", b.len(), n * k, "n*k");
         check_len("gemv x", x.len(), k, "k");
         check_len("gemv y", y.len(), n, "n");
-        let r = float::product_typed(&mut self.lock(), WType::F32, true, x, b, 1, k, n, y);
-        or_panic("gemv", r);
+        let op = FloatOp::new(WType::F32, true, 1, k, n);
+        float::product_typed(&mut self.lock(), op, x, b, y)
     }
 
-    fn matmul_transb_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul_transb_f16(
+        &self,
+        a: &[f32],
+        b: &[f16],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         check_product("matmul_transb_f16", a, b, m, k, n, c);
-        let r = float::product_typed(&mut self.lock(), WType::F16, true, a, b, m, k, n, c);
-        or_panic("matmul_transb_f16", r);
+        let op = FloatOp::new(WType::F16, true, m, k, n);
+        float::product_typed(&mut self.lock(), op, a, b, c)
     }
 
-    fn matmul_f16(&self, a: &[f32], b: &[f16], m: usize, k: usize, n: usize, c: &mut [f32]) {
+    fn matmul_f16(
+        &self,
+        a: &[f32],
+        b: &[f16],
+        m: usize,
+        k: usize,
+        n: usize,
+        c: &mut [f32],
+    ) -> Result<(), ComputeError> {
         check_product("matmul_f16", a, b, m, k, n, c);
-        let r = float::product_typed(&mut self.lock(), WType::F16, false, a, b, m, k, n, c);
-        or_panic("matmul_f16", r);
+        let op = FloatOp::new(WType::F16, false, m, k, n);
+        float::product_typed(&mut self.lock(), op, a, b, c)
     }
 
-    fn quant_matvec(
+    fn linear(
         &self,
-        format: QuantFormat,
-        bytes: &[u8],
-        x: &[f32],
-        rows: usize,
-        cols: usize,
-        y: &mut [f32],
-    ) -> Result<(), ComputeError> {
-        check_len("quant_matvec x", x.len(), cols, "cols");
-        check_len("quant_matvec y", y.len(), rows, "rows");
-        quant::quant_matmul(&mut self.lock(), format, bytes, x, 1, rows, cols, y)
-    }
-
-    fn quant_matmul(
-        &self,
-        format: QuantFormat,
-        bytes: &[u8],
+        w: &Matrix<'_>,
         x: &[f32],
         m: usize,
-        rows: usize,
-        cols: usize,
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
-        check_len("quant_matmul x", x.len(), m * cols, "m*cols");
-        check_len("quant_matmul y", y.len(), m * rows, "m*rows");
-        quant::quant_matmul(&mut self.lock(), format, bytes, x, m, rows, cols, y)
-    }
-
-    fn quant_matmul_many(
-        &self,
-        x: &[f32],
-        m: usize,
-        cols: usize,
-        projs: &mut [QuantProj<'_>],
-    ) -> Result<(), ComputeError> {
-        check_len("quant_matmul_many x", x.len(), m * cols, "m*cols");
-        for p in projs.iter() {
-            check_len("quant_matmul_many y", p.y.len(), m * p.rows, "m*rows");
+        w.check()?;
+        w.check_io(x, m, y)?;
+        match w.data {
+            MatData::F32(b) => self.matmul_transb(x, b, m, w.cols, w.rows, y),
+            MatData::F16(b) => self.matmul_transb_f16(x, b, m, w.cols, w.rows, y),
+            MatData::Blocks { .. } => quant::quant_matmul(&mut self.lock(), w, x, m, y),
+            MatData::SplitQ8 { .. } => quant::q8_matmul(&mut self.lock(), w, x, m, y),
         }
-        quant::quant_matmul_many(&mut self.lock(), x, m, cols, projs)
     }
 
-    fn q8_matmul(
-        &self,
-        values: &[u8],
-        scales: &[f32],
-        x: &[f32],
-        m: usize,
-        rows: usize,
-        cols: usize,
-        y: &mut [f32],
-    ) -> Result<(), ComputeError> {
-        quant::q8_matmul(&mut self.lock(), values, scales, x, m, rows, cols, y)
+    fn linear_many(&self, x: &[f32], m: usize, projs: &mut [Proj<'_>]) -> Result<(), ComputeError> {
+        for p in projs.iter() {
+            p.w.check()?;
+            p.w.check_io(x, m, p.y)?;
+        }
+        if projs
+            .iter()
+            .all(|p| matches!(p.w.data, MatData::Blocks { .. }))
+        {
+            return quant::quant_matmul_many(&mut self.lock(), x, m, projs);
+        }
+        for p in projs.iter_mut() {
+            self.linear(&p.w, x, m, p.y)?;
+        }
+        Ok(())
     }
 
     fn token_decoder<'s>(

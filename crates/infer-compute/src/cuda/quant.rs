@@ -13,7 +13,7 @@ use super::cache::Scratch;
 use super::device::{drv, int, Device, MT, ROWS_PER_BLOCK};
 use super::State;
 use crate::backend::empty_product;
-use crate::{ComputeError, QuantProj};
+use crate::{ComputeError, MatData, Matrix, Proj};
 
 /// The mat-vec kernel of weight format `format` and whether it reads Q8_K activations (else
 /// 32-value blocks), or `None` when the CUDA backend has none.
@@ -122,20 +122,32 @@ pub(super) fn quantize_acts(
     drv("launch activation quantizer", r).map(|_| ())
 }
 
+/// Where a mat-vec launch reads and writes: `m` activation rows against `rows` weight rows
+/// of `cols` values, output at `s.y[y_off .. y_off + m·rows]` (`[m, rows]`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MvShape {
+    pub m: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub y_off: usize,
+}
+
 /// Launch the mat-vec kernel of `format` on weights `w` (device, padded by
-/// [`super::cache::WEIGHT_PAD`]), activations quantized in `s` for this format's family, output
-/// into `s.y[y_off .. y_off + m·rows]` (`[m, rows]`).
-#[allow(clippy::too_many_arguments)]
+/// [`super::cache::WEIGHT_PAD`]), activations quantized in `s` for this format's family, per
+/// `shape`.
 pub(super) fn launch_mv(
     dev: &Device,
     s: &Scratch,
     format: QuantFormat,
     w: &CudaSlice<u8>,
-    m: usize,
-    rows: usize,
-    cols: usize,
-    y_off: usize,
+    shape: MvShape,
 ) -> Result<(), ComputeError> {
+    let MvShape {
+        m,
+        rows,
+        cols,
+        y_off,
+    } = shape;
     let (f, kq) = match kernel(dev, format) {
         Some(k) => k,
         None => {
@@ -163,18 +175,16 @@ pub(super) fn launch_mv(
     .map(|_| ())
 }
 
-/// `y[m×rows] = x[m×cols] · Wᵀ` for ggml-format weights (see [`super::CudaBackend`]).
-#[allow(clippy::too_many_arguments)]
+/// `y[m×rows] = x[m×cols] · Wᵀ` for ggml-format weights `w` (see [`super::CudaBackend`]).
 pub(super) fn quant_matmul(
     st: &mut State,
-    format: QuantFormat,
-    bytes: &[u8],
+    w: &Matrix<'_>,
     x: &[f32],
     m: usize,
-    rows: usize,
-    cols: usize,
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
+    let (format, bytes) = w.blocks_data()?;
+    let (rows, cols) = (w.rows, w.cols);
     check(&st.dev, format, bytes, rows, cols)?;
     if empty_product(m, rows, cols, y) {
         return Ok(());
@@ -184,7 +194,13 @@ pub(super) fn quant_matmul(
     upload_x(dev, s, x)?;
     s.y.at_least(&dev.stream, m * rows)?;
     quantize_acts(dev, s, Some(format), m, cols)?;
-    launch_mv(dev, s, format, w, m, rows, cols, 0)?;
+    let shape = MvShape {
+        m,
+        rows,
+        cols,
+        y_off: 0,
+    };
+    launch_mv(dev, s, format, w, shape)?;
     download_y(dev, s, y)
 }
 
@@ -198,11 +214,14 @@ pub(super) fn quant_matmul_many(
     st: &mut State,
     x: &[f32],
     m: usize,
-    cols: usize,
-    projs: &mut [QuantProj<'_>],
+    projs: &mut [Proj<'_>],
 ) -> Result<(), ComputeError> {
+    let Some(cols) = projs.first().map(|p| p.w.cols) else {
+        return Ok(());
+    };
     for p in projs.iter() {
-        check(&st.dev, p.format, p.bytes, p.rows, cols)?;
+        let (format, bytes) = p.w.blocks_data()?;
+        check(&st.dev, format, bytes, p.w.rows, cols)?;
     }
     if m == 0 {
         return Ok(());
@@ -214,33 +233,43 @@ pub(super) fn quant_matmul_many(
         return Ok(());
     }
     let State { dev, cache, s, .. } = st;
-    for p in projs.iter().filter(|p| p.rows > 0) {
-        cache.get(&dev.stream, p.bytes)?;
+    for p in projs.iter().filter(|p| p.w.rows > 0) {
+        cache.get(&dev.stream, p.w.blocks_data()?.1)?;
     }
     upload_x(dev, s, x)?;
-    let total: usize = projs.iter().map(|p| m * p.rows).sum();
+    let total: usize = projs.iter().map(|p| m * p.w.rows).sum();
     s.y.at_least(&dev.stream, total)?;
     for family in [true, false] {
-        if let Some(p) = projs
-            .iter()
-            .find(|p| p.rows > 0 && is_kq(Some(p.format)) == family)
-        {
-            quantize_acts(dev, s, Some(p.format), m, cols)?;
+        let first = projs.iter().find_map(|p| match p.w.data {
+            MatData::Blocks { format, .. } if p.w.rows > 0 && is_kq(Some(format)) == family => {
+                Some(format)
+            }
+            _ => None,
+        });
+        if let Some(format) = first {
+            quantize_acts(dev, s, Some(format), m, cols)?;
         }
     }
     let mut off = 0;
-    for p in projs.iter().filter(|p| p.rows > 0) {
-        let Some(w) = cache.peek(p.bytes) else {
+    for p in projs.iter().filter(|p| p.w.rows > 0) {
+        let (format, bytes) = p.w.blocks_data()?;
+        let Some(w) = cache.peek(bytes) else {
             return Err(super::device::dev_err(
                 "fused weights missing from the cache",
             ));
         };
-        launch_mv(dev, s, p.format, w, m, p.rows, cols, off)?;
-        off += m * p.rows;
+        let shape = MvShape {
+            m,
+            rows: p.w.rows,
+            cols,
+            y_off: off,
+        };
+        launch_mv(dev, s, format, w, shape)?;
+        off += m * p.w.rows;
     }
     let mut off = 0;
-    for p in projs.iter_mut().filter(|p| p.rows > 0) {
-        let n = m * p.rows;
+    for p in projs.iter_mut().filter(|p| p.w.rows > 0) {
+        let n = m * p.w.rows;
         let view = s.y.get().slice(off..off + n);
         drv(
             "copy the result to the host",
@@ -251,18 +280,21 @@ pub(super) fn quant_matmul_many(
     drv("synchronize", dev.stream.synchronize())
 }
 
-/// `y[m×rows] = x[m×cols] · Wᵀ` for the seed's Q8 format (int8 `values`, f32 `scales` per 32).
-#[allow(clippy::too_many_arguments)]
+/// `y[m×rows] = x[m×cols] · Wᵀ` for the seed's split Q8 format (int8 values, f32 scales per
+/// 32) in `w`.
 pub(super) fn q8_matmul(
     st: &mut State,
-    values: &[u8],
-    scales: &[f32],
+    w: &Matrix<'_>,
     x: &[f32],
     m: usize,
-    rows: usize,
-    cols: usize,
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
+    let MatData::SplitQ8 { values, scales } = w.data else {
+        return Err(ComputeError::NotBlocks {
+            storage: w.describe(),
+        });
+    };
+    let (rows, cols) = (w.rows, w.cols);
     crate::q8_split::check_shapes(values, scales, x, m, rows, cols, y)?;
     if empty_product(m, rows, cols, y) {
         return Ok(());

@@ -35,7 +35,7 @@ use super::device::{dev_err, drv, int};
 use super::quant::check;
 use super::{CudaBackend, State};
 use crate::ops::Activation;
-use crate::{Argmax, ComputeError, DecodePlan, FloatTable, PlanLayer, PlanWeight, TokenDecoder};
+use crate::{Argmax, ComputeError, DecodePlan, FloatTable, MatData, PlanLayer, TokenDecoder};
 
 /// Threads of the one-block kernels; `DEC_THREADS` in decode.cu.
 const DEC_THREADS: u32 = 256;
@@ -192,23 +192,28 @@ fn shape_err(what: &'static str, expected: usize, got: usize) -> ComputeError {
 /// Upload (or find in the cache) a weight of `rows × cols` and check its size.
 fn weight(
     st: &mut State,
-    w: &PlanWeight<'_>,
+    w: &MatData<'_>,
     rows: usize,
     cols: usize,
 ) -> Result<DevWeight, ComputeError> {
     let State { dev, cache, .. } = st;
     let (kind, bytes) = match *w {
-        PlanWeight::Quant { format, bytes } => {
+        MatData::Blocks { format, bytes } => {
             check(dev, format, bytes, rows, cols)?;
             (WKind::Quant(format), bytes)
         }
-        PlanWeight::F32(v) => {
+        MatData::SplitQ8 { .. } => {
+            return Err(super::device::dev_err(
+                "the device decoder has no kernel for the split Q8 (int8 + f32 scales) format",
+            ))
+        }
+        MatData::F32(v) => {
             if v.len() != rows * cols {
                 return Err(shape_err("f32 weight (rows * cols)", rows * cols, v.len()));
             }
             (WKind::F32, as_bytes(v))
         }
-        PlanWeight::F16(v) => {
+        MatData::F16(v) => {
             if v.len() != rows * cols {
                 return Err(shape_err("f16 weight (rows * cols)", rows * cols, v.len()));
             }
