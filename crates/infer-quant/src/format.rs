@@ -32,6 +32,9 @@ struct FormatInfo {
     ggml_type_id: u32,
     block_elems: usize,
     block_bytes: usize,
+    /// ggml's `vec_dot_type`: the format activations are quantized to for this format's dot
+    /// product (`None`: float formats and the activation-only formats).
+    vec_dot_type: Option<QuantFormat>,
 }
 
 const TABLE: &[FormatInfo] = &[
@@ -41,6 +44,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 0,
         block_elems: 1,
         block_bytes: 4,
+        vec_dot_type: None,
     },
     FormatInfo {
         format: QuantFormat::F16,
@@ -48,6 +52,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 1,
         block_elems: 1,
         block_bytes: 2,
+        vec_dot_type: None,
     },
     FormatInfo {
         format: QuantFormat::Q4_0,
@@ -55,6 +60,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 2,
         block_elems: 32,
         block_bytes: 18,
+        vec_dot_type: Some(QuantFormat::Q8_0),
     },
     FormatInfo {
         format: QuantFormat::Q4_1,
@@ -62,6 +68,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 3,
         block_elems: 32,
         block_bytes: 20,
+        vec_dot_type: Some(QuantFormat::Q8_1),
     },
     FormatInfo {
         format: QuantFormat::Q5_0,
@@ -69,6 +76,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 6,
         block_elems: 32,
         block_bytes: 22,
+        vec_dot_type: Some(QuantFormat::Q8_0),
     },
     FormatInfo {
         format: QuantFormat::Q5_1,
@@ -76,6 +84,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 7,
         block_elems: 32,
         block_bytes: 24,
+        vec_dot_type: Some(QuantFormat::Q8_1),
     },
     FormatInfo {
         format: QuantFormat::Q8_0,
@@ -83,6 +92,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 8,
         block_elems: 32,
         block_bytes: 34,
+        vec_dot_type: Some(QuantFormat::Q8_0),
     },
     FormatInfo {
         format: QuantFormat::Q8_1,
@@ -90,6 +100,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 9,
         block_elems: 32,
         block_bytes: 36,
+        vec_dot_type: None,
     },
     FormatInfo {
         format: QuantFormat::Q2_K,
@@ -97,6 +108,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 10,
         block_elems: 256,
         block_bytes: 84,
+        vec_dot_type: Some(QuantFormat::Q8_K),
     },
     FormatInfo {
         format: QuantFormat::Q3_K,
@@ -104,6 +116,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 11,
         block_elems: 256,
         block_bytes: 110,
+        vec_dot_type: Some(QuantFormat::Q8_K),
     },
     FormatInfo {
         format: QuantFormat::Q4_K,
@@ -111,6 +124,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 12,
         block_elems: 256,
         block_bytes: 144,
+        vec_dot_type: Some(QuantFormat::Q8_K),
     },
     FormatInfo {
         format: QuantFormat::Q5_K,
@@ -118,6 +132,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 13,
         block_elems: 256,
         block_bytes: 176,
+        vec_dot_type: Some(QuantFormat::Q8_K),
     },
     FormatInfo {
         format: QuantFormat::Q6_K,
@@ -125,6 +140,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 14,
         block_elems: 256,
         block_bytes: 210,
+        vec_dot_type: Some(QuantFormat::Q8_K),
     },
     FormatInfo {
         format: QuantFormat::Q8_K,
@@ -132,6 +148,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 15,
         block_elems: 256,
         block_bytes: 292,
+        vec_dot_type: None,
     },
     FormatInfo {
         format: QuantFormat::BF16,
@@ -139,6 +156,7 @@ const TABLE: &[FormatInfo] = &[
         ggml_type_id: 30,
         block_elems: 1,
         block_bytes: 2,
+        vec_dot_type: None,
     },
 ];
 
@@ -168,6 +186,13 @@ impl QuantFormat {
     /// Bytes per block (Q4_K: 144, Q6_K: 210, Q4_0: 18, …).
     pub fn block_bytes(self) -> usize {
         self.info().block_bytes
+    }
+
+    /// The activation format ggml pairs with this weight format in its dot product (ggml
+    /// `type_traits_cpu[..].vec_dot_type`: Q4_0, Q5_0, Q8_0 → Q8_0; Q4_1, Q5_1 → Q8_1; the
+    /// K-quants → Q8_K); `None` for float and activation-only formats.
+    pub fn vec_dot_type(self) -> Option<QuantFormat> {
+        self.info().vec_dot_type
     }
 
     /// True for formats made of multi-value blocks (everything except F32/F16/BF16).
@@ -256,5 +281,25 @@ mod tests {
         assert_eq!(QuantFormat::Q4_K.bytes_for(512).unwrap(), 288);
         assert!(QuantFormat::Q4_K.bytes_for(576).is_err());
         assert!(QuantFormat::from_name("Q4_K_148").is_err());
+    }
+
+    #[test]
+    fn vec_dot_types_are_ggmls() {
+        use QuantFormat::*;
+        for (w, a) in [
+            (Q4_0, Q8_0),
+            (Q5_0, Q8_0),
+            (Q8_0, Q8_0),
+            (Q4_1, Q8_1),
+            (Q5_1, Q8_1),
+        ] {
+            assert_eq!(w.vec_dot_type(), Some(a), "{w}");
+        }
+        for w in [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
+            assert_eq!(w.vec_dot_type(), Some(Q8_K), "{w}");
+        }
+        for w in [F32, F16, BF16, Q8_1, Q8_K] {
+            assert_eq!(w.vec_dot_type(), None, "{w}");
+        }
     }
 }

@@ -18,14 +18,15 @@ use crate::{ComputeError, MatData, Matrix, Proj};
 /// The mat-vec kernel of weight format `format` and whether it reads Q8_K activations (else
 /// 32-value blocks), or `None` when the CUDA backend has none.
 pub(super) fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
-    Some(match format {
-        QuantFormat::Q4_0 => (&dev.k.mv_q4_0, false),
-        QuantFormat::Q5_0 => (&dev.k.mv_q5_0, false),
-        QuantFormat::Q8_0 => (&dev.k.mv_q8_0, false),
-        QuantFormat::Q4_K => (&dev.k.mv_q4_k, true),
-        QuantFormat::Q6_K => (&dev.k.mv_q6_k, true),
+    let f = match format {
+        QuantFormat::Q4_0 => &dev.k.mv_q4_0,
+        QuantFormat::Q5_0 => &dev.k.mv_q5_0,
+        QuantFormat::Q8_0 => &dev.k.mv_q8_0,
+        QuantFormat::Q4_K => &dev.k.mv_q4_k,
+        QuantFormat::Q6_K => &dev.k.mv_q6_k,
         _ => return None,
-    })
+    };
+    Some((f, is_kq(Some(format))))
 }
 
 /// Check a weight buffer like the CPU backend: format with a kernel, `cols` block aligned,
@@ -78,10 +79,10 @@ fn warp_grid(nblocks: usize) -> LaunchConfig {
     }
 }
 
-/// The activation family of weight format `format` (`None`: the seed's Q8 format): Q8_K for
-/// the K-quants, 32-value int8 blocks otherwise.
+/// The activation family of weight format `format` (`None`: the seed's Q8 format), from the
+/// format table's pairing: Q8_K for the K-quants, 32-value int8 blocks otherwise.
 fn is_kq(format: Option<QuantFormat>) -> bool {
-    matches!(format, Some(QuantFormat::Q4_K | QuantFormat::Q6_K))
+    format.and_then(QuantFormat::vec_dot_type) == Some(QuantFormat::Q8_K)
 }
 
 /// Quantize the `m × cols` activations already in `s.x` for weights of `format`

@@ -59,15 +59,12 @@ impl Isa {
     }
 }
 
-/// The activation format ggml pairs with weight format `weights` (its CPU `vec_dot_type`), for
-/// the weight formats that have a fused kernel here: Q4_K, Q6_K → Q8_K; Q4_0, Q5_0, Q8_0 → Q8_0.
-/// `None` for every other format (those take the dequantize-then-dot path).
+/// The activation format of the fused kernel for weight format `weights`: the pairing of the
+/// format table ([`QuantFormat::vec_dot_type`], ggml's `vec_dot_type`) for the formats that
+/// have a fused kernel here (Q4_K, Q6_K → Q8_K; Q4_0, Q5_0, Q8_0 → Q8_0). `None` for every
+/// other format (those take the dequantize-then-dot path).
 pub fn activation_format(weights: QuantFormat) -> Option<QuantFormat> {
-    match weights {
-        QuantFormat::Q4_K | QuantFormat::Q6_K => Some(QuantFormat::Q8_K),
-        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => Some(QuantFormat::Q8_0),
-        _ => None,
-    }
+    kernel(weights, Isa::Generic).and(weights.vec_dot_type())
 }
 
 /// The fused kernel for `weights` × [`activation_format`]`(weights)` in instruction set `isa`.

@@ -74,7 +74,7 @@ impl DevWeight {
     /// Activation family of a quantized weight: Q8_K (true) or 32-value blocks (false).
     fn family(&self) -> Option<bool> {
         match self.kind {
-            WKind::Quant(f) => Some(matches!(f, QuantFormat::Q4_K | QuantFormat::Q6_K)),
+            WKind::Quant(f) => Some(f.vec_dot_type() == Some(QuantFormat::Q8_K)),
             _ => None,
         }
     }
