@@ -292,3 +292,24 @@ fn config_equals_hf_parser() {
         );
     }
 }
+
+/// `tokenizer.ggml.eot_token_id` / `eom_token_id` end generation too (after EOS, no repeats),
+/// as llama.cpp's end-of-generation set.
+#[test]
+fn eot_and_eom_ids_join_the_eos_ids() {
+    use infer_models::gguf::{encode_header, GgufHeader};
+    let mut h = GgufHeader::read(&model_path(SMOLLM2)).unwrap();
+    h.metadata
+        .push(("tokenizer.ggml.eot_token_id".into(), GgufValue::U32(4)));
+    h.metadata
+        .push(("tokenizer.ggml.eom_token_id".into(), GgufValue::U32(2)));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eot.gguf");
+    let bytes = encode_header(&h, &path).unwrap();
+    let f = std::fs::File::create(&path).unwrap();
+    std::io::Write::write_all(&mut &f, &bytes).unwrap();
+    let data_start = bytes.len().div_ceil(h.alignment) * h.alignment;
+    f.set_len((data_start + h.data_len()) as u64).unwrap(); // sparse zero data
+    let cfg = config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert_eq!(cfg.eos_token_ids, vec![2, 4]);
+}

@@ -12,9 +12,11 @@ pub enum Fragment<'a> {
     Token(u32),
 }
 
-/// The ids that [`partition`] looks for, longest text first (ties: lower id first).
+/// The ids that [`partition`] looks for, longest text first (ties: lower id first), with an
+/// index by first byte to find the few that occur in a text.
 pub struct SpecialTokens {
     order: Vec<(u32, String)>,
+    by_first_byte: Vec<Vec<usize>>,
 }
 
 impl SpecialTokens {
@@ -28,7 +30,28 @@ impl SpecialTokens {
             .map(|(id, (t, _))| (id as u32, t.clone()))
             .collect();
         order.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
-        SpecialTokens { order }
+        let mut by_first_byte = vec![Vec::new(); 256];
+        for (k, (_, t)) in order.iter().enumerate() {
+            by_first_byte[t.as_bytes()[0] as usize].push(k);
+        }
+        SpecialTokens {
+            order,
+            by_first_byte,
+        }
+    }
+
+    /// Which entries of `order` occur somewhere in `text`.
+    fn present(&self, text: &str) -> Vec<bool> {
+        let mut present = vec![false; self.order.len()];
+        let bytes = text.as_bytes();
+        for i in 0..bytes.len() {
+            for &k in &self.by_first_byte[bytes[i] as usize] {
+                if !present[k] && bytes[i..].starts_with(self.order[k].1.as_bytes()) {
+                    present[k] = true;
+                }
+            }
+        }
+        present
     }
 }
 
@@ -43,14 +66,9 @@ pub fn partition<'a>(
         return Vec::new();
     }
     let mut frags = vec![Fragment::Text(text)];
-    for (id, tok) in &specials.order {
+    let present = specials.present(text);
+    for ((id, tok), _) in specials.order.iter().zip(present).filter(|(_, p)| *p) {
         if !parse_special && types[*id as usize] != TokenType::UserDefined {
-            continue;
-        }
-        if !frags
-            .iter()
-            .any(|f| matches!(f, Fragment::Text(t) if t.contains(tok.as_str())))
-        {
             continue;
         }
         let mut next = Vec::with_capacity(frags.len() + 2);
