@@ -34,6 +34,12 @@ fn ids(t: &Tokenizer, s: &str) -> Vec<u32> {
     t.encode_with(s, true, true).unwrap()
 }
 
+/// A JSON array of ids.
+fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    let ids = v.as_array().expect("an array of ids");
+    ids.iter().map(|i| i.as_u64().unwrap() as u32).collect()
+}
+
 fn perplexity_text() -> String {
     std::fs::read_to_string(shared_dir().join("reference/perplexity.txt")).unwrap()
 }
@@ -121,12 +127,7 @@ fn gemma3_follows_llama_cpp_on_long_space_runs() {
         assert!(cases.len() >= 4);
         for c in cases {
             let text = c["text"].as_str().unwrap();
-            let want: Vec<u32> = c["llama_cpp_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let want = u32s(&c["llama_cpp_ids"]);
             assert_eq!(ids(&t, text), want, "{model}: {text:?}");
         }
     }
@@ -142,12 +143,7 @@ fn reference_prompt_ids_are_reproduced() {
         let prompts = index["prompts"].as_array().unwrap();
         assert_eq!(prompts.len(), 5);
         for pr in prompts {
-            let want: Vec<u32> = pr["input_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+            let want = u32s(&pr["input_ids"]);
             assert_eq!(
                 ids(&ours, pr["text"].as_str().unwrap()),
                 want,
