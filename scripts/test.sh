@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test (optimised: numeric tests on real models are ~30x slower in debug builds).
-# Needs ../shared (or INFER_SHARED); fetches the real models (scripts/fetch-models.sh) and NVRTC
-# (scripts/fetch-nvrtc.sh, to compile the CUDA kernels without a GPU).
+# Needs ../shared (or INFER_SHARED); fetches the real models (scripts/fetch-models.sh), llama.cpp's
+# tokenizer test vectors (scripts/fetch-vocabs.sh) and NVRTC (scripts/fetch-nvrtc.sh, to compile
+# the CUDA kernels without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export INFER_SHARED="${INFER_SHARED:-$(cd .. && pwd)/shared}"
 export INFER_MODELS="${INFER_MODELS:-${INFER_CACHE:-$HOME/.cache/infer}/models}"
 bash scripts/fetch-models.sh >/dev/null
+INFER_VOCABS="$(bash scripts/fetch-vocabs.sh)"
+export INFER_VOCABS
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace --no-fail-fast
 # The CUDA backend must compile (and lint) without CUDA; its GPU tests are #[ignore]d here and run

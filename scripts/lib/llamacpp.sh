@@ -5,6 +5,8 @@
 # version, fetched with pip and unpacked outside the repo. llama.cpp's code is never committed.
 
 LLAMACPP_PY_VERSION=0.3.36
+# sha256 of llama_cpp_python-$LLAMACPP_PY_VERSION.tar.gz (the PyPI sdist), checked by scripts/fetch-vocabs.sh.
+LLAMACPP_PY_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 
 # llamacpp_src PEERS: print the llama.cpp source folder, fetching the sdist into PEERS first if
 # it is not there yet. $LLAMA_CPP_SRC, when set, is used as is (a vendor/llama.cpp folder).

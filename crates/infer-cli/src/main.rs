@@ -10,6 +10,7 @@ mod cmd_perplexity;
 mod cmd_quant_stats;
 mod cmd_run;
 mod cmd_synth;
+mod cmd_tokenize;
 mod cmd_vindex;
 mod cmd_walk;
 mod device_args;
@@ -55,6 +56,8 @@ enum Command {
     /// Random weights of a real model's shapes and formats (GGUF header or HF config.json),
     /// for benchmarks without the real weights.
     Synth(cmd_synth::SynthArgs),
+    Tokenize(cmd_tokenize::TokenizeArgs),
+    Detokenize(cmd_tokenize::DetokenizeArgs),
 }
 
 /// Write to stdout; a closed pipe (`infer inspect … | head`) ends quietly, any other write
@@ -125,6 +128,8 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_perplexity::run(a),
         Command::Walk(a) => cmd_walk::run(a),
         Command::Synth(a) => cmd_synth::run(a),
+        Command::Tokenize(a) => cmd_tokenize::tokenize(a),
+        Command::Detokenize(a) => cmd_tokenize::detokenize(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,36 +1,45 @@
-//! Tokenization through the `tokenizers` crate, and streaming detokenization.
+//! Tokenization ([`infer_models::tokenizer::Tokenizer`]: HF `tokenizer.json` or a GGUF
+//! SentencePiece vocabulary), and streaming detokenization.
 
 use crate::InferenceError;
 
-/// A HF `tokenizer.json` tokenizer.
+fn err(e: infer_models::tokenizer::TokenizerError) -> InferenceError {
+    InferenceError::Tokenizer(e.0)
+}
+
+/// A vindex tokenizer (see [`infer_models::tokenizer`]).
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: infer_models::tokenizer::Tokenizer,
 }
 
 impl Tokenizer {
-    /// Parse a `tokenizer.json` document.
+    /// Parse a vindex `tokenizer.json` document.
     pub fn from_json(json: &str) -> Result<Self, InferenceError> {
-        let inner = json
-            .parse::<tokenizers::Tokenizer>()
-            .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+        let inner = infer_models::tokenizer::Tokenizer::from_json(json).map_err(err)?;
         Ok(Tokenizer { inner })
     }
 
-    /// Encode text. `add_special` applies the tokenizer's post-processor (e.g. Gemma's `<bos>`);
-    /// special-token markup in the text (`<|im_start|>`) is always recognised.
+    /// Encode text. `add_special` adds the model's BOS/EOS (e.g. Gemma's `<bos>`); special-token
+    /// markup in the text (`<|im_start|>`) is recognised.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, InferenceError> {
-        let enc = self
-            .inner
-            .encode(text, add_special)
-            .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        self.encode_with(text, add_special, true)
+    }
+
+    /// Encode text; `parse_special` false encodes special-token markup as plain text.
+    pub fn encode_with(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, InferenceError> {
+        self.inner
+            .encode_with(text, add_special, parse_special)
+            .map_err(err)
     }
 
     /// Decode ids to text (special tokens kept when `skip_special` is false).
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, InferenceError> {
-        self.inner
-            .decode(ids, skip_special)
-            .map_err(|e| InferenceError::Tokenizer(e.to_string()))
+        self.inner.decode(ids, skip_special).map_err(err)
     }
 
     /// The id of a token string, e.g. `"<end_of_turn>"`.
@@ -38,6 +47,7 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The token string of an id.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }

@@ -6,6 +6,7 @@
 //!   FFN type, soft-caps, …), answered per family.
 //! - [`TensorSource`]: iterate tensors by Hugging Face name and read them as `f32`, whatever the
 //!   source (HF safetensors folder or GGUF file). [`open_source`] picks the right one for a path.
+//! - [`tokenizer::Tokenizer`]: text ↔ ids for a HF `tokenizer.json` or a GGUF vocabulary.
 
 pub mod arch;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod gguf;
 pub mod hf;
 pub mod names;
 pub mod source;
+pub mod tokenizer;
 
 pub use arch::{architecture_for, Activation, FfnType, ModelArchitecture, NormType};
 pub use config::{LayerKind, ModelConfig, RopeScaling};

@@ -270,11 +270,9 @@ fn source_carries_chat_template_and_gguf() {
     assert!(src.gguf.is_some());
     // No tokenizer.json next to the GGUF: the one built from metadata is used.
     assert!(src.tokenizer_json.unwrap().contains("\"<|im_start|>\""));
+    // SentencePiece GGUF: the llama.cpp-style SPM document built from metadata.
     let gemma = open_gguf_source(&model_path(GEMMA3)).unwrap();
-    assert!(
-        gemma.tokenizer_json.is_none(),
-        "SentencePiece GGUF: needs a tokenizer.json"
-    );
+    assert!(gemma.tokenizer_json.unwrap().starts_with("{\"infer_spm\""));
     assert!(gemma.chat_template.is_none());
 }
 
@@ -293,4 +291,25 @@ fn config_equals_hf_parser() {
             "{file}"
         );
     }
+}
+
+/// `tokenizer.ggml.eot_token_id` / `eom_token_id` end generation too (after EOS, no repeats),
+/// as llama.cpp's end-of-generation set.
+#[test]
+fn eot_and_eom_ids_join_the_eos_ids() {
+    use infer_models::gguf::{encode_header, GgufHeader};
+    let mut h = GgufHeader::read(&model_path(SMOLLM2)).unwrap();
+    h.metadata
+        .push(("tokenizer.ggml.eot_token_id".into(), GgufValue::U32(4)));
+    h.metadata
+        .push(("tokenizer.ggml.eom_token_id".into(), GgufValue::U32(2)));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eot.gguf");
+    let bytes = encode_header(&h, &path).unwrap();
+    let f = std::fs::File::create(&path).unwrap();
+    std::io::Write::write_all(&mut &f, &bytes).unwrap();
+    let data_start = bytes.len().div_ceil(h.alignment) * h.alignment;
+    f.set_len((data_start + h.data_len()) as u64).unwrap(); // sparse zero data
+    let cfg = config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert_eq!(cfg.eos_token_ids, vec![2, 4]);
 }

@@ -87,6 +87,11 @@ pub enum VindexError {
     /// No tokenizer could be found for the source.
     #[error("{path}: no tokenizer: the source has no tokenizer.json{detail}; pass --tokenizer PATH (a tokenizer.json) or --no-tokenizer")]
     NoTokenizer { path: PathBuf, detail: String },
+    /// The tokenizer or chat template to store is unusable for this model: not a tokenizer,
+    /// ids beyond the embedding rows, special-token ids out of range, a template that does not
+    /// parse. `path` names where it came from (the `--tokenizer` file or the source).
+    #[error("{path}: {msg}")]
+    BadTokenizer { path: PathBuf, msg: String },
 }
 
 impl VindexError {

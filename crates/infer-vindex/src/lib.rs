@@ -59,4 +59,5 @@ pub use manifest::{I8Entry, TensorEntry, I8_TAG, TENSOR_ALIGN};
 pub use quant_api::Q8Slices;
 pub use quant_stats::{dequantize_stored, quant_stats, reference_f32, QuantStat};
 pub use tier::{QuantTiers, Tier};
+pub use tokenizer_src::{check_tokenizer, resolve_tokenizer};
 pub use verify::{verify, FileMismatch, VerifyReport};

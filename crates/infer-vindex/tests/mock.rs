@@ -492,17 +492,15 @@ fn tokenizer_sources() {
     ));
 
     let tok = root.path().join("tok.json");
-    std::fs::write(&tok, r#"{"model":{"type":"WordLevel"}}"#).unwrap();
+    let other = common::MOCK_TOKENIZER.replace("\"a\":3", "\"z\":3");
+    std::fs::write(&tok, &other).unwrap();
     let o = BuildOptions {
         tokenizer: Some(tok.clone()),
         ..opts(Dtype::F32)
     };
     build(&src, &root.path().join("c.vindex"), &o).unwrap();
     let v = Vindex::open(&root.path().join("c.vindex")).unwrap();
-    assert_eq!(
-        v.tokenizer_json().unwrap(),
-        r#"{"model":{"type":"WordLevel"}}"#
-    );
+    assert_eq!(v.tokenizer_json().unwrap(), other);
 
     // skip_tokenizer: weights only even though the source has a tokenizer and a template.
     let full = mock_source(&DIMS);

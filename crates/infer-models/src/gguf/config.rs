@@ -5,7 +5,8 @@
 //! `{arch}.feed_forward_length`, `{arch}.context_length`, `{arch}.attention.head_count`,
 //! `.head_count_kv`, `.key_length`, `.layer_norm_rms_epsilon`, `.sliding_window`,
 //! `{arch}.rope.freq_base`, `.dimension_count`, `.scaling.type`, `.scaling.factor`, and
-//! `tokenizer.ggml.{bos,eos,padding}_token_id`. What GGUF does not store comes from the family
+//! `tokenizer.ggml.{bos,eos,padding}_token_id` (the end-of-generation ids are EOS then
+//! `eot_token_id` and `eom_token_id`, as llama.cpp's `special_eog_ids`). What GGUF does not store comes from the family
 //! defaults in `family.rs`.
 
 use super::family::{family, supported, Family};
@@ -209,7 +210,18 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
             .ok_or_else(|| m.missing("vocab (token_embd.weight or tokenizer.ggml.tokens)"))?,
     };
 
-    let eos = m.token_id("tokenizer.ggml.eos_token_id")?;
+    let mut eos: Vec<u32> = Vec::new();
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        if let Some(id) = m.token_id(key)? {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+    }
     let cfg = ModelConfig {
         model_type: fam.model_type.to_string(),
         hidden_size: hidden,
@@ -246,7 +258,7 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         shared_expert_intermediate_size: None,
         norm_topk_prob: false,
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id")?,
-        eos_token_ids: eos.into_iter().collect(),
+        eos_token_ids: eos,
         pad_token_id: m.token_id("tokenizer.ggml.padding_token_id")?,
     };
     let names = PositionFields {

@@ -5,7 +5,8 @@
 //!   defaults for what GGUF does not store.
 //! - [`open_gguf_source`]: a [`crate::ModelSource`] whose tensors carry HF names and read as f32
 //!   with llama.cpp's conventions undone.
-//! - [`tokenizer_json_from_gguf`]: a HF `tokenizer.json` built from `tokenizer.ggml.*`.
+//! - [`tokenizer_json_from_gguf`]: a vindex `tokenizer.json` built from `tokenizer.ggml.*`
+//!   (SentencePiece, byte-level BPE and Gemma-4 vocabularies).
 //! - [`GgufHeader`] (header and tensor table, no data needed) and [`GgufWriter`] /
 //!   [`encode_header`]: write GGUF files.
 
@@ -14,6 +15,7 @@ mod family;
 mod file;
 mod header;
 mod permute;
+mod pre_tokenizer;
 mod reader;
 mod source;
 mod tokenizer;

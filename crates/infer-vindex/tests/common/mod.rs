@@ -120,6 +120,9 @@ fn values(seed: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// A minimal HF tokenizer.json (4 ids) that the mock sources carry.
+pub const MOCK_TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"WordLevel","vocab":{"<unk>":0,"<s>":1,"</s>":2,"a":3},"unk_token":"<unk>"}}"#;
+
 /// A mock Llama-style source: embeddings, per layer q/k/v/o (+ q/k/v biases, q/k norms),
 /// two norms, gate/up/down, one unclassifiable tensor per layer; final norm; lm_head unless tied;
 /// one global "other" tensor.
@@ -178,7 +181,7 @@ pub fn mock_source(d: &MockDims) -> ModelSource {
             fail_after: None,
             reads: Default::default(),
         }),
-        tokenizer_json: Some(r#"{"version":"1.0","model":{"type":"BPE"}}"#.into()),
+        tokenizer_json: Some(MOCK_TOKENIZER.into()),
         tokenizer_config_json: Some(r#"{"bos_token":"<s>"}"#.into()),
         chat_template: Some("{{ messages }}".into()),
         gguf: None,
