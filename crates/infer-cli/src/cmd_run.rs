@@ -144,9 +144,13 @@ pub struct LogitsArgs {
     /// Comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
     pub ids: Option<Vec<u32>>,
-    /// Write `logits` f32 [T, vocab] and `input_ids` i64 [T] to this safetensors file.
+    /// Write `logits` f32 [T, vocab] and `input_ids` i64 [T] to this safetensors file (a new
+    /// path, or an existing regular file with --force; never a device, FIFO or symlink).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Replace an existing --out file.
+    #[arg(long, requires = "out")]
+    pub force: bool,
     #[command(flatten)]
     pub formats: FormatArgs,
     #[command(flatten)]
@@ -412,7 +416,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
-        check_output_path(out)?;
+        check_output_path(out, args.force)?;
     }
     let vindex = open_vindex(&args.vindex)?;
     let model = build_model(&vindex, &args.vindex, &args.formats)?;
@@ -465,11 +469,23 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Fail before any work when `out` cannot be written: an existing directory, or a parent
-/// that does not exist.
-fn check_output_path(out: &std::path::Path) -> anyhow::Result<()> {
-    if out.is_dir() {
-        bail!("--out {}: is a directory", out.display());
+/// Fail before any work when `out` may not or cannot be written: it must be a new path or,
+/// with `force`, an existing regular file (never a directory, device, FIFO, socket or
+/// symlink: writing replaces the path by renaming over it), in an existing folder.
+fn check_output_path(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
+    let shown = out.display();
+    match std::fs::symlink_metadata(out) {
+        Ok(m) if m.file_type().is_symlink() => {
+            bail!("--out {shown}: is a symbolic link; refusing to replace it (give the path it points to)")
+        }
+        Ok(m) if m.is_dir() => bail!("--out {shown}: is a directory"),
+        Ok(m) if !m.is_file() => bail!(
+            "--out {shown}: is not a regular file (a device, FIFO or socket); refusing to replace it"
+        ),
+        Ok(_) if !force => bail!("--out {shown}: already exists (use --force to replace it)"),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => bail!("--out {shown}: {e}"),
     }
     let parent = out
         .parent()
@@ -481,7 +497,7 @@ fn check_output_path(out: &std::path::Path) -> anyhow::Result<()> {
         } else {
             "does not exist"
         };
-        bail!("--out {}: {} {what}", out.display(), parent.display());
+        bail!("--out {shown}: {} {what}", parent.display());
     }
     Ok(())
 }
@@ -506,7 +522,13 @@ fn write_logits(
             TensorView::new(Dtype::I64, vec![t], &id_bytes)?,
         ),
     ];
-    let tmp = out.with_extension("safetensors.tmp");
+    // A hidden temp file beside `out` (same file system), renamed over it when complete.
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = out.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.unwrap_or_default(),
+        std::process::id()
+    ));
     let written = safetensors::serialize_to_file(tensors, &None, &tmp)
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))
         .and_then(|_| {
