@@ -132,9 +132,9 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
     println!("{report}");
     if !report.is_ok() {
         anyhow::bail!(
-            "{}: {} file(s) do not match index.json",
+            "{}: {} file(s) do not match index.json or are not listed in it",
             args.vindex.display(),
-            report.mismatches.len()
+            report.problems()
         );
     }
     Ok(())

@@ -106,3 +106,55 @@ fn logits_out_refuses_special_files_and_needs_force() {
         ]
     );
 }
+
+/// Bug 8: `verify` passed a vindex whose index.json lacked `embeddings.bin` in `files[]`
+/// (only listed files were hashed), while opening it failed. Now verify reports the unlisted
+/// file and exits non-zero, and opening names the real problem.
+#[test]
+fn verify_reports_a_needed_file_missing_from_index_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = tiny_vindex(dir.path());
+    let o = infer(&["verify", s(&vx)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("all match"), "{}", text(&o));
+
+    let index_path = vx.join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    let files = index["files"].as_array_mut().unwrap();
+    let before = files.len();
+    files.retain(|f| f["name"] != "embeddings.bin");
+    assert_eq!(files.len(), before - 1);
+    std::fs::write(&index_path, serde_json::to_string_pretty(&index).unwrap()).unwrap();
+
+    let o = infer(&["verify", s(&vx)]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("UNLISTED embeddings.bin") && text(&o).contains("1 unlisted"),
+        "{}",
+        text(&o)
+    );
+    let o = infer(&["logits", s(&vx), "--ids", "1,2"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("embeddings.bin: needed by index.json but not listed in its files[]"),
+        "{}",
+        text(&o)
+    );
+
+    // A vindex file lying in the folder unlisted (here the norms manifest) is reported too.
+    let mut index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    let files = index["files"].as_array_mut().unwrap();
+    files.retain(|f| f["name"] != "norms_manifest.json" && f["name"] != "norms.bin");
+    std::fs::write(&index_path, serde_json::to_string_pretty(&index).unwrap()).unwrap();
+    let o = infer(&["verify", s(&vx)]);
+    assert!(!o.status.success());
+    for f in ["embeddings.bin", "norms.bin", "norms_manifest.json"] {
+        assert!(
+            text(&o).contains(&format!("UNLISTED {f}")),
+            "{f}: {}",
+            text(&o)
+        );
+    }
+}

@@ -96,6 +96,7 @@ impl Vindex {
     ///
     /// Errors (each naming the file): [`VindexError::NotAVindex`] (`path` is missing, a file, or
     /// a directory without index.json), [`VindexError::MissingFile`] (a listed file absent),
+    /// [`VindexError::Unlisted`] (a file the index refers to that `files` does not list),
     /// [`VindexError::BadJson`] / [`VindexError::BadVersion`] (corrupt index.json or manifest,
     /// or a file name in index.json that is not a plain name inside the directory), [`VindexError::SizeMismatch`] (a file whose size differs from index.json, e.g. a
     /// truncated `.bin`), [`VindexError::BadEntry`] (an entry whose length disagrees with
@@ -105,7 +106,17 @@ impl Vindex {
         let index_path = index_json_path(path)?;
         let index = VindexIndex::parse(&index_path, &read_text(&index_path)?)?;
 
-        // Every listed file exists with its recorded size.
+        // Every file the index refers to is listed, and every listed file exists with its
+        // recorded size.
+        if let Some(name) = index
+            .required_files()
+            .into_iter()
+            .find(|n| index.file(n).is_none())
+        {
+            return Err(VindexError::Unlisted {
+                path: path.join(name),
+            });
+        }
         for f in &index.files {
             let p = path.join(&f.name);
             let meta = std::fs::metadata(&p).map_err(|e| {
