@@ -33,7 +33,7 @@ pub struct ExtractArgs {
     /// Quantized tiers to write besides the float tier: q4k (Q4_K attention + interleaved Q4_K
     /// FFN; V and FFN down in Q6_K), q8 (int8 attention + f32 scales), q4 (Q4_0 FFN, gate
     /// vectors, lm_head), all, none, or a comma list. K-quants fall back to Q5_0/Q8_0 for rows
-    /// that are not a multiple of 256 values.
+    /// that are not a multiple of 256 values, and to F16 for rows not a multiple of 32.
     #[arg(long, default_value = "q4k", value_parser = parse_quant)]
     pub quant: QuantTiers,
     /// Store FFN down in Q4_K instead of Q6_K in interleaved_q4k.bin.

@@ -158,3 +158,104 @@ fn verify_reports_a_needed_file_missing_from_index_files() {
         );
     }
 }
+
+/// Logits `[T, vocab]` of `infer logits VINDEX --ids IDS --out …` with `extra` flags.
+fn logits_of(vx: &Path, ids: &str, extra: &[&str], out: &Path) -> Vec<f32> {
+    let mut args = vec!["logits", s(vx), "--ids", ids, "--out", s(out), "--force"];
+    args.extend_from_slice(extra);
+    let o = infer(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    let bytes = std::fs::read(out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Bug 3: the default extract (q4k tier) failed on a valid model whose hidden size (144) is
+/// not a multiple of 32 ("lm_head_q6k.bin: rows of 144 values are not a multiple of Q8_0's
+/// block"). Each tensor now falls back to a format whose block divides its rows, down to F16,
+/// recorded in the manifest, and the quantized tiers run.
+#[test]
+fn default_extract_of_hidden_144_falls_back_per_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 144,
+            "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 36, "vocab_size": 256,
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2}"#,
+    )
+    .unwrap();
+    let hf = dir.path().join("hf");
+    let o = infer(&["synth", "--like", s(&config), "-o", s(&hf)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let vx = dir.path().join("h144.vindex");
+    let o = infer(&["extract", s(&hf), "-o", s(&vx), "--no-tokenizer"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The manifests record each tensor's fallback: rows of 144 in F16, down's rows of 160
+    // (Q6_K does not divide them, Q8_0 does) in Q8_0.
+    let formats = |manifest: &str| -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(vx.join(manifest)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["key"].as_str().unwrap().to_string(),
+                    e["format"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        formats("lm_head_q6k_manifest.json"),
+        [("lm_head.weight".to_string(), "F16".to_string())]
+    );
+    for (key, format) in formats("interleaved_q4k_manifest.json") {
+        let want = if key.contains("down_proj") {
+            "Q8_0"
+        } else {
+            "F16"
+        };
+        assert_eq!(format, want, "{key}");
+    }
+    for (key, format) in formats("attn_weights_q4k_manifest.json") {
+        assert_eq!(format, "F16", "{key}");
+    }
+    let o = infer(&["verify", s(&vx)]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The quantized tiers run and agree with the float path (F16 rounding, Q8_0 down).
+    let out = dir.path().join("l.safetensors");
+    let ids = "1,5,9,200,17";
+    let quant = logits_of(
+        &vx,
+        ids,
+        &["--attn", "q4k", "--ffn", "q4k", "--lm-head", "q6k"],
+        &out,
+    );
+    let float = logits_of(
+        &vx,
+        ids,
+        &["--attn", "f32", "--ffn", "walk", "--lm-head", "f32"],
+        &out,
+    );
+    assert_eq!(quant.len(), 5 * 256);
+    let scale = float.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = quant
+        .iter()
+        .zip(&float)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        scale > 0.0 && diff <= 0.01 * scale,
+        "max |Δ| {diff}, max |logit| {scale}"
+    );
+}

@@ -257,15 +257,16 @@ impl Vindex {
                     key: e.key.clone(),
                     msg,
                 };
-                let float = matches!(
-                    e.format,
-                    QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16
-                );
-                if (bin == files::ATTN_Q8_SCALES_BIN) != (e.format == QuantFormat::F32)
-                    || (bin != files::ATTN_Q8_SCALES_BIN && float)
-                {
+                // Block formats, or F16 for rows no block divides (the build's fallback);
+                // the Q8 scales file holds F32 only.
+                let allowed = if bin == files::ATTN_Q8_SCALES_BIN {
+                    e.format == QuantFormat::F32
+                } else {
+                    !matches!(e.format, QuantFormat::F32 | QuantFormat::BF16)
+                };
+                if !allowed {
                     return Err(bad(format!(
-                        "format {} is not allowed in this file (block formats only; F32 scales only in {})",
+                        "format {} is not allowed in this file (block formats or F16 only; F32 scales only in {})",
                         e.format,
                         files::ATTN_Q8_SCALES_BIN
                     )));
