@@ -226,17 +226,8 @@ impl<'a> Model<'a> {
         let plan = request.resolve(v)?;
         let config = v.config().clone();
         let arch = architecture_for(&config).map_err(InferenceError::Architecture)?;
-        let eps = arch.norm_eps();
-        if !(eps.is_finite() && eps > 0.0) {
-            return Err(InferenceError::Architecture(format!(
-                "norm_eps {eps} must be a positive number"
-            )));
-        }
-        if config.max_position_embeddings == 0 {
-            return Err(InferenceError::Architecture(
-                "max_position_embeddings must be at least 1 (got 0)".into(),
-            ));
-        }
+        // `Vindex::open` applied the config checks (`ModelConfig::check`): norm_eps positive,
+        // a context of at least one position, KV heads dividing the heads, …
         let hidden = arch.hidden_size();
         let vocab = arch.vocab_size();
         let (emb, _) = v.embeddings();

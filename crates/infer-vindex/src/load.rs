@@ -97,6 +97,7 @@ impl Vindex {
     /// Errors (each naming the file): [`VindexError::NotAVindex`] (`path` is missing, a file, or
     /// a directory without index.json), [`VindexError::MissingFile`] (a listed file absent),
     /// [`VindexError::Unlisted`] (a file the index refers to that `files` does not list),
+    /// [`VindexError::Source`] (a config in index.json that fails [`infer_models::ModelConfig::check`]),
     /// [`VindexError::BadJson`] / [`VindexError::BadVersion`] (corrupt index.json or manifest,
     /// or a file name in index.json that is not a plain name inside the directory), [`VindexError::SizeMismatch`] (a file whose size differs from index.json, e.g. a
     /// truncated `.bin`), [`VindexError::BadEntry`] (an entry whose length disagrees with
@@ -105,6 +106,8 @@ impl Vindex {
     pub fn open(path: &Path) -> Result<Vindex, VindexError> {
         let index_path = index_json_path(path)?;
         let index = VindexIndex::parse(&index_path, &read_text(&index_path)?)?;
+        // The config checks extract applied (a hand-edited index.json is refused here).
+        index.config.check(&index_path)?;
 
         // Every file the index refers to is listed, and every listed file exists with its
         // recorded size.
