@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use infer_inference::chat::{ChatTemplate, Message, CHATML_TEMPLATE, GEMMA_TEMPLATE};
+use infer_inference::chat::{ChatTemplate, CHATML_TEMPLATE, GEMMA_TEMPLATE};
 use infer_inference::forward::Logits;
 use infer_inference::{
-    GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams, Tokenizer,
+    Conversation, GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams,
+    Tokenizer,
 };
 use infer_vindex::Vindex;
 
@@ -353,16 +354,12 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         stop_strings: args.sampling.stop.clone(),
     };
     let interrupt = interrupt_flag();
-    let mut messages = Vec::new();
-    if let Some(s) = &args.system {
-        messages.push(Message::new("system", s));
-    }
+    let mut conv = Conversation::new(args.system.as_deref());
     let stdin = std::io::stdin();
-    let mut fed: Vec<u32> = Vec::new();
     let interactive = args.prompt.is_none();
     loop {
         let user = match &args.prompt {
-            Some(p) if messages.iter().all(|m| m.role != "user") => p.clone(),
+            Some(p) if conv.messages().iter().all(|m| m.role != "user") => p.clone(),
             Some(_) => break,
             None => {
                 eprint!("> ");
@@ -378,19 +375,15 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
                 line
             }
         };
-        messages.push(Message::new("user", &user));
-        // Re-render the whole conversation (templates may rewrite earlier turns) and re-use
-        // the KV cache for the prefix that is unchanged.
-        let text = template.render(&messages, true)?;
-        let ids = l.tokenizer.encode(&text, false)?;
-        let keep = common_prefix(&fed, &ids).min(ids.len().saturating_sub(1));
-        gen.cache.truncate(keep);
-        fed.truncate(keep);
+        // Only what the KV cache does not hold yet is fed (the kept prefix is not fed again).
+        let prompt = conv
+            .push_user(&user, &template, &l.tokenizer, &mut gen.cache)
+            .with_context(|| format!("{}: chat template", args.vindex.display()))?;
         interrupt.store(false, Ordering::SeqCst);
         let mut reply = String::new();
         let mut stdout = std::io::stdout();
         let stats = generating(|| {
-            gen.generate(&ids, &mut sampler, &opts, &interrupt, |piece| {
+            gen.generate(&prompt, &mut sampler, &opts, &interrupt, |piece| {
                 reply.push_str(piece);
                 let _ = stdout.write_all(piece.as_bytes());
                 let _ = stdout.flush();
@@ -399,19 +392,12 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         println!();
         print_stats(&stats);
         exit_if_interrupted(&stats);
-        // The cache holds the prompt and every generated token but the last one.
-        fed.extend_from_slice(&ids[keep..]);
-        fed.extend_from_slice(&stats.tokens[..stats.tokens.len().saturating_sub(1)]);
-        messages.push(Message::new("assistant", reply.trim()));
+        conv.finish_turn(&prompt, &stats.tokens, &reply, &gen.cache);
         if !interactive {
             break;
         }
     }
     Ok(())
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {

@@ -259,3 +259,43 @@ fn default_extract_of_hidden_144_falls_back_per_tensor() {
         "max |Δ| {diff}, max |logit| {scale}"
     );
 }
+
+/// Bug 1 end to end, the issue's command: two chat turns in a context of 90 positions (the
+/// same two-turn text through `run` needs 59) failed with "KV cache full: 103 positions
+/// needed" because the kept prefix was fed again.
+#[test]
+fn chat_two_turns_fit_the_context_they_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = dir.path().join("smol.vindex");
+    let gguf = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let o = infer(&["extract", s(&gguf), "-o", s(&vx), "--quant", "none"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", s(&vx), "-n", "24", "-c", "90"])
+        .args(["--attn", "f32", "--ffn", "walk", "--lm-head", "f32"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Germany?\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("Paris") && out.contains("Berlin"),
+        "{}",
+        text(&o)
+    );
+    // Turn 2 feeds only its own 15 tokens (the user turn and the assistant opener).
+    let err = String::from_utf8_lossy(&o.stderr);
+    let prompts: Vec<&str> = err.matches("[prompt: ").collect();
+    assert_eq!(prompts.len(), 2, "{err}");
+    assert!(err.contains("[prompt: 15 tokens"), "{err}");
+}

@@ -1,0 +1,93 @@
+//! [`Conversation`]: a chat's messages and the token ids its KV cache holds, so each turn
+//! feeds only what the cache does not hold yet.
+//!
+//! Every turn re-renders the whole conversation (a template may rewrite earlier turns), keeps
+//! the cache for the longest prefix of ids the new rendering shares with what the cache holds,
+//! and feeds the rest. Afterwards the cache holds exactly the tokenized conversation followed
+//! by the reply's tokens, so its logits equal a fresh run over the same text.
+
+use crate::chat::{ChatTemplate, Message};
+use crate::{InferenceError, KvCache, Tokenizer};
+
+/// The messages of one chat and the ids whose K/V its cache holds (positions `0..len`).
+#[derive(Clone, Debug, Default)]
+pub struct Conversation {
+    messages: Vec<Message>,
+    fed: Vec<u32>,
+}
+
+impl Conversation {
+    /// A conversation opened by an optional system prompt.
+    pub fn new(system: Option<&str>) -> Self {
+        Conversation {
+            messages: system
+                .map(|s| Message::new("system", s))
+                .into_iter()
+                .collect(),
+            fed: Vec::new(),
+        }
+    }
+
+    /// The messages so far.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// The ids the cache holds, position by position.
+    pub fn fed(&self) -> &[u32] {
+        &self.fed
+    }
+
+    /// Append a user message and return the ids to feed next: the whole conversation rendered
+    /// with the assistant-turn opener and tokenized, less the prefix `cache` already holds
+    /// (`cache` is truncated to that prefix). At least one id is returned, so the caller gets
+    /// logits for the reply. Errors: template rendering or tokenization.
+    pub fn push_user(
+        &mut self,
+        content: &str,
+        template: &ChatTemplate,
+        tokenizer: &Tokenizer,
+        cache: &mut KvCache,
+    ) -> Result<Vec<u32>, InferenceError> {
+        self.messages.push(Message::new("user", content));
+        let ids = self.render_ids(template, tokenizer)?;
+        self.fed.truncate(cache.len());
+        let keep = common_prefix(&self.fed, &ids).min(ids.len().saturating_sub(1));
+        cache.truncate(keep);
+        self.fed.truncate(keep);
+        Ok(ids[keep..].to_vec())
+    }
+
+    /// Record the end of a turn: `prompt` (what [`Conversation::push_user`] returned) was fed,
+    /// then `generated` ids were produced, of which the cache holds as many as its length says
+    /// (generation never feeds its last token unless it was interrupted after feeding it).
+    /// `reply` is the assistant's text as shown.
+    pub fn finish_turn(&mut self, prompt: &[u32], generated: &[u32], reply: &str, cache: &KvCache) {
+        self.fed.extend_from_slice(prompt);
+        self.fed.extend_from_slice(generated);
+        self.fed.truncate(cache.len());
+        self.messages.push(Message::new("assistant", reply.trim()));
+    }
+
+    /// Forget the last user message (its turn failed before a reply).
+    pub fn drop_last_user(&mut self) {
+        if self.messages.last().is_some_and(|m| m.role == "user") {
+            self.messages.pop();
+        }
+    }
+
+    /// The conversation rendered with the assistant-turn opener, as token ids (special-token
+    /// markup in the rendered text is recognised; no post-processor BOS: templates write it).
+    pub fn render_ids(
+        &self,
+        template: &ChatTemplate,
+        tokenizer: &Tokenizer,
+    ) -> Result<Vec<u32>, InferenceError> {
+        let text = template.render(&self.messages, true)?;
+        tokenizer.encode(&text, false)
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
