@@ -1,17 +1,16 @@
-//! `infer run`, `infer chat` and `infer logits`: inference from a vindex.
+//! `infer run` and `infer logits`: inference from a vindex, and the loading, sampling and
+//! interrupt helpers `infer chat` ([`crate::cmd_chat`]) shares.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use infer_inference::chat::{ChatTemplate, CHATML_TEMPLATE, GEMMA_TEMPLATE};
 use infer_inference::forward::Logits;
 use infer_inference::{
-    Conversation, GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams,
-    Tokenizer,
+    GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams, Tokenizer,
 };
 use infer_vindex::Vindex;
 
@@ -94,7 +93,7 @@ fn unit_interval(s: &str) -> Result<f32, String> {
 }
 
 impl SamplingArgs {
-    fn params(&self) -> SamplingParams {
+    pub(crate) fn params(&self) -> SamplingParams {
         SamplingParams {
             temperature: self.temp,
             top_k: self.top_k,
@@ -114,21 +113,6 @@ pub struct RunArgs {
     pub vindex: PathBuf,
     /// Prompt text, used as is (chat markup such as `<|im_start|>` is recognised).
     pub prompt: String,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-}
-
-/// Arguments of `infer chat`.
-#[derive(Args)]
-pub struct ChatArgs {
-    /// The vindex directory.
-    pub vindex: PathBuf,
-    /// System prompt.
-    #[arg(long)]
-    pub system: Option<String>,
-    /// One-shot: answer this message and exit.
-    #[arg(short = 'p', long = "prompt")]
-    pub prompt: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -159,9 +143,9 @@ pub struct LogitsArgs {
 }
 
 /// An opened vindex with its tokenizer.
-struct Loaded {
-    vindex: Vindex,
-    tokenizer: Tokenizer,
+pub(crate) struct Loaded {
+    pub vindex: Vindex,
+    pub tokenizer: Tokenizer,
 }
 
 fn open_vindex(path: &std::path::Path) -> anyhow::Result<Vindex> {
@@ -175,7 +159,7 @@ pub(crate) fn load_tokenizer(vindex: &Vindex, path: &std::path::Path) -> anyhow:
     Tokenizer::from_json(&json).with_context(|| format!("{}: tokenizer.json", path.display()))
 }
 
-fn load(path: &std::path::Path) -> anyhow::Result<Loaded> {
+pub(crate) fn load(path: &std::path::Path) -> anyhow::Result<Loaded> {
     let vindex = open_vindex(path)?;
     let tokenizer = load_tokenizer(&vindex, path)?;
     Ok(Loaded { vindex, tokenizer })
@@ -202,13 +186,13 @@ pub(crate) fn build_model<'v>(
 
 /// Exit 130 (as after SIGINT) when generation was interrupted, so scripts can tell output was
 /// cut short.
-fn exit_if_interrupted(stats: &GenerationStats) {
+pub(crate) fn exit_if_interrupted(stats: &GenerationStats) {
     if stats.stop == infer_inference::StopReason::Interrupted {
         std::process::exit(130);
     }
 }
 
-fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<usize> {
+pub(crate) fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<usize> {
     let max = model.arch.config().max_position_embeddings.max(1);
     let ctx = requested.unwrap_or(4096.min(max));
     if ctx == 0 {
@@ -221,7 +205,7 @@ fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<u
 }
 
 /// End-of-generation ids: the config's EOS ids plus the usual end-of-turn tokens in the vocab.
-fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
+pub(crate) fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
     let mut ids = model.arch.config().eos_token_ids.clone();
     for t in [
         "<|im_end|>",
@@ -246,7 +230,7 @@ fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
 /// still printed); at any other time (e.g. the chat prompt) it exits.
 static GENERATING: AtomicBool = AtomicBool::new(false);
 
-fn interrupt_flag() -> Arc<AtomicBool> {
+pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
     let _ = ctrlc::set_handler(move || {
@@ -260,14 +244,14 @@ fn interrupt_flag() -> Arc<AtomicBool> {
 }
 
 /// Run `f` with Ctrl-C meaning "stop generating".
-fn generating<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn generating<T>(f: impl FnOnce() -> T) -> T {
     GENERATING.store(true, Ordering::SeqCst);
     let out = f();
     GENERATING.store(false, Ordering::SeqCst);
     out
 }
 
-fn print_stats(s: &GenerationStats) {
+pub(crate) fn print_stats(s: &GenerationStats) {
     eprintln!(
         "\n[prompt: {} tokens, {:.1} tokens/s | decode: {} tokens, {:.1} tokens/s | stop: {:?}]",
         s.prompt_tokens,
@@ -311,92 +295,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     println!();
     print_stats(&stats);
     exit_if_interrupted(&stats);
-    Ok(())
-}
-
-fn chat_template(v: &Vindex, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
-    let is_gemma = v.config().model_type.starts_with("gemma");
-    let source = match v.chat_template() {
-        Some(t) => t.to_string(),
-        None if is_gemma => GEMMA_TEMPLATE.to_string(),
-        None => CHATML_TEMPLATE.to_string(),
-    };
-    let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
-    let cfg = v.config();
-    Ok(ChatTemplate::new(
-        &source,
-        &name(cfg.bos_token_id),
-        &name(cfg.eos_token_ids.first().copied()),
-    )?)
-}
-
-pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
-    if args.prompt.as_deref().is_some_and(|p| p.trim().is_empty()) {
-        bail!("-p: the message is empty");
-    }
-    let l = load(&args.vindex)?;
-    let model = build_model(&l.vindex, &args.vindex, &args.sampling.formats)?;
-    if args.sampling.explain {
-        eprint!("{}", model.explain());
-    }
-    let backend = args.sampling.device.backend()?;
-    let ctx = context_size(&model, args.sampling.ctx)?;
-    let template = chat_template(&l.vindex, &l.tokenizer)
-        .with_context(|| args.vindex.display().to_string())?;
-    let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
-    args.sampling
-        .device
-        .prepare(&mut gen, args.sampling.explain)?;
-    let mut sampler = Sampler::new(args.sampling.params());
-    let opts = GenerateOptions {
-        max_tokens: args.sampling.n,
-        eog_ids: eog_ids(&model, &l.tokenizer),
-        stop_strings: args.sampling.stop.clone(),
-    };
-    let interrupt = interrupt_flag();
-    let mut conv = Conversation::new(args.system.as_deref());
-    let stdin = std::io::stdin();
-    let interactive = args.prompt.is_none();
-    loop {
-        let user = match &args.prompt {
-            Some(p) if conv.messages().iter().all(|m| m.role != "user") => p.clone(),
-            Some(_) => break,
-            None => {
-                eprint!("> ");
-                let _ = std::io::stderr().flush();
-                let mut line = String::new();
-                if stdin.lock().read_line(&mut line)? == 0 {
-                    break;
-                }
-                let line = line.trim_end_matches(['\n', '\r']).to_string();
-                if line.is_empty() {
-                    continue;
-                }
-                line
-            }
-        };
-        // Only what the KV cache does not hold yet is fed (the kept prefix is not fed again).
-        let prompt = conv
-            .push_user(&user, &template, &l.tokenizer, &mut gen.cache)
-            .with_context(|| format!("{}: chat template", args.vindex.display()))?;
-        interrupt.store(false, Ordering::SeqCst);
-        let mut reply = String::new();
-        let mut stdout = std::io::stdout();
-        let stats = generating(|| {
-            gen.generate(&prompt, &mut sampler, &opts, &interrupt, |piece| {
-                reply.push_str(piece);
-                let _ = stdout.write_all(piece.as_bytes());
-                let _ = stdout.flush();
-            })
-        })?;
-        println!();
-        print_stats(&stats);
-        exit_if_interrupted(&stats);
-        conv.finish_turn(&prompt, &stats.tokens, &reply, &gen.cache);
-        if !interactive {
-            break;
-        }
-    }
     Ok(())
 }
 

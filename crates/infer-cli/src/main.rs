@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd_bench;
+mod cmd_chat;
 mod cmd_inspect;
 mod cmd_perplexity;
 mod cmd_quant_stats;
@@ -36,7 +37,7 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// Interactive chat using the model's chat template (or one-shot with -p).
     #[command(allow_negative_numbers = true)]
-    Chat(cmd_run::ChatArgs),
+    Chat(cmd_chat::ChatArgs),
     /// One full-sequence forward: top-10 of the last position, optionally all logits to a file.
     #[command(allow_negative_numbers = true)]
     Logits(cmd_run::LogitsArgs),
@@ -119,7 +120,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => cmd_vindex::verify(a),
         Command::QuantStats(a) => cmd_quant_stats::run(a),
         Command::Run(a) => cmd_run::run(a),
-        Command::Chat(a) => cmd_run::chat(a),
+        Command::Chat(a) => cmd_chat::chat(a),
         Command::Logits(a) => cmd_run::logits(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Perplexity(a) => cmd_perplexity::run(a),

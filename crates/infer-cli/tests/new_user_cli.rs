@@ -299,3 +299,67 @@ fn chat_two_turns_fit_the_context_they_need() {
     assert_eq!(prompts.len(), 2, "{err}");
     assert!(err.contains("[prompt: 15 tokens"), "{err}");
 }
+
+/// Rough edges of interactive chat: Ctrl-C during a reply stops it and returns to the prompt
+/// (the next message is answered, exit 0); a full context drops the oldest exchange and says
+/// so; a line of invalid UTF-8 is ignored with a note; `/clear` starts over.
+#[test]
+fn chat_survives_ctrl_c_a_full_context_and_invalid_utf8() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let vx = dir.path().join("smol.vindex");
+    let gguf = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let o = infer(&["extract", s(&gguf), "-o", s(&vx), "--quant", "none"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", s(&vx), "-n", "400", "-c", "70"])
+        .args(["--attn", "f32", "--ffn", "walk", "--lm-head", "f32"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    stdin
+        .write_all(b"Write a very long story about a dragon and a knight.\n")
+        .unwrap();
+    stdin.flush().unwrap();
+    // Once the reply has started, Ctrl-C.
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    // SAFETY: kill(2) on the child's pid with SIGINT.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    stdin
+        .write_all(b"\xff\xfe\nWhat is the capital of France?\nAnd of Germany?\n/clear\nWhat is the capital of Italy?\n")
+        .unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("[reply stopped]"), "{err}");
+    assert!(err.contains("stop: Interrupted"), "{err}");
+    assert!(err.contains("not valid UTF-8; it was ignored"), "{err}");
+    assert!(err.contains("dropped the oldest exchange"), "{err}");
+    assert!(err.contains("[conversation cleared]"), "{err}");
+    // Four replies (the interrupted one included), the last one fed from scratch: as many
+    // prompt tokens as a one-shot chat with the same message.
+    let prompts: Vec<&str> = err.split("[prompt: ").skip(1).collect();
+    assert_eq!(prompts.len(), 4, "{err}");
+    assert!(!rest.is_empty());
+    let o = infer(&[
+        "chat",
+        s(&vx),
+        "-n",
+        "1",
+        "-p",
+        "What is the capital of Italy?",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let one_shot = String::from_utf8_lossy(&o.stderr).into_owned();
+    let tokens = |p: &str| p.split(" tokens").next().unwrap().to_string();
+    let fresh = tokens(one_shot.split("[prompt: ").nth(1).unwrap());
+    assert_eq!(tokens(prompts[3]), fresh, "{err}");
+}

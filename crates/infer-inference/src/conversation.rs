@@ -38,18 +38,21 @@ impl Conversation {
         &self.fed
     }
 
-    /// Append a user message and return the ids to feed next: the whole conversation rendered
-    /// with the assistant-turn opener and tokenized, less the prefix `cache` already holds
-    /// (`cache` is truncated to that prefix). At least one id is returned, so the caller gets
-    /// logits for the reply. Errors: template rendering or tokenization.
-    pub fn push_user(
+    /// Append a user message (then call [`Conversation::prompt`]).
+    pub fn push_user(&mut self, content: &str) {
+        self.messages.push(Message::new("user", content));
+    }
+
+    /// The ids to feed next: the whole conversation rendered with the assistant-turn opener
+    /// and tokenized, less the prefix `cache` already holds (`cache` is truncated to that
+    /// prefix). At least one id is returned, so the caller gets logits for the reply.
+    /// Errors: template rendering or tokenization.
+    pub fn prompt(
         &mut self,
-        content: &str,
         template: &ChatTemplate,
         tokenizer: &Tokenizer,
         cache: &mut KvCache,
     ) -> Result<Vec<u32>, InferenceError> {
-        self.messages.push(Message::new("user", content));
         let ids = self.render_ids(template, tokenizer)?;
         self.fed.truncate(cache.len());
         let keep = common_prefix(&self.fed, &ids).min(ids.len().saturating_sub(1));
@@ -58,7 +61,7 @@ impl Conversation {
         Ok(ids[keep..].to_vec())
     }
 
-    /// Record the end of a turn: `prompt` (what [`Conversation::push_user`] returned) was fed,
+    /// Record the end of a turn: `prompt` (what [`Conversation::prompt`] returned) was fed,
     /// then `generated` ids were produced, of which the cache holds as many as its length says
     /// (generation never feeds its last token unless it was interrupted after feeding it).
     /// `reply` is the assistant's text as shown.
@@ -69,7 +72,25 @@ impl Conversation {
         self.messages.push(Message::new("assistant", reply.trim()));
     }
 
-    /// Forget the last user message (its turn failed before a reply).
+    /// Drop the oldest exchange (its user message and the reply to it; the system prompt and
+    /// the last user message stay), to make room in a full context. False when there is none.
+    pub fn drop_oldest_turn(&mut self) -> bool {
+        let last_user = self.messages.iter().rposition(|m| m.role == "user");
+        let Some(first) = self.messages.iter().position(|m| m.role == "user") else {
+            return false;
+        };
+        if Some(first) == last_user {
+            return false;
+        }
+        let end = match self.messages.get(first + 1) {
+            Some(m) if m.role == "assistant" => first + 2,
+            _ => first + 1,
+        };
+        self.messages.drain(first..end);
+        true
+    }
+
+    /// Forget the last user message (its turn could not run).
     pub fn drop_last_user(&mut self) {
         if self.messages.last().is_some_and(|m| m.role == "user") {
             self.messages.pop();
@@ -78,6 +99,7 @@ impl Conversation {
 
     /// The conversation rendered with the assistant-turn opener, as token ids (special-token
     /// markup in the rendered text is recognised; no post-processor BOS: templates write it).
+    /// Errors: rendering or tokenization.
     pub fn render_ids(
         &self,
         template: &ChatTemplate,

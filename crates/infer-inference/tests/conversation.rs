@@ -40,9 +40,8 @@ fn chat_feeds_the_kept_kv_prefix_once() {
         .iter()
         .enumerate()
     {
-        let prompt = conv
-            .push_user(user, &template, &tok, &mut gen.cache)
-            .unwrap();
+        conv.push_user(user);
+        let prompt = conv.prompt(&template, &tok, &mut gen.cache).unwrap();
         let whole = conv.render_ids(&template, &tok).unwrap();
         // Only the part after the cached prefix is fed; together they are the conversation.
         assert_eq!(gen.cache.len() + prompt.len(), whole.len(), "turn {turn}");
