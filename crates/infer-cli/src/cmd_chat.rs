@@ -18,7 +18,7 @@ use infer_vindex::Vindex;
 
 use crate::cmd_run::{
     build_model, context_size, eog_ids, exit_if_interrupted, generating, interrupt_flag, load,
-    print_stats, SamplingArgs,
+    print_stats, warn_double_bos, SamplingArgs,
 };
 
 /// Arguments of `infer chat`.
@@ -32,6 +32,10 @@ pub struct ChatArgs {
     /// One-shot: answer this message and exit.
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
+    /// Let special-token markup in user messages (`<|im_start|>`, `<end_of_turn>`) become
+    /// control tokens; by default user text is tokenized as text, so it cannot forge turns.
+    #[arg(long)]
+    pub special: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -101,7 +105,11 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         stop_strings: args.sampling.stop.clone(),
     };
     let interrupt = interrupt_flag();
-    let new_conversation = || Conversation::new(args.system.as_deref());
+    let new_conversation = || {
+        let mut c = Conversation::new(args.system.as_deref());
+        c.set_parse_special(args.special);
+        c
+    };
     let mut conv = new_conversation();
     let stdin = std::io::stdin();
     let interactive = args.prompt.is_none();
@@ -146,6 +154,9 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
             break None;
         };
         let Some(prompt) = prompt else { continue };
+        if gen.cache.is_empty() {
+            warn_double_bos(&model, &prompt);
+        }
         interrupt.store(false, Ordering::SeqCst);
         let mut reply = String::new();
         let mut stdout = std::io::stdout();

@@ -184,6 +184,18 @@ pub(crate) fn build_model<'v>(
     Ok(model)
 }
 
+/// Warn when `ids` start with two BOS tokens (the tokenizer or template adds one and the text
+/// has another), as llama.cpp does: the model then sees an input it was not trained on.
+pub(crate) fn warn_double_bos(model: &Model<'_>, ids: &[u32]) {
+    if let (Some(bos), [a, b, ..]) = (model.arch.config().bos_token_id, ids) {
+        if *a == bos && *b == bos {
+            eprintln!(
+                "warning: the prompt starts with two BOS tokens (id {bos}); the model expects one (does the text start with one the tokenizer or template also adds?)"
+            );
+        }
+    }
+}
+
 /// Exit 130 (as after SIGINT) when generation was interrupted, so scripts can tell output was
 /// cut short.
 pub(crate) fn exit_if_interrupted(stats: &GenerationStats) {
@@ -274,6 +286,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty: give some text to continue");
     }
+    warn_double_bos(&model, &prompt);
     let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
     args.sampling
         .device
@@ -317,6 +330,7 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("no tokens to run (empty prompt)");
     }
+    warn_double_bos(&model, &ids);
     let max = model.arch.config().max_position_embeddings.max(1);
     if ids.len() > max {
         bail!(

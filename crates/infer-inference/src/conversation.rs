@@ -5,6 +5,10 @@
 //! the cache for the longest prefix of ids the new rendering shares with what the cache holds,
 //! and feeds the rest. Afterwards the cache holds exactly the tokenized conversation followed
 //! by the reply's tokens, so its logits equal a fresh run over the same text.
+//!
+//! User content is tokenized as text: special-token markup a user types (`<|im_start|>`)
+//! does not become a control token, so a user cannot forge turns, unless
+//! [`Conversation::set_parse_special`] allows it (`infer chat --special`).
 
 use crate::chat::{ChatTemplate, Message};
 use crate::{InferenceError, KvCache, Tokenizer};
@@ -14,6 +18,7 @@ use crate::{InferenceError, KvCache, Tokenizer};
 pub struct Conversation {
     messages: Vec<Message>,
     fed: Vec<u32>,
+    parse_special: bool,
 }
 
 impl Conversation {
@@ -25,7 +30,13 @@ impl Conversation {
                 .into_iter()
                 .collect(),
             fed: Vec::new(),
+            parse_special: false,
         }
+    }
+
+    /// Whether special-token markup in user messages becomes control tokens (default false).
+    pub fn set_parse_special(&mut self, parse: bool) {
+        self.parse_special = parse;
     }
 
     /// The messages so far.
@@ -97,16 +108,49 @@ impl Conversation {
         }
     }
 
-    /// The conversation rendered with the assistant-turn opener, as token ids (special-token
-    /// markup in the rendered text is recognised; no post-processor BOS: templates write it).
-    /// Errors: rendering or tokenization.
+    /// The conversation rendered with the assistant-turn opener, as token ids: the template's
+    /// markup with special tokens recognised, user content as text (see the module docs). No
+    /// post-processor BOS: templates write it.
+    /// Errors: rendering, tokenization, or (user markup without `parse_special`) a template
+    /// that rewrote such a user message so that it cannot be found in the rendered text.
     pub fn render_ids(
         &self,
         template: &ChatTemplate,
         tokenizer: &Tokenizer,
     ) -> Result<Vec<u32>, InferenceError> {
         let text = template.render(&self.messages, true)?;
-        tokenizer.encode(&text, false)
+        let guarded: Vec<&str> = self
+            .messages
+            .iter()
+            .filter(|m| m.role == "user" && !self.parse_special)
+            .map(|m| m.content.as_str())
+            .filter(|c| tokenizer.has_special_markup(c))
+            .collect();
+        if guarded.is_empty() {
+            return tokenizer.encode(&text, false);
+        }
+        // Tokenize the template's text around each guarded user message with special tokens,
+        // the message itself as text.
+        let mut ids = Vec::new();
+        let mut at = 0;
+        for content in guarded {
+            let (start, len) = [content, content.trim()]
+                .iter()
+                .find_map(|c| text[at..].find(c).map(|i| (at + i, c.len())))
+                .ok_or_else(|| {
+                    InferenceError::Template(
+                        "the template rewrote a user message that contains special-token \
+                         markup, so it cannot be tokenized as text (use --special to let \
+                         user text hold control tokens)"
+                            .into(),
+                    )
+                })?;
+            ids.extend(tokenizer.encode(&text[at..start], false)?);
+            ids.extend(tokenizer.encode_text(&text[start..start + len])?);
+            at = start + len;
+        }
+        ids.extend(tokenizer.encode(&text[at..], false)?);
+        Ok(ids)
     }
 }
 

@@ -5,6 +5,10 @@ use crate::InferenceError;
 /// A HF `tokenizer.json` tokenizer.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special tokens encoded as plain text ([`Tokenizer::encode_text`]).
+    text_only: tokenizers::Tokenizer,
+    /// Contents of the special added tokens (`<|im_start|>`, `<bos>`, …).
+    special: Vec<String>,
 }
 
 impl Tokenizer {
@@ -13,7 +17,35 @@ impl Tokenizer {
         let inner = json
             .parse::<tokenizers::Tokenizer>()
             .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
-        Ok(Tokenizer { inner })
+        let mut text_only = inner.clone();
+        text_only.set_encode_special_tokens(true);
+        let special = inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        Ok(Tokenizer {
+            inner,
+            text_only,
+            special,
+        })
+    }
+
+    /// Encode text with special-token markup taken as plain text (`<|im_start|>` becomes the
+    /// tokens of its characters, never the control token), without the post-processor: how
+    /// user-typed content is tokenized.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, InferenceError> {
+        let enc = self
+            .text_only
+            .encode(text, false)
+            .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// True when `text` contains the markup of a special token.
+    pub fn has_special_markup(&self, text: &str) -> bool {
+        self.special.iter().any(|t| text.contains(t.as_str()))
     }
 
     /// Encode text. `add_special` applies the tokenizer's post-processor (e.g. Gemma's `<bos>`);
