@@ -407,17 +407,20 @@ fn write_logits(
     vocab: usize,
 ) -> anyhow::Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
+    let st_err = |e: safetensors::SafeTensorError| {
+        anyhow::anyhow!("{}", infer_models::hf::safetensors_error_text(&e))
+    };
     let logit_bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let id_bytes: Vec<u8> = ids.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
     let t = ids.len();
     let tensors = vec![
         (
             "logits",
-            TensorView::new(Dtype::F32, vec![t, vocab], &logit_bytes)?,
+            TensorView::new(Dtype::F32, vec![t, vocab], &logit_bytes).map_err(st_err)?,
         ),
         (
             "input_ids",
-            TensorView::new(Dtype::I64, vec![t], &id_bytes)?,
+            TensorView::new(Dtype::I64, vec![t], &id_bytes).map_err(st_err)?,
         ),
     ];
     // A hidden temp file beside `out` (same file system), renamed over it when complete.
@@ -428,7 +431,13 @@ fn write_logits(
         std::process::id()
     ));
     let written = safetensors::serialize_to_file(tensors, &None, &tmp)
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "writing {}: {}",
+                tmp.display(),
+                infer_models::hf::safetensors_error_text(&e)
+            )
+        })
         .and_then(|_| {
             std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))
         });

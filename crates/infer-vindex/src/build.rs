@@ -85,6 +85,14 @@ pub fn extract(
 ) -> Result<VindexIndex, VindexError> {
     // Refuse a target that may not be replaced before reading anything.
     check_replaceable(target, opts.force)?;
+    if source_path.join(files::INDEX_JSON).is_file() {
+        return Err(VindexError::BadSource {
+            path: source_path.to_path_buf(),
+            msg: "is a vindex (it holds index.json), not a checkpoint: extract reads a HF folder \
+                  (config.json + *.safetensors) or a GGUF file; run the vindex directly"
+                .into(),
+        });
+    }
     let source = infer_models::open_source(source_path)?;
     build(&source, target, opts)
 }
@@ -438,6 +446,16 @@ fn write_all(
                     t.shape,
                     t.data.len(),
                     p.info.shape
+                ),
+            ));
+        }
+        if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
+            let n = t.data.iter().filter(|v| !v.is_finite()).count();
+            return Err(bad_source(
+                source,
+                format!(
+                    "tensor '{}' holds {n} non-finite values (NaN or infinity; the first, {}, at flat index {i}): the weights are corrupt",
+                    p.info.name, t.data[i]
                 ),
             ));
         }

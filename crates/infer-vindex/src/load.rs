@@ -72,7 +72,19 @@ pub(crate) fn index_json_path(path: &Path) -> Result<PathBuf, VindexError> {
         reason: reason.to_string(),
     };
     match std::fs::metadata(path) {
-        Ok(m) if !m.is_dir() => return Err(not("is a file, not a vindex directory")),
+        Ok(m) if !m.is_dir() => {
+            let gguf = std::fs::File::open(path)
+                .and_then(|mut f| {
+                    let mut magic = [0u8; 4];
+                    std::io::Read::read_exact(&mut f, &mut magic).map(|_| magic)
+                })
+                .is_ok_and(|m| &m == b"GGUF");
+            return Err(not(if gguf {
+                "is a file, not a vindex directory (a GGUF file: build a vindex from it with `infer extract FILE -o NAME.vindex`)"
+            } else {
+                "is a file, not a vindex directory"
+            }));
+        }
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(not(

@@ -264,3 +264,43 @@ fn extract_refuses_configs_the_loader_cannot_run() {
         assert!(err.contains(want), "{field} = {value}: {err}");
     }
 }
+
+/// Issue 15: `extract some.vindex` said "config.json: No such file"; it now says the source
+/// is a vindex and what extract reads.
+#[test]
+fn extract_of_a_vindex_says_it_is_one() {
+    let src = doctored_hf("llama", |_| {});
+    let out = tempfile::tempdir().expect("tempdir");
+    let first = out.path().join("first.vindex");
+    extract(src.path(), &first, &opts()).expect("good copy");
+    let err = extract_fails(&first);
+    assert!(
+        err.contains("is a vindex (it holds index.json), not a checkpoint"),
+        "{err}"
+    );
+}
+
+/// Issue 15: NaN/Inf weights were stored silently (run then said only "non-finite logits");
+/// extract now refuses them, naming the tensor.
+#[test]
+fn extract_names_a_tensor_with_non_finite_weights() {
+    let src = doctored_hf("llama", |_| {});
+    let st_path = src.path().join("model.safetensors");
+    let bytes = std::fs::read(&st_path).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let name = "model.layers.1.mlp.up_proj.weight";
+    let header_len = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let t = st.tensor(name).expect("tensor");
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    let offset = t.data().as_ptr() as usize - bytes.as_ptr() as usize;
+    assert!(offset >= header_len);
+    let mut patched = bytes.clone();
+    patched[offset + 40..offset + 44].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&st_path, patched).expect("write");
+    let err = extract_fails(src.path());
+    assert!(
+        err.contains(&format!("tensor '{name}' holds 1 non-finite values"))
+            && err.contains("index 10"),
+        "{err}"
+    );
+}
