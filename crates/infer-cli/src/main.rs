@@ -22,6 +22,11 @@ mod format_args;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Threads of the CPU work (matrix products, quantization), for every command; default:
+    /// all cores.
+    #[arg(short = 't', long = "threads", global = true,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: Option<u16>,
 }
 
 #[derive(Subcommand)]
@@ -114,6 +119,16 @@ fn error_chain(e: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     install_output_error_hook();
     let cli = Cli::parse();
+    if let Some(t) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(t.into())
+            .build_global()
+        {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "error: --threads {t}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Extract(a) => cmd_vindex::extract(a),

@@ -363,3 +363,41 @@ fn chat_survives_ctrl_c_a_full_context_and_invalid_utf8() {
     let fresh = tokens(one_shot.split("[prompt: ").nth(1).unwrap());
     assert_eq!(tokens(prompts[3]), fresh, "{err}");
 }
+
+/// `-t/--threads` works on every command (it was `bench`'s alone): the thread count is what
+/// bench reports, logits are the same with 1 and 3 threads, and 0 is refused.
+#[test]
+fn threads_flag_works_on_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = tiny_vindex(dir.path());
+    let o = infer(&[
+        "bench",
+        s(&vx),
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--json",
+        "-t",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["threads"], 1, "{j}");
+    let out = dir.path().join("l.safetensors");
+    let one = logits_of(&vx, "1,2,3,4", &["-t", "1"], &out);
+    let three = logits_of(&vx, "1,2,3,4", &["--threads", "3"], &out);
+    assert_eq!(one, three);
+    for args in [
+        vec!["verify", s(&vx), "-t", "2"],
+        vec!["-t", "2", "inspect", s(&vx)],
+    ] {
+        let o = infer(&args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    }
+    let o = infer(&["logits", s(&vx), "--ids", "1", "-t", "0"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("0 is not in 1..=256"), "{}", text(&o));
+}
