@@ -196,11 +196,11 @@ pub(crate) fn warn_double_bos(model: &Model<'_>, ids: &[u32]) {
     }
 }
 
-/// Exit 130 (as after SIGINT) when generation was interrupted, so scripts can tell output was
-/// cut short.
+/// Exit `128 + signal` (130 after Ctrl-C) when generation was interrupted, so scripts can
+/// tell output was cut short.
 pub(crate) fn exit_if_interrupted(stats: &GenerationStats) {
     if stats.stop == infer_inference::StopReason::Interrupted {
-        std::process::exit(130);
+        std::process::exit(crate::signals::exit_code());
     }
 }
 
@@ -242,14 +242,18 @@ pub(crate) fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
 /// still printed); at any other time (e.g. the chat prompt) it exits.
 static GENERATING: AtomicBool = AtomicBool::new(false);
 
+/// The flag Ctrl-C sets while generating. Ctrl-C at any other time, a second one while
+/// stopping, or SIGTERM / SIGHUP at any time exits at once with `128 + signal`.
 pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
-    let _ = ctrlc::set_handler(move || {
-        // A second Ctrl-C while stopping exits at once.
-        if !GENERATING.load(Ordering::SeqCst) || f.swap(true, Ordering::SeqCst) {
+    crate::signals::set_handler(move || {
+        if !crate::signals::is_ctrl_c()
+            || !GENERATING.load(Ordering::SeqCst)
+            || f.swap(true, Ordering::SeqCst)
+        {
             eprintln!();
-            std::process::exit(130);
+            std::process::exit(crate::signals::exit_code());
         }
     });
     flag

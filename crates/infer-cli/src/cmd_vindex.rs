@@ -108,8 +108,8 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
 }
 
 /// On Ctrl-C or SIGTERM, remove this process's temp build directory (or file: `infer synth`
-/// stages its output under the same name) before exiting (a SIGKILL leaves it; the next build
-/// of the same target removes it).
+/// stages its output under the same name) before exiting with `128 + signal` (a SIGKILL
+/// leaves it; the next build of the same target removes it).
 pub(crate) fn install_interrupt_cleanup(target: &std::path::Path) {
     let Some(name) = target.file_name().and_then(|n| n.to_str()) else {
         return;
@@ -119,10 +119,10 @@ pub(crate) fn install_interrupt_cleanup(target: &std::path::Path) {
         _ => PathBuf::from("."),
     };
     let tmp = parent.join(infer_vindex::files::temp_dir_name(name, std::process::id()));
-    let _ = ctrlc::set_handler(move || {
+    crate::signals::set_handler(move || {
         let _ = std::fs::remove_dir_all(&tmp).or_else(|_| std::fs::remove_file(&tmp));
         eprintln!("interrupted; removed {}", tmp.display());
-        std::process::exit(130);
+        std::process::exit(crate::signals::exit_code());
     });
 }
 

@@ -15,6 +15,7 @@ mod cmd_vindex;
 mod cmd_walk;
 mod device_args;
 mod format_args;
+mod signals;
 
 /// infer — transformer checkpoints to vindex, and fast inference from a vindex.
 #[derive(Parser)]

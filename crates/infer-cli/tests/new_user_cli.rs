@@ -401,3 +401,59 @@ fn threads_flag_works_on_every_command() {
     assert!(!o.status.success());
     assert!(text(&o).contains("0 is not in 1..=256"), "{}", text(&o));
 }
+
+/// SIGTERM exits 143 (128 + 15, the shell convention; it was 130 as for Ctrl-C): an extract
+/// still removes its temp directory, a chat waiting at its prompt ends at once.
+#[test]
+fn sigterm_exits_143() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = common::model_file("gemma-3-270m-q4_k_m.gguf");
+    let target = dir.path().join("g.vindex");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["extract", s(&gguf), "-o", s(&target), "--no-tokenizer"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let temp_exists = || {
+        std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".g.vindex.tmp-")
+        })
+    };
+    while !temp_exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no temp dir appeared"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "extract ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on the child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    assert!(!temp_exists() && !target.exists());
+
+    let vx = dir.path().join("smol.vindex");
+    let smol = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let o = infer(&["extract", s(&smol), "-o", s(&vx), "--quant", "none"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", s(&vx)])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let mut prompt = [0u8; 2];
+    err.read_exact(&mut prompt).unwrap();
+    assert_eq!(&prompt, b"> ");
+    // SAFETY: kill(2) on the child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+}
