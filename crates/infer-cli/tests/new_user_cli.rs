@@ -457,3 +457,50 @@ fn sigterm_exits_143() {
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     assert_eq!(child.wait().unwrap().code(), Some(143));
 }
+
+/// `inspect` groups equal layers (Gemma-3's 18 layers are two kinds: 5 sliding then 1 global)
+/// and shows the header of a header-only GGUF (`synth --header-only`), which it refused.
+#[test]
+fn inspect_groups_equal_layers_and_reads_header_only_ggufs() {
+    let gemma = common::model_file("gemma-3-270m-q4_k_m.gguf");
+    let o = infer(&["inspect", s(&gemma)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let plan: Vec<&str> = out
+        .lines()
+        .skip_while(|l| *l != "per-layer plan:")
+        .skip(1)
+        .take_while(|l| l.starts_with("layer"))
+        .collect();
+    assert_eq!(plan.len(), 2, "{out}");
+    assert!(
+        plan[0].starts_with("layers 0-4, 6-10, 12-16: sliding window 512"),
+        "{out}"
+    );
+    assert!(
+        plan[1].starts_with("layers 5, 11, 17: global attention"),
+        "{out}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let skel = dir.path().join("skel.gguf");
+    let o = infer(&[
+        "synth",
+        "--like",
+        s(&gemma),
+        "--header-only",
+        "-o",
+        s(&skel),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = infer(&["inspect", s(&skel)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("GGUF header only"), "{out}");
+    assert!(out.contains("gemma3.block_count"), "{out}");
+    assert!(out.contains("u32     18"), "{out}");
+    assert!(
+        out.contains("token_embd.weight") && out.contains("[262144, 640]"),
+        "{out}"
+    );
+}

@@ -369,16 +369,48 @@ pub fn describe_geometry(g: &LayerGeometry) -> String {
     )
 }
 
-/// Per-layer architecture plan of a config, one line per layer (for `infer inspect`).
+/// The per-layer plan of `inspect`: one line per distinct layer geometry, with the layers that
+/// have it (`layers 0-4, 6-10: …`), in order of their first layer, so 30 identical layers
+/// take one line.
 pub fn layer_plan(arch: &dyn ModelArchitecture) -> String {
-    (0..arch.num_layers())
-        .map(|l| {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for l in 0..arch.num_layers() {
+        let d = describe_geometry(&layer_geometry(arch, l));
+        match groups.iter_mut().find(|(g, _)| *g == d) {
+            Some((_, layers)) => layers.push(l),
+            None => groups.push((d, vec![l])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(d, layers)| {
+            let noun = if layers.len() == 1 { "layer" } else { "layers" };
             format!(
-                "layer {l:>3}: {}\n",
-                describe_geometry(&layer_geometry(arch, l))
+                "{noun} {}: {d}
+",
+                layer_ranges(layers)
             )
         })
         .collect()
+}
+
+/// Sorted layer numbers as ranges: `[0, 1, 2, 5, 7, 8]` → `0-2, 5, 7-8`.
+fn layer_ranges(layers: &[usize]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < layers.len() {
+        let mut j = i;
+        while j + 1 < layers.len() && layers[j + 1] == layers[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            layers[i].to_string()
+        } else {
+            format!("{}-{}", layers[i], layers[j])
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
 }
 
 /// A quantized matrix `[out, in]` from the vindex; its byte count must match the geometry.
