@@ -357,9 +357,11 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     order.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
     let mut text = format!("top-10 logits at position {}:\n", ids.len() - 1);
     for &i in order.iter().take(10) {
+        // The token's text as it would be printed (`"\n"`, `" and"`), not its byte-level
+        // vocabulary string (`Ċ`, `Ġand`).
         let tok = tokenizer
             .as_ref()
-            .and_then(|t| t.id_to_token(i as u32))
+            .and_then(|t| t.decode(&[i as u32], false).ok())
             .unwrap_or_default();
         text.push_str(&format!("{i:>8} {:>12.6} {tok:?}\n", last[i]));
     }

@@ -504,3 +504,20 @@ fn inspect_groups_equal_layers_and_reads_header_only_ggufs() {
         "{out}"
     );
 }
+
+/// `logits` shows each top token's text (`" Paris"`), not its byte-level vocabulary string
+/// (`ĠParis`).
+#[test]
+fn logits_shows_decoded_token_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = dir.path().join("smol.vindex");
+    let gguf = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let o = infer(&["extract", s(&gguf), "-o", s(&vx), "--quant", "none"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = infer(&["logits", s(&vx), "--prompt", "The capital of France is"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let top = out.lines().nth(1).unwrap();
+    assert!(top.ends_with("\" Paris\""), "{out}");
+    assert!(!out.contains('Ġ'), "{out}");
+}
