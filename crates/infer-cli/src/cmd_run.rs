@@ -268,14 +268,24 @@ pub(crate) fn generating<T>(f: impl FnOnce() -> T) -> T {
 }
 
 pub(crate) fn print_stats(s: &GenerationStats) {
-    eprintln!(
-        "\n[prompt: {} tokens, {:.1} tokens/s | decode: {} tokens, {:.1} tokens/s | stop: {:?}]",
-        s.prompt_tokens,
+    eprintln!("\n{}", stats_line(s));
+}
+
+/// `[prompt: N tokens, X tokens/s | decode: M tokens, Y tokens/s | stop: …]`. The decode
+/// speed counts the tokens after the first (which comes from the prompt pass), so with one
+/// token or none there is no speed to show.
+fn stats_line(s: &GenerationStats) -> String {
+    let tokens = |n: usize| format!("{n} token{}", if n == 1 { "" } else { "s" });
+    let decode = match s.generated_tokens {
+        0 | 1 => tokens(s.generated_tokens),
+        n => format!("{}, {:.1} tokens/s", tokens(n), s.decode_tokens_per_s()),
+    };
+    format!(
+        "[prompt: {}, {:.1} tokens/s | decode: {decode} | stop: {:?}]",
+        tokens(s.prompt_tokens),
         s.prefill_tokens_per_s(),
-        s.generated_tokens,
-        s.decode_tokens_per_s(),
         s.stop
-    );
+    )
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -451,4 +461,32 @@ fn write_logits(
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn stats_line_shows_no_speed_for_one_token() {
+        let mut s = GenerationStats {
+            prompt_tokens: 1,
+            generated_tokens: 1,
+            prefill_time: Duration::from_millis(500),
+            decode_time: Duration::from_millis(1),
+            stop: infer_inference::StopReason::Interrupted,
+            tokens: vec![7],
+        };
+        assert_eq!(
+            stats_line(&s),
+            "[prompt: 1 token, 2.0 tokens/s | decode: 1 token | stop: Interrupted]"
+        );
+        s.generated_tokens = 5;
+        s.decode_time = Duration::from_secs(2);
+        assert_eq!(
+            stats_line(&s),
+            "[prompt: 1 token, 2.0 tokens/s | decode: 5 tokens, 2.0 tokens/s | stop: Interrupted]"
+        );
+    }
 }
