@@ -413,7 +413,8 @@ fn layer_ranges(layers: &[usize]) -> String {
     parts.join(", ")
 }
 
-/// A quantized matrix `[out, in]` from the vindex; its byte count must match the geometry.
+/// A quantized matrix `[out, in]` from the vindex; its byte count must match the geometry. An
+/// F16 entry (the quantized tiers' fallback for rows no block divides) becomes a float weight.
 fn quant_weight<'a>(
     what: String,
     data: &'a [u8],
@@ -434,6 +435,15 @@ fn quant_weight<'a>(
             expected,
             found: data.len(),
         });
+    }
+    if format == QuantFormat::F16 && scales.is_none() {
+        // A quantized tier's F16 fallback (rows no block divides): a float weight, so every
+        // backend and the device decoder multiply it as the f16 float tier.
+        let values = data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        return Ok(WeightData::F16(Cow::Owned(values)));
     }
     Ok(WeightData::Quant(QuantWeight {
         data,
