@@ -13,12 +13,12 @@ use std::sync::atomic::Ordering;
 use anyhow::Context;
 use clap::Args;
 use infer_inference::chat::{ChatTemplate, CHATML_TEMPLATE, GEMMA_TEMPLATE};
-use infer_inference::{Conversation, GenerateOptions, Generator, Sampler, StopReason, Tokenizer};
+use infer_inference::{Conversation, StopReason, Tokenizer};
 use infer_vindex::Vindex;
 
 use crate::cmd_run::{
-    build_model, context_size, eog_ids, exit_if_interrupted, generating, interrupt_flag, load,
-    print_stats, warn_double_bos, SamplingArgs,
+    build_model, context_size, exit_if_interrupted, interrupt_flag, load, warn_double_bos,
+    SamplingArgs,
 };
 
 /// Arguments of `infer chat`.
@@ -94,16 +94,9 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let vindex_name = args.vindex.display().to_string();
     let template = chat_template(&l.vindex, &l.tokenizer)
         .with_context(|| format!("{vindex_name}: chat template"))?;
-    let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
-    args.sampling
-        .device
-        .prepare(&mut gen, args.sampling.explain)?;
-    let mut sampler = Sampler::new(args.sampling.params());
-    let opts = GenerateOptions {
-        max_tokens: args.sampling.n,
-        eog_ids: eog_ids(&model, &l.tokenizer),
-        stop_strings: args.sampling.stop.clone(),
-    };
+    let mut d = args
+        .sampling
+        .decoding(&model, &*backend, &l.tokenizer, ctx)?;
     let interrupt = interrupt_flag();
     let new_conversation = || {
         let mut c = Conversation::new(args.system.as_deref());
@@ -121,7 +114,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
                 None => break,
                 Some(l) if l.trim() == "/clear" => {
                     conv = new_conversation();
-                    gen.cache.clear();
+                    d.gen.cache.clear();
                     eprintln!("[conversation cleared]");
                     continue;
                 }
@@ -133,43 +126,34 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         // In a full context the oldest exchanges make room (interactive only).
         let prompt = loop {
             let p = conv
-                .prompt(&template, &l.tokenizer, &mut gen.cache)
+                .prompt(&template, &l.tokenizer, &mut d.gen.cache)
                 .with_context(|| format!("{vindex_name}: chat template"))?;
-            if !interactive || gen.cache.len() + p.len() <= gen.cache.capacity() {
+            if !interactive || d.gen.cache.len() + p.len() <= d.gen.cache.capacity() {
                 break Some(p);
             }
             if conv.drop_oldest_turn() {
                 eprintln!(
                     "[context full ({} positions, -c): dropped the oldest exchange; /clear starts over]",
-                    gen.cache.capacity()
+                    d.gen.cache.capacity()
                 );
                 continue;
             }
             eprintln!(
                 "[context full: this message needs {} positions, the context has {} (-c); it was dropped]",
-                gen.cache.len() + p.len(),
-                gen.cache.capacity()
+                d.gen.cache.len() + p.len(),
+                d.gen.cache.capacity()
             );
             conv.drop_last_user();
             break None;
         };
         let Some(prompt) = prompt else { continue };
-        if gen.cache.is_empty() {
+        if d.gen.cache.is_empty() {
             warn_double_bos(&model, &prompt);
         }
         interrupt.store(false, Ordering::SeqCst);
         let mut reply = String::new();
-        let mut stdout = std::io::stdout();
-        let stats = generating(|| {
-            gen.generate(&prompt, &mut sampler, &opts, &interrupt, |piece| {
-                reply.push_str(piece);
-                let _ = stdout.write_all(piece.as_bytes());
-                let _ = stdout.flush();
-            })
-        })?;
-        println!();
-        print_stats(&stats);
-        conv.finish_turn(&prompt, &stats.tokens, &reply, &gen.cache);
+        let stats = d.generate_to_stdout(&prompt, &interrupt, |piece| reply.push_str(piece))?;
+        conv.finish_turn(&prompt, &stats.tokens, &reply, &d.gen.cache);
         if !interactive {
             exit_if_interrupted(&stats);
             break;

@@ -92,7 +92,61 @@ fn unit_interval(s: &str) -> Result<f32, String> {
     Ok(v)
 }
 
+/// What `run` and `chat` decode with: the generator (set up for the device), the sampler and
+/// the stop conditions.
+pub(crate) struct Decoding<'m, 'a> {
+    pub gen: Generator<'m, 'a>,
+    pub sampler: Sampler,
+    pub opts: GenerateOptions,
+}
+
+impl Decoding<'_, '_> {
+    /// Generate from `prompt` (appended to what the cache holds), streaming the text to stdout
+    /// and to `also`, with Ctrl-C meaning "stop generating"; then print the stats line.
+    pub(crate) fn generate_to_stdout(
+        &mut self,
+        prompt: &[u32],
+        interrupt: &AtomicBool,
+        mut also: impl FnMut(&str),
+    ) -> anyhow::Result<GenerationStats> {
+        let Decoding { gen, sampler, opts } = self;
+        let mut stdout = std::io::stdout();
+        let stats = generating(|| {
+            gen.generate(prompt, sampler, opts, interrupt, |piece| {
+                also(piece);
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            })
+        })?;
+        println!();
+        print_stats(&stats);
+        Ok(stats)
+    }
+}
+
 impl SamplingArgs {
+    /// The [`Decoding`] of these flags for `model` on `backend` with a context of `ctx`.
+    /// Errors: the device fails while setting up.
+    pub(crate) fn decoding<'m, 'a>(
+        &self,
+        model: &'m Model<'a>,
+        backend: &'m dyn infer_compute::ComputeBackend,
+        tokenizer: &'m Tokenizer,
+        ctx: usize,
+    ) -> anyhow::Result<Decoding<'m, 'a>> {
+        let mut gen = Generator::new(model, backend, tokenizer, ctx);
+        self.device.prepare(&mut gen, self.explain)?;
+        Ok(Decoding {
+            gen,
+            sampler: Sampler::new(self.params()),
+            opts: GenerateOptions {
+                max_tokens: self.n,
+                eog_ids: eog_ids(model, tokenizer),
+                stop_strings: self.stop.clone(),
+            },
+        })
+    }
+
     pub(crate) fn params(&self) -> SamplingParams {
         SamplingParams {
             temperature: self.temp,
@@ -301,26 +355,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         bail!("the prompt is empty: give some text to continue");
     }
     warn_double_bos(&model, &prompt);
-    let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
-    args.sampling
-        .device
-        .prepare(&mut gen, args.sampling.explain)?;
-    let mut sampler = Sampler::new(args.sampling.params());
-    let opts = GenerateOptions {
-        max_tokens: args.sampling.n,
-        eog_ids: eog_ids(&model, &l.tokenizer),
-        stop_strings: args.sampling.stop.clone(),
-    };
+    let mut d = args
+        .sampling
+        .decoding(&model, &*backend, &l.tokenizer, ctx)?;
     let interrupt = interrupt_flag();
-    let mut stdout = std::io::stdout();
-    let stats = generating(|| {
-        gen.generate(&prompt, &mut sampler, &opts, &interrupt, |piece| {
-            let _ = stdout.write_all(piece.as_bytes());
-            let _ = stdout.flush();
-        })
-    })?;
-    println!();
-    print_stats(&stats);
+    let stats = d.generate_to_stdout(&prompt, &interrupt, |_| {})?;
     exit_if_interrupted(&stats);
     Ok(())
 }

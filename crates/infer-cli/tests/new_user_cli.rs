@@ -28,6 +28,28 @@ fn tiny_vindex(dir: &Path) -> PathBuf {
     vx
 }
 
+/// The real SmolLM2 GGUF extracted into `dir` (float tier only).
+fn smol_vindex(dir: &Path) -> PathBuf {
+    let vx = dir.join("smol.vindex");
+    let gguf = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let o = infer(&["extract", s(&gguf), "-o", s(&vx), "--quant", "none"]);
+    assert!(o.status.success(), "{}", text(&o));
+    vx
+}
+
+/// `infer chat VINDEX ARGS` on the float path with piped stdin, stdout and stderr.
+fn float_chat(vx: &Path, args: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", s(vx)])
+        .args(args)
+        .args(["--attn", "f32", "--ffn", "walk", "--lm-head", "f32"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Bug 2: `logits --out` renamed over devices, FIFOs and symlinks and silently overwrote
 /// files; now only a new path, or an existing regular file with `--force`, is written.
 #[test]
@@ -266,18 +288,8 @@ fn default_extract_of_hidden_144_falls_back_per_tensor() {
 #[test]
 fn chat_two_turns_fit_the_context_they_need() {
     let dir = tempfile::tempdir().unwrap();
-    let vx = dir.path().join("smol.vindex");
-    let gguf = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let o = infer(&["extract", s(&gguf), "-o", s(&vx), "--quant", "none"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
-        .args(["chat", s(&vx), "-n", "24", "-c", "90"])
-        .args(["--attn", "f32", "--ffn", "walk", "--lm-head", "f32"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let vx = smol_vindex(dir.path());
+    let mut child = float_chat(&vx, &["-n", "24", "-c", "90"]);
     use std::io::Write;
     child
         .stdin
@@ -307,18 +319,8 @@ fn chat_two_turns_fit_the_context_they_need() {
 fn chat_survives_ctrl_c_a_full_context_and_invalid_utf8() {
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
-    let vx = dir.path().join("smol.vindex");
-    let gguf = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let o = infer(&["extract", s(&gguf), "-o", s(&vx), "--quant", "none"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
-        .args(["chat", s(&vx), "-n", "400", "-c", "70"])
-        .args(["--attn", "f32", "--ffn", "walk", "--lm-head", "f32"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let vx = smol_vindex(dir.path());
+    let mut child = float_chat(&vx, &["-n", "400", "-c", "70"]);
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     stdin
@@ -438,10 +440,7 @@ fn sigterm_exits_143() {
     assert_eq!(status.code(), Some(143));
     assert!(!temp_exists() && !target.exists());
 
-    let vx = dir.path().join("smol.vindex");
-    let smol = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let o = infer(&["extract", s(&smol), "-o", s(&vx), "--quant", "none"]);
-    assert!(o.status.success(), "{}", text(&o));
+    let vx = smol_vindex(dir.path());
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
         .args(["chat", s(&vx)])
         .stdin(std::process::Stdio::piped())
@@ -510,10 +509,7 @@ fn inspect_groups_equal_layers_and_reads_header_only_ggufs() {
 #[test]
 fn logits_shows_decoded_token_text() {
     let dir = tempfile::tempdir().unwrap();
-    let vx = dir.path().join("smol.vindex");
-    let gguf = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let o = infer(&["extract", s(&gguf), "-o", s(&vx), "--quant", "none"]);
-    assert!(o.status.success(), "{}", text(&o));
+    let vx = smol_vindex(dir.path());
     let o = infer(&["logits", s(&vx), "--prompt", "The capital of France is"]);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
