@@ -27,9 +27,6 @@ pub struct BenchArgs {
     /// Tokens decoded one at a time (tg test); 0 skips it.
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
-    /// Threads (default: all cores).
-    #[arg(short = 't', long = "threads")]
-    pub threads: Option<usize>,
     /// Repetitions; the median is reported.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
@@ -91,15 +88,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.n_prompt == 0 && args.n_gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
-    }
-    if let Some(t) = args.threads {
-        if t == 0 || t > 256 {
-            bail!("--threads {t}: must be between 1 and 256");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build_global()
-            .context("setting up the thread pool")?;
     }
     if args.batch == 0 || args.batch > 4096 {
         bail!("--batch {}: must be between 1 and 4096", args.batch);

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use infer_models::gguf::{GgufFile, GgufHeader, GgufValue};
 use infer_models::{architecture_for, open_source};
 
 /// Arguments of `infer inspect`.
@@ -25,6 +26,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             out.push_str(&infer_inference::model::layer_plan(arch.as_ref()));
         }
         crate::print_stdout(&out);
+        return Ok(());
+    }
+    if let Some(text) = header_only_gguf(path)? {
+        crate::print_stdout(&text);
         return Ok(());
     }
     let src = open_source(path)?;
@@ -94,4 +99,75 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     }
     crate::print_stdout(&out);
     Ok(())
+}
+
+/// A GGUF whose header reads but whose tensor data is absent or cut short (`infer synth
+/// --header-only` writes such skeletons): its header, metadata and tensor table. `None` for
+/// anything else (a whole GGUF, a HF folder, a file that is not a GGUF at all).
+fn header_only_gguf(path: &std::path::Path) -> anyhow::Result<Option<String>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    if GgufFile::open(path).is_ok() {
+        return Ok(None);
+    }
+    let Ok(h) = GgufHeader::read(path) else {
+        return Ok(None);
+    };
+    let mut out = String::new();
+    writeln!(
+        out,
+        "source:        {} (GGUF header only: the tensor data is absent or cut short)",
+        path.display()
+    )?;
+    writeln!(out, "version:       {}", h.version)?;
+    writeln!(out, "alignment:     {}", h.alignment)?;
+    writeln!(out, "tensor data:   {} bytes needed", h.data_len())?;
+    writeln!(out, "\n{} metadata entries", h.metadata.len())?;
+    for (k, v) in &h.metadata {
+        writeln!(out, "{k:<48} {:<7} {}", v.type_name(), value_text(v))?;
+    }
+    let total: usize = h.tensors.iter().map(|t| t.n_bytes).sum();
+    writeln!(
+        out,
+        "\n{} tensors, {:.1} MB",
+        h.tensors.len(),
+        total as f64 / 1e6
+    )?;
+    writeln!(
+        out,
+        "{:<60} {:<20} {:<6} {:>12}",
+        "name", "shape", "format", "bytes"
+    )?;
+    for t in &h.tensors {
+        writeln!(
+            out,
+            "{:<60} {:<20} {:<6} {:>12}",
+            t.name,
+            format!("{:?}", t.hf_shape()),
+            t.format.to_string(),
+            t.n_bytes
+        )?;
+    }
+    Ok(Some(out))
+}
+
+/// A metadata value on one line: scalars as they are, strings cut at 60 characters, arrays
+/// as their length.
+fn value_text(v: &GgufValue) -> String {
+    match v {
+        GgufValue::String(s) if s.chars().count() > 60 => {
+            format!("{:?}…", s.chars().take(60).collect::<String>())
+        }
+        GgufValue::String(s) => format!("{s:?}"),
+        GgufValue::Array(a) => format!("[{} items]", a.len()),
+        GgufValue::F32(x) => x.to_string(),
+        GgufValue::F64(x) => x.to_string(),
+        GgufValue::Bool(b) => b.to_string(),
+        other => other
+            .as_i64()
+            .map(|i| i.to_string())
+            .or_else(|| other.as_u64().map(|u| u.to_string()))
+            .unwrap_or_default(),
+    }
 }

@@ -1,13 +1,13 @@
-//! `infer run`, `infer chat` and `infer logits`: inference from a vindex.
+//! `infer run` and `infer logits`: inference from a vindex, and the loading, sampling and
+//! interrupt helpers `infer chat` ([`crate::cmd_chat`]) shares.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use infer_inference::chat::{ChatTemplate, Message, CHATML_TEMPLATE, GEMMA_TEMPLATE};
 use infer_inference::forward::Logits;
 use infer_inference::{
     GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams, Tokenizer,
@@ -92,8 +92,62 @@ fn unit_interval(s: &str) -> Result<f32, String> {
     Ok(v)
 }
 
+/// What `run` and `chat` decode with: the generator (set up for the device), the sampler and
+/// the stop conditions.
+pub(crate) struct Decoding<'m, 'a> {
+    pub gen: Generator<'m, 'a>,
+    pub sampler: Sampler,
+    pub opts: GenerateOptions,
+}
+
+impl Decoding<'_, '_> {
+    /// Generate from `prompt` (appended to what the cache holds), streaming the text to stdout
+    /// and to `also`, with Ctrl-C meaning "stop generating"; then print the stats line.
+    pub(crate) fn generate_to_stdout(
+        &mut self,
+        prompt: &[u32],
+        interrupt: &AtomicBool,
+        mut also: impl FnMut(&str),
+    ) -> anyhow::Result<GenerationStats> {
+        let Decoding { gen, sampler, opts } = self;
+        let mut stdout = std::io::stdout();
+        let stats = generating(|| {
+            gen.generate(prompt, sampler, opts, interrupt, |piece| {
+                also(piece);
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            })
+        })?;
+        println!();
+        print_stats(&stats);
+        Ok(stats)
+    }
+}
+
 impl SamplingArgs {
-    fn params(&self) -> SamplingParams {
+    /// The [`Decoding`] of these flags for `model` on `backend` with a context of `ctx`.
+    /// Errors: the device fails while setting up.
+    pub(crate) fn decoding<'m, 'a>(
+        &self,
+        model: &'m Model<'a>,
+        backend: &'m dyn infer_compute::ComputeBackend,
+        tokenizer: &'m Tokenizer,
+        ctx: usize,
+    ) -> anyhow::Result<Decoding<'m, 'a>> {
+        let mut gen = Generator::new(model, backend, tokenizer, ctx);
+        self.device.prepare(&mut gen, self.explain)?;
+        Ok(Decoding {
+            gen,
+            sampler: Sampler::new(self.params()),
+            opts: GenerateOptions {
+                max_tokens: self.n,
+                eog_ids: eog_ids(model, tokenizer),
+                stop_strings: self.stop.clone(),
+            },
+        })
+    }
+
+    pub(crate) fn params(&self) -> SamplingParams {
         SamplingParams {
             temperature: self.temp,
             top_k: self.top_k,
@@ -117,21 +171,6 @@ pub struct RunArgs {
     pub sampling: SamplingArgs,
 }
 
-/// Arguments of `infer chat`.
-#[derive(Args)]
-pub struct ChatArgs {
-    /// The vindex directory.
-    pub vindex: PathBuf,
-    /// System prompt.
-    #[arg(long)]
-    pub system: Option<String>,
-    /// One-shot: answer this message and exit.
-    #[arg(short = 'p', long = "prompt")]
-    pub prompt: Option<String>,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-}
-
 /// Arguments of `infer logits`.
 #[derive(Args)]
 #[group(id = "input", required = true, multiple = false, args = ["prompt", "ids"])]
@@ -144,9 +183,13 @@ pub struct LogitsArgs {
     /// Comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
     pub ids: Option<Vec<u32>>,
-    /// Write `logits` f32 [T, vocab] and `input_ids` i64 [T] to this safetensors file.
+    /// Write `logits` f32 [T, vocab] and `input_ids` i64 [T] to this safetensors file (a new
+    /// path, or an existing regular file with --force; never a device, FIFO or symlink).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Replace an existing --out file.
+    #[arg(long, requires = "out")]
+    pub force: bool,
     #[command(flatten)]
     pub formats: FormatArgs,
     #[command(flatten)]
@@ -154,9 +197,9 @@ pub struct LogitsArgs {
 }
 
 /// An opened vindex with its tokenizer.
-struct Loaded {
-    vindex: Vindex,
-    tokenizer: Tokenizer,
+pub(crate) struct Loaded {
+    pub vindex: Vindex,
+    pub tokenizer: Tokenizer,
 }
 
 fn open_vindex(path: &std::path::Path) -> anyhow::Result<Vindex> {
@@ -170,7 +213,7 @@ pub(crate) fn load_tokenizer(vindex: &Vindex, path: &std::path::Path) -> anyhow:
     Tokenizer::from_json(&json).with_context(|| format!("{}: tokenizer.json", path.display()))
 }
 
-fn load(path: &std::path::Path) -> anyhow::Result<Loaded> {
+pub(crate) fn load(path: &std::path::Path) -> anyhow::Result<Loaded> {
     let vindex = open_vindex(path)?;
     let tokenizer = load_tokenizer(&vindex, path)?;
     Ok(Loaded { vindex, tokenizer })
@@ -195,15 +238,27 @@ pub(crate) fn build_model<'v>(
     Ok(model)
 }
 
-/// Exit 130 (as after SIGINT) when generation was interrupted, so scripts can tell output was
-/// cut short.
-fn exit_if_interrupted(stats: &GenerationStats) {
-    if stats.stop == infer_inference::StopReason::Interrupted {
-        std::process::exit(130);
+/// Warn when `ids` start with two BOS tokens (the tokenizer or template adds one and the text
+/// has another), as llama.cpp does: the model then sees an input it was not trained on.
+pub(crate) fn warn_double_bos(model: &Model<'_>, ids: &[u32]) {
+    if let (Some(bos), [a, b, ..]) = (model.arch.config().bos_token_id, ids) {
+        if *a == bos && *b == bos {
+            eprintln!(
+                "warning: the prompt starts with two BOS tokens (id {bos}); the model expects one (does the text start with one the tokenizer or template also adds?)"
+            );
+        }
     }
 }
 
-fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<usize> {
+/// Exit `128 + signal` (130 after Ctrl-C) when generation was interrupted, so scripts can
+/// tell output was cut short.
+pub(crate) fn exit_if_interrupted(stats: &GenerationStats) {
+    if stats.stop == infer_inference::StopReason::Interrupted {
+        std::process::exit(crate::signals::exit_code());
+    }
+}
+
+pub(crate) fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<usize> {
     let max = model.arch.config().max_position_embeddings.max(1);
     let ctx = requested.unwrap_or(4096.min(max));
     if ctx == 0 {
@@ -216,7 +271,7 @@ fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<u
 }
 
 /// End-of-generation ids: the config's EOS ids plus the usual end-of-turn tokens in the vocab.
-fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
+pub(crate) fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
     let mut ids = model.arch.config().eos_token_ids.clone();
     for t in [
         "<|im_end|>",
@@ -241,36 +296,50 @@ fn eog_ids(model: &Model<'_>, tok: &Tokenizer) -> Vec<u32> {
 /// still printed); at any other time (e.g. the chat prompt) it exits.
 static GENERATING: AtomicBool = AtomicBool::new(false);
 
-fn interrupt_flag() -> Arc<AtomicBool> {
+/// The flag Ctrl-C sets while generating. Ctrl-C at any other time, a second one while
+/// stopping, or SIGTERM / SIGHUP at any time exits at once with `128 + signal`.
+pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
-    let _ = ctrlc::set_handler(move || {
-        // A second Ctrl-C while stopping exits at once.
-        if !GENERATING.load(Ordering::SeqCst) || f.swap(true, Ordering::SeqCst) {
+    crate::signals::set_handler(move || {
+        if !crate::signals::is_ctrl_c()
+            || !GENERATING.load(Ordering::SeqCst)
+            || f.swap(true, Ordering::SeqCst)
+        {
             eprintln!();
-            std::process::exit(130);
+            std::process::exit(crate::signals::exit_code());
         }
     });
     flag
 }
 
 /// Run `f` with Ctrl-C meaning "stop generating".
-fn generating<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn generating<T>(f: impl FnOnce() -> T) -> T {
     GENERATING.store(true, Ordering::SeqCst);
     let out = f();
     GENERATING.store(false, Ordering::SeqCst);
     out
 }
 
-fn print_stats(s: &GenerationStats) {
-    eprintln!(
-        "\n[prompt: {} tokens, {:.1} tokens/s | decode: {} tokens, {:.1} tokens/s | stop: {:?}]",
-        s.prompt_tokens,
+pub(crate) fn print_stats(s: &GenerationStats) {
+    eprintln!("\n{}", stats_line(s));
+}
+
+/// `[prompt: N tokens, X tokens/s | decode: M tokens, Y tokens/s | stop: …]`. The decode
+/// speed counts the tokens after the first (which comes from the prompt pass), so with one
+/// token or none there is no speed to show.
+fn stats_line(s: &GenerationStats) -> String {
+    let tokens = |n: usize| format!("{n} token{}", if n == 1 { "" } else { "s" });
+    let decode = match s.generated_tokens {
+        0 | 1 => tokens(s.generated_tokens),
+        n => format!("{}, {:.1} tokens/s", tokens(n), s.decode_tokens_per_s()),
+    };
+    format!(
+        "[prompt: {}, {:.1} tokens/s | decode: {decode} | stop: {:?}]",
+        tokens(s.prompt_tokens),
         s.prefill_tokens_per_s(),
-        s.generated_tokens,
-        s.decode_tokens_per_s(),
         s.stop
-    );
+    )
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -285,134 +354,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty: give some text to continue");
     }
-    let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
-    args.sampling
-        .device
-        .prepare(&mut gen, args.sampling.explain)?;
-    let mut sampler = Sampler::new(args.sampling.params());
-    let opts = GenerateOptions {
-        max_tokens: args.sampling.n,
-        eog_ids: eog_ids(&model, &l.tokenizer),
-        stop_strings: args.sampling.stop.clone(),
-    };
+    warn_double_bos(&model, &prompt);
+    let mut d = args
+        .sampling
+        .decoding(&model, &*backend, &l.tokenizer, ctx)?;
     let interrupt = interrupt_flag();
-    let mut stdout = std::io::stdout();
-    let stats = generating(|| {
-        gen.generate(&prompt, &mut sampler, &opts, &interrupt, |piece| {
-            let _ = stdout.write_all(piece.as_bytes());
-            let _ = stdout.flush();
-        })
-    })?;
-    println!();
-    print_stats(&stats);
+    let stats = d.generate_to_stdout(&prompt, &interrupt, |_| {})?;
     exit_if_interrupted(&stats);
     Ok(())
 }
 
-fn chat_template(v: &Vindex, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
-    let is_gemma = v.config().model_type.starts_with("gemma");
-    let source = match v.chat_template() {
-        Some(t) => t.to_string(),
-        None if is_gemma => GEMMA_TEMPLATE.to_string(),
-        None => CHATML_TEMPLATE.to_string(),
-    };
-    let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
-    let cfg = v.config();
-    Ok(ChatTemplate::new(
-        &source,
-        &name(cfg.bos_token_id),
-        &name(cfg.eos_token_ids.first().copied()),
-    )?)
-}
-
-pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
-    if args.prompt.as_deref().is_some_and(|p| p.trim().is_empty()) {
-        bail!("-p: the message is empty");
-    }
-    let l = load(&args.vindex)?;
-    let model = build_model(&l.vindex, &args.vindex, &args.sampling.formats)?;
-    if args.sampling.explain {
-        eprint!("{}", model.explain());
-    }
-    let backend = args.sampling.device.backend()?;
-    let ctx = context_size(&model, args.sampling.ctx)?;
-    let template = chat_template(&l.vindex, &l.tokenizer)
-        .with_context(|| args.vindex.display().to_string())?;
-    let mut gen = Generator::new(&model, &*backend, &l.tokenizer, ctx);
-    args.sampling
-        .device
-        .prepare(&mut gen, args.sampling.explain)?;
-    let mut sampler = Sampler::new(args.sampling.params());
-    let opts = GenerateOptions {
-        max_tokens: args.sampling.n,
-        eog_ids: eog_ids(&model, &l.tokenizer),
-        stop_strings: args.sampling.stop.clone(),
-    };
-    let interrupt = interrupt_flag();
-    let mut messages = Vec::new();
-    if let Some(s) = &args.system {
-        messages.push(Message::new("system", s));
-    }
-    let stdin = std::io::stdin();
-    let mut fed: Vec<u32> = Vec::new();
-    let interactive = args.prompt.is_none();
-    loop {
-        let user = match &args.prompt {
-            Some(p) if messages.iter().all(|m| m.role != "user") => p.clone(),
-            Some(_) => break,
-            None => {
-                eprint!("> ");
-                let _ = std::io::stderr().flush();
-                let mut line = String::new();
-                if stdin.lock().read_line(&mut line)? == 0 {
-                    break;
-                }
-                let line = line.trim_end_matches(['\n', '\r']).to_string();
-                if line.is_empty() {
-                    continue;
-                }
-                line
-            }
-        };
-        messages.push(Message::new("user", &user));
-        // Re-render the whole conversation (templates may rewrite earlier turns) and re-use
-        // the KV cache for the prefix that is unchanged.
-        let text = template.render(&messages, true)?;
-        let ids = l.tokenizer.encode(&text, false)?;
-        let keep = common_prefix(&fed, &ids).min(ids.len().saturating_sub(1));
-        gen.cache.truncate(keep);
-        fed.truncate(keep);
-        interrupt.store(false, Ordering::SeqCst);
-        let mut reply = String::new();
-        let mut stdout = std::io::stdout();
-        let stats = generating(|| {
-            gen.generate(&ids, &mut sampler, &opts, &interrupt, |piece| {
-                reply.push_str(piece);
-                let _ = stdout.write_all(piece.as_bytes());
-                let _ = stdout.flush();
-            })
-        })?;
-        println!();
-        print_stats(&stats);
-        exit_if_interrupted(&stats);
-        // The cache holds the prompt and every generated token but the last one.
-        fed.extend_from_slice(&ids[keep..]);
-        fed.extend_from_slice(&stats.tokens[..stats.tokens.len().saturating_sub(1)]);
-        messages.push(Message::new("assistant", reply.trim()));
-        if !interactive {
-            break;
-        }
-    }
-    Ok(())
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
-        check_output_path(out)?;
+        check_output_path(out, args.force)?;
     }
     let vindex = open_vindex(&args.vindex)?;
     let model = build_model(&vindex, &args.vindex, &args.formats)?;
@@ -429,6 +383,7 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("no tokens to run (empty prompt)");
     }
+    warn_double_bos(&model, &ids);
     let max = model.arch.config().max_position_embeddings.max(1);
     if ids.len() > max {
         bail!(
@@ -451,9 +406,11 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     order.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
     let mut text = format!("top-10 logits at position {}:\n", ids.len() - 1);
     for &i in order.iter().take(10) {
+        // The token's text as it would be printed (`"\n"`, `" and"`), not its byte-level
+        // vocabulary string (`Ċ`, `Ġand`).
         let tok = tokenizer
             .as_ref()
-            .and_then(|t| t.id_to_token(i as u32))
+            .and_then(|t| t.decode(&[i as u32], false).ok())
             .unwrap_or_default();
         text.push_str(&format!("{i:>8} {:>12.6} {tok:?}\n", last[i]));
     }
@@ -465,11 +422,23 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Fail before any work when `out` cannot be written: an existing directory, or a parent
-/// that does not exist.
-fn check_output_path(out: &std::path::Path) -> anyhow::Result<()> {
-    if out.is_dir() {
-        bail!("--out {}: is a directory", out.display());
+/// Fail before any work when `out` may not or cannot be written: it must be a new path or,
+/// with `force`, an existing regular file (never a directory, device, FIFO, socket or
+/// symlink: writing replaces the path by renaming over it), in an existing folder.
+fn check_output_path(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
+    let shown = out.display();
+    match std::fs::symlink_metadata(out) {
+        Ok(m) if m.file_type().is_symlink() => {
+            bail!("--out {shown}: is a symbolic link; refusing to replace it (give the path it points to)")
+        }
+        Ok(m) if m.is_dir() => bail!("--out {shown}: is a directory"),
+        Ok(m) if !m.is_file() => bail!(
+            "--out {shown}: is not a regular file (a device, FIFO or socket); refusing to replace it"
+        ),
+        Ok(_) if !force => bail!("--out {shown}: already exists (use --force to replace it)"),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => bail!("--out {shown}: {e}"),
     }
     let parent = out
         .parent()
@@ -481,7 +450,7 @@ fn check_output_path(out: &std::path::Path) -> anyhow::Result<()> {
         } else {
             "does not exist"
         };
-        bail!("--out {}: {} {what}", out.display(), parent.display());
+        bail!("--out {shown}: {} {what}", parent.display());
     }
     Ok(())
 }
@@ -493,22 +462,37 @@ fn write_logits(
     vocab: usize,
 ) -> anyhow::Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
+    let st_err = |e: safetensors::SafeTensorError| {
+        anyhow::anyhow!("{}", infer_models::hf::safetensors_error_text(&e))
+    };
     let logit_bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let id_bytes: Vec<u8> = ids.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
     let t = ids.len();
     let tensors = vec![
         (
             "logits",
-            TensorView::new(Dtype::F32, vec![t, vocab], &logit_bytes)?,
+            TensorView::new(Dtype::F32, vec![t, vocab], &logit_bytes).map_err(st_err)?,
         ),
         (
             "input_ids",
-            TensorView::new(Dtype::I64, vec![t], &id_bytes)?,
+            TensorView::new(Dtype::I64, vec![t], &id_bytes).map_err(st_err)?,
         ),
     ];
-    let tmp = out.with_extension("safetensors.tmp");
+    // A hidden temp file beside `out` (same file system), renamed over it when complete.
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = out.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.unwrap_or_default(),
+        std::process::id()
+    ));
     let written = safetensors::serialize_to_file(tensors, &None, &tmp)
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "writing {}: {}",
+                tmp.display(),
+                infer_models::hf::safetensors_error_text(&e)
+            )
+        })
         .and_then(|_| {
             std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))
         });
@@ -516,4 +500,32 @@ fn write_logits(
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn stats_line_shows_no_speed_for_one_token() {
+        let mut s = GenerationStats {
+            prompt_tokens: 1,
+            generated_tokens: 1,
+            prefill_time: Duration::from_millis(500),
+            decode_time: Duration::from_millis(1),
+            stop: infer_inference::StopReason::Interrupted,
+            tokens: vec![7],
+        };
+        assert_eq!(
+            stats_line(&s),
+            "[prompt: 1 token, 2.0 tokens/s | decode: 1 token | stop: Interrupted]"
+        );
+        s.generated_tokens = 5;
+        s.decode_time = Duration::from_secs(2);
+        assert_eq!(
+            stats_line(&s),
+            "[prompt: 1 token, 2.0 tokens/s | decode: 5 tokens, 2.0 tokens/s | stop: Interrupted]"
+        );
+    }
 }

@@ -33,7 +33,7 @@ pub struct ExtractArgs {
     /// Quantized tiers to write besides the float tier: q4k (Q4_K attention + interleaved Q4_K
     /// FFN; V and FFN down in Q6_K), q8 (int8 attention + f32 scales), q4 (Q4_0 FFN, gate
     /// vectors, lm_head), all, none, or a comma list. K-quants fall back to Q5_0/Q8_0 for rows
-    /// that are not a multiple of 256 values.
+    /// that are not a multiple of 256 values, and to F16 for rows not a multiple of 32.
     #[arg(long, default_value = "q4k", value_parser = parse_quant)]
     pub quant: QuantTiers,
     /// Store FFN down in Q4_K instead of Q6_K in interleaved_q4k.bin.
@@ -108,8 +108,8 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
 }
 
 /// On Ctrl-C or SIGTERM, remove this process's temp build directory (or file: `infer synth`
-/// stages its output under the same name) before exiting (a SIGKILL leaves it; the next build
-/// of the same target removes it).
+/// stages its output under the same name) before exiting with `128 + signal` (a SIGKILL
+/// leaves it; the next build of the same target removes it).
 pub(crate) fn install_interrupt_cleanup(target: &std::path::Path) {
     let Some(name) = target.file_name().and_then(|n| n.to_str()) else {
         return;
@@ -119,10 +119,10 @@ pub(crate) fn install_interrupt_cleanup(target: &std::path::Path) {
         _ => PathBuf::from("."),
     };
     let tmp = parent.join(infer_vindex::files::temp_dir_name(name, std::process::id()));
-    let _ = ctrlc::set_handler(move || {
+    crate::signals::set_handler(move || {
         let _ = std::fs::remove_dir_all(&tmp).or_else(|_| std::fs::remove_file(&tmp));
         eprintln!("interrupted; removed {}", tmp.display());
-        std::process::exit(130);
+        std::process::exit(crate::signals::exit_code());
     });
 }
 
@@ -132,9 +132,9 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
     println!("{report}");
     if !report.is_ok() {
         anyhow::bail!(
-            "{}: {} file(s) do not match index.json",
+            "{}: {} file(s) do not match index.json or are not listed in it",
             args.vindex.display(),
-            report.mismatches.len()
+            report.problems()
         );
     }
     Ok(())

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd_bench;
+mod cmd_chat;
 mod cmd_inspect;
 mod cmd_perplexity;
 mod cmd_quant_stats;
@@ -15,6 +16,7 @@ mod cmd_vindex;
 mod cmd_walk;
 mod device_args;
 mod format_args;
+mod signals;
 
 /// infer — transformer checkpoints to vindex, and fast inference from a vindex.
 #[derive(Parser)]
@@ -22,6 +24,11 @@ mod format_args;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Threads of the CPU work (matrix products, quantization), for every command; default:
+    /// all cores.
+    #[arg(short = 't', long = "threads", global = true,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: Option<u16>,
 }
 
 #[derive(Subcommand)]
@@ -37,7 +44,7 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// Interactive chat using the model's chat template (or one-shot with -p).
     #[command(allow_negative_numbers = true)]
-    Chat(cmd_run::ChatArgs),
+    Chat(cmd_chat::ChatArgs),
     /// One full-sequence forward: top-10 of the last position, optionally all logits to a file.
     #[command(allow_negative_numbers = true)]
     Logits(cmd_run::LogitsArgs),
@@ -116,13 +123,23 @@ fn error_chain(e: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     install_output_error_hook();
     let cli = Cli::parse();
+    if let Some(t) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(t.into())
+            .build_global()
+        {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "error: --threads {t}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Extract(a) => cmd_vindex::extract(a),
         Command::Verify(a) => cmd_vindex::verify(a),
         Command::QuantStats(a) => cmd_quant_stats::run(a),
         Command::Run(a) => cmd_run::run(a),
-        Command::Chat(a) => cmd_run::chat(a),
+        Command::Chat(a) => cmd_chat::chat(a),
         Command::Logits(a) => cmd_run::logits(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Perplexity(a) => cmd_perplexity::run(a),

@@ -3,6 +3,7 @@
 //! tokenizer and chat templates, and the generation loop.
 
 pub mod chat;
+pub mod conversation;
 pub mod device_decode;
 pub mod error;
 pub mod forward;
@@ -19,6 +20,7 @@ pub mod walk;
 pub mod walk_k;
 mod walk_sparse;
 
+pub use conversation::Conversation;
 pub use device_decode::TokenRunner;
 pub use error::InferenceError;
 pub use generate::{GenerateOptions, GenerationStats, Generator, StopReason};

@@ -226,17 +226,8 @@ impl<'a> Model<'a> {
         let plan = request.resolve(v)?;
         let config = v.config().clone();
         let arch = architecture_for(&config).map_err(InferenceError::Architecture)?;
-        let eps = arch.norm_eps();
-        if !(eps.is_finite() && eps > 0.0) {
-            return Err(InferenceError::Architecture(format!(
-                "norm_eps {eps} must be a positive number"
-            )));
-        }
-        if config.max_position_embeddings == 0 {
-            return Err(InferenceError::Architecture(
-                "max_position_embeddings must be at least 1 (got 0)".into(),
-            ));
-        }
+        // `Vindex::open` applied the config checks (`ModelConfig::check`): norm_eps positive,
+        // a context of at least one position, KV heads dividing the heads, …
         let hidden = arch.hidden_size();
         let vocab = arch.vocab_size();
         let (emb, _) = v.embeddings();
@@ -378,20 +369,52 @@ pub fn describe_geometry(g: &LayerGeometry) -> String {
     )
 }
 
-/// Per-layer architecture plan of a config, one line per layer (for `infer inspect`).
+/// The per-layer plan of `inspect`: one line per distinct layer geometry, with the layers that
+/// have it (`layers 0-4, 6-10: …`), in order of their first layer, so 30 identical layers
+/// take one line.
 pub fn layer_plan(arch: &dyn ModelArchitecture) -> String {
-    (0..arch.num_layers())
-        .map(|l| {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for l in 0..arch.num_layers() {
+        let d = describe_geometry(&layer_geometry(arch, l));
+        match groups.iter_mut().find(|(g, _)| *g == d) {
+            Some((_, layers)) => layers.push(l),
+            None => groups.push((d, vec![l])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(d, layers)| {
+            let noun = if layers.len() == 1 { "layer" } else { "layers" };
             format!(
-                "layer {l:>3}: {}\n",
-                describe_geometry(&layer_geometry(arch, l))
+                "{noun} {}: {d}
+",
+                layer_ranges(layers)
             )
         })
         .collect()
 }
 
-/// A quantized matrix `[out, in]` from the vindex (ggml blocks of `format`, or the seed's split
-/// Q8 when `scales` is given); its byte count must match the geometry.
+/// Sorted layer numbers as ranges: `[0, 1, 2, 5, 7, 8]` → `0-2, 5, 7-8`.
+fn layer_ranges(layers: &[usize]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < layers.len() {
+        let mut j = i;
+        while j + 1 < layers.len() && layers[j + 1] == layers[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            layers[i].to_string()
+        } else {
+            format!("{}-{}", layers[i], layers[j])
+        });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// A quantized matrix `[out, in]` from the vindex; its byte count must match the geometry. An
+/// F16 entry (the quantized tiers' fallback for rows no block divides) becomes a float weight.
 fn quant_weight<'a>(
     what: String,
     data: &'a [u8],
@@ -413,6 +436,19 @@ fn quant_weight<'a>(
     w.matrix(out_features, in_features)
         .check()
         .map_err(|e| InferenceError::Plan(format!("{what}: {e}")))?;
+    if let WeightData::Blocks {
+        format: QuantFormat::F16,
+        bytes,
+    } = w
+    {
+        // A quantized tier's F16 fallback (rows no block divides): a float weight, so every
+        // backend and the device decoder multiply it as the f16 float tier.
+        let values = bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        return Ok(WeightData::F16(Cow::Owned(values)));
+    }
     Ok(w)
 }
 

@@ -37,6 +37,25 @@ impl Tokenizer {
             .map_err(err)
     }
 
+    /// Encode text with special-token markup taken as plain text (`<|im_start|>` becomes the
+    /// tokens of its characters, never the control token), without BOS/EOS: how user-typed
+    /// content is tokenized.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, InferenceError> {
+        self.encode_with(text, false, false)
+    }
+
+    /// True when `text` contains the markup of a special token (it tokenizes differently with
+    /// and without special-token parsing).
+    pub fn has_special_markup(&self, text: &str) -> bool {
+        match (
+            self.encode_with(text, false, true),
+            self.encode_with(text, false, false),
+        ) {
+            (Ok(a), Ok(b)) => a != b,
+            _ => false,
+        }
+    }
+
     /// Decode ids to text (special tokens kept when `skip_special` is false).
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, InferenceError> {
         self.inner.decode(ids, skip_special).map_err(err)

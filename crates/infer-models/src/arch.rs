@@ -6,10 +6,12 @@
 
 mod family;
 mod names;
+mod tensors;
 
 use crate::{ModelConfig, RopeScaling};
 
 pub use family::{Family, FamilyArch};
+pub use tensors::{expected_tensors, ExpectedTensor};
 
 /// Normalisation layer type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

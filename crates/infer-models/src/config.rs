@@ -270,18 +270,21 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         c.opt_usize(context_key)?
             .unwrap_or(if gpt2 { 1024 } else { 2048 });
 
-    let norm_eps = c
-        .opt_f64_any(&[
-            "rms_norm_eps",
-            "layer_norm_eps",
-            "layer_norm_epsilon",
-            "norm_epsilon",
-        ])?
-        .unwrap_or(match mt {
-            "llama" | "mistral" | "qwen2" | "qwen3" | "qwen2_moe" | "gemma" | "gemma2"
-            | "gemma3_text" | "granite" => 1e-6,
-            _ => 1e-5,
-        });
+    let eps_keys = [
+        "rms_norm_eps",
+        "layer_norm_eps",
+        "layer_norm_epsilon",
+        "norm_epsilon",
+    ];
+    let eps_key = eps_keys
+        .into_iter()
+        .find(|k| c.has(k))
+        .unwrap_or("rms_norm_eps");
+    let norm_eps = c.opt_f64_any(&eps_keys)?.unwrap_or(match mt {
+        "llama" | "mistral" | "qwen2" | "qwen3" | "qwen2_moe" | "gemma" | "gemma2"
+        | "gemma3_text" | "granite" => 1e-6,
+        _ => 1e-5,
+    });
 
     let hidden_act = parse_activation(c, mt)?;
     check_unsupported_options(c, mt)?;
@@ -404,12 +407,15 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         eos_token_ids: c.u32_or_list("eos_token_id")?,
         pad_token_id: c.opt_u32("pad_token_id")?,
     };
-    let names = validate::PositionFields {
+    let names = validate::CheckedFields {
         context: c.name(context_key),
         rotary: c.name("partial_rotary_factor"),
         theta: c.name("rope_theta"),
+        eps: c.name(eps_key),
+        kv_heads: c.name("num_key_value_heads"),
+        intermediate: c.name(if gpt2 { "n_inner" } else { "intermediate_size" }),
     };
-    validate::check_positions(&cfg, c.path, &names)?;
+    validate::check_config(&cfg, c.path, &names)?;
     Ok(cfg)
 }
 

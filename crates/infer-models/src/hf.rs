@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-pub use st::SafetensorsSource;
+pub use st::{safetensors_error_text, SafetensorsSource};
 
 use crate::{ModelConfig, ModelError, ModelSource, SourceKind};
 

@@ -194,10 +194,10 @@ fn tensor_data_past_eof() {
             .len(),
         32
     );
-    // … but not at offset 32, nor with 9 values.
+    // … but not at offset 32 (the first tensor starts the data section), nor with 9 values.
     assert_bad(
         &one_tensor(32, 0, &[8]).buf,
-        "tensor 't': data at offset 32",
+        "tensor 't' has offset 32, expected 0",
     );
     assert_bad(&one_tensor(0, 0, &[9]).buf, "runs past the end of the file");
 }
@@ -240,5 +240,50 @@ fn truncated_real_gguf() {
         .expect("offset field of the last tensor");
     let mut patched = bytes.clone();
     patched[pos..pos + 8].copy_from_slice(&(bytes.len() as u64).next_multiple_of(32).to_le_bytes());
-    assert_bad(&patched, &format!("tensor '{}': data at offset", last.name));
+    // (Past the previous tensors' end, so the layout check names it first.)
+    assert_bad(
+        &patched,
+        &format!(
+            "tensor '{}' has offset {}",
+            last.name,
+            bytes.len().next_multiple_of(32)
+        ),
+    );
+}
+
+/// Issue 15 bug 6: a tensor whose data overlaps the one before it was accepted by
+/// `GgufFile::open` (so by inspect and extract) although the writer (`synth`) refused the same
+/// layout. Every reader now applies the one layout check (llama.cpp's running offsets).
+#[test]
+fn overlapping_gguf_tensor_data_is_refused_by_every_reader() {
+    // Two F32 tensors of 8 values (32 bytes each): `b` at offset 0 shares `a`'s bytes.
+    let two = |b_offset: u64| {
+        let mut w = Writer::new(3, 2, 1);
+        w.kv_str("general.architecture", "llama");
+        w.tensor("a", &[8], 0, 0);
+        w.tensor("b", &[8], 0, b_offset).pad(32);
+        w.bytes(&[0u8; 96]);
+        w
+    };
+    let overlap = two(0).file();
+    let gap = two(64).file();
+    let fine = two(32).file();
+    for (f, want) in [
+        (&overlap, "tensor 'b' has offset 0, expected 32"),
+        (&overlap, "overlaps the tensors before it"),
+        (&gap, "tensor 'b' has offset 64, expected 32"),
+    ] {
+        for e in [
+            GgufFile::open(f.path()).unwrap_err(),
+            infer_models::gguf::GgufHeader::read(f.path()).unwrap_err(),
+        ] {
+            let ModelError::BadGguf { path, msg } = e else {
+                panic!("expected BadGguf, got {e}")
+            };
+            assert_eq!(path, f.path());
+            assert!(msg.contains(want), "message {msg:?} lacks {want:?}");
+        }
+    }
+    let g = GgufFile::open(fine.path()).unwrap();
+    assert_eq!(g.tensor_infos()[1].offset, 32);
 }

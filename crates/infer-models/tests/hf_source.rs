@@ -410,3 +410,45 @@ fn tokenizer_and_chat_template_material() {
     assert_eq!(s.chat_template.as_deref(), Some(jinja.as_str()));
     assert!(jinja.contains("<|im_start|>"));
 }
+
+/// Issue 15: safetensors errors were shown as the crate's enum names
+/// (`InvalidHeaderDeserialization`, `TensorInvalidInfo`); they are now said in words.
+#[test]
+fn safetensors_errors_are_said_in_words() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_config(&shared().join("archrefs/llama"), tmp.path());
+    let file = tmp.path().join("model.safetensors");
+    let with_header = |header: &[u8], data: usize| {
+        let mut buf = (header.len() as u64).to_le_bytes().to_vec();
+        buf.extend_from_slice(header);
+        buf.extend(std::iter::repeat(0u8).take(data));
+        buf
+    };
+    for (bytes, want) in [
+        (with_header(br#"{"w": 5}"#, 0), "the header is not valid safetensors JSON"),
+        (
+            with_header(br#"{"w":{"dtype":"F32","shape":[8],"data_offsets":[0,16]}}"#, 16),
+            "data_offsets do not hold its shape × dtype size",
+        ),
+        (
+            with_header(
+                br#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}"#,
+                24,
+            ),
+            "do not start where the tensor before it (in data order) ends",
+        ),
+    ] {
+        std::fs::write(&file, bytes).unwrap();
+        match open_hf_folder(tmp.path()) {
+            Err(e @ ModelError::BadSafetensors { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(want), "{msg}");
+                assert!(msg.contains("model.safetensors"), "{msg}");
+                for name in ["InvalidHeaderDeserialization", "TensorInvalidInfo", "InvalidOffset"] {
+                    assert!(!msg.contains(name), "{msg}");
+                }
+            }
+            other => panic!("expected BadSafetensors, got {:?}", other.err()),
+        }
+    }
+}

@@ -85,6 +85,14 @@ pub fn extract(
 ) -> Result<VindexIndex, VindexError> {
     // Refuse a target that may not be replaced before reading anything.
     check_replaceable(target, opts.force)?;
+    if source_path.join(files::INDEX_JSON).is_file() {
+        return Err(VindexError::BadSource {
+            path: source_path.to_path_buf(),
+            msg: "is a vindex (it holds index.json), not a checkpoint: extract reads a HF folder \
+                  (config.json + *.safetensors) or a GGUF file; run the vindex directly"
+                .into(),
+        });
+    }
     let source = infer_models::open_source(source_path)?;
     build(&source, target, opts)
 }
@@ -256,7 +264,63 @@ fn plan(source: &ModelSource) -> Result<Vec<Planned<'_>>, VindexError> {
             ));
         }
     }
+    check_expected_tensors(source, arch.as_ref(), &out)?;
     Ok(out)
+}
+
+/// Every tensor the architecture loads ([`infer_models::arch::expected_tensors`], the shapes
+/// the config implies) is present when the loader needs it and has that shape: the checks the
+/// loader applies, made before anything is written, so a config that disagrees with its
+/// weights (a wrong `head_dim`, `num_key_value_heads`, `intermediate_size`, or `model_type`)
+/// is refused by extract rather than by `run`.
+fn check_expected_tensors(
+    source: &ModelSource,
+    arch: &dyn infer_models::ModelArchitecture,
+    plan: &[Planned<'_>],
+) -> Result<(), VindexError> {
+    let shapes: std::collections::HashMap<&str, &[usize]> = plan
+        .iter()
+        .flat_map(|p| p.outs.iter())
+        .map(|o| (o.key.as_str(), o.shape.as_slice()))
+        .collect();
+    let c = &source.config;
+    let sizes = || {
+        format!(
+            "hidden_size {}, {} heads, {} KV heads, head_dim {}, intermediate_size {}",
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.intermediate_size
+        )
+    };
+    for e in infer_models::arch::expected_tensors(arch) {
+        match shapes.get(e.key.as_str()) {
+            Some(&s) if s == e.shape.as_slice() => {}
+            Some(&s) => {
+                return Err(bad_source(
+                    source,
+                    format!(
+                        "tensor '{}' has shape {s:?}, but the config ({}) implies {:?}: the config does not match the weights",
+                        e.key,
+                        sizes(),
+                        e.shape
+                    ),
+                ))
+            }
+            None if e.required => {
+                return Err(bad_source(
+                    source,
+                    format!(
+                        "no tensor '{}', which model_type '{}' needs: the config does not match the weights",
+                        e.key, c.model_type
+                    ),
+                ))
+            }
+            None => {}
+        }
+    }
+    Ok(())
 }
 
 /// The source's name of the layer-count field: GGUF `{arch}.block_count`, HF
@@ -382,6 +446,16 @@ fn write_all(
                     t.shape,
                     t.data.len(),
                     p.info.shape
+                ),
+            ));
+        }
+        if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
+            let n = t.data.iter().filter(|v| !v.is_finite()).count();
+            return Err(bad_source(
+                source,
+                format!(
+                    "tensor '{}' holds {n} non-finite values (NaN or infinity; the first, {}, at flat index {i}): the weights are corrupt",
+                    p.info.name, t.data[i]
                 ),
             ));
         }

@@ -15,6 +15,10 @@ pub enum VindexError {
     /// A file listed in `index.json` (or required by it) is not in the vindex directory.
     #[error("{path}: missing file (listed in index.json)")]
     MissingFile { path: PathBuf },
+    /// A file the index refers to (see [`crate::VindexIndex::required_files`]) that its
+    /// `files` list lacks, so its size and hash are unknown.
+    #[error("{path}: needed by index.json but not listed in its files[] (no size or sha256 recorded; rebuild the vindex with `infer extract`)")]
+    Unlisted { path: PathBuf },
     /// `index.json` or a manifest is not valid JSON or not the expected structure.
     #[error("{path}: corrupt JSON: {msg}")]
     BadJson { path: PathBuf, msg: String },

@@ -115,6 +115,21 @@ pub const BIN_FILES: &[&str] = &[
     LM_HEAD_Q6K_BIN,
 ];
 
+/// Every file name a vindex may hold besides `index.json` (tensor data, manifests, tokenizer
+/// and template files): what `verify` looks for on disk when index.json does not list it.
+pub fn known_files() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = BIN_FILES.to_vec();
+    v.extend(QUANT_BINS.iter().chain(MANIFESTED_BINS).map(|(_, m)| *m));
+    v.extend([
+        ATTN_Q8_MANIFEST,
+        DOWN_META_BIN,
+        TOKENIZER_JSON,
+        TOKENIZER_CONFIG_JSON,
+        CHAT_TEMPLATE_JINJA,
+    ]);
+    v
+}
+
 /// True when `name` is a plain file name inside the vindex directory: not empty, not `.` or
 /// `..`, and free of `/`, `\`, `:` and NUL (so it can be neither absolute nor a path that
 /// leaves the directory). Every file name read from `index.json` must pass this before it is

@@ -202,6 +202,60 @@ impl VindexIndex {
     pub fn file(&self, name: &str) -> Option<&FileHash> {
         self.files.iter().find(|f| f.name == name)
     }
+
+    /// The files the rest of this index refers to, each of which `files` must list (with its
+    /// size and hash) for the vindex to open: `embeddings.bin`; `lm_head.bin` when there is an
+    /// lm_head entry; the FFN files the layer entries point into; `tokenizer.json` when
+    /// `has_tokenizer`; every file of each listed tier; the files passthrough records name; and
+    /// the other half of each data file / manifest pair of which one half is listed.
+    pub fn required_files(&self) -> Vec<&'static str> {
+        use crate::files as f;
+        let mut v = vec![f::EMBEDDINGS_BIN];
+        if self.lm_head.is_some() {
+            v.push(f::LM_HEAD_BIN);
+        }
+        for (bin, has) in [
+            (
+                f::GATE_VECTORS_BIN,
+                self.layers.iter().any(|l| l.gate.is_some()),
+            ),
+            (
+                f::UP_FEATURES_BIN,
+                self.layers.iter().any(|l| l.up.is_some()),
+            ),
+            (
+                f::DOWN_FEATURES_BIN,
+                self.layers.iter().any(|l| l.down.is_some()),
+            ),
+        ] {
+            if has {
+                v.push(bin);
+            }
+        }
+        if self.has_tokenizer {
+            v.push(f::TOKENIZER_JSON);
+        }
+        for t in self.tiers.iter().filter_map(|t| crate::Tier::from_name(t)) {
+            v.extend_from_slice(t.required_files());
+        }
+        for p in &self.passthrough {
+            if let Some(&name) = f::BIN_FILES.iter().find(|&&b| b == p.file) {
+                v.push(name);
+            }
+        }
+        let pairs = f::QUANT_BINS
+            .iter()
+            .chain(f::MANIFESTED_BINS)
+            .chain(&[(f::ATTN_Q8_BIN, f::ATTN_Q8_MANIFEST)]);
+        for &(bin, manifest) in pairs {
+            if self.file(bin).is_some() || self.file(manifest).is_some() {
+                v.extend([bin, manifest]);
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
 }
 
 #[cfg(test)]

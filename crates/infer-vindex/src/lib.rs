@@ -20,7 +20,7 @@
 //! Quantized tiers ([`Tier`], chosen with [`BuildOptions::quant`], written by
 //! [`quant_build`]): raw ggml blocks in HF Linear layout `[out, in]` with a manifest per file
 //! whose `format` tag is per tensor (K-quants fall back to Q5_0/Q8_0 for rows that are not a
-//! multiple of 256). The data-provider API ([`Vindex::attn_q4k_layer_data`],
+//! multiple of 256, and any block format to F16 for rows that are not a multiple of 32). The data-provider API ([`Vindex::attn_q4k_layer_data`],
 //! [`Vindex::ffn_q4k_layer_data`], [`Vindex::attn_q8_layer_data`], …) hands out the bytes with
 //! their format; [`quant_stats`] measures their error against the float tier.
 

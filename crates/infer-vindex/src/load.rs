@@ -72,7 +72,19 @@ pub(crate) fn index_json_path(path: &Path) -> Result<PathBuf, VindexError> {
         reason: reason.to_string(),
     };
     match std::fs::metadata(path) {
-        Ok(m) if !m.is_dir() => return Err(not("is a file, not a vindex directory")),
+        Ok(m) if !m.is_dir() => {
+            let gguf = std::fs::File::open(path)
+                .and_then(|mut f| {
+                    let mut magic = [0u8; 4];
+                    std::io::Read::read_exact(&mut f, &mut magic).map(|_| magic)
+                })
+                .is_ok_and(|m| &m == b"GGUF");
+            return Err(not(if gguf {
+                "is a file, not a vindex directory (a GGUF file: build a vindex from it with `infer extract FILE -o NAME.vindex`)"
+            } else {
+                "is a file, not a vindex directory"
+            }));
+        }
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(not(
@@ -96,6 +108,8 @@ impl Vindex {
     ///
     /// Errors (each naming the file): [`VindexError::NotAVindex`] (`path` is missing, a file, or
     /// a directory without index.json), [`VindexError::MissingFile`] (a listed file absent),
+    /// [`VindexError::Unlisted`] (a file the index refers to that `files` does not list),
+    /// [`VindexError::Source`] (a config in index.json that fails [`infer_models::ModelConfig::check`]),
     /// [`VindexError::BadJson`] / [`VindexError::BadVersion`] (corrupt index.json or manifest,
     /// or a file name in index.json that is not a plain name inside the directory), [`VindexError::SizeMismatch`] (a file whose size differs from index.json, e.g. a
     /// truncated `.bin`), [`VindexError::BadEntry`] (an entry whose length disagrees with
@@ -104,8 +118,20 @@ impl Vindex {
     pub fn open(path: &Path) -> Result<Vindex, VindexError> {
         let index_path = index_json_path(path)?;
         let index = VindexIndex::parse(&index_path, &read_text(&index_path)?)?;
+        // The config checks extract applied (a hand-edited index.json is refused here).
+        index.config.check(&index_path)?;
 
-        // Every listed file exists with its recorded size.
+        // Every file the index refers to is listed, and every listed file exists with its
+        // recorded size.
+        if let Some(name) = index
+            .required_files()
+            .into_iter()
+            .find(|n| index.file(n).is_none())
+        {
+            return Err(VindexError::Unlisted {
+                path: path.join(name),
+            });
+        }
         for f in &index.files {
             let p = path.join(&f.name);
             let meta = std::fs::metadata(&p).map_err(|e| {
@@ -246,15 +272,16 @@ impl Vindex {
                     key: e.key.clone(),
                     msg,
                 };
-                let float = matches!(
-                    e.format,
-                    QuantFormat::F32 | QuantFormat::F16 | QuantFormat::BF16
-                );
-                if (bin == files::ATTN_Q8_SCALES_BIN) != (e.format == QuantFormat::F32)
-                    || (bin != files::ATTN_Q8_SCALES_BIN && float)
-                {
+                // Block formats, or F16 for rows no block divides (the build's fallback);
+                // the Q8 scales file holds F32 only.
+                let allowed = if bin == files::ATTN_Q8_SCALES_BIN {
+                    e.format == QuantFormat::F32
+                } else {
+                    !matches!(e.format, QuantFormat::F32 | QuantFormat::BF16)
+                };
+                if !allowed {
                     return Err(bad(format!(
-                        "format {} is not allowed in this file (block formats only; F32 scales only in {})",
+                        "format {} is not allowed in this file (block formats or F16 only; F32 scales only in {})",
                         e.format,
                         files::ATTN_Q8_SCALES_BIN
                     )));

@@ -4,7 +4,9 @@
 //! Matrices are stored in HF Linear layout `[out, in]` (rows = output features), so ggml blocks
 //! run along a row's input dimension. A row length that is not a multiple of 256 cannot hold
 //! K-quant blocks: like llama.cpp's `llama_tensor_get_type` fallback, Q4_K becomes Q5_0 and Q6_K
-//! becomes Q8_0 for that tensor; the manifest records the format actually stored.
+//! becomes Q8_0 for that tensor, and a row that is not a multiple of 32 either is stored in F16
+//! (so any model the float tier runs also gets its quantized tiers); the manifest records the
+//! format actually stored. Only the Q8 tier (int8 + a scale per 32 values) has no fallback.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -24,22 +26,24 @@ use crate::tier::{QuantTiers, Tier};
 use crate::writer::{write_text, BinWriter};
 use crate::VindexError;
 
-/// The format a `[rows, row_len]` matrix is stored in when `desired` is asked for: K-quants fall
-/// back to Q5_0 (from Q4_K) or Q8_0 (from Q6_K) when `row_len % 256 != 0` (llama.cpp's rule).
-/// Errors (as a message): a row length that is not a multiple of the resulting block size.
+/// The format a `[rows, row_len]` matrix is stored in when `desired` is asked for: the first
+/// of a fallback chain whose block divides `row_len` (llama.cpp's rule, per tensor): Q4_K →
+/// Q5_0 → F16, Q6_K → Q8_0 → F16, any other block format → F16.
+/// Errors (as a message): rows of 0 values.
 pub fn storage_format(desired: QuantFormat, row_len: usize) -> Result<QuantFormat, String> {
-    let f = match desired {
-        QuantFormat::Q4_K if row_len % 256 != 0 => QuantFormat::Q5_0,
-        QuantFormat::Q6_K if row_len % 256 != 0 => QuantFormat::Q8_0,
-        f => f,
-    };
-    if row_len == 0 || row_len % f.block_elems() != 0 {
-        return Err(format!(
-            "rows of {row_len} values are not a multiple of {f}'s block of {} values",
-            f.block_elems()
-        ));
+    if row_len == 0 {
+        return Err("rows of 0 values cannot be stored".into());
     }
-    Ok(f)
+    let chain: &[QuantFormat] = match desired {
+        QuantFormat::Q4_K => &[QuantFormat::Q4_K, QuantFormat::Q5_0],
+        QuantFormat::Q6_K => &[QuantFormat::Q6_K, QuantFormat::Q8_0],
+        _ => &[desired],
+    };
+    Ok(chain
+        .iter()
+        .copied()
+        .find(|f| row_len % f.block_elems() == 0)
+        .unwrap_or(QuantFormat::F16))
 }
 
 /// Quantize `data` (rows of `n_per_row`) to `format` with ggml's reference quantizer
@@ -241,6 +245,12 @@ impl QuantBuilder {
         let mut cache: HashMap<QuantFormat, Encoded> = HashMap::new();
         for (file, rank, desired, out_key) in targets {
             let format = storage_format(desired, row).map_err(|m| bad(format!("{file}: {m}")))?;
+            if file == files::ATTN_Q8_BIN && format != QuantFormat::Q8_0 {
+                return Err(bad(format!(
+                    "{file}: the q8 tier stores blocks of 32 values, and rows of {row} values are \
+                     not a multiple of 32 (build without the q8 tier: --quant q4k or none)"
+                )));
+            }
             if let std::collections::hash_map::Entry::Vacant(slot) = cache.entry(format) {
                 slot.insert(self.encode(key, shape, data, format, src)?);
             }
@@ -415,9 +425,15 @@ mod tests {
             storage_format(QuantFormat::Q4_0, 640).unwrap(),
             QuantFormat::Q4_0
         );
-        let e = storage_format(QuantFormat::Q4_0, 80).unwrap_err();
-        assert!(e.contains("80") && e.contains("Q4_0"), "{e}");
-        assert!(storage_format(QuantFormat::Q4_K, 48).is_err());
+        // Rows that are not whole blocks of 32 either are stored in F16 (issue 15 bug 3).
+        for desired in [QuantFormat::Q4_0, QuantFormat::Q4_K, QuantFormat::Q6_K] {
+            assert_eq!(storage_format(desired, 144).unwrap(), QuantFormat::F16);
+        }
+        assert_eq!(
+            storage_format(QuantFormat::Q6_K, 160).unwrap(),
+            QuantFormat::Q8_0
+        );
+        assert!(storage_format(QuantFormat::Q4_K, 0).is_err());
     }
 
     #[test]

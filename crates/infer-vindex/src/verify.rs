@@ -28,12 +28,21 @@ pub struct VerifyReport {
     pub bytes: u64,
     /// Files whose sha256 or size differ, or that are missing.
     pub mismatches: Vec<FileMismatch>,
+    /// Files index.json does not list although it refers to them
+    /// ([`VindexIndex::required_files`]) or they lie in the directory under a vindex file name:
+    /// nothing records their size or hash.
+    pub unlisted: Vec<String>,
 }
 
 impl VerifyReport {
-    /// True when every file matched.
+    /// True when every file matched and none is unlisted.
     pub fn is_ok(&self) -> bool {
-        self.mismatches.is_empty()
+        self.mismatches.is_empty() && self.unlisted.is_empty()
+    }
+
+    /// Number of problems: mismatched, missing and unlisted files.
+    pub fn problems(&self) -> usize {
+        self.mismatches.len() + self.unlisted.len()
     }
 }
 
@@ -52,6 +61,12 @@ impl std::fmt::Display for VerifyReport {
                 )?,
             }
         }
+        for u in &self.unlisted {
+            writeln!(
+                f,
+                "UNLISTED {u}: not in index.json files[] (no size or sha256 recorded)"
+            )?;
+        }
         write!(
             f,
             "{} files, {} bytes checked: {}",
@@ -60,14 +75,23 @@ impl std::fmt::Display for VerifyReport {
             if self.is_ok() {
                 "all match".to_string()
             } else {
-                format!("{} mismatched", self.mismatches.len())
+                let mut parts = Vec::new();
+                if !self.mismatches.is_empty() {
+                    parts.push(format!("{} mismatched", self.mismatches.len()));
+                }
+                if !self.unlisted.is_empty() {
+                    parts.push(format!("{} unlisted", self.unlisted.len()));
+                }
+                parts.join(", ")
             }
         )
     }
 }
 
-/// Re-hash (sha256) every file listed in `path/index.json` and report differences by file.
-/// A missing or changed file is a mismatch in the report, not an error.
+/// Re-hash (sha256) every file listed in `path/index.json` and report differences by file,
+/// and report as unlisted each file the index needs ([`VindexIndex::required_files`]) or that
+/// lies in the directory under a vindex file name ([`crate::files::known_files`]) but is not
+/// listed. A missing, changed or unlisted file is in the report, not an error.
 /// Errors: [`VindexError::NotAVindex`] (`path` is missing, a file, or has no `index.json`);
 /// [`VindexError::BadJson`] / [`VindexError::BadVersion`] for a corrupt `index.json`, one of
 /// another version, or one listing a file name that is not a plain name inside the directory
@@ -94,6 +118,15 @@ pub fn verify(path: &Path) -> Result<VerifyReport, VindexError> {
                 expected_bytes: f.bytes,
                 actual_bytes: bytes,
             });
+        }
+    }
+    for name in index.required_files().into_iter().chain(
+        crate::files::known_files()
+            .into_iter()
+            .filter(|n| path.join(n).exists()),
+    ) {
+        if index.file(name).is_none() && !report.unlisted.iter().any(|u| u == name) {
+            report.unlisted.push(name.to_string());
         }
     }
     Ok(report)

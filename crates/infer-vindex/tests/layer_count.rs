@@ -102,6 +102,22 @@ fn hf_zero_context_and_rotary_are_refused() {
 /// Copy the GGUF at `from` to `to` with the integer metadata value `key` set to `value` (same
 /// value type, so the header keeps its length and the tensor data its offsets).
 fn doctored_gguf(from: &Path, to: &Path, key: &str, value: u64) {
+    doctored_gguf_with(from, to, key, |old| match old {
+        GgufValue::U32(_) => GgufValue::U32(value as u32),
+        GgufValue::U64(_) => GgufValue::U64(value),
+        GgufValue::I32(_) => GgufValue::I32(value as i32),
+        other => panic!("{key}: unexpected value type {other:?}"),
+    })
+}
+
+/// Copy the GGUF at `from` to `to` with the metadata value `key` replaced by `set(old)` (of the
+/// same type, so the header keeps its length and the tensor data its offsets).
+fn doctored_gguf_with(
+    from: &Path,
+    to: &Path,
+    key: &str,
+    set: impl FnOnce(&GgufValue) -> GgufValue,
+) {
     let mut h = GgufHeader::read(from).unwrap_or_else(|e| panic!("{e}"));
     let old_len = encode_header(&h, from).expect("encode").len();
     let slot = h
@@ -109,12 +125,7 @@ fn doctored_gguf(from: &Path, to: &Path, key: &str, value: u64) {
         .iter_mut()
         .find(|(k, _)| k == key)
         .unwrap_or_else(|| panic!("{}: no key {key}", from.display()));
-    slot.1 = match slot.1 {
-        GgufValue::U32(_) => GgufValue::U32(value as u32),
-        GgufValue::U64(_) => GgufValue::U64(value),
-        GgufValue::I32(_) => GgufValue::I32(value as i32),
-        ref other => panic!("{key}: unexpected value type {other:?}"),
-    };
+    slot.1 = set(&slot.1);
     let header = encode_header(&h, to).expect("encode doctored");
     assert_eq!(header.len(), old_len, "{key}: header length changed");
     let mut src = File::open(from).expect("open gguf");
@@ -160,4 +171,136 @@ fn gguf_doctored_metadata_is_refused() {
         let err = extract_fails(&copy);
         assert!(err.contains(want), "{key} = {value}: {err}");
     }
+}
+
+/// Issue 15 bug 4: extract reported success (writing ~500 MB) on configs `run` then refused
+/// or ran wrongly: NaN or non-positive eps, an FFN width of 0 or 2^50, KV heads that do not
+/// divide the heads or disagree with `attn_k`'s shape, a `head_dim` that disagrees with the
+/// q/k/v shapes, a `model_type` whose tensors the weights lack. Each is now refused before
+/// anything is written, naming the source and the field or tensor.
+#[test]
+fn extract_refuses_configs_the_loader_cannot_run() {
+    let orig = model_file("SmolLM2-135M-Instruct.Q4_1.gguf"); // 9 heads, 3 KV heads, dim 64
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy: PathBuf = dir.path().join("doctored.gguf");
+    let eps = "llama.attention.layer_norm_rms_epsilon";
+    for (value, want) in [
+        (
+            f32::NAN,
+            "the norm epsilon must be a positive number (got NaN)",
+        ),
+        (0.0, "the norm epsilon must be a positive number (got 0)"),
+        (
+            -1e-5,
+            "the norm epsilon must be a positive number (got -0.00001)",
+        ),
+    ] {
+        doctored_gguf_with(&orig, &copy, eps, |_| GgufValue::F32(value));
+        let err = extract_fails(&copy);
+        assert!(
+            err.contains(&format!("config field '{eps}': {want}")),
+            "{value}: {err}"
+        );
+    }
+    for (key, value, want) in [
+        (
+            "llama.feed_forward_length",
+            0,
+            "config field 'llama.feed_forward_length': the FFN width must be at least 1 (got 0)",
+        ),
+        (
+            "llama.attention.head_count_kv",
+            2,
+            "config field 'llama.attention.head_count_kv': 2 KV heads do not divide the 9 attention heads",
+        ),
+        (
+            "llama.attention.head_count_kv",
+            9,
+            "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [192, 576], but the config (hidden_size 576, 9 heads, 9 KV heads, head_dim 64, intermediate_size 1536) implies [576, 576]",
+        ),
+        (
+            "llama.feed_forward_length",
+            1 << 30,
+            "implies [1073741824, 576]",
+        ),
+    ] {
+        doctored_gguf(&orig, &copy, key, value);
+        let err = extract_fails(&copy);
+        assert!(err.contains(want), "{key} = {value}: {err}");
+    }
+
+    // archrefs/llama: hidden 64, 4 heads, 2 KV heads, head_dim 16, intermediate 128.
+    use serde_json::json;
+    let cases: Vec<(serde_json::Value, &str, &str)> = vec![
+        (
+            json!(0.0),
+            "rms_norm_eps",
+            "config field 'rms_norm_eps': the norm epsilon must be a positive number (got 0)",
+        ),
+        (
+            json!(0),
+            "intermediate_size",
+            "config field 'intermediate_size': the FFN width must be at least 1 (got 0)",
+        ),
+        (
+            json!(1u64 << 50),
+            "intermediate_size",
+            "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128, 64], but the config (hidden_size 64, 4 heads, 2 KV heads, head_dim 16, intermediate_size 1125899906842624) implies [1125899906842624, 64]",
+        ),
+        (
+            json!(8),
+            "head_dim",
+            "tensor 'model.layers.0.self_attn.q_proj.weight' has shape [64, 64], but the config (hidden_size 64, 4 heads, 2 KV heads, head_dim 8, intermediate_size 128) implies [32, 64]",
+        ),
+        (
+            json!("gemma3_text"),
+            "model_type",
+            "which model_type 'gemma3_text' needs: the config does not match the weights",
+        ),
+    ];
+    for (value, field, want) in cases {
+        let src = doctored_hf("llama", |v| v[field] = value.clone());
+        let err = extract_fails(src.path());
+        assert!(err.contains(want), "{field} = {value}: {err}");
+    }
+}
+
+/// Issue 15: `extract some.vindex` said "config.json: No such file"; it now says the source
+/// is a vindex and what extract reads.
+#[test]
+fn extract_of_a_vindex_says_it_is_one() {
+    let src = doctored_hf("llama", |_| {});
+    let out = tempfile::tempdir().expect("tempdir");
+    let first = out.path().join("first.vindex");
+    extract(src.path(), &first, &opts()).expect("good copy");
+    let err = extract_fails(&first);
+    assert!(
+        err.contains("is a vindex (it holds index.json), not a checkpoint"),
+        "{err}"
+    );
+}
+
+/// Issue 15: NaN/Inf weights were stored silently (run then said only "non-finite logits");
+/// extract now refuses them, naming the tensor.
+#[test]
+fn extract_names_a_tensor_with_non_finite_weights() {
+    let src = doctored_hf("llama", |_| {});
+    let st_path = src.path().join("model.safetensors");
+    let bytes = std::fs::read(&st_path).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let name = "model.layers.1.mlp.up_proj.weight";
+    let header_len = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let t = st.tensor(name).expect("tensor");
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    let offset = t.data().as_ptr() as usize - bytes.as_ptr() as usize;
+    assert!(offset >= header_len);
+    let mut patched = bytes.clone();
+    patched[offset + 40..offset + 44].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&st_path, patched).expect("write");
+    let err = extract_fails(src.path());
+    assert!(
+        err.contains(&format!("tensor '{name}' holds 1 non-finite values"))
+            && err.contains("index 10"),
+        "{err}"
+    );
 }

@@ -299,9 +299,17 @@ fn not_a_vindex_is_a_clear_error() {
 
     let file = root.path().join("model.gguf");
     std::fs::write(&file, b"GGUF").unwrap();
-    let want = format!("{} is a file, not a vindex directory", file.display());
+    // A GGUF given where a vindex was expected gets the hint to build one.
+    let want = format!(
+        "{} is a file, not a vindex directory (a GGUF file: build a vindex from it with `infer extract FILE -o NAME.vindex`)",
+        file.display()
+    );
     assert_eq!(Vindex::open(&file).err().unwrap().to_string(), want);
     assert_eq!(verify(&file).unwrap_err().to_string(), want);
+    let other = root.path().join("notes.txt");
+    std::fs::write(&other, b"text").unwrap();
+    let want = format!("{} is a file, not a vindex directory", other.display());
+    assert_eq!(Vindex::open(&other).err().unwrap().to_string(), want);
 }
 
 /// File names in index.json that leave the vindex directory (`../`, absolute, `\`, empty) are

@@ -166,7 +166,9 @@ fn down_q4k_and_single_tiers() {
 }
 
 /// hidden 64 / intermediate 96: Q5_0 / Q8_0 fallbacks for every matrix. Intermediate 80:
-/// down's rows (80 values) cannot hold blocks of 32 — a clear error, nothing left behind.
+/// down's rows (80 values) cannot hold blocks of 32, so down is stored in F16 (issue 15 bug
+/// 3: this was an error). Only the q8 tier (int8 blocks of 32) has no fallback: hidden 48 is
+/// a clear error there, nothing left behind.
 #[test]
 fn fallback_formats_and_row_length_error() {
     let d = MockDims {
@@ -194,10 +196,27 @@ fn fallback_formats_and_row_length_error() {
         .collect();
     assert_eq!(f, vec![Q5_0, Q5_0, Q8_0]);
 
-    let bad = MockDims {
+    let odd = MockDims {
         vocab: 64,
         hidden: 32,
         inter: 80,
+        layers: 1,
+        tied: false,
+    };
+    let (_root, t) = build_quant(&odd, QuantTiers::ALL, false);
+    let v = Vindex::open(&t).unwrap();
+    let f: Vec<QuantFormat> = v
+        .ffn_q4k_layer_data(0)
+        .unwrap()
+        .iter()
+        .map(|a| a.1)
+        .collect();
+    assert_eq!(f, vec![Q5_0, Q5_0, F16]);
+
+    let bad = MockDims {
+        vocab: 64,
+        hidden: 48,
+        inter: 64,
         layers: 1,
         tied: false,
     };
@@ -210,7 +229,7 @@ fn fallback_formats_and_row_length_error() {
     let e = build(&mock_source(&bad), &target, &opts).unwrap_err();
     let msg = e.to_string();
     assert!(
-        msg.contains("down_proj") && msg.contains("rows of 80 values are not a multiple"),
+        msg.contains("q_proj") && msg.contains("the q8 tier stores blocks of 32"),
         "{msg}"
     );
     assert!(std::fs::read_dir(root.path()).unwrap().next().is_none());

@@ -81,100 +81,6 @@ fn checkpoint_name(family: &str, key: &str) -> String {
     name
 }
 
-/// Canonical keys and HF (row-major) shapes of every tensor `arch` loads.
-fn canonical_tensors(a: &dyn ModelArchitecture) -> Vec<(String, Vec<usize>)> {
-    let (h, v) = (a.hidden_size(), a.vocab_size());
-    let mut out: Vec<(String, Vec<usize>)> = vec![(a.embed_key(), vec![v, h])];
-    let norm = |out: &mut Vec<(String, Vec<usize>)>, key: Option<String>, n: usize| {
-        if let Some(k) = key {
-            if let Some(b) = a.norm_bias_key(&k) {
-                out.push((b, vec![n]));
-            }
-            out.push((k, vec![n]));
-        }
-    };
-    if let Some(k) = a.position_embed_key() {
-        out.push((k, vec![a.config().max_position_embeddings, h]));
-    }
-    norm(&mut out, Some(a.final_norm_key()), h);
-    if a.lm_head_key() != a.embed_key() {
-        out.push((a.lm_head_key(), vec![v, h]));
-    }
-    if let Some(k) = a.lm_head_bias_key() {
-        out.push((k, vec![v]));
-    }
-    for l in 0..a.num_layers() {
-        let hd = a.head_dim_for_layer(l);
-        let (q, kv) = (
-            a.num_q_heads_for_layer(l) * hd,
-            a.num_kv_heads_for_layer(l) * hd,
-        );
-        out.push((a.attn_q_key(l), vec![q, h]));
-        out.push((a.attn_k_key(l), vec![kv, h]));
-        out.push((a.attn_v_key(l), vec![kv, h]));
-        out.push((a.attn_o_key(l), vec![h, q]));
-        for (k, n) in [
-            (a.attn_q_bias_key(l), q),
-            (a.attn_k_bias_key(l), kv),
-            (a.attn_v_bias_key(l), kv),
-            (a.attn_o_bias_key(l), h),
-        ] {
-            if let Some(k) = k {
-                out.push((k, vec![n]));
-            }
-        }
-        let whole = a.qk_norm_whole_projection();
-        norm(&mut out, a.q_norm_key(l), if whole { q } else { hd });
-        norm(&mut out, a.k_norm_key(l), if whole { kv } else { hd });
-        for k in [
-            a.pre_attn_norm_key(l),
-            a.post_attn_norm_key(l),
-            a.pre_ffn_norm_key(l),
-            a.post_ffn_norm_key(l),
-        ] {
-            norm(&mut out, k, h);
-        }
-        let i = a.intermediate_size_for_layer(l);
-        let experts = a.num_experts_for_layer(l);
-        if experts > 0 {
-            if let Some(k) = a.moe_router_key(l) {
-                out.push((k, vec![experts, h]));
-            }
-            for e in 0..experts {
-                out.push((a.expert_gate_key(l, e), vec![i, h]));
-                out.push((a.expert_up_key(l, e), vec![i, h]));
-                out.push((a.expert_down_key(l, e), vec![h, i]));
-            }
-            if let (Some([g, u, d]), Some(si)) =
-                (a.shared_expert_keys(l), a.shared_expert_intermediate_size())
-            {
-                out.push((g, vec![si, h]));
-                out.push((u, vec![si, h]));
-                out.push((d, vec![h, si]));
-            }
-            if let Some(k) = a.shared_expert_gate_key(l) {
-                out.push((k, vec![1, h]));
-            }
-        } else {
-            if let Some(k) = a.ffn_gate_key(l) {
-                out.push((k, vec![i, h]));
-            }
-            out.push((a.ffn_up_key(l), vec![i, h]));
-            out.push((a.ffn_down_key(l), vec![h, i]));
-            for (k, n) in [
-                (a.ffn_gate_bias_key(l), i),
-                (a.ffn_up_bias_key(l), i),
-                (a.ffn_down_bias_key(l), h),
-            ] {
-                if let Some(k) = k {
-                    out.push((k, vec![n]));
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Checkpoint names and shapes of every tensor the architecture of `config` loads, sorted by
 /// name (the order of the written safetensors file). `config_path` names the file in errors.
 ///
@@ -194,7 +100,9 @@ pub fn expected_tensors(
         );
     }
     let mut map = BTreeMap::new();
-    for (key, shape) in canonical_tensors(arch.as_ref()) {
+    for infer_models::arch::ExpectedTensor { key, shape, .. } in
+        infer_models::arch::expected_tensors(arch.as_ref())
+    {
         let name = checkpoint_name(&family, &key);
         if arch.canonical_name(&name).as_deref() != Some(key.as_str())
             || arch.source_transform(&name) != TensorTransform::AsIs

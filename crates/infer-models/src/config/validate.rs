@@ -1,7 +1,8 @@
-//! Position checks shared by the HF (`config.json`) and GGUF readers, run on the finished
-//! [`ModelConfig`] so both sources refuse the same nonsense: a context of 0 positions, or a
-//! RoPE family whose rotary dimension is unusable (0 turns RoPE off silently; odd or wider than
-//! a head cannot be rotated in pairs).
+//! Config checks shared by the HF (`config.json`) and GGUF readers and the vindex loader, run
+//! on the finished [`ModelConfig`] so every source refuses the same nonsense: a context of 0
+//! positions, a RoPE family whose rotary dimension is unusable (0 turns RoPE off silently; odd
+//! or wider than a head cannot be rotated in pairs), a norm epsilon that is not a positive
+//! number, KV heads that do not divide the heads, an FFN width of 0.
 
 use std::path::Path;
 
@@ -9,12 +10,39 @@ use crate::arch::Family;
 use crate::{ModelConfig, ModelError};
 
 /// The source's own names of the checked fields (for error messages): HF
-/// `max_position_embeddings` / `partial_rotary_factor` / `rope_theta`, GGUF
-/// `{arch}.context_length` / `{arch}.rope.dimension_count` / `{arch}.rope.freq_base`.
-pub(crate) struct PositionFields {
+/// `max_position_embeddings` / `partial_rotary_factor` / `rope_theta` / `rms_norm_eps` /
+/// `num_key_value_heads` / `intermediate_size`, GGUF `{arch}.context_length` /
+/// `{arch}.rope.dimension_count` / `{arch}.rope.freq_base` / `{arch}.attention.layer_norm_rms_epsilon`
+/// / `{arch}.attention.head_count_kv` / `{arch}.feed_forward_length`.
+pub(crate) struct CheckedFields {
     pub context: String,
     pub rotary: String,
     pub theta: String,
+    pub eps: String,
+    pub kv_heads: String,
+    pub intermediate: String,
+}
+
+impl CheckedFields {
+    /// The names of [`ModelConfig`]'s own fields (as a vindex's index.json stores them).
+    pub fn config_names() -> Self {
+        CheckedFields {
+            context: "max_position_embeddings".into(),
+            rotary: "partial_rotary_factor".into(),
+            theta: "rope_theta".into(),
+            eps: "norm_eps".into(),
+            kv_heads: "num_key_value_heads".into(),
+            intermediate: "intermediate_size".into(),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The checks every reader of a config applies ([`check_config`]), naming `path` and the
+    /// fields as [`ModelConfig`] spells them: what a vindex loader runs on its index.json.
+    pub fn check(&self, path: &Path) -> Result<(), ModelError> {
+        check_config(self, path, &CheckedFields::config_names())
+    }
 }
 
 /// Rotated leading dimensions of each head: `floor(head_dim · fraction)` as HF computes
@@ -30,21 +58,44 @@ pub fn rotary_dim(head_dim: usize, fraction: f64) -> usize {
     }
 }
 
-/// Check `max_position_embeddings ≥ 1`, `head_dim ≥ 1`, and, for RoPE families (all but
-/// GPT-2's learned positions): rotary dimension ([`rotary_dim`]) even, ≥ 2 and ≤ `head_dim`,
-/// and `rope_theta` (and `rope_local_theta`) finite and > 0.
+/// Check `max_position_embeddings ≥ 1`, `head_dim ≥ 1`, `norm_eps` finite and > 0,
+/// `num_key_value_heads ≥ 1` dividing `num_attention_heads`, `intermediate_size ≥ 1`, and, for
+/// RoPE families (all but GPT-2's learned positions): rotary dimension ([`rotary_dim`]) even,
+/// ≥ 2 and ≤ `head_dim`, and `rope_theta` (and `rope_local_theta`) finite and > 0.
 ///
 /// Errors: [`ModelError::BadField`] naming `path` and the source's field (`names`).
-pub(crate) fn check_positions(
+pub(crate) fn check_config(
     cfg: &ModelConfig,
     path: &Path,
-    names: &PositionFields,
+    names: &CheckedFields,
 ) -> Result<(), ModelError> {
     let bad = |field: &str, msg: String| ModelError::BadField {
         path: path.to_path_buf(),
         field: field.to_string(),
         msg,
     };
+    if !(cfg.norm_eps.is_finite() && cfg.norm_eps > 0.0) {
+        return Err(bad(
+            &names.eps,
+            format!(
+                "the norm epsilon must be a positive number (got {})",
+                cfg.norm_eps
+            ),
+        ));
+    }
+    let (heads, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    if kv == 0 || heads % kv != 0 {
+        return Err(bad(
+            &names.kv_heads,
+            format!("{kv} KV heads do not divide the {heads} attention heads"),
+        ));
+    }
+    if cfg.intermediate_size == 0 {
+        return Err(bad(
+            &names.intermediate,
+            "the FFN width must be at least 1 (got 0)".into(),
+        ));
+    }
     if cfg.max_position_embeddings == 0 {
         return Err(bad(
             &names.context,

@@ -11,7 +11,7 @@
 
 use super::family::{family, supported, Family};
 use super::{GgufFile, GgufValue};
-use crate::config::validate::{check_positions, PositionFields};
+use crate::config::validate::{check_config, CheckedFields};
 use crate::names::ROPE_FACTOR_TENSORS;
 use crate::{LayerKind, ModelConfig, ModelError, RopeScaling};
 
@@ -261,11 +261,14 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         eos_token_ids: eos,
         pad_token_id: m.token_id("tokenizer.ggml.padding_token_id")?,
     };
-    let names = PositionFields {
+    let names = CheckedFields {
         context: m.key("context_length"),
         rotary: m.key("rope.dimension_count"),
         theta: m.key("rope.freq_base"),
+        eps: m.key(fam.eps_key),
+        kv_heads: m.key("attention.head_count_kv"),
+        intermediate: m.key("feed_forward_length"),
     };
-    check_positions(&cfg, g.path(), &names)?;
+    check_config(&cfg, g.path(), &names)?;
     Ok(cfg)
 }

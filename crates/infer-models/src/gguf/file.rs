@@ -189,6 +189,7 @@ pub(super) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Parsed, ModelErr
         tensors.push(t);
     }
 
+    check_offsets(path, &tensors, alignment)?;
     let header_end = c.pos();
     let data_start = header_end.div_ceil(alignment) * alignment;
     Ok(Parsed {
@@ -200,6 +201,45 @@ pub(super) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Parsed, ModelErr
         alignment,
         data_start,
     })
+}
+
+/// The one GGUF layout check of every reader and the writer (llama.cpp
+/// `gguf_init_from_file`): each tensor's offset is the running total of the previous tensors'
+/// sizes, each padded to the alignment ("tensor '%s' has offset %zu, expected %zu"). So no two
+/// tensors share bytes, the data section is exactly as long as its tensors, and a corrupt
+/// offset cannot ask for terabytes of padding.
+///
+/// Errors: [`ModelError::BadGguf`] naming `path` and the first tensor out of place.
+pub(super) fn check_offsets(
+    path: &Path,
+    tensors: &[GgufTensorInfo],
+    alignment: usize,
+) -> Result<(), ModelError> {
+    let mut expected_offset = 0usize;
+    for t in tensors {
+        if t.offset != expected_offset {
+            let what = if t.offset < expected_offset {
+                "overlaps the tensors before it"
+            } else {
+                "leaves a gap after the tensors before it"
+            };
+            return Err(bad(
+                path,
+                format!(
+                    "tensor '{}' has offset {}, expected {expected_offset} (the previous tensors' \
+                     sizes, each padded to the alignment {alignment}, as llama.cpp requires): \
+                     its data {what}",
+                    t.name, t.offset
+                ),
+            ));
+        }
+        expected_offset = t
+            .n_bytes
+            .checked_next_multiple_of(alignment)
+            .and_then(|n| expected_offset.checked_add(n))
+            .ok_or_else(|| bad(path, format!("tensor '{}': offset overflows", t.name)))?;
+    }
+    Ok(())
 }
 
 /// Every tensor's data range lies inside a file of `file_len` bytes.

@@ -93,9 +93,6 @@ fn validate(h: &GgufHeader, path: &Path) -> Result<(), ModelError> {
             )))
         }
     }
-    // llama.cpp `gguf_init_from_file`: each offset is the running total of the previous
-    // tensors' sizes, each padded to the alignment ("tensor '%s' has offset %zu, expected %zu").
-    let mut expected_offset = 0usize;
     for t in &h.tensors {
         let n = t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         let expected = n.and_then(|n| t.format.bytes_for(n).ok());
@@ -105,19 +102,8 @@ fn validate(h: &GgufHeader, path: &Path) -> Result<(), ModelError> {
                 t.name, t.dims, t.format, t.n_bytes
             )));
         }
-        if t.offset != expected_offset {
-            return Err(bad(format!(
-                "tensor '{}' has offset {}, expected {expected_offset} (the previous tensors' \
-                 sizes, each padded to the alignment {}, as llama.cpp requires)",
-                t.name, t.offset, h.alignment
-            )));
-        }
-        expected_offset = t
-            .n_bytes
-            .checked_next_multiple_of(h.alignment)
-            .and_then(|n| expected_offset.checked_add(n))
-            .ok_or_else(|| bad(format!("tensor '{}': offset overflows", t.name)))?;
     }
+    super::file::check_offsets(path, &h.tensors, h.alignment)?;
     Ok(())
 }
 

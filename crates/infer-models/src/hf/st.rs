@@ -39,6 +39,38 @@ pub struct SafetensorsSource {
     by_name: HashMap<String, usize>,
 }
 
+/// A safetensors error in words (the crate's `Display` prints the enum's Debug form, e.g.
+/// `InvalidHeaderDeserialization` or `IoError(Os { code: 28, … })`).
+pub fn safetensors_error_text(e: &safetensors::SafeTensorError) -> String {
+    use safetensors::SafeTensorError as E;
+    match e {
+        E::InvalidHeader => "the header is not valid UTF-8".into(),
+        E::InvalidHeaderStart => "the header does not start with '{' (not a safetensors file?)".into(),
+        E::InvalidHeaderDeserialization => {
+            "the header is not valid safetensors JSON (a name → {dtype, shape, data_offsets} map)".into()
+        }
+        E::HeaderTooLarge => "the header is larger than 100 MB (corrupt length?)".into(),
+        E::HeaderTooSmall => "the file is shorter than the 8-byte header length".into(),
+        E::InvalidHeaderLength => "the header length runs past the end of the file".into(),
+        E::TensorNotFound(n) => format!("no tensor '{n}'"),
+        E::TensorInvalidInfo => {
+            "a tensor's data_offsets do not hold its shape × dtype size".into()
+        }
+        E::InvalidOffset(n) => format!(
+            "tensor '{n}': its data_offsets do not start where the tensor before it (in data order) ends: the two overlap or leave a gap"
+        ),
+        E::IoError(io) => io.to_string(),
+        E::JsonError(j) => format!("JSON: {j}"),
+        E::InvalidTensorView(dtype, shape, bytes) => {
+            format!("{bytes} bytes do not hold a {dtype:?} tensor of shape {shape:?}")
+        }
+        E::MetadataIncompleteBuffer => {
+            "the tensors' data does not cover the data section exactly (bytes after the last tensor or a hole)".into()
+        }
+        E::ValidationOverflow => "a tensor's shape or size overflows".into(),
+    }
+}
+
 fn dtype_format(d: Dtype) -> Option<QuantFormat> {
     match d {
         Dtype::F32 => Some(QuantFormat::F32),
@@ -78,7 +110,7 @@ impl SafetensorsSource {
         let (header_len, meta) =
             SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::BadSafetensors {
                 path: path.to_path_buf(),
-                msg: format!("{e:?}"),
+                msg: safetensors_error_text(&e),
             })?;
         let data_start = 8 + header_len;
         let shard = self.shards.len();

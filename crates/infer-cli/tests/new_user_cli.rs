@@ -1,0 +1,519 @@
+//! Regression tests of issue 15 ("bugs found trying infer as a new user would") that run the
+//! `infer` binary, one per bug, named after it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{infer, shared_dir, text};
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The archrefs `llama` case (tiny, f32) extracted into `dir` without a tokenizer.
+fn tiny_vindex(dir: &Path) -> PathBuf {
+    let vx = dir.join("llama.vindex");
+    let src = shared_dir().join("archrefs/llama");
+    let o = infer(&[
+        "extract",
+        s(&src),
+        "-o",
+        s(&vx),
+        "--no-tokenizer",
+        "--quant",
+        "none",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    vx
+}
+
+/// The real SmolLM2 GGUF extracted into `dir` (float tier only).
+fn smol_vindex(dir: &Path) -> PathBuf {
+    let vx = dir.join("smol.vindex");
+    let gguf = common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let o = infer(&["extract", s(&gguf), "-o", s(&vx), "--quant", "none"]);
+    assert!(o.status.success(), "{}", text(&o));
+    vx
+}
+
+/// `infer chat VINDEX ARGS` on the float path with piped stdin, stdout and stderr.
+fn float_chat(vx: &Path, args: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", s(vx)])
+        .args(args)
+        .args(["--attn", "f32", "--ffn", "walk", "--lm-head", "f32"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Bug 2: `logits --out` renamed over devices, FIFOs and symlinks and silently overwrote
+/// files; now only a new path, or an existing regular file with `--force`, is written.
+#[test]
+fn logits_out_refuses_special_files_and_needs_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = tiny_vindex(dir.path());
+    let logits = |out: &Path, force: bool| {
+        let mut args = vec!["logits", s(&vx), "--ids", "1,2,3", "--out", s(out)];
+        if force {
+            args.push("--force");
+        }
+        infer(&args)
+    };
+    let out = dir.path().join("l.safetensors");
+    let o = logits(&out, false);
+    assert!(o.status.success(), "{}", text(&o));
+    let first = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&first).unwrap();
+    assert_eq!(st.tensor("logits").unwrap().shape(), &[3, 256]);
+
+    // An existing file: refused without --force (left as it was), replaced with it.
+    std::fs::write(&out, b"keep me").unwrap();
+    let o = logits(&out, false);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("already exists (use --force"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
+    let o = logits(&out, true);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read(&out).unwrap(), first);
+
+    // A symlink (even with --force) stays a symlink to an untouched file.
+    let target = dir.path().join("target.txt");
+    std::fs::write(&target, b"target").unwrap();
+    let link = dir.path().join("link.safetensors");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let o = logits(&link, true);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("symbolic link"), "{}", text(&o));
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(&target).unwrap(), b"target");
+
+    // A FIFO (as a device node would be) is refused and left in place.
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates a file system node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let o = logits(&fifo, true);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("not a regular file"), "{}", text(&o));
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    // Nothing else was left in the folder (no temp files).
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "fifo",
+            "l.safetensors",
+            "link.safetensors",
+            "llama.vindex",
+            "target.txt"
+        ]
+    );
+}
+
+/// Bug 8: `verify` passed a vindex whose index.json lacked `embeddings.bin` in `files[]`
+/// (only listed files were hashed), while opening it failed. Now verify reports the unlisted
+/// file and exits non-zero, and opening names the real problem.
+#[test]
+fn verify_reports_a_needed_file_missing_from_index_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = tiny_vindex(dir.path());
+    let o = infer(&["verify", s(&vx)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("all match"), "{}", text(&o));
+
+    let index_path = vx.join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    let files = index["files"].as_array_mut().unwrap();
+    let before = files.len();
+    files.retain(|f| f["name"] != "embeddings.bin");
+    assert_eq!(files.len(), before - 1);
+    std::fs::write(&index_path, serde_json::to_string_pretty(&index).unwrap()).unwrap();
+
+    let o = infer(&["verify", s(&vx)]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("UNLISTED embeddings.bin") && text(&o).contains("1 unlisted"),
+        "{}",
+        text(&o)
+    );
+    let o = infer(&["logits", s(&vx), "--ids", "1,2"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("embeddings.bin: needed by index.json but not listed in its files[]"),
+        "{}",
+        text(&o)
+    );
+
+    // A vindex file lying in the folder unlisted (here the norms manifest) is reported too.
+    let mut index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    let files = index["files"].as_array_mut().unwrap();
+    files.retain(|f| f["name"] != "norms_manifest.json" && f["name"] != "norms.bin");
+    std::fs::write(&index_path, serde_json::to_string_pretty(&index).unwrap()).unwrap();
+    let o = infer(&["verify", s(&vx)]);
+    assert!(!o.status.success());
+    for f in ["embeddings.bin", "norms.bin", "norms_manifest.json"] {
+        assert!(
+            text(&o).contains(&format!("UNLISTED {f}")),
+            "{f}: {}",
+            text(&o)
+        );
+    }
+}
+
+/// Logits `[T, vocab]` of `infer logits VINDEX --ids IDS --out …` with `extra` flags.
+fn logits_of(vx: &Path, ids: &str, extra: &[&str], out: &Path) -> Vec<f32> {
+    let mut args = vec!["logits", s(vx), "--ids", ids, "--out", s(out), "--force"];
+    args.extend_from_slice(extra);
+    let o = infer(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    let bytes = std::fs::read(out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Bug 3: the default extract (q4k tier) failed on a valid model whose hidden size (144) is
+/// not a multiple of 32 ("lm_head_q6k.bin: rows of 144 values are not a multiple of Q8_0's
+/// block"). Each tensor now falls back to a format whose block divides its rows, down to F16,
+/// recorded in the manifest, and the quantized tiers run.
+#[test]
+fn default_extract_of_hidden_144_falls_back_per_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 144,
+            "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 36, "vocab_size": 256,
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2}"#,
+    )
+    .unwrap();
+    let hf = dir.path().join("hf");
+    let o = infer(&["synth", "--like", s(&config), "-o", s(&hf)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let vx = dir.path().join("h144.vindex");
+    let o = infer(&["extract", s(&hf), "-o", s(&vx), "--no-tokenizer"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The manifests record each tensor's fallback: rows of 144 in F16, down's rows of 160
+    // (Q6_K does not divide them, Q8_0 does) in Q8_0.
+    let formats = |manifest: &str| -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(vx.join(manifest)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["key"].as_str().unwrap().to_string(),
+                    e["format"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        formats("lm_head_q6k_manifest.json"),
+        [("lm_head.weight".to_string(), "F16".to_string())]
+    );
+    for (key, format) in formats("interleaved_q4k_manifest.json") {
+        let want = if key.contains("down_proj") {
+            "Q8_0"
+        } else {
+            "F16"
+        };
+        assert_eq!(format, want, "{key}");
+    }
+    for (key, format) in formats("attn_weights_q4k_manifest.json") {
+        assert_eq!(format, "F16", "{key}");
+    }
+    let o = infer(&["verify", s(&vx)]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The quantized tiers run and agree with the float path (F16 rounding, Q8_0 down).
+    let out = dir.path().join("l.safetensors");
+    let ids = "1,5,9,200,17";
+    let quant = logits_of(
+        &vx,
+        ids,
+        &["--attn", "q4k", "--ffn", "q4k", "--lm-head", "q6k"],
+        &out,
+    );
+    let float = logits_of(
+        &vx,
+        ids,
+        &["--attn", "f32", "--ffn", "walk", "--lm-head", "f32"],
+        &out,
+    );
+    assert_eq!(quant.len(), 5 * 256);
+    let scale = float.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = quant
+        .iter()
+        .zip(&float)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        scale > 0.0 && diff <= 0.01 * scale,
+        "max |Δ| {diff}, max |logit| {scale}"
+    );
+}
+
+/// Bug 1 end to end, the issue's command: two chat turns in a context of 90 positions (the
+/// same two-turn text through `run` needs 59) failed with "KV cache full: 103 positions
+/// needed" because the kept prefix was fed again.
+#[test]
+fn chat_two_turns_fit_the_context_they_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = smol_vindex(dir.path());
+    let mut child = float_chat(&vx, &["-n", "24", "-c", "90"]);
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Germany?\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("Paris") && out.contains("Berlin"),
+        "{}",
+        text(&o)
+    );
+    // Turn 2 feeds only its own 15 tokens (the user turn and the assistant opener).
+    let err = String::from_utf8_lossy(&o.stderr);
+    let prompts: Vec<&str> = err.matches("[prompt: ").collect();
+    assert_eq!(prompts.len(), 2, "{err}");
+    assert!(err.contains("[prompt: 15 tokens"), "{err}");
+}
+
+/// Rough edges of interactive chat: Ctrl-C during a reply stops it and returns to the prompt
+/// (the next message is answered, exit 0); a full context drops the oldest exchange and says
+/// so; a line of invalid UTF-8 is ignored with a note; `/clear` starts over.
+#[test]
+fn chat_survives_ctrl_c_a_full_context_and_invalid_utf8() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let vx = smol_vindex(dir.path());
+    let mut child = float_chat(&vx, &["-n", "400", "-c", "70"]);
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    stdin
+        .write_all(b"Write a very long story about a dragon and a knight.\n")
+        .unwrap();
+    stdin.flush().unwrap();
+    // Once the reply has started, Ctrl-C.
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    // SAFETY: kill(2) on the child's pid with SIGINT.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    stdin
+        .write_all(b"\xff\xfe\nWhat is the capital of France?\nAnd of Germany?\n/clear\nWhat is the capital of Italy?\n")
+        .unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("[reply stopped]"), "{err}");
+    assert!(err.contains("stop: Interrupted"), "{err}");
+    assert!(err.contains("not valid UTF-8; it was ignored"), "{err}");
+    assert!(err.contains("dropped the oldest exchange"), "{err}");
+    assert!(err.contains("[conversation cleared]"), "{err}");
+    // Four replies (the interrupted one included), the last one fed from scratch: as many
+    // prompt tokens as a one-shot chat with the same message.
+    let prompts: Vec<&str> = err.split("[prompt: ").skip(1).collect();
+    assert_eq!(prompts.len(), 4, "{err}");
+    assert!(!rest.is_empty());
+    let o = infer(&[
+        "chat",
+        s(&vx),
+        "-n",
+        "1",
+        "-p",
+        "What is the capital of Italy?",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let one_shot = String::from_utf8_lossy(&o.stderr).into_owned();
+    let tokens = |p: &str| p.split(" tokens").next().unwrap().to_string();
+    let fresh = tokens(one_shot.split("[prompt: ").nth(1).unwrap());
+    assert_eq!(tokens(prompts[3]), fresh, "{err}");
+}
+
+/// `-t/--threads` works on every command (it was `bench`'s alone): the thread count is what
+/// bench reports, logits are the same with 1 and 3 threads, and 0 is refused.
+#[test]
+fn threads_flag_works_on_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = tiny_vindex(dir.path());
+    let o = infer(&[
+        "bench",
+        s(&vx),
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--json",
+        "-t",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["threads"], 1, "{j}");
+    let out = dir.path().join("l.safetensors");
+    let one = logits_of(&vx, "1,2,3,4", &["-t", "1"], &out);
+    let three = logits_of(&vx, "1,2,3,4", &["--threads", "3"], &out);
+    assert_eq!(one, three);
+    for args in [
+        vec!["verify", s(&vx), "-t", "2"],
+        vec!["-t", "2", "inspect", s(&vx)],
+    ] {
+        let o = infer(&args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    }
+    let o = infer(&["logits", s(&vx), "--ids", "1", "-t", "0"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("0 is not in 1..=256"), "{}", text(&o));
+}
+
+/// SIGTERM exits 143 (128 + 15, the shell convention; it was 130 as for Ctrl-C): an extract
+/// still removes its temp directory, a chat waiting at its prompt ends at once.
+#[test]
+fn sigterm_exits_143() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = common::model_file("gemma-3-270m-q4_k_m.gguf");
+    let target = dir.path().join("g.vindex");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["extract", s(&gguf), "-o", s(&target), "--no-tokenizer"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let temp_exists = || {
+        std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".g.vindex.tmp-")
+        })
+    };
+    while !temp_exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no temp dir appeared"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "extract ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on the child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    assert!(!temp_exists() && !target.exists());
+
+    let vx = smol_vindex(dir.path());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", s(&vx)])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let mut prompt = [0u8; 2];
+    err.read_exact(&mut prompt).unwrap();
+    assert_eq!(&prompt, b"> ");
+    // SAFETY: kill(2) on the child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+}
+
+/// `inspect` groups equal layers (Gemma-3's 18 layers are two kinds: 5 sliding then 1 global)
+/// and shows the header of a header-only GGUF (`synth --header-only`), which it refused.
+#[test]
+fn inspect_groups_equal_layers_and_reads_header_only_ggufs() {
+    let gemma = common::model_file("gemma-3-270m-q4_k_m.gguf");
+    let o = infer(&["inspect", s(&gemma)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let plan: Vec<&str> = out
+        .lines()
+        .skip_while(|l| *l != "per-layer plan:")
+        .skip(1)
+        .take_while(|l| l.starts_with("layer"))
+        .collect();
+    assert_eq!(plan.len(), 2, "{out}");
+    assert!(
+        plan[0].starts_with("layers 0-4, 6-10, 12-16: sliding window 512"),
+        "{out}"
+    );
+    assert!(
+        plan[1].starts_with("layers 5, 11, 17: global attention"),
+        "{out}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let skel = dir.path().join("skel.gguf");
+    let o = infer(&[
+        "synth",
+        "--like",
+        s(&gemma),
+        "--header-only",
+        "-o",
+        s(&skel),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = infer(&["inspect", s(&skel)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("GGUF header only"), "{out}");
+    assert!(out.contains("gemma3.block_count"), "{out}");
+    assert!(out.contains("u32     18"), "{out}");
+    assert!(
+        out.contains("token_embd.weight") && out.contains("[262144, 640]"),
+        "{out}"
+    );
+}
+
+/// `logits` shows each top token's text (`" Paris"`), not its byte-level vocabulary string
+/// (`ĠParis`).
+#[test]
+fn logits_shows_decoded_token_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = smol_vindex(dir.path());
+    let o = infer(&["logits", s(&vx), "--prompt", "The capital of France is"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let top = out.lines().nth(1).unwrap();
+    assert!(top.ends_with("\" Paris\""), "{out}");
+    assert!(!out.contains('Ġ'), "{out}");
+}
