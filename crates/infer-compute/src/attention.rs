@@ -68,7 +68,12 @@ pub fn attention(
     params: &AttentionParams,
     out: &mut [f32],
 ) {
-    dispatch(q, k_cache, v_cache, q_positions, t_kv, params, out, false);
+    let caches = KvCaches {
+        k: k_cache,
+        v: v_cache,
+        t_kv,
+    };
+    dispatch(q, caches, q_positions, params, out, false);
 }
 
 /// [`attention`] computed one query row at a time for every `t_q` (the decode path, also the
@@ -85,21 +90,38 @@ pub fn attention_reference(
     params: &AttentionParams,
     out: &mut [f32],
 ) {
-    dispatch(q, k_cache, v_cache, q_positions, t_kv, params, out, true);
+    let caches = KvCaches {
+        k: k_cache,
+        v: v_cache,
+        t_kv,
+    };
+    dispatch(q, caches, q_positions, params, out, true);
+}
+
+/// The key and value caches [`attention`] reads: `k` and `v` each hold at least `t_kv` rows of
+/// `n_kv_heads · head_dim` f32 (row `j` = position `j`; rows beyond `t_kv` are ignored).
+#[derive(Clone, Copy)]
+struct KvCaches<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    /// Cached positions attended over.
+    t_kv: usize,
 }
 
 /// Shape checks of [`attention`], then the row path (`t_q == 1` or `force_rows`) or the blocked one.
-#[allow(clippy::too_many_arguments)]
 fn dispatch(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    caches: KvCaches<'_>,
     q_positions: &[usize],
-    t_kv: usize,
     params: &AttentionParams,
     out: &mut [f32],
     force_rows: bool,
 ) {
+    let KvCaches {
+        k: k_cache,
+        v: v_cache,
+        t_kv,
+    } = caches;
     let &AttentionParams {
         n_q_heads,
         n_kv_heads,
@@ -171,17 +193,13 @@ fn attention_rows(
         let (t, h) = (idx / n_q_heads, idx % n_q_heads);
         let qh = &q[t * q_row + h * head_dim..][..head_dim];
         let g = h / group;
-        head_attention(
-            qh,
+        let kv = KvHead {
             k,
             v,
-            kv_row,
-            g * head_dim,
-            q_positions[t],
-            params,
-            scores,
-            o,
-        );
+            row_len: kv_row,
+            col: g * head_dim,
+        };
+        head_attention(qh, kv, q_positions[t], params, scores, o);
     };
     let max_keys = q_positions.iter().max().map_or(0, |&p| p + 1);
     if rayon::current_num_threads() <= 1 || t_q * n_q_heads * max_keys * head_dim < PAR_MIN_WORK {
@@ -205,18 +223,27 @@ thread_local! {
     static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// One query head against its kv head: keys/values at column offset `col` of rows of `kv_row`.
+/// One kv head's keys and values inside the cached rows: `k` and `v` are `[t_kv, row_len]`
+/// row-major f32 (`row_len = n_kv_heads · head_dim`), and the head's key/value at position `j`
+/// is `k[j·row_len + col..][..head_dim]` (likewise `v`), `col = g · head_dim` for kv head `g`.
+#[derive(Clone, Copy)]
+struct KvHead<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    /// Values per cached row (all kv heads).
+    row_len: usize,
+    /// The head's first value within a row.
+    col: usize,
+}
+
+/// One query head against its kv head `kv`, for the query at position `pos`.
 /// Head dims 32, 64, 128 and 256 run a copy specialised to the length (the query and the output
 /// accumulator stay in registers, no call per key), compiled for AVX2 when present; the
 /// arithmetic is the same in every copy (see [`head_attention_impl`]), so results are bitwise
 /// identical to the generic one.
-#[allow(clippy::too_many_arguments)]
 fn head_attention(
     qh: &[f32],
-    k: &[f32],
-    v: &[f32],
-    kv_row: usize,
-    col: usize,
+    kv: KvHead<'_>,
     pos: usize,
     params: &AttentionParams,
     scores: &mut [f32],
@@ -227,15 +254,15 @@ fn head_attention(
         // SAFETY: AVX2 is available (checked once at run time).
         unsafe {
             return match qh.len() {
-                32 => head_avx2::<32>(qh, k, v, kv_row, col, pos, params, scores, o),
-                64 => head_avx2::<64>(qh, k, v, kv_row, col, pos, params, scores, o),
-                128 => head_avx2::<128>(qh, k, v, kv_row, col, pos, params, scores, o),
-                256 => head_avx2::<256>(qh, k, v, kv_row, col, pos, params, scores, o),
-                _ => head_avx2::<0>(qh, k, v, kv_row, col, pos, params, scores, o),
+                32 => head_avx2::<32>(qh, kv, pos, params, scores, o),
+                64 => head_avx2::<64>(qh, kv, pos, params, scores, o),
+                128 => head_avx2::<128>(qh, kv, pos, params, scores, o),
+                256 => head_avx2::<256>(qh, kv, pos, params, scores, o),
+                _ => head_avx2::<0>(qh, kv, pos, params, scores, o),
             };
         }
     }
-    head_attention_impl::<0>(qh, k, v, kv_row, col, pos, params, scores, o)
+    head_attention_impl::<0>(qh, kv, pos, params, scores, o)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -251,19 +278,15 @@ fn avx2() -> bool {
 /// AVX2 must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn head_avx2<const HD: usize>(
     qh: &[f32],
-    k: &[f32],
-    v: &[f32],
-    kv_row: usize,
-    col: usize,
+    kv: KvHead<'_>,
     pos: usize,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
-    head_attention_impl::<HD>(qh, k, v, kv_row, col, pos, params, scores, o)
+    head_attention_impl::<HD>(qh, kv, pos, params, scores, o)
 }
 
 /// The body of [`head_attention`]. `HD`: the head dim when known at compile time (`qh.len()`),
@@ -272,18 +295,20 @@ unsafe fn head_avx2<const HD: usize>(
 /// output is `Σ_j (p_j / Σp) · v_j` accumulated in key order from 0 with a multiply and an add
 /// (no FMA), per element.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn head_attention_impl<const HD: usize>(
     qh: &[f32],
-    k: &[f32],
-    v: &[f32],
-    kv_row: usize,
-    col: usize,
+    kv: KvHead<'_>,
     pos: usize,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
+    let KvHead {
+        k,
+        v,
+        row_len: kv_row,
+        col,
+    } = kv;
     let hd = if HD == 0 { qh.len() } else { HD };
     let qh = &qh[..hd];
     let hi = pos; // last visible key (inclusive); pos < t_kv checked by the caller
@@ -386,11 +411,15 @@ mod tests {
                 for pos in [0usize, 3, 36] {
                     let mut s = vec![0f32; t];
                     let mut got = vec![f32::NAN; hd];
-                    head_attention(&q, &k, &v, kv_row, hd, pos, &params, &mut s, &mut got);
+                    let kv = KvHead {
+                        k: &k,
+                        v: &v,
+                        row_len: kv_row,
+                        col: hd,
+                    };
+                    head_attention(&q, kv, pos, &params, &mut s, &mut got);
                     let mut want = vec![f32::NAN; hd];
-                    head_attention_impl::<0>(
-                        &q, &k, &v, kv_row, hd, pos, &params, &mut s, &mut want,
-                    );
+                    head_attention_impl::<0>(&q, kv, pos, &params, &mut s, &mut want);
                     let (g, w): (Vec<u32>, Vec<u32>) = (
                         got.iter().map(|x| x.to_bits()).collect(),
                         want.iter().map(|x| x.to_bits()).collect(),

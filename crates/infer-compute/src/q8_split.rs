@@ -11,6 +11,7 @@
 use rayon::prelude::*;
 use std::cell::Cell;
 
+use crate::vec_dot::Q8Rows;
 use crate::{scratch, ComputeError};
 
 /// Values per scale.
@@ -72,14 +73,14 @@ pub fn q8_matmul(
     {
         quantize_row(xr, qr, sr);
     }
+    let acts = Q8Rows {
+        qs: q,
+        d: qs,
+        m,
+        cols,
+    };
     #[cfg(target_arch = "x86_64")]
     if crate::vec_dot::avx2_available() && m > 0 && rows > 0 && cols > 0 {
-        let acts = crate::vec_dot::Q8Rows {
-            qs: q,
-            d: qs,
-            m,
-            cols,
-        };
         let out = crate::vec_dot::OutMat::rows_last(y, m, rows);
         let split = crate::cpu::Split::new(rows, cols * m);
         let rpt = split.rows_per_task;
@@ -102,10 +103,10 @@ pub fn q8_matmul(
         return Ok(());
     }
     scratch::with(&YT, rows * m, |yt| {
-        scalar_matmul(values, scales, &q, &qs, m, rows, cols, yt, y)
+        scalar_matmul(values, scales, &acts, rows, yt, y)
     });
-    scratch::give(&QS, q);
-    scratch::give(&DS, qs);
+    scratch::give(&QS, acts.qs);
+    scratch::give(&DS, acts.d);
     Ok(())
 }
 
@@ -117,20 +118,19 @@ thread_local! {
     static YT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// The portable path: `y[i*rows + r] = dot_row(W_r, A_i)` with quantized activations `q`/`qs`;
-/// weight row r is read once for all m rows (into `yt`, `[rows, m]`, then transposed).
-#[allow(clippy::too_many_arguments)]
+/// The portable path: `y[i*rows + r] = dot_row(W_r, A_i)` for the weights `values`/`scales`
+/// (`[rows, cols]`, as [`q8_matmul`]) and the `acts.m` quantized activation rows `acts`
+/// (`acts.cols` = `cols` values each); weight row r is read once for all m rows (into `yt`,
+/// `[rows, m]`, then transposed into `y`, `[m, rows]`).
 fn scalar_matmul(
     values: &[u8],
     scales: &[f32],
-    q: &[i8],
-    qs: &[f32],
-    m: usize,
+    acts: &Q8Rows,
     rows: usize,
-    cols: usize,
     yt: &mut [f32],
     y: &mut [f32],
 ) {
+    let (q, qs, m, cols) = (&acts.qs[..], &acts.d[..], acts.m, acts.cols);
     let nb = cols / Q8_BLOCK;
     yt.par_chunks_mut(m.max(1))
         .enumerate()
@@ -236,7 +236,14 @@ mod tests {
                 }
                 let mut want = vec![f32::NAN; m * rows];
                 let mut yt = vec![0f32; m * rows];
-                scalar_matmul(&values, &scales, &q, &qs, m, rows, cols, &mut yt, &mut want);
+                let acts = Q8Rows {
+                    qs: q,
+                    d: qs,
+                    m,
+                    cols,
+                };
+                scalar_matmul(&values, &scales, &acts, rows, &mut yt, &mut want);
+                let (q, qs) = (&acts.qs, &acts.d);
                 for i in 0..m {
                     for r in 0..rows {
                         let mag: f64 = (0..cols)

@@ -574,7 +574,7 @@ fn moe_ffn(
     let mut router = vec![0.0; t * n];
     backend.matmul_transb(x, &m.router, t, h, n, &mut router)?;
     let mut out = vec![0.0; t * h];
-    let (mut gate, mut up, mut y) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut bufs, mut y) = (WalkBuffers::default(), Vec::new());
     for (row, (xr, probs)) in x
         .chunks_exact(h)
         .zip(router.chunks_exact_mut(n))
@@ -592,12 +592,12 @@ fn moe_ffn(
             } else {
                 probs[e]
             };
-            walk_ffn(backend, &m.experts[e], xr, 1, g, &mut gate, &mut up, &mut y)?;
+            walk_ffn(backend, &m.experts[e], xr, 1, g, &mut bufs, &mut y)?;
             o.iter_mut().zip(&y).for_each(|(a, b)| *a += weight * b);
         }
     }
     if let Some(shared) = &m.shared {
-        walk_ffn(backend, shared, x, t, g, &mut gate, &mut up, &mut y)?;
+        walk_ffn(backend, shared, x, t, g, &mut bufs, &mut y)?;
         for (row, (o, yr)) in out.chunks_exact_mut(h).zip(y.chunks_exact(h)).enumerate() {
             let gate = match &m.shared_gate {
                 Some(sg) => {

@@ -16,8 +16,8 @@ use infer_vindex::Vindex;
 use crate::layer::{DownLayout, Ffn, WalkFfn};
 use crate::scratch::fit;
 use crate::walk_k::{Selection, WalkK};
-use crate::walk_sparse::sparse_walk_ffn;
 pub use crate::walk_sparse::{select_top_k, SparseWalk, WalkBuffers};
+use crate::walk_sparse::{sparse_walk_ffn, SparseLayer};
 use crate::{InferenceError, Model};
 
 /// Nanoseconds spent in [`layer_walk_ffn`] by this process, all threads and models together.
@@ -45,11 +45,15 @@ pub fn layer_walk_ffn(
 ) -> Result<(), InferenceError> {
     let t0 = Instant::now();
     let r = match &w.sparse {
-        Some(sp) if w.down_layout == DownLayout::FeatureMajor => {
-            let act = activation_fn(g.activation);
-            sparse_walk_ffn(backend, w, sp, x, t, g, act, bufs, out)
+        Some(sparse) if w.down_layout == DownLayout::FeatureMajor => {
+            let layer = SparseLayer {
+                ffn: w,
+                sparse,
+                geometry: g,
+            };
+            sparse_walk_ffn(backend, layer, x, t, bufs, out)
         }
-        _ => walk_ffn(backend, w, x, t, g, &mut bufs.gate, &mut bufs.up, out),
+        _ => walk_ffn(backend, w, x, t, g, bufs, out),
     };
     WALK_FFN_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
     r
@@ -145,21 +149,20 @@ pub(crate) fn activation_fn(a: Activation) -> fn(f32) -> f32 {
 }
 
 /// Walk FFN over all features (exact), as matrix products on `x` `[T, hidden]`:
-/// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]` (in `up`; `gate` is scratch), then `out = A · D`
-/// `[T, hidden]` (D feature-major `[inter, hidden]`, or `A · Dᵀ` for a Linear-layout down).
-/// f16 tables are multiplied in place ([`crate::layer::FloatRows`]).
-#[allow(clippy::too_many_arguments)]
+/// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]` (in `bufs.up`; `bufs.gate` is scratch, `bufs.idx`
+/// unused), then `out = A · D` `[T, hidden]` (D feature-major `[inter, hidden]`, or `A · Dᵀ`
+/// for a Linear-layout down). f16 tables are multiplied in place ([`crate::layer::FloatRows`]).
 pub(crate) fn walk_ffn(
     backend: &dyn ComputeBackend,
     w: &WalkFfn<'_>,
     x: &[f32],
     t: usize,
     g: &crate::LayerGeometry,
-    gate: &mut Vec<f32>,
-    up: &mut Vec<f32>,
+    bufs: &mut WalkBuffers,
     out: &mut Vec<f32>,
 ) -> Result<(), InferenceError> {
     let (h, inter) = (g.hidden_size, w.intermediate_size);
+    let WalkBuffers { gate, up, .. } = bufs;
     let up = fit(up, t * inter);
     w.up.matmul_transb(backend, x, t, h, inter, up)?;
     if let Some(b) = &w.up_bias {

@@ -217,23 +217,35 @@ fn axpy_cols(rows: &FloatRows<'_>, alpha: f32, i: usize, width: usize, c0: usize
     }
 }
 
+/// One layer as the sparse walk runs it: its walk-FFN tables (feature-major down), its top-K
+/// setting (the layer's `ffn.sparse`) and its geometry.
+#[derive(Clone, Copy)]
+pub(crate) struct SparseLayer<'r, 'w> {
+    pub(crate) ffn: &'r WalkFfn<'w>,
+    pub(crate) sparse: &'r SparseWalk<'w>,
+    pub(crate) geometry: &'r LayerGeometry,
+}
+
 /// The sparse walk FFN of `x` `[T, hidden]` into `out` (resized to `[T, hidden]`): per token the
-/// top-`sp.k` features by |score| (module docs), exact gate and up values for them, and the sum
-/// of their down rows weighted by `act(gᵢ·x)(uᵢ·x)`; plus the down bias. The down table must be
-/// feature-major. Errors: a Q4_0 gate copy whose size disagrees with the layer (from
+/// top-`layer.sparse.k` features by |score| (module docs), exact gate and up values for them,
+/// and the sum of their down rows weighted by `act(gᵢ·x)(uᵢ·x)` (the layer's exact activation,
+/// [`crate::walk::activation_fn`]); plus the down bias. The down table must be feature-major.
+/// Errors: a Q4_0 gate copy whose size disagrees with the layer (from
 /// [`ComputeBackend::linear`]).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn sparse_walk_ffn(
     backend: &dyn ComputeBackend,
-    w: &WalkFfn<'_>,
-    sp: &SparseWalk<'_>,
+    layer: SparseLayer<'_, '_>,
     x: &[f32],
     t: usize,
-    g: &LayerGeometry,
-    act: fn(f32) -> f32,
     bufs: &mut WalkBuffers,
     out: &mut Vec<f32>,
 ) -> Result<(), InferenceError> {
+    let SparseLayer {
+        ffn: w,
+        sparse: sp,
+        geometry: g,
+    } = layer;
+    let act = crate::walk::activation_fn(g.activation);
     let (h, inter) = (g.hidden_size, w.intermediate_size);
     let k = sp.k.clamp(1, inter.max(1));
     let gate = match g.ffn_type {

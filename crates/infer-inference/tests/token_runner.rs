@@ -151,20 +151,33 @@ impl ComputeBackend for MirrorBackend<'_, '_> {
     }
 }
 
-/// Each call's last logits for `calls` (token counts) over `seq`, then, after truncating the
-/// cache to `cut` positions, the calls `after` over `seq2` (the same up to `cut`, other tokens
-/// after it, so rows left over from the first pass would change the logits).
-#[allow(clippy::too_many_arguments)]
+/// The forward calls of one [`run`]: the calls `calls` (token counts) over `seq`, then, after
+/// truncating the cache to `cut` positions, the calls `after` over `seq2` (the same tokens as
+/// `seq` up to `cut`, other tokens after it, so rows left over from the first pass would change
+/// the logits).
+struct Calls<'a> {
+    seq: &'a [u32],
+    calls: &'a [usize],
+    cut: usize,
+    seq2: &'a [u32],
+    after: &'a [usize],
+}
+
+/// Each call's last logits for the calls `c`; `expect_device`: whether the runner must run on
+/// the backend's decoder.
 fn run(
     model: &Model,
     backend: &dyn ComputeBackend,
-    seq: &[u32],
-    calls: &[usize],
-    cut: usize,
-    seq2: &[u32],
-    after: &[usize],
+    c: &Calls<'_>,
     expect_device: bool,
 ) -> Vec<Vec<f32>> {
+    let &Calls {
+        seq,
+        calls,
+        cut,
+        seq2,
+        after,
+    } = c;
     let mut cache = model.new_cache(seq.len());
     let mut runner = TokenRunner::new(model, backend, seq.len(), true).expect("runner");
     assert_eq!(
@@ -226,9 +239,16 @@ fn check(case: &str) {
         cpu: CpuBackend::new(),
         model: &model,
     };
-    let got = run(&model, &mirror, seq, &calls, cut, &seq2, &after, true);
+    let c = Calls {
+        seq,
+        calls: &calls,
+        cut,
+        seq2: &seq2,
+        after: &after,
+    };
+    let got = run(&model, &mirror, &c, true);
     let cpu = CpuBackend::new();
-    let want = run(&model, &cpu, seq, &calls, cut, &seq2, &after, false);
+    let want = run(&model, &cpu, &c, false);
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(

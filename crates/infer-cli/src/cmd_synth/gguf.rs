@@ -4,7 +4,7 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use super::random::{stream_tensor, Fill, CHUNK_VALUES};
+use super::random::{stream_tensor, Fill, RandomTensor, CHUNK_VALUES};
 use anyhow::{bail, Context};
 use infer_models::gguf::{encode_header, GgufHeader, GgufTensorInfo, GgufWriter};
 
@@ -83,18 +83,15 @@ fn tensor_data(
     sink: &mut dyn FnMut(&[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let row_len = t.dims[0];
-    let rows = t.n_elements().checked_div(row_len).unwrap_or(0);
-    let fill = Fill::for_tensor(&t.name, t.dims.len(), 1.0);
-    stream_tensor(
-        &t.name,
-        t.format,
-        fill,
-        seed,
+    let tensor = RandomTensor {
+        name: &t.name,
         index,
-        (rows, row_len),
-        chunk,
-        sink,
-    )
+        format: t.format,
+        fill: Fill::for_tensor(&t.name, t.dims.len(), 1.0),
+        rows: t.n_elements().checked_div(row_len).unwrap_or(0),
+        row_len,
+    };
+    stream_tensor(&tensor, seed, chunk, sink)
 }
 
 /// Write `h` with random data for every tensor to `out` (`shown` names it in errors).

@@ -16,7 +16,7 @@ use infer_models::arch::TensorTransform;
 use infer_models::{architecture_for, ModelArchitecture, ModelConfig};
 use infer_quant::QuantFormat;
 
-use super::random::{stream_tensor, Fill, CHUNK_VALUES};
+use super::random::{stream_tensor, Fill, RandomTensor, CHUNK_VALUES};
 
 /// Stored dtype of the safetensors file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,22 +180,19 @@ pub fn write_safetensors(
     for (index, (name, shape)) in tensors.iter().enumerate() {
         let row_len = *shape.last().unwrap_or(&1);
         let rows = shape.iter().product::<usize>() / row_len.max(1);
-        let fill = Fill::for_tensor(name, shape.len(), norm_centre);
-        let geometry = (rows, row_len);
-        stream_tensor(
+        let tensor = RandomTensor {
             name,
-            dtype.format(),
-            fill,
-            seed,
             index,
-            geometry,
-            CHUNK_VALUES,
-            &mut |b| {
-                w.write_all(b).map_err(io)?;
-                written += b.len() as u64;
-                Ok(())
-            },
-        )?;
+            format: dtype.format(),
+            fill: Fill::for_tensor(name, shape.len(), norm_centre),
+            rows,
+            row_len,
+        };
+        stream_tensor(&tensor, seed, CHUNK_VALUES, &mut |b| {
+            w.write_all(b).map_err(io)?;
+            written += b.len() as u64;
+            Ok(())
+        })?;
     }
     let file = w
         .into_inner()

@@ -107,24 +107,40 @@ pub fn fill_row(seed: u64, tensor: u64, row: u64, fill: Fill, out: &mut [f32]) {
 /// whatever the shapes (Gemma-3's 262144 × 640 embedding included).
 pub const CHUNK_VALUES: usize = 1 << 22;
 
-/// Stream the random data of tensor number `index` (`rows` rows of `row_len` values drawn as
-/// `fill`), encoded in `format` by `infer_quant::quantize` (ggml's reference quantizer, or the
-/// plain F32 / BF16 bytes), into `sink`, generating at most `chunk` values at a time (`chunk`:
-/// an even multiple of the format's block size). Rows up to `chunk` values are generated
-/// several at a time in parallel; a longer row is generated and encoded piece by piece (the
-/// reference quantizers work block by block, so the bytes are those of the whole row). `name`
-/// names the tensor in errors.
-#[allow(clippy::too_many_arguments)]
+/// One tensor of random data: tensor number `index` (its generators' key, with the seed),
+/// `rows` rows of `row_len` values drawn as `fill`, stored in `format`; `name` names it in
+/// errors.
+#[derive(Clone, Copy, Debug)]
+pub struct RandomTensor<'a> {
+    pub name: &'a str,
+    pub index: usize,
+    pub format: QuantFormat,
+    pub fill: Fill,
+    pub rows: usize,
+    /// Values per row (the innermost dimension).
+    pub row_len: usize,
+}
+
+/// Stream the random data of `tensor` under `seed`, encoded in its format by
+/// `infer_quant::quantize` (ggml's reference quantizer, or the plain F32 / BF16 bytes), into
+/// `sink`, generating at most `chunk` values at a time (`chunk`: an even multiple of the
+/// format's block size). Rows up to `chunk` values are generated several at a time in parallel;
+/// a longer row is generated and encoded piece by piece (the reference quantizers work block by
+/// block, so the bytes are those of the whole row).
 pub fn stream_tensor(
-    name: &str,
-    format: QuantFormat,
-    fill: Fill,
+    tensor: &RandomTensor<'_>,
     seed: u64,
-    index: usize,
-    (rows, row_len): (usize, usize),
     chunk: usize,
     sink: &mut dyn FnMut(&[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    let &RandomTensor {
+        name,
+        index,
+        format,
+        fill,
+        rows,
+        row_len,
+    } = tensor;
     let encode = |v: &[f32]| {
         infer_quant::quantize(format, v, v.len(), None)
             .with_context(|| format!("quantizing tensor '{name}' to {format}"))

@@ -11,6 +11,7 @@ use std::cell::Cell;
 use half::f16;
 use rayon::prelude::*;
 
+use super::matmul::{sgemm_strided, Dims};
 use crate::backend::check_product as check;
 use crate::backend::empty_product;
 use crate::scratch;
@@ -129,14 +130,13 @@ pub(crate) fn matmul_transb_f16(
             // SAFETY: `wide` is Bᵀ's rows j0..j1 as a [k, j1-j0] matrix read with strides
             // (1, k); C's columns j0..j1 (row stride n) belong to this task alone.
             unsafe {
-                sgemm_cols(
+                let block = Dims { m, k, n: j1 - j0 };
+                sgemm_strided(
                     a,
-                    m,
-                    k,
-                    wide,
+                    block,
+                    wide.as_ptr(),
                     (1, k as isize),
                     out.get().add(j0),
-                    j1 - j0,
                     n,
                 )
             };
@@ -202,55 +202,19 @@ pub(crate) fn matmul_f16(
             // SAFETY: `wide` is B[:, j0..j1] as a row-major [k, width] matrix; C's columns
             // j0..j1 (row stride n) belong to this task alone.
             unsafe {
-                sgemm_cols(
+                let block = Dims { m, k, n: width };
+                sgemm_strided(
                     a,
-                    m,
-                    k,
-                    wide,
+                    block,
+                    wide.as_ptr(),
                     (width as isize, 1),
                     out.get().add(j0),
-                    width,
                     n,
                 )
             };
         });
     };
     run_tasks(serial, n.div_ceil(BLOCK), |t| task(t * BLOCK));
-}
-
-/// `C[:, cols] = A[m×k] · W[k×width]` where `W` (strides `(rs, cs)`) is a widened block and `c`
-/// points at the block's first column of a row-major C with row stride `n`.
-///
-/// # Safety
-/// `wide` holds the `[k, width]` matrix under those strides and `c` is valid for writes of
-/// `m` rows × `width` columns at stride `n`, written by no other thread meanwhile.
-#[allow(clippy::too_many_arguments)]
-unsafe fn sgemm_cols(
-    a: &[f32],
-    m: usize,
-    k: usize,
-    wide: &[f32],
-    (rs, cs): (isize, isize),
-    c: *mut f32,
-    width: usize,
-    n: usize,
-) {
-    matrixmultiply::sgemm(
-        m,
-        k,
-        width,
-        1.0,
-        a.as_ptr(),
-        k as isize,
-        1,
-        wide.as_ptr(),
-        rs,
-        cs,
-        0.0,
-        c,
-        n as isize,
-        1,
-    );
 }
 
 /// Run `task(0..count)` on this thread or across rayon's pool.

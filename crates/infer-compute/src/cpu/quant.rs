@@ -163,7 +163,14 @@ pub fn quant_matvec(
         return Ok(());
     }
     if let Some(t) = quant_tile::tiled(format, isa) {
-        return quant_tile::quantize_and_matmul(t, bytes, x, 1, cols, row_bytes, y);
+        return quant_tile::quantize_and_matmul(
+            t,
+            quant_tile::WeightRows { bytes, row_bytes },
+            x,
+            1,
+            cols,
+            y,
+        );
     }
     let Some((act_format, kern)) = fused(format, isa) else {
         return quant_fallback::matmul_t(format, bytes, x, 1, cols, row_bytes, y);
@@ -217,7 +224,14 @@ pub fn quant_matmul(
     // Results are produced weight-row-major ([rows, m]) so that each task owns whole weight
     // rows, then transposed into y.
     if let Some(t) = quant_tile::tiled(format, isa) {
-        return quant_tile::quantize_and_matmul(t, bytes, x, m, cols, row_bytes, y);
+        return quant_tile::quantize_and_matmul(
+            t,
+            quant_tile::WeightRows { bytes, row_bytes },
+            x,
+            m,
+            cols,
+            y,
+        );
     }
     scratch::with(&YT, rows * m, |yt| {
         match fused(format, isa) {

@@ -52,7 +52,17 @@ impl Plan<'_> {
         let w = &self.w[r0 * self.row_bytes..r1 * self.row_bytes];
         let out = self.out.at_row(r0);
         match self.kernel {
-            Kernel::Tiled(t, a) => quant_tile::rows(t, w, self.row_bytes, a, m, cols, out),
+            Kernel::Tiled(t, a) => quant_tile::rows(
+                t,
+                quant_tile::WeightRows {
+                    bytes: w,
+                    row_bytes: self.row_bytes,
+                },
+                a,
+                m,
+                cols,
+                out,
+            ),
             Kernel::Fused(kern, a, ar) => {
                 for (r, wr) in w.chunks_exact(self.row_bytes).enumerate() {
                     for i in 0..m {

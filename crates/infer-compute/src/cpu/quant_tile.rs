@@ -30,6 +30,15 @@ pub(super) enum TileActs<'a> {
     Q8K(&'a [u8]),
 }
 
+/// Whole rows of a quantized weight matrix: `bytes` holds `bytes.len() / row_bytes` rows of
+/// `row_bytes` bytes each (one row = `cols` values as ggml blocks of the weight format).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct WeightRows<'a> {
+    pub(super) bytes: &'a [u8],
+    /// Bytes per row (validated by the caller).
+    pub(super) row_bytes: usize,
+}
+
 impl Tiled {
     /// The activation format this kernel reads (Q8_0 or Q8_K).
     pub fn act_format(self) -> QuantFormat {
@@ -63,40 +72,35 @@ pub(super) fn tiled(format: QuantFormat, isa: Isa) -> Option<Tiled> {
 
 /// `y = x · Wᵀ` (`y` `[m, rows]`) through the tile kernel `t`: quantizes `x` (`[m, cols]`)
 /// once (into per-thread buffers), then [`matmul`].
-#[allow(clippy::too_many_arguments)]
 pub(super) fn quantize_and_matmul(
     t: Tiled,
-    bytes: &[u8],
+    w: WeightRows<'_>,
     x: &[f32],
     m: usize,
     cols: usize,
-    row_bytes: usize,
     y: &mut [f32],
 ) -> Result<(), ComputeError> {
     if t.act_format() == QuantFormat::Q8_K {
         super::quant::with_acts(QuantFormat::Q8_K, x, m, cols, |a, _| {
-            matmul(t, bytes, TileActs::Q8K(a), m, cols, row_bytes, y)
+            matmul(t, w, TileActs::Q8K(a), m, cols, y)
         })
     } else {
-        Q8Rows::with_thread_buffer(x, m, cols, |a| {
-            matmul(t, bytes, TileActs::Q8(a), m, cols, row_bytes, y)
-        })
+        Q8Rows::with_thread_buffer(x, m, cols, |a| matmul(t, w, TileActs::Q8(a), m, cols, y))
     }
 }
 
-/// `y[i*rows + r] = W[r] · A[i]` for the `rows × cols` weight matrix `bytes` (`row_bytes` per
-/// row, validated by the caller) and the `m` activation rows `acts`; `y` is `[m, rows]`.
-/// Weight rows are split across rayon's pool ([`Split`]); each task writes its own columns of
-/// `y` directly.
+/// `y[i*rows + r] = W[r] · A[i]` for the `rows × cols` weight matrix `w` and the `m` activation
+/// rows `acts`; `y` is `[m, rows]`. Weight rows are split across rayon's pool ([`Split`]); each
+/// task writes its own columns of `y` directly.
 pub(super) fn matmul(
     t: Tiled,
-    bytes: &[u8],
+    w: WeightRows<'_>,
     acts: TileActs<'_>,
     m: usize,
     cols: usize,
-    row_bytes: usize,
     y: &mut [f32],
 ) {
+    let WeightRows { bytes, row_bytes } = w;
     if m == 0 || row_bytes == 0 {
         return;
     }
@@ -106,8 +110,13 @@ pub(super) fn matmul(
     let rpt = split.rows_per_task;
     // SAFETY: task k owns weight rows k·rpt.. of `bytes` and exactly those columns of `y`
     // (in bounds: `out` covers m × n_rows); `y` outlives the parallel region.
-    let task =
-        |k: usize, ws: &[u8]| unsafe { rows(t, ws, row_bytes, acts, m, cols, out.at_row(k * rpt)) };
+    let task = |k: usize, ws: &[u8]| unsafe {
+        let w = WeightRows {
+            bytes: ws,
+            row_bytes,
+        };
+        rows(t, w, acts, m, cols, out.at_row(k * rpt))
+    };
     if split.serial {
         task(0, bytes);
     } else {
@@ -118,23 +127,25 @@ pub(super) fn matmul(
     }
 }
 
-/// Element (r, i) of `out` = `W_r · A_i` for the whole weight rows `ws` and the `m` rows of
-/// `acts`. Panics if `acts` is not the activation kind of `t`.
+/// Element (r, i) of `out` = `W_r · A_i` for the whole weight rows `w` and the `m` rows of
+/// `acts` (`cols` values each). Panics if `acts` is not the activation kind of `t`.
 ///
 /// # Safety
-/// `out` must own elements (r, i) for r < `ws.len() / row_bytes`, i < `m`
+/// `out` must own elements (r, i) for r < `w.bytes.len() / w.row_bytes`, i < `m`
 /// ([`OutMat::put`]).
 #[inline]
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows(
     t: Tiled,
-    ws: &[u8],
-    row_bytes: usize,
+    w: WeightRows<'_>,
     acts: TileActs<'_>,
     m: usize,
     cols: usize,
     out: OutMat,
 ) {
+    let WeightRows {
+        bytes: ws,
+        row_bytes,
+    } = w;
     match (t, acts) {
         #[cfg(target_arch = "x86_64")]
         (Tiled::Q0(f), TileActs::Q8(a)) => {
