@@ -36,10 +36,10 @@ pub struct BenchArgs {
     /// Sequences run at once (llama-batched-bench's `-npl`): B prompts of `-p` tokens are
     /// prefilled in batched steps, then every step decodes one token of each of the B
     /// sequences (continuing after its prompt), `-n` steps; aggregate and per-sequence
-    /// tokens/s are reported. 1 (the default): the llama-bench protocol above (decode from an
-    /// empty context).
-    #[arg(short = 'B', long = "batch", default_value_t = 1)]
-    pub batch: usize,
+    /// tokens/s are reported (`-B 1`: the same protocol for one sequence). Without it: the
+    /// llama-bench protocol above (decode from an empty context).
+    #[arg(short = 'B', long = "batch")]
+    pub batch: Option<usize>,
     /// With a device decoder (`--device cuda`): also run one decode step kernel by kernel with
     /// timing events and print the device time per kernel kind.
     #[arg(long)]
@@ -89,8 +89,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.n_prompt == 0 && args.n_gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
     }
-    if args.batch == 0 || args.batch > 4096 {
-        bail!("--batch {}: must be between 1 and 4096", args.batch);
+    if let Some(b) = args.batch.filter(|&b| b == 0 || b > 4096) {
+        bail!("--batch {b}: must be between 1 and 4096");
     }
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
@@ -111,8 +111,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .map(|i| ((i * 2654435761 + 12345) % vocab) as u32)
         .collect();
 
-    if args.batch > 1 {
-        return batched(&args, &model, &*backend, &ids, ctx);
+    if let Some(b) = args.batch {
+        return batched(&args, b, &model, &*backend, &ids, ctx);
     }
     let mut runner = TokenRunner::new(&model, &*backend, ctx, !args.device.host_loop)?;
     let decode = crate::device_args::decode_mode(&runner, &args.device);
@@ -235,13 +235,13 @@ const MAX_STEP_TOKENS: usize = 2048;
 /// decode tokens/s (all sequences) and decode tokens/s per sequence.
 fn batched(
     args: &BenchArgs,
+    b: usize,
     model: &infer_inference::Model<'_>,
     backend: &dyn infer_compute::ComputeBackend,
     ids: &[u32],
     ctx: usize,
 ) -> anyhow::Result<()> {
     use infer_inference::forward::{BatchBuffers, BatchSeq};
-    let b = args.batch;
     let vocab = model.vocab_size;
     // Every sequence gets its own prompt (rotated ids), as the server would see.
     let prompts: Vec<Vec<u32>> = (0..b)
