@@ -36,10 +36,12 @@ fn split_target(target: &Path) -> Result<(PathBuf, String), VindexError> {
 /// A missing target is always fine.
 ///
 /// Errors: [`VindexError::TargetExists`] (exists, no `force`), [`VindexError::TargetNotDir`]
-/// (a regular file or other non-directory), [`VindexError::TargetNotVindex`] (a non-empty
+/// (a regular file, a symbolic link or other non-directory), [`VindexError::TargetNotVindex`] (a non-empty
 /// directory without `index.json`), [`VindexError::Io`] (cannot be inspected).
 pub(crate) fn check_replaceable(target: &Path, force: bool) -> Result<(), VindexError> {
-    let meta = match std::fs::metadata(target) {
+    // `symlink_metadata`: a symbolic link at the target is itself the thing replaced, so it
+    // counts as a non-directory (never followed and never replaced).
+    let meta = match std::fs::symlink_metadata(target) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(VindexError::io(target, e)),
@@ -72,6 +74,12 @@ impl TempBuildDir {
     pub fn create(target: &Path, force: bool) -> Result<Self, VindexError> {
         check_replaceable(target, force)?;
         let (parent, name) = split_target(target)?;
+        if !parent.is_dir() {
+            return Err(VindexError::MissingParent {
+                path: target.to_path_buf(),
+                parent,
+            });
+        }
         remove_stale(&parent, &name);
         let dir = parent.join(temp_dir_name(&name, std::process::id()));
         if dir.exists() {
@@ -190,6 +198,29 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    /// The output goes only into an existing folder (nothing is created above it), and a
+    /// symbolic link at the target is refused even with `force` (its target untouched).
+    #[test]
+    fn missing_parent_and_symlink_targets_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let deep = root.path().join("no/such/dir/m.vindex");
+        let e = TempBuildDir::create(&deep, false).err().expect("refused");
+        assert!(matches!(e, VindexError::MissingParent { .. }), "{e}");
+        assert!(!root.path().join("no").exists(), "nothing created");
+        let real = root.path().join("real.vindex");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join(crate::files::INDEX_JSON), "{}").unwrap();
+        let link = root.path().join("link.vindex");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = TempBuildDir::create(&link, true).err().expect("refused");
+        assert!(matches!(e, VindexError::TargetNotDir { .. }), "{e}");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(real.join(crate::files::INDEX_JSON).is_file());
     }
 
     /// `--force` never deletes user data: a file or a non-empty non-vindex directory at the

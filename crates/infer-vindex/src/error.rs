@@ -72,8 +72,11 @@ pub enum VindexError {
     /// The build target already exists and `--force` was not given.
     #[error("{path}: already exists (use --force to replace it)")]
     TargetExists { path: PathBuf },
-    /// `--force` was given but the existing target is a regular file (or other non-directory):
-    /// only a directory can be replaced by a vindex.
+    /// The build target's parent folder does not exist (nothing is created above the target).
+    #[error("{path}: the folder it would go in, {parent}, does not exist (create it first)")]
+    MissingParent { path: PathBuf, parent: PathBuf },
+    /// `--force` was given but the existing target is a regular file, a symbolic link or other
+    /// non-directory: only a directory can be replaced by a vindex.
     #[error("{path} exists and is not a directory; refusing to replace it")]
     TargetNotDir { path: PathBuf },
     /// `--force` was given but the existing target directory is neither a vindex (it has no
