@@ -159,14 +159,12 @@ pub trait ComputeBackend: Send + Sync {
     /// parallel region. Errors as [`linear`](Self::linear), checked for every matrix before
     /// anything runs. The default implementation calls `linear` per matrix.
     fn linear_many(&self, x: &[f32], m: usize, projs: &mut [Proj<'_>]) -> Result<(), ComputeError> {
-        for p in projs.iter() {
-            p.w.check()?;
-            p.w.check_io(x, m, p.y)?;
-        }
-        for p in projs.iter_mut() {
-            self.linear(&p.w, x, m, p.y)?;
-        }
-        Ok(())
+        crate::matrix::linear_many_with(self, x, m, projs, |projs| {
+            for p in projs.iter_mut() {
+                self.linear(&p.w, x, m, p.y)?;
+            }
+            Ok(())
+        })
     }
 
     /// Normalise every row of `x` (`[R, width]`, `width = norm.weight.len()`) into `out`

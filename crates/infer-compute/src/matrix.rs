@@ -153,6 +153,13 @@ impl<'a> Matrix<'a> {
         crate::host_ops::check(what, got, expected, unit)
     }
 
+    /// [`Matrix::check`] and [`Matrix::check_io`] together: everything a product
+    /// `y = x · Wᵀ` needs to hold before it runs.
+    pub fn check_product(&self, x: &[f32], m: usize, y: &[f32]) -> Result<(), ComputeError> {
+        self.check()?;
+        self.check_io(x, m, y)
+    }
+
     /// `x` is `[m, cols]` and `y` is `[m, rows]` for a product `y = x · Wᵀ`. Errors:
     /// [`ComputeError::ShapeMismatch`].
     pub fn check_io(&self, x: &[f32], m: usize, y: &[f32]) -> Result<(), ComputeError> {
@@ -177,4 +184,29 @@ impl<'a> Matrix<'a> {
 pub struct Proj<'a> {
     pub w: Matrix<'a>,
     pub y: &'a mut [f32],
+}
+
+/// The shared shape of every [`crate::ComputeBackend::linear_many`]: check every matrix first,
+/// run `fused` when every one holds ggml blocks (a backend's one-region kernel), else one
+/// `linear` per matrix.
+pub(crate) fn linear_many_with(
+    backend: &(impl crate::ComputeBackend + ?Sized),
+    x: &[f32],
+    m: usize,
+    projs: &mut [Proj<'_>],
+    fused: impl FnOnce(&mut [Proj<'_>]) -> Result<(), ComputeError>,
+) -> Result<(), ComputeError> {
+    for p in projs.iter() {
+        p.w.check_product(x, m, p.y)?;
+    }
+    if projs
+        .iter()
+        .all(|p| matches!(p.w.data, MatData::Blocks { .. }))
+    {
+        return fused(projs);
+    }
+    for p in projs.iter_mut() {
+        backend.linear(&p.w, x, m, p.y)?;
+    }
+    Ok(())
 }

@@ -120,18 +120,6 @@ impl FloatRows<'_> {
         }
     }
 
-    /// Row `i` (of `out.len()` values) widened to f32 into `out`.
-    pub fn copy_row(&self, i: usize, out: &mut [f32]) {
-        let k = out.len();
-        match self {
-            FloatRows::F32(v) => out.copy_from_slice(&v[i * k..(i + 1) * k]),
-            FloatRows::F16(v) => out
-                .iter_mut()
-                .zip(&v[i * k..(i + 1) * k])
-                .for_each(|(o, w)| *o = w.to_f32()),
-        }
-    }
-
     /// `C[m×n] = A[m×k] · selfᵀ`, self `[n, k]` (a Linear weight or feature-major key table).
     /// Errors: the backend's (device failures).
     pub fn matmul_transb(

@@ -187,8 +187,7 @@ impl ComputeBackend for CudaBackend {
         m: usize,
         y: &mut [f32],
     ) -> Result<(), ComputeError> {
-        w.check()?;
-        w.check_io(x, m, y)?;
+        w.check_product(x, m, y)?;
         match w.data {
             MatData::F32(b) => self.matmul_transb(x, b, m, w.cols, w.rows, y),
             MatData::F16(b) => self.matmul_transb_f16(x, b, m, w.cols, w.rows, y),
@@ -198,20 +197,9 @@ impl ComputeBackend for CudaBackend {
     }
 
     fn linear_many(&self, x: &[f32], m: usize, projs: &mut [Proj<'_>]) -> Result<(), ComputeError> {
-        for p in projs.iter() {
-            p.w.check()?;
-            p.w.check_io(x, m, p.y)?;
-        }
-        if projs
-            .iter()
-            .all(|p| matches!(p.w.data, MatData::Blocks { .. }))
-        {
-            return quant::quant_matmul_many(&mut self.lock(), x, m, projs);
-        }
-        for p in projs.iter_mut() {
-            self.linear(&p.w, x, m, p.y)?;
-        }
-        Ok(())
+        crate::matrix::linear_many_with(self, x, m, projs, |projs| {
+            quant::quant_matmul_many(&mut self.lock(), x, m, projs)
+        })
     }
 
     fn token_decoder<'s>(
