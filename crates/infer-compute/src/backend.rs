@@ -3,7 +3,9 @@
 //! behind one interface, so that one block description runs on a CPU or a CUDA implementation.
 
 use crate::ops::Activation;
-use crate::{Argmax, AttentionParams, ComputeError, FloatTable, Matrix, Proj, RopeConfig};
+use crate::{
+    Argmax, AttentionParams, ComputeError, FloatTable, Matrix, Proj, RopeConfig, Tensor, TensorProj,
+};
 use half::f16;
 
 /// Matrix products used by inference. All matrices are row-major f32 unless stated.
@@ -22,9 +24,14 @@ use half::f16;
 ///   lengths that disagree with their explicit shapes (programmer errors).
 /// - Weight matrices arrive as one view, [`Matrix`] (storage tag, bytes or values, shape); the
 ///   tag alone selects the kernel, it is never guessed from the byte count.
-/// - A GPU backend keeps the same signatures (host slices in, host slices out) and may cache
-///   device copies of weight slices keyed by their address; fused kernels (QKV projection,
-///   attention) will be added as further methods with a CPU default.
+/// - Two levels. The weight products [`linear`](Self::linear) / [`linear_many`](Self::linear_many)
+///   and the f32 table products take host slices (tests, benchmarks, the walk FFN). The forward
+///   pass works on [`Tensor`]s that live in the backend's memory ([`fit`](Self::fit)): the
+///   products [`project`](Self::project) / [`project_many`](Self::project_many) and every whole
+///   operation (norm, RoPE, attention with its KV store, activations, residual, embedding,
+///   logit post-processing). Their defaults are the CPU's, on host tensors; a device backend
+///   overrides them all so that activations and KV cache stay on the device. Weights are host
+///   views (the vindex mmap); a device backend caches device copies keyed by their address.
 pub trait ComputeBackend: Send + Sync {
     /// Human-readable backend name, e.g. `"cpu"`.
     fn name(&self) -> &str;
@@ -167,20 +174,116 @@ pub trait ComputeBackend: Send + Sync {
         })
     }
 
-    /// Normalise every row of `x` (`[R, width]`, `width = norm.weight.len()`) into `out`
-    /// (same shape, fully overwritten): RMSNorm or LayerNorm as [`NormKind`] says. Errors
-    /// ([`ComputeError::ShapeMismatch`]): `x` not whole rows, `out` or the bias of another
-    /// length; device failures. The default (the CPU's): [`crate::ops::rms_norm`] /
+    /// Make `t` a tensor of `len` values in this backend's memory (the activation buffers of
+    /// a forward pass; contents unspecified). Allocates only when `t` is smaller than `len`
+    /// or lives elsewhere (a host tensor handed to a device backend is replaced). The default
+    /// (the CPU's): host memory. Errors: allocation failure.
+    fn fit(&self, t: &mut Tensor, len: usize) -> Result<(), ComputeError> {
+        if !t.is_host() {
+            *t = Tensor::default();
+        }
+        t.set_len(len);
+        Ok(())
+    }
+
+    /// Copy `src` into `dst`, which is [`fit`](Self::fit) to `src.len()` values. Errors:
+    /// allocation or copy failure.
+    fn upload(&self, src: &[f32], dst: &mut Tensor) -> Result<(), ComputeError> {
+        self.fit(dst, src.len())?;
+        host_mut("upload", dst)?.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Copy the values of `src` into `dst` (`dst.len() == src.len()`). Errors: lengths
+    /// differ, a tensor this backend does not own, copy failure.
+    fn download(&self, src: &Tensor, dst: &mut [f32]) -> Result<(), ComputeError> {
+        crate::host_ops::check("download destination", dst.len(), src.len(), "values")?;
+        dst.copy_from_slice(host("download", src)?);
+        Ok(())
+    }
+
+    /// Gather rows: row `i` of `dst` (fit to `rows.len() · width`) is row `rows[i]` of `src`
+    /// (`[R, width]`). Errors: `src` not whole rows, a row index not below `R`; device
+    /// failures.
+    fn copy_rows(
+        &self,
+        src: &Tensor,
+        width: usize,
+        rows: &[usize],
+        dst: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        self.fit(dst, rows.len() * width)?;
+        crate::host_ops::copy_rows(
+            host("copy_rows", src)?,
+            width,
+            rows,
+            host_mut("copy_rows", dst)?,
+        )
+    }
+
+    /// The product of a weight matrix with activations in this backend's memory:
+    /// `y[m×rows] = x[m×cols] · Wᵀ`, `y` fit to `m · w.rows`. Numerics and errors as
+    /// [`linear`](Self::linear), whose host slices the default passes on.
+    fn project(
+        &self,
+        w: &Matrix<'_>,
+        x: &Tensor,
+        m: usize,
+        y: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        self.fit(y, m * w.rows)?;
+        self.linear(w, host("project", x)?, m, host_mut("project", y)?)
+    }
+
+    /// [`linear_many`](Self::linear_many) on tensors: for each `p`, `p.y` (fit to
+    /// `m · p.w.rows`) `= x · p.wᵀ`. Errors as `linear_many`.
+    fn project_many(
+        &self,
+        x: &Tensor,
+        m: usize,
+        projs: &mut [TensorProj<'_>],
+    ) -> Result<(), ComputeError> {
+        for p in projs.iter_mut() {
+            self.fit(p.y, m * p.w.rows)?;
+        }
+        let x = host("project_many", x)?;
+        // On the stack for the usual 2–3 products (a decode step allocates nothing).
+        let mut host_projs = smallvec::SmallVec::<[Proj<'_>; 4]>::new();
+        for p in projs.iter_mut() {
+            host_projs.push(Proj {
+                w: p.w,
+                y: host_mut("project_many", p.y)?,
+            });
+        }
+        self.linear_many(x, m, &mut host_projs)
+    }
+
+    /// Add `bias` (`[width]`) to every row of `y` (`[R, width]`). Errors: `y` not whole rows;
+    /// device failures.
+    fn add_bias(&self, y: &mut Tensor, bias: &[f32]) -> Result<(), ComputeError> {
+        crate::host_ops::add_bias(host_mut("add_bias", y)?, bias)
+    }
+
+    /// Normalise every row of `x` (`[R, width]`, `width = norm.weight.len()`) into `out` (fit
+    /// to the same shape): RMSNorm or LayerNorm as [`NormKind`] says. Errors
+    /// ([`ComputeError::ShapeMismatch`]): `x` not whole rows, a bias of another length; device
+    /// failures. The default (the CPU's): [`crate::ops::rms_norm`] /
     /// [`crate::ops::layer_norm`].
     ///
     /// [`NormKind`]: crate::NormKind
-    fn norm(&self, norm: &crate::Norm<'_>, x: &[f32], out: &mut [f32]) -> Result<(), ComputeError> {
-        crate::host_ops::norm(norm, x, out)
+    fn norm(
+        &self,
+        norm: &crate::Norm<'_>,
+        x: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        self.fit(out, x.len())?;
+        crate::host_ops::norm(norm, host("norm", x)?, host_mut("norm", out)?)
     }
 
     /// [`norm`](Self::norm) in place (per-head q/k norms over `[R · heads, head_dim]`).
-    fn norm_inplace(&self, norm: &crate::Norm<'_>, x: &mut [f32]) -> Result<(), ComputeError> {
-        crate::host_ops::norm_inplace(norm, x)
+    fn norm_inplace(&self, norm: &crate::Norm<'_>, x: &mut Tensor) -> Result<(), ComputeError> {
+        crate::host_ops::norm_inplace(norm, host_mut("norm", x)?)
     }
 
     /// Rotary position embedding in place on `x` `[R, n_heads · head_dim]`, row `r` rotated
@@ -189,26 +292,31 @@ pub trait ComputeBackend: Send + Sync {
     /// values; device failures. The default: [`crate::apply_rope`].
     fn rope(
         &self,
-        x: &mut [f32],
+        x: &mut Tensor,
         n_heads: usize,
         positions: &[usize],
         cfg: &RopeConfig,
     ) -> Result<(), ComputeError> {
-        crate::host_ops::rope(x, n_heads, positions, cfg)
+        crate::host_ops::rope(host_mut("rope", x)?, n_heads, positions, cfg)
     }
 
-    /// Causal attention of one sequence's query rows over its KV cache (prefill chunk or
-    /// decode row; GQA/MQA, sliding window, soft-cap per `params`), into `out`
-    /// `[t_q, n_q_heads · head_dim]`. Numerics and masking: [`crate::attention`]. Errors:
-    /// shapes that disagree, heads that do not divide, a query position not below `t_kv`;
-    /// device failures.
-    fn attention(
+    /// One layer's attention for a batch of sequences: each [`KvSlot`] stores its new K/V rows
+    /// (rows `row0..row0 + rows` of `a.k`, `a.v`) at positions `start..` of its own cache, then
+    /// its query rows attend causally over its cache `0..start + rows` (GQA/MQA, sliding
+    /// window, soft-cap per `params`; numerics and masking: [`crate::attention`]), into the
+    /// same rows of `out` (fit to `a.q`'s shape, `[R, n_q_heads · head_dim]`). Errors: shapes
+    /// that disagree, heads that do not divide, a cache without room; device failures. The
+    /// default runs the sequences in parallel on the host.
+    ///
+    /// [`KvSlot`]: crate::KvSlot
+    fn attend(
         &self,
-        input: &crate::AttentionInput<'_>,
+        a: &mut crate::Attend<'_, '_>,
         params: &AttentionParams,
-        out: &mut [f32],
+        out: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        crate::host_ops::attention(input, params, out)
+        self.fit(out, a.q.len())?;
+        crate::host_ops::attend(a, params, out)
     }
 
     /// Gated FFN combination `up[i] = act(gate[i]) · up[i]`
@@ -216,35 +324,53 @@ pub trait ComputeBackend: Send + Sync {
     fn gated_activation(
         &self,
         act: Activation,
-        gate: &[f32],
-        up: &mut [f32],
+        gate: &Tensor,
+        up: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        crate::host_ops::gated_activation(act, gate, up)
+        crate::host_ops::gated_activation(
+            act,
+            host("gated_activation", gate)?,
+            host_mut("gated_activation", up)?,
+        )
     }
 
     /// `x[i] = act(x[i])` ([`crate::ops::act_fast_inplace`]). Errors: device failures.
-    fn activation(&self, act: Activation, x: &mut [f32]) -> Result<(), ComputeError> {
-        crate::ops::act_fast_inplace(act, x);
+    fn activation(&self, act: Activation, x: &mut Tensor) -> Result<(), ComputeError> {
+        crate::ops::act_fast_inplace(act, host_mut("activation", x)?);
         Ok(())
     }
 
     /// Residual update `x += alpha · y` (`alpha` 1 for most models, Granite's
     /// `residual_multiplier`). Errors: lengths differ; device failures.
-    fn add_scaled(&self, x: &mut [f32], y: &[f32], alpha: f32) -> Result<(), ComputeError> {
-        crate::host_ops::add_scaled(x, y, alpha)
+    fn add_scaled(&self, x: &mut Tensor, y: &Tensor, alpha: f32) -> Result<(), ComputeError> {
+        crate::host_ops::add_scaled(host_mut("add_scaled", x)?, host("add_scaled", y)?, alpha)
     }
 
-    /// Embedding lookup: row `ids[r]` of `table` (`[rows, width]`, `width = out.len() /
-    /// ids.len()`) times `scale`, widened to f32, into row `r` of `out`. Errors: an id not
-    /// below the table's rows, `out` not whole rows; device failures.
+    /// Embedding lookup: row `ids[r]` of `table` (`[rows, width]`) times `scale`, widened to
+    /// f32, into row `r` of `out` (fit to `ids.len() · width`). Errors: an id not below the
+    /// table's rows, a table that is not whole rows; device failures.
     fn embed(
         &self,
         table: FloatTable<'_>,
+        width: usize,
         ids: &[u32],
         scale: f32,
-        out: &mut [f32],
+        out: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        crate::host_ops::embed(table, ids, scale, out)
+        self.fit(out, ids.len() * width)?;
+        crate::host_ops::embed(table, ids, scale, host_mut("embed", out)?)
+    }
+
+    /// Logit post-processing in place: `x / divisor`, then `cap · tanh(x / cap)` when a
+    /// soft-cap is given (Gemma-2). Errors: device failures.
+    fn scale_softcap(
+        &self,
+        x: &mut Tensor,
+        divisor: f32,
+        softcap: Option<f32>,
+    ) -> Result<(), ComputeError> {
+        crate::host_ops::scale_softcap(host_mut("scale_softcap", x)?, divisor, softcap);
+        Ok(())
     }
 
     /// Greedy choice over `logits` `[vocab]`: the largest finite value, ties to the smaller
@@ -265,6 +391,16 @@ pub trait ComputeBackend: Send + Sync {
         let _ = plan;
         Ok(None)
     }
+}
+
+/// The values of a host tensor, or [`ComputeError::NotOnHost`] naming `op`.
+pub fn host<'t>(op: &'static str, t: &'t Tensor) -> Result<&'t [f32], ComputeError> {
+    t.host().ok_or(ComputeError::NotOnHost { op })
+}
+
+/// [`host`], writable.
+pub fn host_mut<'t>(op: &'static str, t: &'t mut Tensor) -> Result<&'t mut [f32], ComputeError> {
+    t.host_mut().ok_or(ComputeError::NotOnHost { op })
 }
 
 /// Shape check shared by every backend's f32/f16 products: panic unless `a` is `[m, k]`, `b` holds `n·k` values and `c` is `[m, n]`.

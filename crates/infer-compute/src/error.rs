@@ -30,6 +30,10 @@ pub enum ComputeError {
     /// A kernel for ggml block formats was handed a matrix of another storage.
     #[error("a {storage} matrix where ggml blocks were expected")]
     NotBlocks { storage: String },
+    /// A host implementation of an operation was handed a tensor in device memory (a tensor
+    /// of another backend).
+    #[error("{op}: the tensor is in device memory, not on the host (a tensor of another backend)")]
+    NotOnHost { op: &'static str },
     /// Error from the block-format layer (bad block alignment, byte count, unsupported format).
     #[error(transparent)]
     Quant(#[from] QuantError),

@@ -208,3 +208,117 @@ pub(crate) fn argmax(logits: &[f32]) -> Result<Argmax, ComputeError> {
         all_finite,
     })
 }
+
+pub(crate) fn copy_rows(
+    src: &[f32],
+    width: usize,
+    rows: &[usize],
+    dst: &mut [f32],
+) -> Result<(), ComputeError> {
+    let n = src.len().checked_div(width).unwrap_or(0);
+    for (&r, d) in rows.iter().zip(dst.chunks_exact_mut(width.max(1))) {
+        if r >= n {
+            return Err(ComputeError::ShapeMismatch {
+                what: "copy_rows row (index < rows)",
+                expected: n,
+                got: r,
+                unit: "row",
+            });
+        }
+        d.copy_from_slice(&src[r * width..(r + 1) * width]);
+    }
+    Ok(())
+}
+
+pub(crate) fn add_bias(y: &mut [f32], bias: &[f32]) -> Result<(), ComputeError> {
+    if bias.is_empty() || !y.len().is_multiple_of(bias.len()) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "bias rows (whole rows of the bias's width)",
+            expected: y.len().div_ceil(bias.len().max(1)) * bias.len(),
+            got: y.len(),
+            unit: "values",
+        });
+    }
+    for row in y.chunks_exact_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
+    }
+    Ok(())
+}
+
+pub(crate) fn scale_softcap(x: &mut [f32], divisor: f32, softcap: Option<f32>) {
+    if divisor != 1.0 {
+        x.iter_mut().for_each(|v| *v /= divisor);
+    }
+    if let Some(cap) = softcap {
+        x.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+    }
+}
+
+/// [`crate::ComputeBackend::attend`] on host tensors: per sequence, the KV store then
+/// [`attention`]; several sequences run in parallel (each attention call parallelises over
+/// heads by itself only at long contexts).
+pub(crate) fn attend(
+    a: &mut crate::Attend<'_, '_>,
+    p: &AttentionParams,
+    out: &mut crate::Tensor,
+) -> Result<(), ComputeError> {
+    use crate::backend::{host, host_mut};
+    let (qd, kvd) = (p.n_q_heads * p.head_dim, p.n_kv_heads * p.head_dim);
+    let (q, k, v) = (
+        host("attend", a.q)?,
+        host("attend", a.k)?,
+        host("attend", a.v)?,
+    );
+    let rows: usize = a.seqs.iter().map(|s| s.rows).sum();
+    check("attention q", q.len(), rows * qd, "values")?;
+    check("attention k", k.len(), rows * kvd, "values")?;
+    check("attention v", v.len(), rows * kvd, "values")?;
+    let out = host_mut("attend", out)?;
+    check("attention output", out.len(), q.len(), "values")?;
+    let one = |s: &mut crate::KvSlot<'_>, out: &mut [f32]| -> Result<(), ComputeError> {
+        let r = s.row0..s.row0 + s.rows;
+        let end = s.start + s.rows;
+        let (kc, vc) = (
+            host_mut("attend", s.k_cache)?,
+            host_mut("attend", s.v_cache)?,
+        );
+        if kc.len() < end * kvd || vc.len() != kc.len() {
+            return Err(ComputeError::ShapeMismatch {
+                what: "KV cache (room for the new rows)",
+                expected: end * kvd,
+                got: kc.len().min(vc.len()),
+                unit: "values (at least)",
+            });
+        }
+        kc[s.start * kvd..end * kvd].copy_from_slice(&k[r.start * kvd..r.end * kvd]);
+        vc[s.start * kvd..end * kvd].copy_from_slice(&v[r.start * kvd..r.end * kvd]);
+        let positions: smallvec::SmallVec<[usize; 16]> = (s.start..end).collect();
+        let input = AttentionInput {
+            q: &q[r.start * qd..r.end * qd],
+            k_cache: kc,
+            v_cache: vc,
+            positions: &positions,
+            t_kv: end,
+        };
+        attention(&input, p, out)
+    };
+    // Each sequence's rows of `out`, in batch order.
+    let mut outs = smallvec::SmallVec::<[&mut [f32]; 4]>::new();
+    let mut rest = &mut out[..];
+    let mut row = 0;
+    for s in a.seqs.iter() {
+        check("attention slot rows (batch order)", s.row0, row, "row")?;
+        let (head, tail) = rest.split_at_mut(s.rows * qd);
+        outs.push(head);
+        rest = tail;
+        row += s.rows;
+    }
+    if let ([s], [o]) = (&mut a.seqs[..], &mut outs[..]) {
+        return one(s, o);
+    }
+    use rayon::prelude::*;
+    a.seqs
+        .par_iter_mut()
+        .zip(outs.par_iter_mut())
+        .try_for_each(|(s, o)| one(s, o))
+}

@@ -1,10 +1,10 @@
 //! infer-compute: the [`ComputeBackend`] trait, its CPU implementation [`CpuBackend`], and the
 //! f32 building blocks of a transformer forward pass (norms, activations, RoPE, attention).
 //!
-//! Everything here works on plain `&[f32]` activations in row-major layout and never reads the
-//! vindex: callers hand in slices (mmap views or owned buffers) and shapes. Quantized weights
-//! arrive as `(&[u8], QuantFormat)` pairs (see [`ComputeBackend::quant_matvec`] and
-//! [`ComputeBackend::quant_matmul`]); their fused dot-product kernels live in [`vec_dot`].
+//! Activations are row-major f32: host slices for the weight products and kernels, [`Tensor`]s
+//! in the backend's memory for the forward pass's operations. Nothing here reads the vindex:
+//! weights arrive as [`Matrix`] views (storage tag + bytes + shape); the fused dot-product
+//! kernels of the ggml block formats live in [`vec_dot`].
 
 mod attention;
 mod attention_blocked;
@@ -22,15 +22,17 @@ pub mod q8_split;
 mod rope;
 mod scratch;
 mod shared_out;
+mod tensor;
 pub mod vec_dot;
 
 pub use attention::{attention, attention_reference, AttentionParams};
-pub use backend::ComputeBackend;
+pub use backend::{host, host_mut, ComputeBackend};
 pub use cpu::{axpy_f16, dot_f16, CpuBackend};
 pub use decode_plan::{DecodePlan, PlanLayer, TokenDecoder};
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;
-pub use matrix::{MatData, Matrix, Proj};
-pub use op_args::{Argmax, AttentionInput, FloatTable, Norm, NormKind};
+pub use matrix::{MatData, Matrix, Proj, TensorProj};
+pub use op_args::{Argmax, Attend, AttentionInput, FloatTable, KvSlot, Norm, NormKind};
 pub use rope::{apply_rope, Rope, RopeConfig, RopeScaling};
+pub use tensor::{DeviceBuffer, HostVec, Tensor};
 pub use vec_dot::Isa;

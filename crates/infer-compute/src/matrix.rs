@@ -210,3 +210,11 @@ pub(crate) fn linear_many_with(
     }
     Ok(())
 }
+
+/// One product of [`crate::ComputeBackend::project_many`]: weight `w` and its output tensor.
+#[derive(Debug)]
+pub struct TensorProj<'a> {
+    pub w: Matrix<'a>,
+    /// `[m, w.rows]` (fit by the call).
+    pub y: &'a mut crate::Tensor,
+}

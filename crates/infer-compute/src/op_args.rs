@@ -70,3 +70,31 @@ pub struct Argmax {
     /// False when some logit is NaN or ±infinite (those take no part in the choice).
     pub all_finite: bool,
 }
+
+/// One sequence's KV cache slot in an [`Attend`] batch.
+#[derive(Debug)]
+pub struct KvSlot<'a> {
+    /// `[capacity, n_kv_heads · head_dim]` keys; row `j` holds position `j`.
+    pub k_cache: &'a mut crate::Tensor,
+    /// Values, as `k_cache`.
+    pub v_cache: &'a mut crate::Tensor,
+    /// First row of this sequence in the batch's `q`, `k`, `v` and output.
+    pub row0: usize,
+    /// Its number of rows (new tokens).
+    pub rows: usize,
+    /// Cache position of its first new row (the sequence's length before the step); its rows
+    /// are at positions `start..start + rows`.
+    pub start: usize,
+}
+
+/// The tensors of one layer's batched attention step ([`crate::ComputeBackend::attend`]).
+#[derive(Debug)]
+pub struct Attend<'a, 's> {
+    /// `[R, n_q_heads · head_dim]`, RoPE applied.
+    pub q: &'a crate::Tensor,
+    /// `[R, n_kv_heads · head_dim]` new keys (RoPE applied) and values of every row.
+    pub k: &'a crate::Tensor,
+    pub v: &'a crate::Tensor,
+    /// The sequences, their rows in batch order.
+    pub seqs: &'a mut [KvSlot<'s>],
+}

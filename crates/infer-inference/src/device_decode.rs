@@ -141,8 +141,10 @@ impl DeviceCache<'_> {
         if self.host_valid == len {
             return Ok(());
         }
+        // A decode that started on the device leaves the host cache unallocated.
+        cache.ensure(&infer_compute::CpuBackend::new())?;
         for l in 0..cache.layers() {
-            let (k, v) = cache.rows_mut(l, self.host_valid, len);
+            let (k, v) = cache.host_rows_mut(l, self.host_valid, len)?;
             self.decoder.read_kv(l, self.host_valid, k, v)?;
         }
         self.host_valid = len;
@@ -158,7 +160,7 @@ impl DeviceCache<'_> {
             return Ok(());
         }
         for l in 0..cache.layers() {
-            let (k, v) = cache.rows(l, self.device_valid, len);
+            let (k, v) = cache.host_rows(l, self.device_valid, len)?;
             self.decoder.write_kv(l, self.device_valid, k, v)?;
         }
         self.device_valid = len;

@@ -1,10 +1,10 @@
 //! The forward pass — one loop for prefill (many tokens) and decode (one token).
 
-use infer_compute::{ops, ComputeBackend, Proj};
+use infer_compute::{ops, Attend, ComputeBackend, KvSlot, Tensor, TensorProj};
 use infer_models::{Activation, FfnType, NormType};
 
 use crate::layer::{DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights};
-use crate::scratch::{fit, FfnScratch, Scratch};
+use crate::scratch::{FfnScratch, Scratch};
 use crate::walk::{layer_walk_ffn, walk_ffn, WalkBuffers};
 use crate::{InferenceError, KvCache, Model};
 
@@ -300,11 +300,15 @@ impl Model<'_> {
         logits: &mut Vec<f32>,
     ) -> Result<(), InferenceError> {
         let h = self.hidden_size;
+        let b = p.backend;
         p.plan_rows()?;
+        for q in p.seqs.iter_mut() {
+            q.cache.ensure(b)?;
+        }
         let s = &mut *p.s;
-        self.embed(p.backend, &s.tokens, &s.positions, &mut s.x)?;
+        self.embed(b, s)?;
         if let Capture::Hidden(hs) = &mut p.capture {
-            hs.push(p.s.x.clone());
+            hs.push(to_host(b, &p.s.x)?);
         }
         for (l, layer) in self.layers.iter().enumerate() {
             self.layer_forward(p, layer, l)?;
@@ -312,7 +316,7 @@ impl Model<'_> {
             let t = s.positions.len();
             match &mut p.capture {
                 Capture::Nothing => {}
-                Capture::Hidden(hs) => hs.push(s.x.clone()),
+                Capture::Hidden(hs) => hs.push(to_host(b, &s.x)?),
                 Capture::FfnInputs(inputs) => {
                     // Where `layer_forward` left this layer's FFN input.
                     let ffn_in = if layer.geometry.parallel_residual && layer.pre_ffn_norm.is_none()
@@ -321,7 +325,7 @@ impl Model<'_> {
                     } else {
                         &s.ffn_in
                     };
-                    inputs.push(ffn_in[(t - 1) * h..t * h].to_vec());
+                    inputs.push(to_host(b, ffn_in)?[(t - 1) * h..t * h].to_vec());
                 }
             }
         }
@@ -329,99 +333,102 @@ impl Model<'_> {
             seq.cache.advance(seq.tokens.len());
         }
 
-        // The rows whose logits are asked for: all of them, one sequence's last row (both
-        // read in place), or gathered into `tmp`.
+        // The rows whose logits are asked for: all of them (read in place) or gathered into
+        // `last`.
         let s = &mut *p.s;
         let all = p.seqs.iter().all(|q| q.logits == Logits::All);
-        let rows: &[f32] = if all {
+        let rows: &Tensor = if all {
             &s.x
-        } else if let [only] = &p.seqs[..] {
-            let t = only.tokens.len();
-            &s.x[(t - 1) * h..]
         } else {
-            s.tmp.clear();
+            let picked = &mut s.picked;
+            picked.clear();
             for (q, span) in p.seqs.iter().zip(&s.spans) {
-                let r = match q.logits {
-                    Logits::All => span.row0..span.row0 + span.rows,
-                    Logits::Last => span.row0 + span.rows - 1..span.row0 + span.rows,
-                };
-                s.tmp.extend_from_slice(&s.x[r.start * h..r.end * h]);
+                match q.logits {
+                    Logits::All => picked.extend(span.row0..span.row0 + span.rows),
+                    Logits::Last => picked.push(span.row0 + span.rows - 1),
+                }
             }
-            &s.tmp
+            b.copy_rows(&s.x, h, picked, &mut s.last)?;
+            &s.last
         };
         let n_rows = rows.len() / h;
-        let normed = fit(&mut s.normed, rows.len());
         let g0 = &self.layers[0].geometry;
-        p.backend
-            .norm(&self.final_norm.view(norm_kind(g0), g0.eps), rows, normed)?;
+        b.norm(
+            &self.final_norm.view(norm_kind(g0), g0.eps),
+            rows,
+            &mut s.normed,
+        )?;
         if let Capture::Hidden(hs) = &mut p.capture {
             if all {
                 if let Some(last) = hs.last_mut() {
-                    last.clear();
-                    last.extend_from_slice(normed);
+                    *last = to_host(b, &s.normed)?;
                 }
             }
         }
-        let backend = p.backend;
-        let logits = fit(logits, n_rows * self.vocab_size);
         match &self.lm_head {
-            Some(w) => backend.linear(&w.matrix(self.vocab_size, h), normed, n_rows, logits)?,
-            None => self.embeddings.matmul_transb(
-                backend,
-                normed,
+            Some(w) => b.project(
+                &w.matrix(self.vocab_size, h),
+                &s.normed,
                 n_rows,
-                h,
-                self.vocab_size,
-                logits,
+                &mut s.logits,
+            )?,
+            None => b.project(
+                &self.embeddings.matrix(self.vocab_size, h),
+                &s.normed,
+                n_rows,
+                &mut s.logits,
             )?,
         }
-        if let Some(b) = &self.lm_head_bias {
-            add_bias(logits, b);
+        if let Some(bias) = &self.lm_head_bias {
+            b.add_bias(&mut s.logits, bias)?;
         }
         let div = self.arch.logits_divisor();
-        if div != 1.0 {
-            logits.iter_mut().for_each(|v| *v /= div);
+        let cap = self.arch.final_logit_softcap().map(|c| c as f32);
+        if div != 1.0 || cap.is_some() {
+            b.scale_softcap(&mut s.logits, div, cap)?;
         }
-        if let Some(cap) = self.arch.final_logit_softcap() {
-            let cap = cap as f32;
-            logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        // Host logits: swapped out of a host tensor (no copy), downloaded from a device one.
+        if s.logits.is_host() {
+            if let Some(mut v) = s.logits.host_vec_mut() {
+                std::mem::swap(logits, &mut *v);
+            }
+        } else {
+            logits.resize(s.logits.len(), 0.0);
+            b.download(&s.logits, logits)?;
         }
         Ok(())
     }
 
     /// Token (and learned position) embeddings times the embedding scale of every row of the
-    /// batch (`tokens[r]` at `positions[r]`), into `x`: `[R, hidden]`.
-    fn embed(
-        &self,
-        backend: &dyn ComputeBackend,
-        tokens: &[u32],
-        positions: &[usize],
-        x: &mut Vec<f32>,
-    ) -> Result<(), InferenceError> {
+    /// batch (`s.tokens[r]` at `s.positions[r]`), into `s.x`: `[R, hidden]`.
+    fn embed(&self, backend: &dyn ComputeBackend, s: &mut Scratch) -> Result<(), InferenceError> {
         let h = self.hidden_size;
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.vocab_size) {
+        if let Some(&id) = s.tokens.iter().find(|&&id| id as usize >= self.vocab_size) {
             return Err(InferenceError::TokenOutOfRange {
                 id,
                 vocab: self.vocab_size,
             });
         }
-        let x = fit(x, tokens.len() * h);
         backend.embed(
             self.embeddings.table(),
-            tokens,
+            h,
+            &s.tokens,
             self.arch.embedding_scale(),
-            x,
+            &mut s.x,
         )?;
         if let Some(pe) = &self.position_embeddings {
-            for (row, &pos) in x.chunks_exact_mut(h).zip(positions) {
-                let p = pe
-                    .get(pos * h..(pos + 1) * h)
-                    .ok_or(InferenceError::ContextFull {
-                        needed: pos + 1,
-                        capacity: pe.len() / h,
-                    })?;
-                backend.add_scaled(row, p, 1.0)?;
+            let capacity = pe.len() / h;
+            if let Some(&pos) = s.positions.iter().find(|&&pos| pos >= capacity) {
+                return Err(InferenceError::ContextFull {
+                    needed: pos + 1,
+                    capacity,
+                });
             }
+            let ids = &mut s.ids;
+            ids.clear();
+            ids.extend(s.positions.iter().map(|&p| p as u32));
+            backend.embed(infer_compute::FloatTable::F32(pe), h, ids, 1.0, &mut s.tmp)?;
+            backend.add_scaled(&mut s.x, &s.tmp, 1.0)?;
         }
         Ok(())
     }
@@ -496,32 +503,77 @@ impl Model<'_> {
     }
 }
 
-/// The layer's FFN of `x` `[T, hidden]` into `out` `[T, hidden]`; `bufs` are scratch.
+/// Host copies for the parts of a step that run on the host (walk FFN, MoE): for a device
+/// backend, `x` is downloaded into `tmp_in` and the result uploaded from `tmp_out`.
+struct HostIo<'a> {
+    tmp_in: &'a mut Vec<f32>,
+    tmp_out: &'a mut Vec<f32>,
+}
+
+impl HostIo<'_> {
+    /// Run the host routine `f(x, out)` on the values of `x`, its result (`out`, resized by
+    /// `f`) landing in `y`. Host tensors are borrowed in place (no copy).
+    fn run(
+        self,
+        backend: &dyn ComputeBackend,
+        x: &Tensor,
+        y: &mut Tensor,
+        f: impl FnOnce(&[f32], &mut Vec<f32>) -> Result<(), InferenceError>,
+    ) -> Result<(), InferenceError> {
+        let x = match x.host() {
+            Some(x) => x,
+            None => {
+                self.tmp_in.resize(x.len(), 0.0);
+                backend.download(x, self.tmp_in)?;
+                &self.tmp_in[..]
+            }
+        };
+        // `y` in this backend's memory first, so that a host `y` of a device backend is not
+        // written in place.
+        backend.fit(y, 0)?;
+        if y.is_host() {
+            if let Some(mut v) = y.host_vec_mut() {
+                return f(x, &mut v);
+            }
+        }
+        f(x, self.tmp_out)?;
+        backend.upload(self.tmp_out, y)?;
+        Ok(())
+    }
+}
+
+/// The values of `t` on the host (a copy).
+fn to_host(backend: &dyn ComputeBackend, t: &Tensor) -> Result<Vec<f32>, InferenceError> {
+    let mut v = vec![0.0; t.len()];
+    backend.download(t, &mut v)?;
+    Ok(v)
+}
+
+/// The layer's FFN of `x` `[T, hidden]` into `out` `[T, hidden]`; `bufs` are scratch. The walk
+/// FFN and MoE run on the host.
 fn ffn(
     backend: &dyn ComputeBackend,
     w: &Ffn<'_>,
-    x: &[f32],
+    x: &Tensor,
     t: usize,
     g: &crate::LayerGeometry,
     bufs: &mut FfnScratch,
-    out: &mut Vec<f32>,
+    out: &mut Tensor,
 ) -> Result<(), InferenceError> {
+    let io = HostIo {
+        tmp_in: &mut bufs.host_in,
+        tmp_out: &mut bufs.host_out,
+    };
     match w {
-        Ffn::Walk(w) => {
-            // The walk FFN borrows the scratch buffers for the call (moves, no allocation).
-            let mut walk = WalkBuffers {
-                gate: std::mem::take(&mut bufs.gate),
-                up: std::mem::take(&mut bufs.up),
-                idx: std::mem::take(&mut bufs.walk_idx),
-            };
-            let r = layer_walk_ffn(backend, w, x, t, g, &mut walk, out);
-            (bufs.gate, bufs.up, bufs.walk_idx) = (walk.gate, walk.up, walk.idx);
-            r?
-        }
-        Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, bufs, out)?,
-        Ffn::Moe(m) => *out = moe_ffn(backend, m, x, t, g)?,
+        Ffn::Walk(w) => io.run(backend, x, out, |x, out| {
+            layer_walk_ffn(backend, w, x, t, g, &mut bufs.walk, out)
+        }),
+        Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, bufs, out),
+        Ffn::Moe(m) => io.run(backend, x, out, |x, out| {
+            *out = moe_ffn(backend, m, x, t, g)?;
+            Ok(())
+        }),
     }
-    Ok(())
 }
 
 /// A dense FFN over Linear-layout (quantized) matrices: `down(act(gate(x)) ⊙ up(x))`, into
@@ -529,11 +581,11 @@ fn ffn(
 fn dense_ffn(
     backend: &dyn ComputeBackend,
     d: &DenseFfn<'_>,
-    x: &[f32],
+    x: &Tensor,
     t: usize,
     g: &crate::LayerGeometry,
     bufs: &mut FfnScratch,
-    out: &mut Vec<f32>,
+    out: &mut Tensor,
 ) -> Result<(), InferenceError> {
     // Quantized tiers: the vectorised activations of `ops::gated_mul_fast` (≤ 4e-7 relative
     // from the exact f64 SiLU, ≤ 1e-5 for tanh-GELU: far below the activation quantization
@@ -558,7 +610,6 @@ fn dense_ffn(
     }
     project(backend, &d.down, up, t, out)
 }
-
 /// Mixture of experts, per token: softmax router, top-k experts weighted by their probability
 /// (renormalised when `norm_topk_prob`; ties → lower expert index), plus the shared expert
 /// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`).
@@ -613,8 +664,7 @@ fn moe_ffn(
 }
 
 /// Store each sequence's new K/V rows of layer `l` in its cache and run its query rows
-/// against its cache, into `s.attn` `[R, q_dim]`. Several sequences run in parallel (each
-/// attention call parallelises over heads by itself only at long contexts).
+/// against its cache, into `s.attn` `[R, q_dim]` (one [`ComputeBackend::attend`] for the batch).
 fn attend(
     backend: &dyn ComputeBackend,
     seqs: &mut [BatchSeq<'_>],
@@ -622,98 +672,67 @@ fn attend(
     l: usize,
     g: &crate::LayerGeometry,
 ) -> Result<(), InferenceError> {
-    let (qd, kvd) = (g.q_dim(), g.kv_dim());
-    let Scratch {
-        q,
-        k,
-        v,
-        attn,
-        positions,
-        spans,
-        ..
-    } = s;
-    let attn = fit(attn, positions.len() * qd);
-    let one = |seq: &mut BatchSeq<'_>, span: &Span, out: &mut [f32]| {
-        let r = span.row0..span.row0 + span.rows;
-        let start = seq.cache.len();
-        let (k_all, v_all) = seq.cache.write(
-            l,
-            &k[r.start * kvd..r.end * kvd],
-            &v[r.start * kvd..r.end * kvd],
-        )?;
-        let input = infer_compute::AttentionInput {
-            q: &q[r.start * qd..r.end * qd],
-            k_cache: k_all,
-            v_cache: v_all,
-            positions: &positions[r],
-            t_kv: start + span.rows,
-        };
-        backend.attention(&input, &g.attention, out)?;
-        Ok::<(), InferenceError>(())
+    let mut slots: smallvec::SmallVec<[KvSlot<'_>; 4]> = seqs
+        .iter_mut()
+        .zip(&s.spans)
+        .map(|(seq, span)| {
+            let start = seq.cache.len();
+            let (k_cache, v_cache) = seq.cache.layer_mut(l);
+            KvSlot {
+                k_cache,
+                v_cache,
+                row0: span.row0,
+                rows: span.rows,
+                start,
+            }
+        })
+        .collect();
+    let mut a = Attend {
+        q: &s.q,
+        k: &s.k,
+        v: &s.v,
+        seqs: &mut slots,
     };
-    if let ([seq], [span]) = (&mut seqs[..], &spans[..]) {
-        return one(seq, span, attn);
-    }
-    let mut outs = Vec::with_capacity(spans.len());
-    let mut rest = &mut attn[..];
-    for span in spans.iter() {
-        let (head, tail) = rest.split_at_mut(span.rows * qd);
-        outs.push(head);
-        rest = tail;
-    }
-    use rayon::prelude::*;
-    seqs.par_iter_mut()
-        .zip(spans.par_iter())
-        .zip(outs.into_par_iter())
-        .try_for_each(|((seq, span), out)| one(seq, span, out))
+    backend.attend(&mut a, &g.attention, &mut s.attn)?;
+    Ok(())
 }
 
-fn add_bias(rows: &mut [f32], bias: &[f32]) {
-    for row in rows.chunks_exact_mut(bias.len()) {
-        row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
-    }
-}
-
-/// `x · Wᵀ + b` for `t` rows, into `out` (resized to `[t, out_features]`).
+/// `x · Wᵀ + b` for `t` rows, into `out` (fit to `[t, out_features]`).
 fn project(
     backend: &dyn ComputeBackend,
     w: &Linear<'_>,
-    x: &[f32],
+    x: &Tensor,
     t: usize,
-    out: &mut Vec<f32>,
+    out: &mut Tensor,
 ) -> Result<(), InferenceError> {
-    let out = fit(out, t * w.out_features);
-    backend.linear(&w.matrix(), x, t, out)?;
+    backend.project(&w.matrix(), x, t, out)?;
     if let Some(b) = &w.bias {
-        add_bias(out, b);
+        backend.add_bias(out, b)?;
     }
     Ok(())
 }
 
 /// `x · Wᵢᵀ + bᵢ` for `t` rows and `N` Linear layers with the same input, into `outs[i]`
-/// (resized to `[t, out_featuresᵢ]`): one [`ComputeBackend::linear_many`] call (on the CPU,
+/// (fit to `[t, out_featuresᵢ]`): one [`ComputeBackend::project_many`] call (on the CPU,
 /// activations quantized once and one parallel region when every weight is in a ggml block
 /// format).
 fn project_many<const N: usize>(
     backend: &dyn ComputeBackend,
     ws: [&Linear<'_>; N],
-    x: &[f32],
+    x: &Tensor,
     t: usize,
-    mut outs: [&mut Vec<f32>; N],
+    outs: [&mut Tensor; N],
 ) -> Result<(), InferenceError> {
     let mut i = 0;
-    let mut projs = outs.each_mut().map(|o| {
+    let mut projs = outs.map(|y| {
         let w = ws[i];
         i += 1;
-        Proj {
-            w: w.matrix(),
-            y: fit(o, t * w.out_features),
-        }
+        TensorProj { w: w.matrix(), y }
     });
-    backend.linear_many(x, t, &mut projs)?;
-    for (o, w) in outs.iter_mut().zip(ws) {
+    backend.project_many(x, t, &mut projs)?;
+    for (p, w) in projs.iter_mut().zip(ws) {
         if let Some(b) = &w.bias {
-            add_bias(o, b);
+            backend.add_bias(p.y, b)?;
         }
     }
     Ok(())
@@ -730,20 +749,18 @@ fn norm_kind(g: &crate::LayerGeometry) -> infer_compute::NormKind {
 }
 
 /// Normalise every row of `x` (row length = the norm's width) into `out`, or copy when there
-/// is no norm; `out` is resized to `x.len()`.
+/// is no norm; `out` is fit to `x.len()`.
 fn maybe_norm(
     backend: &dyn ComputeBackend,
     n: Option<&NormWeights<'_>>,
     g: &crate::LayerGeometry,
-    x: &[f32],
-    out: &mut Vec<f32>,
+    x: &Tensor,
+    out: &mut Tensor,
 ) -> Result<(), InferenceError> {
     match n {
-        Some(n) => backend.norm(&n.view(norm_kind(g), g.eps), x, fit(out, x.len()))?,
-        None => {
-            out.clear();
-            out.extend_from_slice(x);
-        }
+        Some(n) => backend.norm(&n.view(norm_kind(g), g.eps), x, out)?,
+        // The whole tensor as one row.
+        None => backend.copy_rows(x, x.len(), &[0], out)?,
     }
     Ok(())
 }

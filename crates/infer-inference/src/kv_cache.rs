@@ -1,13 +1,18 @@
-//! KV cache: per layer, K and V rows `[capacity, kv_dim]` f32, allocated once.
+//! KV cache: per layer, K and V rows `[capacity, kv_dim]` f32 in the memory of the backend
+//! that runs the forward pass (allocated on its first pass).
+
+use infer_compute::{ComputeBackend, Tensor};
 
 use crate::scratch::Scratch;
 use crate::InferenceError;
 
 /// Keys and values of every layer for positions `0..len()`, with a fixed capacity (the context
-/// size). Appending past capacity is an error, never a write past the end.
+/// size). Appending past capacity is an error, never a write past the end. The rows live in
+/// [`Tensor`]s of the backend of the first forward pass (host memory for the CPU, device
+/// memory for a GPU backend), allocated then.
 pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
     kv_dims: Vec<usize>,
     len: usize,
     capacity: usize,
@@ -17,15 +22,48 @@ pub struct KvCache {
 
 impl KvCache {
     /// A cache for `capacity` positions; `kv_dims[l]` = `num_kv_heads · head_dim` of layer `l`.
+    /// Allocates nothing until the first forward pass.
     pub fn new(kv_dims: &[usize], capacity: usize) -> Self {
         KvCache {
-            k: kv_dims.iter().map(|d| vec![0.0; d * capacity]).collect(),
-            v: kv_dims.iter().map(|d| vec![0.0; d * capacity]).collect(),
+            k: kv_dims.iter().map(|_| Tensor::default()).collect(),
+            v: kv_dims.iter().map(|_| Tensor::default()).collect(),
             kv_dims: kv_dims.to_vec(),
             len: 0,
             capacity,
             scratch: Scratch::default(),
         }
+    }
+
+    /// Allocate the rows in `backend`'s memory unless they are there already (the first
+    /// forward pass does it; call it to reserve the memory up front). Errors: the cache holds
+    /// positions in another backend's memory (a cache belongs to one backend), allocation
+    /// failure.
+    pub fn ensure(&mut self, backend: &dyn ComputeBackend) -> Result<(), InferenceError> {
+        for (t, &d) in self
+            .k
+            .iter_mut()
+            .chain(self.v.iter_mut())
+            .zip(self.kv_dims.iter().cycle())
+        {
+            let want = d * self.capacity;
+            if t.len() == want {
+                continue;
+            }
+            if self.len > 0 {
+                return Err(InferenceError::Compute(
+                    infer_compute::ComputeError::NotOnHost {
+                        op: "KV cache (filled by another backend)",
+                    },
+                ));
+            }
+            backend.fit(t, want)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `layer`'s K and V tensors, writable (for the attention step).
+    pub(crate) fn layer_mut(&mut self, layer: usize) -> (&mut Tensor, &mut Tensor) {
+        (&mut self.k[layer], &mut self.v[layer])
     }
 
     /// Positions stored so far (the position of the next token).
@@ -58,42 +96,51 @@ impl KvCache {
         Ok(())
     }
 
-    /// Write `k`, `v` (`[n, kv_dim]`) of layer `layer` at positions `len..len+n` (not yet
-    /// committed: call [`KvCache::advance`] after the last layer). Returns the layer's K and V
-    /// for positions `0..len+n`.
-    pub fn write(
+    /// K and V rows of `layer` for positions `start..end` (`[end − start, kv_dim]` each) of a
+    /// cache in host memory. Errors: `end` past the capacity or `start > end`
+    /// ([`InferenceError::ContextFull`]), a cache in device memory or not yet allocated
+    /// ([`infer_compute::ComputeError::NotOnHost`]).
+    pub fn host_rows(
+        &self,
+        layer: usize,
+        start: usize,
+        end: usize,
+    ) -> Result<(&[f32], &[f32]), InferenceError> {
+        let r = self.range(layer, start, end)?;
+        let k = infer_compute::host("KV cache rows", &self.k[layer])?;
+        let v = infer_compute::host("KV cache rows", &self.v[layer])?;
+        Ok((&k[r.clone()], &v[r]))
+    }
+
+    /// [`KvCache::host_rows`], writable (to copy rows in from a device decoder's cache).
+    pub fn host_rows_mut(
         &mut self,
         layer: usize,
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<(&[f32], &[f32]), InferenceError> {
-        let d = self.kv_dims[layer];
-        let n = k.len() / d;
-        self.check_room(n)?;
-        let start = self.len * d;
-        let end = start + k.len();
-        self.k[layer][start..end].copy_from_slice(k);
-        self.v[layer][start..end].copy_from_slice(v);
-        Ok((&self.k[layer][..end], &self.v[layer][..end]))
+        start: usize,
+        end: usize,
+    ) -> Result<(&mut [f32], &mut [f32]), InferenceError> {
+        let r = self.range(layer, start, end)?;
+        let k = infer_compute::host_mut("KV cache rows", &mut self.k[layer])?;
+        let v = infer_compute::host_mut("KV cache rows", &mut self.v[layer])?;
+        Ok((&mut k[r.clone()], &mut v[r]))
     }
 
-    /// K and V rows of `layer` for positions `start..end` (`[end − start, kv_dim]` each).
-    /// Panics if `start > end` or `end` exceeds the capacity.
-    pub fn rows(&self, layer: usize, start: usize, end: usize) -> (&[f32], &[f32]) {
+    fn range(
+        &self,
+        layer: usize,
+        start: usize,
+        end: usize,
+    ) -> Result<std::ops::Range<usize>, InferenceError> {
+        if start > end || end > self.capacity || self.k[layer].len() < end * self.kv_dims[layer] {
+            return Err(InferenceError::ContextFull {
+                needed: end,
+                capacity: self
+                    .capacity
+                    .min(self.k[layer].len() / self.kv_dims[layer].max(1)),
+            });
+        }
         let d = self.kv_dims[layer];
-        (
-            &self.k[layer][start * d..end * d],
-            &self.v[layer][start * d..end * d],
-        )
-    }
-
-    /// [`KvCache::rows`], writable (to copy rows in from a device cache).
-    pub fn rows_mut(&mut self, layer: usize, start: usize, end: usize) -> (&mut [f32], &mut [f32]) {
-        let d = self.kv_dims[layer];
-        (
-            &mut self.k[layer][start * d..end * d],
-            &mut self.v[layer][start * d..end * d],
-        )
+        Ok(start * d..end * d)
     }
 
     /// Commit `n` positions written to every layer.

@@ -120,6 +120,15 @@ impl FloatRows<'_> {
         }
     }
 
+    /// These values as a `[rows, cols]` weight matrix (zero-copy; the tied lm_head).
+    pub fn matrix(&self, rows: usize, cols: usize) -> infer_compute::Matrix<'_> {
+        let data = match self {
+            FloatRows::F32(v) => infer_compute::MatData::F32(v),
+            FloatRows::F16(v) => infer_compute::MatData::F16(v),
+        };
+        infer_compute::Matrix { data, rows, cols }
+    }
+
     /// `C[m×n] = A[m×k] · selfᵀ`, self `[n, k]` (a Linear weight or feature-major key table).
     /// Errors: the backend's (device failures).
     pub fn matmul_transb(

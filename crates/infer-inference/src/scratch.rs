@@ -1,45 +1,61 @@
 //! Reusable buffers of the forward pass, so that a decode step allocates nothing of its own once
 //! the buffers have grown to the largest batch seen (issue 6: "no allocation per token").
 
-/// Activation buffers of one forward pass (all f32, row-major `[T, width]`), kept in the
-/// [`crate::KvCache`] between calls. Each is resized to the current batch with [`fit`], which
-/// only allocates when a batch is larger than any before it.
+use infer_compute::Tensor;
+
+/// Activation buffers of one forward pass (all f32, row-major `[T, width]`, [`Tensor`]s in
+/// the backend's memory), kept in the [`crate::KvCache`] or [`crate::BatchBuffers`] between
+/// calls. Each is resized to the current batch by the operation that writes it
+/// ([`infer_compute::ComputeBackend::fit`]), which only allocates when a batch is larger than
+/// any before it.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     /// Token id of each row of the batch `[R]` (every sequence's tokens, in batch order).
     pub(crate) tokens: Vec<u32>,
     /// Absolute position of each row `[R]`.
     pub(crate) positions: Vec<usize>,
+    /// Rows whose logits are asked for; position ids of learned position embeddings.
+    pub(crate) picked: Vec<usize>,
+    pub(crate) ids: Vec<u32>,
     /// Where each sequence's rows are.
     pub(crate) spans: Vec<crate::forward::Span>,
     /// Residual stream `[T, hidden]`.
-    pub(crate) x: Vec<f32>,
+    pub(crate) x: Tensor,
     /// Pre-attention norm output `[T, hidden]`.
-    pub(crate) normed: Vec<f32>,
+    pub(crate) normed: Tensor,
     /// q `[T, q_dim]`, k and v `[T, kv_dim]`.
-    pub(crate) q: Vec<f32>,
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
+    pub(crate) q: Tensor,
+    pub(crate) k: Tensor,
+    pub(crate) v: Tensor,
     /// Attention output before (`attn`, `[T, q_dim]`) and after (`attn_out`, `[T, hidden]`) the
     /// output projection.
-    pub(crate) attn: Vec<f32>,
-    pub(crate) attn_out: Vec<f32>,
+    pub(crate) attn: Tensor,
+    pub(crate) attn_out: Tensor,
     /// FFN input and output `[T, hidden]`.
-    pub(crate) ffn_in: Vec<f32>,
-    pub(crate) ffn_out: Vec<f32>,
+    pub(crate) ffn_in: Tensor,
+    pub(crate) ffn_out: Tensor,
+    /// The rows whose logits are asked for, gathered `[L, hidden]`, and their logits
+    /// `[L, vocab]`.
+    pub(crate) last: Tensor,
+    pub(crate) logits: Tensor,
     /// The FFN's own buffers.
     pub(crate) ffn: FfnScratch,
     /// Post-norm target, swapped with the buffer it normalises `[T, hidden]`.
-    pub(crate) tmp: Vec<f32>,
+    pub(crate) tmp: Tensor,
 }
 
-/// Buffers inside an FFN: gate/up `[T, intermediate]`, and the sparse walk FFN's feature
-/// indices per token `[T, intermediate]` (`--walk-k`).
+/// Buffers inside an FFN: gate/up `[T, intermediate]` of the dense FFN (tensors), and the
+/// walk FFN's host buffers (gate/up scores and the sparse walk's feature indices per token
+/// `[T, intermediate]`, `--walk-k`).
 #[derive(Debug, Default)]
 pub(crate) struct FfnScratch {
-    pub(crate) gate: Vec<f32>,
-    pub(crate) up: Vec<f32>,
-    pub(crate) walk_idx: Vec<u32>,
+    pub(crate) gate: Tensor,
+    pub(crate) up: Tensor,
+    pub(crate) walk: crate::walk::WalkBuffers,
+    /// Host copies of the input and output of the FFNs that run on the host (walk FFN, MoE)
+    /// when the backend keeps activations on a device.
+    pub(crate) host_in: Vec<f32>,
+    pub(crate) host_out: Vec<f32>,
 }
 
 /// Resize `buf` to `n` zeros and return it; allocates only when `n` exceeds its capacity.

@@ -43,7 +43,10 @@ impl TokenDecoder for MirrorDecoder<'_, '_> {
         v: &[f32],
     ) -> Result<(), ComputeError> {
         let n = k.len() / self.model.kv_dims()[layer];
-        let (kc, vc) = self.cache.rows_mut(layer, start, start + n);
+        let (kc, vc) = self
+            .cache
+            .host_rows_mut(layer, start, start + n)
+            .expect("mirror rows");
         kc.copy_from_slice(k);
         vc.copy_from_slice(v);
         Ok(())
@@ -57,7 +60,10 @@ impl TokenDecoder for MirrorDecoder<'_, '_> {
         v: &mut [f32],
     ) -> Result<(), ComputeError> {
         let n = k.len() / self.model.kv_dims()[layer];
-        let (kc, vc) = self.cache.rows(layer, start, start + n);
+        let (kc, vc) = self
+            .cache
+            .host_rows(layer, start, start + n)
+            .expect("mirror rows");
         k.copy_from_slice(kc);
         v.copy_from_slice(vc);
         Ok(())
@@ -138,8 +144,11 @@ impl ComputeBackend for MirrorBackend<'_, '_> {
         plan: &DecodePlan<'_>,
     ) -> Result<Option<Box<dyn TokenDecoder + 's>>, ComputeError> {
         let mut cache = self.model.new_cache(plan.context);
+        cache.ensure(&self.cpu).expect("allocate the mirror cache");
         for l in 0..cache.layers() {
-            let (k, v) = cache.rows_mut(l, 0, plan.context);
+            let (k, v) = cache
+                .host_rows_mut(l, 0, plan.context)
+                .expect("mirror rows");
             k.fill(f32::NAN);
             v.fill(f32::NAN);
         }

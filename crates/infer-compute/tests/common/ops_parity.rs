@@ -1,15 +1,18 @@
-//! Per-operation parity of a [`ComputeBackend`]'s whole operations (norms, RoPE, attention,
-//! activations, residual, embedding lookup, argmax) with scalar references written here (plain
+//! Per-operation parity of a [`ComputeBackend`]'s tensor operations (products, norms, RoPE,
+//! batched attention with its KV store, activations, residual, bias, row gather, logit
+//! post-processing, embedding lookup, argmax) with scalar references written here (plain
 //! loops in f64, independent of the crate's own kernels), on random shapes: odd widths, GQA
-//! ratios 1/2/4/8 and MQA, sliding windows at and around the window edge, soft-caps, rows of
-//! several sequences at scattered positions. Like ggml's `test-backend-ops`: one checker, run
-//! for every backend (the CPU backend in CI, the CUDA backend by `scripts/gpu-check.sh`).
+//! ratios 1/2/4/8 and MQA, sliding windows at and around the window edge, soft-caps, batches
+//! of several sequences at different cache positions. Inputs are uploaded into the backend's
+//! own tensors ([`ComputeBackend::upload`]), so a device backend is checked on the device.
+//! Like ggml's `test-backend-ops`: one checker, run for every backend (the CPU backend in CI,
+//! the CUDA backend by `scripts/gpu-check.sh`).
 
 use half::f16;
 use infer_compute::ops::Activation;
 use infer_compute::{
-    AttentionInput, AttentionParams, ComputeBackend, FloatTable, Norm, NormKind, RopeConfig,
-    RopeScaling,
+    Attend, AttentionParams, ComputeBackend, FloatTable, KvSlot, MatData, Matrix, Norm, NormKind,
+    RopeConfig, RopeScaling, Tensor, TensorProj,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -19,6 +22,20 @@ const TOL: f64 = 2e-5;
 
 fn randv(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-2.0..2.0)).collect()
+}
+
+/// `v` in a tensor of `b`.
+fn up(b: &dyn ComputeBackend, v: &[f32]) -> Tensor {
+    let mut t = Tensor::default();
+    b.upload(v, &mut t).expect("upload");
+    t
+}
+
+/// The values of a tensor of `b`.
+fn down(b: &dyn ComputeBackend, t: &Tensor) -> Vec<f32> {
+    let mut v = vec![f32::NAN; t.len()];
+    b.download(t, &mut v).expect("download");
+    v
 }
 
 fn close(what: &str, got: &[f32], want: &[f64]) {
@@ -76,14 +93,19 @@ fn check_norms(b: &dyn ComputeBackend, rng: &mut StdRng) {
                 eps: 1e-6,
             };
             let want = ref_norm(&x, &w, bias, kind, 1e-6);
-            let mut out = vec![f32::NAN; x.len()];
-            b.norm(&n, &x, &mut out).expect("norm");
-            close(&format!("norm {kind:?} [{rows}x{d}]"), &out, &want);
-            let mut inplace = x.clone();
+            let xt = up(b, &x);
+            let mut out = up(b, &[f32::NAN]);
+            b.norm(&n, &xt, &mut out).expect("norm");
+            close(
+                &format!("norm {kind:?} [{rows}x{d}]"),
+                &down(b, &out),
+                &want,
+            );
+            let mut inplace = up(b, &x);
             b.norm_inplace(&n, &mut inplace).expect("norm_inplace");
             close(
                 &format!("norm_inplace {kind:?} [{rows}x{d}]"),
-                &inplace,
+                &down(b, &inplace),
                 &want,
             );
         }
@@ -93,10 +115,11 @@ fn check_norms(b: &dyn ComputeBackend, rng: &mut StdRng) {
             bias: None,
             eps: 1e-6,
         };
-        let mut short = vec![0.0; x.len() + 1];
+        let short = up(b, &x[1..]);
+        let mut out = Tensor::default();
         assert!(
-            b.norm(&n, &x, &mut short).is_err(),
-            "norm: a wrong output length is an error"
+            d == 1 || b.norm(&n, &short, &mut out).is_err(),
+            "norm: an input of partial rows is an error"
         );
     }
 }
@@ -137,8 +160,9 @@ fn check_rope(b: &dyn ComputeBackend, rng: &mut StdRng) {
                 }
             }
         }
-        let mut got = x.clone();
-        b.rope(&mut got, heads, &positions, &cfg).expect("rope");
+        let mut gt = up(b, &x);
+        b.rope(&mut gt, heads, &positions, &cfg).expect("rope");
+        let got = down(b, &gt);
         let what = format!("rope heads {heads} head_dim {head_dim} rotary {rotary_dim}");
         // sin/cos of large angles in f32 tables: absolute error grows with the position.
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
@@ -147,32 +171,36 @@ fn check_rope(b: &dyn ComputeBackend, rng: &mut StdRng) {
                 "{what}: element {i}: got {g}, want {w}"
             );
         }
+        let mut short = up(b, &x[1..]);
         assert!(
-            b.rope(&mut got[1..], heads, &positions, &cfg).is_err(),
+            b.rope(&mut short, heads, &positions, &cfg).is_err(),
             "{what}: a wrong length is an error"
         );
     }
 }
 
-/// Scalar causal attention (HF eager): per row and head, softmax over visible keys.
-fn ref_attention(a: &AttentionInput<'_>, p: &AttentionParams) -> Vec<f64> {
+/// Scalar causal attention (HF eager) of one sequence: query rows `q` at positions
+/// `start..`, keys/values `k`, `v` for positions `0..start + rows`; per row and head, softmax
+/// over the visible keys.
+fn ref_attention(q: &[f32], k: &[f32], v: &[f32], start: usize, p: &AttentionParams) -> Vec<f64> {
     let (hd, nq, nkv) = (p.head_dim, p.n_q_heads, p.n_kv_heads);
     let group = nq / nkv;
-    let mut out = vec![0.0; a.q.len()];
-    for (r, &pos) in a.positions.iter().enumerate() {
+    let mut out = vec![0.0; q.len()];
+    for r in 0..q.len() / (nq * hd) {
+        let pos = start + r;
         for h in 0..nq {
             let g = h / group;
-            let q = &a.q[(r * nq + h) * hd..(r * nq + h + 1) * hd];
+            let qh = &q[(r * nq + h) * hd..(r * nq + h + 1) * hd];
             let visible: Vec<usize> = (0..=pos)
                 .filter(|&j| p.sliding_window.is_none_or(|w| pos - j < w))
                 .collect();
             let scores: Vec<f64> = visible
                 .iter()
                 .map(|&j| {
-                    let k = &a.k_cache[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
+                    let kj = &k[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
                     let s = p.scale as f64
-                        * q.iter()
-                            .zip(k)
+                        * qh.iter()
+                            .zip(kj)
                             .map(|(&x, &y)| x as f64 * y as f64)
                             .sum::<f64>();
                     match p.softcap {
@@ -186,8 +214,8 @@ fn ref_attention(a: &AttentionInput<'_>, p: &AttentionParams) -> Vec<f64> {
             let z: f64 = e.iter().sum();
             let o = &mut out[(r * nq + h) * hd..(r * nq + h + 1) * hd];
             for (&j, w) in visible.iter().zip(&e) {
-                let v = &a.v_cache[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
-                for (oi, &vi) in o.iter_mut().zip(v) {
+                let vj = &v[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
+                for (oi, &vi) in o.iter_mut().zip(vj) {
                     *oi += w / z * vi as f64;
                 }
             }
@@ -196,29 +224,36 @@ fn ref_attention(a: &AttentionInput<'_>, p: &AttentionParams) -> Vec<f64> {
     out
 }
 
-/// (q heads, kv heads, head_dim, window, soft-cap, t_kv, query positions).
+/// (q heads, kv heads, head_dim, window, soft-cap, the batch's sequences as (cached
+/// positions before the step, new rows)).
 type AttnCase = (
     usize,
     usize,
     usize,
     Option<usize>,
     Option<f32>,
-    usize,
-    Vec<usize>,
+    Vec<(usize, usize)>,
 );
 
 fn check_attention(b: &dyn ComputeBackend, rng: &mut StdRng) {
-    // (q heads, kv heads, head_dim, window, soft-cap, t_kv, query positions)
     let cases: &[AttnCase] = &[
-        (1, 1, 8, None, None, 1, vec![0]),
-        (4, 4, 16, None, None, 9, vec![8]),
-        (8, 2, 64, None, None, 40, (30..40).collect()),
-        (6, 1, 32, Some(4), None, 12, (0..12).collect()),
-        (4, 2, 44, Some(5), Some(50.0), 33, vec![4, 5, 6, 32]),
-        (8, 1, 128, Some(1), None, 7, vec![6]),
-        (16, 2, 64, None, Some(20.0), 300, vec![299]),
+        (1, 1, 8, None, None, vec![(0, 1)]),
+        (4, 4, 16, None, None, vec![(8, 1)]),
+        (8, 2, 64, None, None, vec![(30, 10)]),
+        (6, 1, 32, Some(4), None, vec![(0, 12)]),
+        (4, 2, 44, Some(5), Some(50.0), vec![(4, 3), (32, 1), (0, 5)]),
+        (8, 1, 128, Some(1), None, vec![(6, 1), (2, 2)]),
+        (
+            16,
+            2,
+            64,
+            None,
+            Some(20.0),
+            vec![(299, 1), (0, 17), (40, 1)],
+        ),
+        (8, 8, 64, None, None, vec![(100, 1); 5]),
     ];
-    for (nq, nkv, hd, window, softcap, t_kv, positions) in cases {
+    for (nq, nkv, hd, window, softcap, seqs) in cases {
         let p = AttentionParams {
             n_q_heads: *nq,
             n_kv_heads: *nkv,
@@ -227,32 +262,215 @@ fn check_attention(b: &dyn ComputeBackend, rng: &mut StdRng) {
             sliding_window: *window,
             softcap: *softcap,
         };
-        let q = randv(rng, positions.len() * nq * hd);
-        let k = randv(rng, t_kv * nkv * hd);
-        let v = randv(rng, t_kv * nkv * hd);
-        let a = AttentionInput {
-            q: &q,
-            k_cache: &k,
-            v_cache: &v,
-            positions,
-            t_kv: *t_kv,
+        let (qd, kvd) = (nq * hd, nkv * hd);
+        let rows: usize = seqs.iter().map(|s| s.1).sum();
+        let q = randv(rng, rows * qd);
+        let k = randv(rng, rows * kvd);
+        let v = randv(rng, rows * kvd);
+        // Each sequence's cache: random rows before `start`, room for 3 more after its rows.
+        let caps: Vec<usize> = seqs.iter().map(|&(st, n)| st + n + 3).collect();
+        let prior: Vec<(Vec<f32>, Vec<f32>)> = caps
+            .iter()
+            .map(|&c| (randv(rng, c * kvd), randv(rng, c * kvd)))
+            .collect();
+        let mut want = Vec::with_capacity(q.len());
+        let mut row0 = 0;
+        for (&(start, n), (pk, pv)) in seqs.iter().zip(&prior) {
+            let (mut kc, mut vc) = (pk[..start * kvd].to_vec(), pv[..start * kvd].to_vec());
+            kc.extend_from_slice(&k[row0 * kvd..(row0 + n) * kvd]);
+            vc.extend_from_slice(&v[row0 * kvd..(row0 + n) * kvd]);
+            want.extend(ref_attention(
+                &q[row0 * qd..(row0 + n) * qd],
+                &kc,
+                &vc,
+                start,
+                &p,
+            ));
+            row0 += n;
+        }
+        let mut caches: Vec<(Tensor, Tensor)> = prior
+            .iter()
+            .map(|(pk, pv)| (up(b, pk), up(b, pv)))
+            .collect();
+        let (qt, kt, vt) = (up(b, &q), up(b, &k), up(b, &v));
+        let mut out = Tensor::default();
+        let mut row0 = 0;
+        let mut slots: Vec<KvSlot<'_>> = caches
+            .iter_mut()
+            .zip(seqs)
+            .map(|((kc, vc), &(start, n))| {
+                row0 += n;
+                KvSlot {
+                    k_cache: kc,
+                    v_cache: vc,
+                    row0: row0 - n,
+                    rows: n,
+                    start,
+                }
+            })
+            .collect();
+        let mut a = Attend {
+            q: &qt,
+            k: &kt,
+            v: &vt,
+            seqs: &mut slots,
         };
-        let want = ref_attention(&a, &p);
-        let mut out = vec![f32::NAN; q.len()];
-        b.attention(&a, &p, &mut out).expect("attention");
-        close(
-            &format!("attention {nq}q/{nkv}kv×{hd} window {window:?} cap {softcap:?} t_kv {t_kv}"),
-            &out,
-            &want,
-        );
-        let late = AttentionInput {
-            positions: &[*t_kv],
-            q: &q[..nq * hd],
-            ..a
+        b.attend(&mut a, &p, &mut out).expect("attention");
+        let what =
+            format!("attention {nq}q/{nkv}kv×{hd} window {window:?} cap {softcap:?} seqs {seqs:?}");
+        close(&what, &down(b, &out), &want);
+        // The new rows are in each cache at their positions; the rows before are untouched.
+        let mut row0 = 0;
+        for ((kc, vc), (&(start, n), (pk, _))) in caches.iter().zip(seqs.iter().zip(&prior)) {
+            let (kh, vh) = (down(b, kc), down(b, vc));
+            assert_eq!(
+                &kh[..start * kvd],
+                &pk[..start * kvd],
+                "{what}: cached keys kept"
+            );
+            assert_eq!(
+                &kh[start * kvd..(start + n) * kvd],
+                &k[row0 * kvd..(row0 + n) * kvd],
+                "{what}: new keys stored"
+            );
+            assert_eq!(
+                &vh[start * kvd..(start + n) * kvd],
+                &v[row0 * kvd..(row0 + n) * kvd],
+                "{what}: new values stored"
+            );
+            row0 += n;
+        }
+        // A cache without room for the new rows is an error.
+        let (mut kc, mut vc) = (up(b, &k[..kvd]), up(b, &v[..kvd]));
+        let mut slot = [KvSlot {
+            k_cache: &mut kc,
+            v_cache: &mut vc,
+            row0: 0,
+            rows: 1,
+            start: 1,
+        }];
+        let (q1, k1, v1) = (up(b, &q[..qd]), up(b, &k[..kvd]), up(b, &v[..kvd]));
+        let mut a = Attend {
+            q: &q1,
+            k: &k1,
+            v: &v1,
+            seqs: &mut slot,
         };
         assert!(
-            b.attention(&late, &p, &mut out[..nq * hd]).is_err(),
-            "attention: a query position past t_kv is an error"
+            b.attend(&mut a, &p, &mut out).is_err(),
+            "{what}: a cache without room is an error"
+        );
+    }
+}
+
+fn check_products(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    for &(m, rows, cols) in &[(1, 5, 32), (3, 17, 64), (9, 64, 256), (33, 40, 512)] {
+        let w = randv(rng, rows * cols);
+        let x = randv(rng, m * cols);
+        let want: Vec<f64> = (0..m)
+            .flat_map(|i| {
+                let (w, x) = (&w, &x);
+                (0..rows).map(move |r| {
+                    (0..cols)
+                        .map(|c| x[i * cols + c] as f64 * w[r * cols + c] as f64)
+                        .sum::<f64>()
+                })
+            })
+            .collect();
+        let mat = Matrix {
+            data: MatData::F32(&w),
+            rows,
+            cols,
+        };
+        let xt = up(b, &x);
+        let mut y = Tensor::default();
+        b.project(&mat, &xt, m, &mut y).expect("project");
+        let scale = want.iter().fold(1.0f64, |a, v| a.max(v.abs()));
+        let got = down(b, &y);
+        for (i, (&g, &wv)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g as f64 - wv).abs() <= 1e-5 * scale,
+                "project f32 [{m}x{cols}]·[{rows}x{cols}]ᵀ: element {i}: got {g}, want {wv}"
+            );
+        }
+        // Quantized: the tensor products equal the host-slice products.
+        for format in [
+            infer_compute::QuantFormat::Q4_K,
+            infer_compute::QuantFormat::Q8_0,
+        ] {
+            if !cols.is_multiple_of(format.block_elems()) {
+                continue;
+            }
+            let bytes = infer_quant::quantize(format, &w, cols, None).expect("quantize");
+            let mat = Matrix {
+                data: MatData::Blocks {
+                    format,
+                    bytes: &bytes,
+                },
+                rows,
+                cols,
+            };
+            let mut host = vec![0.0; m * rows];
+            b.linear(&mat, &x, m, &mut host).expect("linear");
+            let (mut y1, mut y2) = (Tensor::default(), Tensor::default());
+            let mut projs = [
+                TensorProj { w: mat, y: &mut y1 },
+                TensorProj { w: mat, y: &mut y2 },
+            ];
+            b.project_many(&xt, m, &mut projs).expect("project_many");
+            for (name, t) in [("project_many 0", &y1), ("project_many 1", &y2)] {
+                let got = down(b, t);
+                let scale = host.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                for (i, (&g, &h)) in got.iter().zip(&host).enumerate() {
+                    assert!(
+                        (g - h).abs() <= 1e-5 * scale,
+                        "{name} {format:?} [{m}x{cols}]: element {i}: got {g}, host {h}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn check_rows_bias_softcap(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    let (r, w) = (7, 11);
+    let x = randv(rng, r * w);
+    let xt = up(b, &x);
+    let mut g = Tensor::default();
+    b.copy_rows(&xt, w, &[6, 0, 3, 3], &mut g)
+        .expect("copy_rows");
+    let want: Vec<f64> = [6usize, 0, 3, 3]
+        .iter()
+        .flat_map(|&i| x[i * w..(i + 1) * w].iter().map(|&v| v as f64))
+        .collect();
+    close("copy_rows", &down(b, &g), &want);
+    assert!(
+        b.copy_rows(&xt, w, &[7], &mut g).is_err(),
+        "copy_rows: a row past the end is an error"
+    );
+    let bias = randv(rng, w);
+    let mut yt = up(b, &x);
+    b.add_bias(&mut yt, &bias).expect("add_bias");
+    let want: Vec<f64> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v as f64 + bias[i % w] as f64)
+        .collect();
+    close("add_bias", &down(b, &yt), &want);
+    for (div, cap) in [(1.0, Some(3.0f32)), (2.5, None), (4.0, Some(30.0))] {
+        let mut lt = up(b, &x);
+        b.scale_softcap(&mut lt, div, cap).expect("scale_softcap");
+        let want: Vec<f64> = x
+            .iter()
+            .map(|&v| {
+                let z = v as f64 / div as f64;
+                cap.map_or(z, |c| c as f64 * (z / c as f64).tanh())
+            })
+            .collect();
+        close(
+            &format!("scale_softcap {div} {cap:?}"),
+            &down(b, &lt),
+            &want,
         );
     }
 }
@@ -267,23 +485,25 @@ fn check_elementwise(b: &dyn ComputeBackend, rng: &mut StdRng) {
                 .zip(&up)
                 .map(|(&g, &u)| act_ref(act, g as f64) * u as f64)
                 .collect();
-            let mut got = up.clone();
-            b.gated_activation(act, &gate, &mut got).expect("gated");
-            close(&format!("gated {act:?} n {n}"), &got, &want);
+            let mut got = self::up(b, &up);
+            b.gated_activation(act, &self::up(b, &gate), &mut got)
+                .expect("gated");
+            close(&format!("gated {act:?} n {n}"), &down(b, &got), &want);
             let want: Vec<f64> = gate.iter().map(|&g| act_ref(act, g as f64)).collect();
-            let mut got = gate.clone();
+            let mut got = self::up(b, &gate);
             b.activation(act, &mut got).expect("activation");
-            close(&format!("activation {act:?} n {n}"), &got, &want);
+            close(&format!("activation {act:?} n {n}"), &down(b, &got), &want);
         }
-        let mut x = up.clone();
-        b.add_scaled(&mut x, &gate, 0.5).expect("add_scaled");
+        let mut x = self::up(b, &up);
+        b.add_scaled(&mut x, &self::up(b, &gate), 0.5)
+            .expect("add_scaled");
         let want: Vec<f64> = up
             .iter()
             .zip(&gate)
             .map(|(&a, &c)| a as f64 + 0.5 * c as f64)
             .collect();
-        close(&format!("add_scaled n {n}"), &x, &want);
-        assert!(b.add_scaled(&mut x, &gate[1..], 1.0).is_err() || n == 1);
+        close(&format!("add_scaled n {n}"), &down(b, &x), &want);
+        assert!(b.add_scaled(&mut x, &self::up(b, &gate[1..]), 1.0).is_err() || n == 1);
     }
 }
 
@@ -307,8 +527,8 @@ fn check_embed_argmax(b: &dyn ComputeBackend, rng: &mut StdRng) {
         (FloatTable::F32(&table), "f32"),
         (FloatTable::F16(&half), "f16"),
     ] {
-        let mut out = vec![f32::NAN; ids.len() * h];
-        b.embed(t, &ids, 2.5, &mut out).expect("embed");
+        let mut out = Tensor::default();
+        b.embed(t, h, &ids, 2.5, &mut out).expect("embed");
         let want: Vec<f64> = ids
             .iter()
             .flat_map(|&i| (0..h).map(move |c| i as usize * h + c))
@@ -317,9 +537,9 @@ fn check_embed_argmax(b: &dyn ComputeBackend, rng: &mut StdRng) {
                 FloatTable::F16(v) => v[k].to_f64() * 2.5,
             })
             .collect();
-        close(&format!("embed {name}"), &out, &want);
+        close(&format!("embed {name}"), &down(b, &out), &want);
         assert!(
-            b.embed(t, &[rows as u32], 1.0, &mut out[..h]).is_err(),
+            b.embed(t, h, &[rows as u32], 1.0, &mut out).is_err(),
             "embed: an id past the table is an error"
         );
     }
@@ -349,6 +569,8 @@ pub fn check_backend_ops(b: &dyn ComputeBackend) {
     check_norms(b, &mut rng);
     check_rope(b, &mut rng);
     check_attention(b, &mut rng);
+    check_products(b, &mut rng);
+    check_rows_bias_softcap(b, &mut rng);
     check_elementwise(b, &mut rng);
     check_embed_argmax(b, &mut rng);
 }
