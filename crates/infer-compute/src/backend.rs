@@ -202,6 +202,24 @@ pub trait ComputeBackend: Send + Sync {
         Ok(())
     }
 
+    /// Copy `dst.len()` values of `src` from value `offset` on into `dst`. Errors: the range
+    /// past the tensor's end, a tensor this backend does not own, copy failure.
+    fn read_at(&self, src: &Tensor, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError> {
+        let s = host("read_at", src)?;
+        let r = crate::host_ops::range("read_at", s.len(), offset, dst.len())?;
+        dst.copy_from_slice(&s[r]);
+        Ok(())
+    }
+
+    /// Copy `src` into `dst` from value `offset` on (the rest of `dst` unchanged). Errors as
+    /// [`read_at`](Self::read_at).
+    fn write_at(&self, src: &[f32], dst: &mut Tensor, offset: usize) -> Result<(), ComputeError> {
+        let d = host_mut("write_at", dst)?;
+        let r = crate::host_ops::range("write_at", d.len(), offset, src.len())?;
+        d[r].copy_from_slice(src);
+        Ok(())
+    }
+
     /// Gather rows: row `i` of `dst` (fit to `rows.len() · width`) is row `rows[i]` of `src`
     /// (`[R, width]`). Errors: `src` not whole rows, a row index not below `R`; device
     /// failures.

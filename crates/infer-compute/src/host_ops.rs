@@ -209,6 +209,24 @@ pub(crate) fn argmax(logits: &[f32]) -> Result<Argmax, ComputeError> {
     })
 }
 
+/// `offset..offset + n` when it lies within `len` values, else a shape error naming `what`.
+pub(crate) fn range(
+    what: &'static str,
+    len: usize,
+    offset: usize,
+    n: usize,
+) -> Result<std::ops::Range<usize>, ComputeError> {
+    match offset.checked_add(n) {
+        Some(end) if end <= len => Ok(offset..end),
+        _ => Err(ComputeError::ShapeMismatch {
+            what,
+            expected: len,
+            got: offset.saturating_add(n),
+            unit: "values (end of the range, at most)",
+        }),
+    }
+}
+
 pub(crate) fn copy_rows(
     src: &[f32],
     width: usize,

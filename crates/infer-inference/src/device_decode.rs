@@ -135,24 +135,34 @@ struct DeviceCache<'b> {
 
 impl DeviceCache<'_> {
     /// Copy the device cache's rows `host_valid..len` to the host cache.
-    fn download_rows(&mut self, cache: &mut KvCache) -> Result<(), InferenceError> {
+    fn download_rows(
+        &mut self,
+        backend: &dyn ComputeBackend,
+        cache: &mut KvCache,
+    ) -> Result<(), InferenceError> {
         let len = cache.len();
         self.host_valid = self.host_valid.min(len);
         if self.host_valid == len {
             return Ok(());
         }
-        // A decode that started on the device leaves the host cache unallocated.
-        cache.ensure(&infer_compute::CpuBackend::new())?;
+        // A decode that started on the device leaves the host-loop cache unallocated.
+        cache.ensure(backend)?;
         for l in 0..cache.layers() {
-            let (k, v) = cache.host_rows_mut(l, self.host_valid, len)?;
-            self.decoder.read_kv(l, self.host_valid, k, v)?;
+            let n = (len - self.host_valid) * cache.kv_dim(l);
+            let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
+            self.decoder.read_kv(l, self.host_valid, &mut k, &mut v)?;
+            cache.write_rows(backend, l, self.host_valid, &k, &v)?;
         }
         self.host_valid = len;
         Ok(())
     }
 
     /// Copy the host cache's rows `device_valid..len` to the device.
-    fn upload_rows(&mut self, cache: &KvCache) -> Result<(), InferenceError> {
+    fn upload_rows(
+        &mut self,
+        backend: &dyn ComputeBackend,
+        cache: &KvCache,
+    ) -> Result<(), InferenceError> {
         let len = cache.len();
         self.device_valid = self.device_valid.min(len);
         if self.device_valid == len {
@@ -160,8 +170,10 @@ impl DeviceCache<'_> {
             return Ok(());
         }
         for l in 0..cache.layers() {
-            let (k, v) = cache.host_rows(l, self.device_valid, len)?;
-            self.decoder.write_kv(l, self.device_valid, k, v)?;
+            let n = (len - self.device_valid) * cache.kv_dim(l);
+            let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
+            cache.read_rows(backend, l, self.device_valid, &mut k, &mut v)?;
+            self.decoder.write_kv(l, self.device_valid, &k, &v)?;
         }
         self.device_valid = len;
         Ok(())
@@ -174,6 +186,7 @@ impl DeviceCache<'_> {
 fn device_step(
     dev: &mut DeviceCache<'_>,
     model: &Model<'_>,
+    backend: &dyn ComputeBackend,
     token: u32,
     cache: &mut KvCache,
     run: impl FnOnce(&mut dyn TokenDecoder, usize) -> Result<bool, infer_compute::ComputeError>,
@@ -185,7 +198,7 @@ fn device_step(
         });
     }
     cache.check_room(1)?;
-    dev.upload_rows(cache)?;
+    dev.upload_rows(backend, cache)?;
     let len = cache.len();
     if !run(&mut *dev.decoder, len)? {
         return Ok(false);
@@ -263,14 +276,14 @@ impl<'m, 'a> TokenRunner<'m, 'a> {
         dev.device_valid = dev.device_valid.min(len);
         if tokens.len() != 1 {
             // Host pass: copy the rows only the device has into the host cache first.
-            dev.download_rows(cache)?;
+            dev.download_rows(self.backend, cache)?;
             self.model
                 .forward_into(self.backend, tokens, cache, which, logits)?;
             dev.host_valid = cache.len();
             return Ok(());
         }
         logits.resize(self.model.vocab_size, 0.0);
-        device_step(dev, self.model, tokens[0], cache, |d, pos| {
+        device_step(dev, self.model, self.backend, tokens[0], cache, |d, pos| {
             d.step(tokens[0], pos, logits).map(|()| true)
         })?;
         Ok(())
@@ -291,7 +304,7 @@ impl<'m, 'a> TokenRunner<'m, 'a> {
         if let Some(dev) = &mut self.device {
             dev.device_valid = dev.device_valid.min(cache.len());
             let mut chosen = None;
-            device_step(dev, self.model, token, cache, |d, pos| {
+            device_step(dev, self.model, self.backend, token, cache, |d, pos| {
                 chosen = d.step_argmax(token, pos)?;
                 Ok(chosen.is_some())
             })?;
@@ -328,7 +341,7 @@ impl<'m, 'a> TokenRunner<'m, 'a> {
                 vocab: self.model.vocab_size,
             });
         }
-        dev.upload_rows(cache)?;
+        dev.upload_rows(self.backend, cache)?;
         Ok(dev.decoder.profile_step(token, cache.len())?)
     }
 }

@@ -75,6 +75,11 @@ impl KvCache {
         self.len == 0
     }
 
+    /// `num_kv_heads · head_dim` of layer `layer` (values per row).
+    pub fn kv_dim(&self, layer: usize) -> usize {
+        self.kv_dims[layer]
+    }
+
     /// Number of layers.
     pub fn layers(&self) -> usize {
         self.kv_dims.len()
@@ -96,33 +101,60 @@ impl KvCache {
         Ok(())
     }
 
-    /// K and V rows of `layer` for positions `start..end` (`[end − start, kv_dim]` each) of a
-    /// cache in host memory. Errors: `end` past the capacity or `start > end`
-    /// ([`InferenceError::ContextFull`]), a cache in device memory or not yet allocated
-    /// ([`infer_compute::ComputeError::NotOnHost`]).
-    pub fn host_rows(
+    /// Copy K and V rows of `layer` for positions `start..start + k.len() / kv_dim` out of the
+    /// backend's memory into `k` and `v`. Errors: rows past the capacity (or a cache not yet
+    /// allocated, [`InferenceError::ContextFull`]), lengths that are not whole rows or differ,
+    /// copy failures.
+    pub fn read_rows(
+        &self,
+        backend: &dyn ComputeBackend,
+        layer: usize,
+        start: usize,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> Result<(), InferenceError> {
+        let r = self.rows_of(layer, start, k.len(), v.len())?;
+        backend.read_at(&self.k[layer], r.start, k)?;
+        backend.read_at(&self.v[layer], r.start, v)?;
+        Ok(())
+    }
+
+    /// Copy `k` and `v` (whole rows of `layer`'s kv_dim) into the rows of positions `start..`
+    /// (e.g. from a device decoder's cache). Errors as [`KvCache::read_rows`].
+    pub fn write_rows(
+        &mut self,
+        backend: &dyn ComputeBackend,
+        layer: usize,
+        start: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), InferenceError> {
+        let r = self.rows_of(layer, start, k.len(), v.len())?;
+        backend.write_at(k, &mut self.k[layer], r.start)?;
+        backend.write_at(v, &mut self.v[layer], r.start)?;
+        Ok(())
+    }
+
+    /// The value range of rows `start..` holding `nk` (= `nv`) values of `layer`.
+    fn rows_of(
         &self,
         layer: usize,
         start: usize,
-        end: usize,
-    ) -> Result<(&[f32], &[f32]), InferenceError> {
-        let r = self.range(layer, start, end)?;
-        let k = infer_compute::host("KV cache rows", &self.k[layer])?;
-        let v = infer_compute::host("KV cache rows", &self.v[layer])?;
-        Ok((&k[r.clone()], &v[r]))
-    }
-
-    /// [`KvCache::host_rows`], writable (to copy rows in from a device decoder's cache).
-    pub fn host_rows_mut(
-        &mut self,
-        layer: usize,
-        start: usize,
-        end: usize,
-    ) -> Result<(&mut [f32], &mut [f32]), InferenceError> {
-        let r = self.range(layer, start, end)?;
-        let k = infer_compute::host_mut("KV cache rows", &mut self.k[layer])?;
-        let v = infer_compute::host_mut("KV cache rows", &mut self.v[layer])?;
-        Ok((&mut k[r.clone()], &mut v[r]))
+        nk: usize,
+        nv: usize,
+    ) -> Result<std::ops::Range<usize>, InferenceError> {
+        let d = self.kv_dims[layer];
+        if nk != nv || !nk.is_multiple_of(d.max(1)) {
+            return Err(InferenceError::Compute(
+                infer_compute::ComputeError::ShapeMismatch {
+                    what: "KV rows (K and V whole rows of kv_dim)",
+                    expected: nk.div_ceil(d.max(1)) * d,
+                    got: nv,
+                    unit: "values",
+                },
+            ));
+        }
+        self.range(layer, start, start + nk / d.max(1))
     }
 
     fn range(

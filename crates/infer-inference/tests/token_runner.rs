@@ -42,13 +42,9 @@ impl TokenDecoder for MirrorDecoder<'_, '_> {
         k: &[f32],
         v: &[f32],
     ) -> Result<(), ComputeError> {
-        let n = k.len() / self.model.kv_dims()[layer];
-        let (kc, vc) = self
-            .cache
-            .host_rows_mut(layer, start, start + n)
+        self.cache
+            .write_rows(&self.cpu, layer, start, k, v)
             .expect("mirror rows");
-        kc.copy_from_slice(k);
-        vc.copy_from_slice(v);
         Ok(())
     }
 
@@ -59,13 +55,9 @@ impl TokenDecoder for MirrorDecoder<'_, '_> {
         k: &mut [f32],
         v: &mut [f32],
     ) -> Result<(), ComputeError> {
-        let n = k.len() / self.model.kv_dims()[layer];
-        let (kc, vc) = self
-            .cache
-            .host_rows(layer, start, start + n)
+        self.cache
+            .read_rows(&self.cpu, layer, start, k, v)
             .expect("mirror rows");
-        k.copy_from_slice(kc);
-        v.copy_from_slice(vc);
         Ok(())
     }
 
@@ -146,11 +138,10 @@ impl ComputeBackend for MirrorBackend<'_, '_> {
         let mut cache = self.model.new_cache(plan.context);
         cache.ensure(&self.cpu).expect("allocate the mirror cache");
         for l in 0..cache.layers() {
-            let (k, v) = cache
-                .host_rows_mut(l, 0, plan.context)
+            let nan = vec![f32::NAN; plan.context * cache.kv_dim(l)];
+            cache
+                .write_rows(&self.cpu, l, 0, &nan, &nan)
                 .expect("mirror rows");
-            k.fill(f32::NAN);
-            v.fill(f32::NAN);
         }
         Ok(Some(Box::new(MirrorDecoder {
             cpu: CpuBackend::new(),

@@ -11,9 +11,14 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::ComputeError;
 
-/// The kernel source (CUDA C++ for NVRTC, no headers): the products, then the whole-token
-/// decode kernels, which use the products' helpers.
-pub(super) const KERNELS_CU: &str = concat!(include_str!("kernels.cu"), include_str!("decode.cu"));
+/// The kernel source (CUDA C++ for NVRTC, no headers): the products, the whole-token decode
+/// kernels, which use the products' helpers, and the forward pass's tensor operations, which use
+/// both.
+pub(super) const KERNELS_CU: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("decode.cu"),
+    include_str!("ops.cu")
+);
 
 /// Warps (= weight rows) per block of the mat-vec kernels; `ROWS_PER_BLOCK` in `kernels.cu`.
 pub(super) const ROWS_PER_BLOCK: usize = 8;
@@ -66,6 +71,16 @@ pub(super) struct Kernels {
     pub dec_mv_multi: CudaFunction,
     pub dec_logits_post: CudaFunction,
     pub dec_argmax: CudaFunction,
+    pub t_norm: CudaFunction,
+    pub t_rope: CudaFunction,
+    pub t_kv_store: CudaFunction,
+    pub t_attention: CudaFunction,
+    pub t_act: CudaFunction,
+    pub t_add_scaled: CudaFunction,
+    pub t_add_bias: CudaFunction,
+    pub t_scale_softcap: CudaFunction,
+    pub t_copy_rows: CudaFunction,
+    pub t_embed: CudaFunction,
 }
 
 /// One device: its context, the stream every call runs on, and the compiled kernels.
@@ -158,6 +173,16 @@ impl Device {
             dec_mv_multi: f("dec_mv_multi")?,
             dec_logits_post: f("dec_logits_post")?,
             dec_argmax: f("dec_argmax")?,
+            t_norm: f("t_norm")?,
+            t_rope: f("t_rope")?,
+            t_kv_store: f("t_kv_store")?,
+            t_attention: f("t_attention")?,
+            t_act: f("t_act")?,
+            t_add_scaled: f("t_add_scaled")?,
+            t_add_bias: f("t_add_bias")?,
+            t_scale_softcap: f("t_scale_softcap")?,
+            t_copy_rows: f("t_copy_rows")?,
+            t_embed: f("t_embed")?,
         };
         let stream = ctx.default_stream();
         Ok(Device {
@@ -214,6 +239,36 @@ pub(super) unsafe fn launch_pdl(
     cfg: LaunchConfig,
     args: &mut [u64],
 ) -> Result<(), ComputeError> {
+    // SAFETY: the caller's contract.
+    unsafe { launch_with(stream, f, cfg, args, true) }
+}
+
+/// Launch `f` on `stream` like [`launch_pdl`] but without programmatic dependent launch (the
+/// kernel starts after the one before it finished; it need not `pdl_wait`).
+///
+/// # Safety
+/// As [`launch_pdl`].
+pub(super) unsafe fn launch_args(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [u64],
+) -> Result<(), ComputeError> {
+    // SAFETY: the caller's contract.
+    unsafe { launch_with(stream, f, cfg, args, false) }
+}
+
+/// [`launch_pdl`] (`pdl`) or [`launch_args`].
+///
+/// # Safety
+/// As [`launch_pdl`].
+unsafe fn launch_with(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [u64],
+    pdl: bool,
+) -> Result<(), ComputeError> {
     let mut params: Vec<*mut c_void> = args
         .iter_mut()
         .map(|v| v as *mut u64 as *mut c_void)
@@ -233,7 +288,7 @@ pub(super) unsafe fn launch_pdl(
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
         attrs: &mut attr,
-        numAttrs: 1,
+        numAttrs: pdl as u32,
     };
     drv("bind the CUDA context", stream.context().bind_to_thread())?;
     // SAFETY: the caller's contract for `args`; `params` points into `args` and `attr` lives

@@ -4,7 +4,11 @@
 //!
 //! - Kernels (`kernels.cu`) are compiled with NVRTC when the backend is opened, for the
 //!   device's compute capability (PTX, e.g. `compute_90` on an H100/H200).
-//! - Host slices in, host slices out, like the CPU backend. Weights (quantized bytes, f32 and
+//! - The forward pass's tensors ([`crate::Tensor`]) are device allocations and every whole
+//!   operation runs on them on the device (`tensor_ops.rs`, `ops.cu`): activations and the KV
+//!   cache stay on the device, only the logits come back.
+//! - The host-slice products (`linear`, the f32 tables) copy per call, like the CPU backend's
+//!   signatures. Weights (quantized bytes, f32 and
 //!   f16 matrices) are uploaded on first use and kept on the device, keyed by the host slice's
 //!   address and length (the vindex mmap never moves) and checked by a sampled fingerprint;
 //!   activations and results are copied per call.
@@ -27,13 +31,18 @@ mod decode;
 mod device;
 mod float;
 mod quant;
+mod tensor_ops;
 
 use std::sync::{Mutex, MutexGuard};
 
 use half::f16;
 
 use crate::backend::check_product;
-use crate::{ComputeBackend, ComputeError, DecodePlan, MatData, Matrix, Proj, TokenDecoder};
+use crate::ops::Activation;
+use crate::{
+    Attend, AttentionParams, ComputeBackend, ComputeError, DecodePlan, FloatTable, MatData, Matrix,
+    Norm, Proj, RopeConfig, Tensor, TensorProj, TokenDecoder,
+};
 use cache::{Scratch, WeightCache};
 use device::Device;
 use float::{FloatOp, WType};
@@ -47,6 +56,8 @@ struct State {
     dev: Device,
     cache: WeightCache,
     s: Scratch,
+    /// Small per-call arrays of the tensor operations.
+    ops: tensor_ops::OpScratch,
     /// Incremented by [`CudaBackend::clear_weight_cache`]: decoders made before refuse to run.
     generation: u64,
 }
@@ -69,12 +80,14 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Self, ComputeError> {
         let dev = Device::open(ordinal)?;
         let s = Scratch::new(&dev.stream)?;
+        let ops = tensor_ops::OpScratch::new(&dev.stream)?;
         let name = format!("cuda:{ordinal} ({}, sm_{}{})", dev.name, dev.cc.0, dev.cc.1);
         Ok(CudaBackend {
             state: Mutex::new(State {
                 dev,
                 cache: WeightCache::default(),
                 s,
+                ops,
                 generation: 0,
             }),
             name,
@@ -200,6 +213,123 @@ impl ComputeBackend for CudaBackend {
         crate::matrix::linear_many_with(self, x, m, projs, |projs| {
             quant::quant_matmul_many(&mut self.lock(), x, m, projs)
         })
+    }
+
+    fn fit(&self, t: &mut Tensor, len: usize) -> Result<(), ComputeError> {
+        tensor_ops::fit(&mut self.lock(), t, len)
+    }
+
+    fn upload(&self, src: &[f32], dst: &mut Tensor) -> Result<(), ComputeError> {
+        tensor_ops::upload(&mut self.lock(), src, dst)
+    }
+
+    fn download(&self, src: &Tensor, dst: &mut [f32]) -> Result<(), ComputeError> {
+        tensor_ops::download(&mut self.lock(), src, dst)
+    }
+
+    fn read_at(&self, src: &Tensor, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError> {
+        tensor_ops::read_at(&mut self.lock(), src, offset, dst)
+    }
+
+    fn write_at(&self, src: &[f32], dst: &mut Tensor, offset: usize) -> Result<(), ComputeError> {
+        tensor_ops::write_at(&mut self.lock(), src, dst, offset)
+    }
+
+    fn copy_rows(
+        &self,
+        src: &Tensor,
+        width: usize,
+        rows: &[usize],
+        dst: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        tensor_ops::copy_rows(&mut self.lock(), src, width, rows, dst)
+    }
+
+    fn project(
+        &self,
+        w: &Matrix<'_>,
+        x: &Tensor,
+        m: usize,
+        y: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        tensor_ops::project(&mut self.lock(), w, x, m, y)
+    }
+
+    fn project_many(
+        &self,
+        x: &Tensor,
+        m: usize,
+        projs: &mut [TensorProj<'_>],
+    ) -> Result<(), ComputeError> {
+        tensor_ops::project_many(&mut self.lock(), x, m, projs)
+    }
+
+    fn add_bias(&self, y: &mut Tensor, bias: &[f32]) -> Result<(), ComputeError> {
+        tensor_ops::add_bias(&mut self.lock(), y, bias)
+    }
+
+    fn norm(&self, norm: &Norm<'_>, x: &Tensor, out: &mut Tensor) -> Result<(), ComputeError> {
+        tensor_ops::norm(&mut self.lock(), norm, x, out)
+    }
+
+    fn norm_inplace(&self, norm: &Norm<'_>, x: &mut Tensor) -> Result<(), ComputeError> {
+        tensor_ops::norm_inplace(&mut self.lock(), norm, x)
+    }
+
+    fn rope(
+        &self,
+        x: &mut Tensor,
+        n_heads: usize,
+        positions: &[usize],
+        cfg: &RopeConfig,
+    ) -> Result<(), ComputeError> {
+        tensor_ops::rope(&mut self.lock(), x, n_heads, positions, cfg)
+    }
+
+    fn attend(
+        &self,
+        a: &mut Attend<'_, '_>,
+        params: &AttentionParams,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        tensor_ops::attend(&mut self.lock(), a, params, out)
+    }
+
+    fn gated_activation(
+        &self,
+        act: Activation,
+        gate: &Tensor,
+        up: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        tensor_ops::activation(&mut self.lock(), act, Some(gate), up)
+    }
+
+    fn activation(&self, act: Activation, x: &mut Tensor) -> Result<(), ComputeError> {
+        tensor_ops::activation(&mut self.lock(), act, None, x)
+    }
+
+    fn add_scaled(&self, x: &mut Tensor, y: &Tensor, alpha: f32) -> Result<(), ComputeError> {
+        tensor_ops::add_scaled(&mut self.lock(), x, y, alpha)
+    }
+
+    fn embed(
+        &self,
+        table: FloatTable<'_>,
+        width: usize,
+        ids: &[u32],
+        scale: f32,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        tensor_ops::embed(&mut self.lock(), table, width, ids, scale, out)
+    }
+
+    fn scale_softcap(
+        &self,
+        x: &mut Tensor,
+        divisor: f32,
+        softcap: Option<f32>,
+    ) -> Result<(), ComputeError> {
+        tensor_ops::scale_softcap(&mut self.lock(), x, divisor, softcap)
     }
 
     fn token_decoder<'s>(

@@ -71,7 +71,7 @@ pub(super) fn mv_grid(rows: usize, m: usize) -> LaunchConfig {
 }
 
 /// One warp per block of `nblocks` activation blocks.
-fn warp_grid(nblocks: usize) -> LaunchConfig {
+pub(super) fn warp_grid(nblocks: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (nblocks.div_ceil(4) as u32, 1, 1),
         block_dim: (128, 1, 1),
@@ -81,7 +81,7 @@ fn warp_grid(nblocks: usize) -> LaunchConfig {
 
 /// The activation family of weight format `format` (`None`: the seed's Q8 format), from the
 /// format table's pairing: Q8_K for the K-quants, 32-value int8 blocks otherwise.
-fn is_kq(format: Option<QuantFormat>) -> bool {
+pub(super) fn is_kq(format: Option<QuantFormat>) -> bool {
     format.and_then(QuantFormat::vec_dot_type) == Some(QuantFormat::Q8_K)
 }
 
