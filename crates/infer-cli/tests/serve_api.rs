@@ -11,8 +11,12 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use serve_common::{smol_vindex, stream_text, Server};
 
+/// A greedy completion request. `cache_prompt: false`: the prompt runs whole every time, so
+/// repeated requests get the same logits, hence the same tokens. (Through the prefix cache
+/// the prompt's last tokens run in another chunk, whose logits are equal only to rounding and
+/// can flip a near-tie: tested apart, in `chat_logprobs_n_and_seeds`.)
 fn completion(prompt: &str, max_tokens: usize) -> Value {
-    json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "cache_prompt": false})
 }
 
 fn ok_json(r: serve_common::Resp) -> Value {
@@ -121,7 +125,7 @@ fn chat_logprobs_n_and_seeds() {
     let msgs = json!([{"role": "system", "content": "You are brief."},
                       {"role": "user", "content": "Name a fruit."}]);
     let greedy = json!({"messages": msgs, "max_tokens": 12, "temperature": 0,
-                        "logprobs": true, "top_logprobs": 3});
+                        "logprobs": true, "top_logprobs": 3, "cache_prompt": false});
     let v = ok_json(srv.post("/v1/chat/completions", &greedy));
     assert_eq!(v["object"], "chat.completion");
     let c = &v["choices"][0];
@@ -155,7 +159,7 @@ fn chat_logprobs_n_and_seeds() {
 
     // n = 3 sampled with a seed: reproducible, per-choice seeds differ.
     let sampled = json!({"messages": msgs, "max_tokens": 12, "temperature": 1.0, "top_k": 0,
-                         "top_p": 1.0, "min_p": 0.0, "seed": 42, "n": 3});
+                         "top_p": 1.0, "min_p": 0.0, "seed": 42, "n": 3, "cache_prompt": false});
     let a = ok_json(srv.post("/v1/chat/completions", &sampled));
     let b = ok_json(srv.post("/v1/chat/completions", &sampled));
     let texts = |v: &Value| -> Vec<String> {
@@ -190,15 +194,30 @@ fn chat_logprobs_n_and_seeds() {
     assert_eq!(l["top_logprobs"][0].as_object().unwrap().len(), 2);
     assert_eq!(l["text_offset"][0], 0);
 
-    // A repeated prompt reuses its cached prefix (the previous request's slot).
+    // A repeated prompt reuses its cached prefix (all but its last token, which must run to
+    // give logits); the first position's log-probabilities equal the uncached ones to 1e-3.
+    body["cache_prompt"] = json!(true);
     let again = ok_json(srv.post("/v1/completions", &body));
-    assert!(
-        again["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap()
-            > 0
+    let prompt_tokens = again["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(prompt_tokens - 1)
     );
-    assert_eq!(again["choices"][0]["text"], v["choices"][0]["text"]);
+    let first = |v: &Value| v["choices"][0]["logprobs"]["top_logprobs"][0].clone();
+    let (fresh, cached) = (first(&v), first(&again));
+    for (tok, lp) in fresh.as_object().unwrap() {
+        if let Some(c) = cached.get(tok) {
+            assert!(
+                (c.as_f64().unwrap() - lp.as_f64().unwrap()).abs() < 1e-3,
+                "{tok}: {c} vs {lp}"
+            );
+        }
+    }
+    assert!(fresh
+        .as_object()
+        .unwrap()
+        .keys()
+        .any(|k| cached.get(k).is_some()));
 }
 
 #[test]
@@ -209,7 +228,12 @@ fn multibyte_utf8_streams_intact() {
         "日本の首都は東京です。中国の首都は",
         "I love emoji: 😀😃😄😁😆😅🤣😂🙂🙃😉😊😇🥰😍",
     ] {
-        let body = completion(prompt, 24);
+        // The prompt runs whole both times (`cache_prompt: false`): the same logits, so the
+        // same greedy tokens; only their release in pieces differs. (From the prefix cache the
+        // last prompt token runs alone, and its logits, equal only to rounding, flip a near-tie
+        // of this prompt.)
+        let mut body = completion(prompt, 24);
+        body["cache_prompt"] = json!(false);
         let v = ok_json(srv.post("/v1/completions", &body));
         let text = v["choices"][0]["text"].as_str().unwrap();
         assert!(!text.contains('\u{FFFD}'), "{text:?}");
@@ -226,7 +250,21 @@ fn multibyte_utf8_streams_intact() {
 #[test]
 fn concurrent_streams_equal_the_same_requests_one_at_a_time() {
     let vx = smol_vindex();
-    let srv = Server::start(vx, &["--parallel", "16", "--ctx-size", "128"]);
+    // Each prompt runs whole in one step (no cached prefix, a budget above 16 prompts), alone
+    // or batched: forward_batch then gives each the logits it gets alone (tests/batch.rs),
+    // so the same greedy tokens. (A prompt split into other chunks, or partly taken from the
+    // prefix cache, is equal only to rounding.)
+    let srv = Server::start(
+        vx,
+        &[
+            "--parallel",
+            "16",
+            "--ctx-size",
+            "128",
+            "--batch-tokens",
+            "2048",
+        ],
+    );
     let prompts: Vec<String> = (0..32)
         .map(|i| {
             format!(
@@ -235,7 +273,10 @@ fn concurrent_streams_equal_the_same_requests_one_at_a_time() {
             )
         })
         .collect();
-    let body = |p: &str| json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0});
+    let body = |p: &str| {
+        json!({"messages": [{"role": "user", "content": p}], "max_tokens": 12, "temperature": 0,
+               "cache_prompt": false})
+    };
     let alone: Vec<String> = prompts
         .iter()
         .map(|p| {
@@ -435,7 +476,7 @@ fn api_key_queue_bound_and_sigterm() {
 
     // One running (the only slot), one queued, the next refused with 503 + Retry-After.
     let open = |b: &Value| {
-        let mut c = srv
+        let c = srv
             .open("POST", "/v1/completions", &auth, &b.to_string())
             .unwrap();
         c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();

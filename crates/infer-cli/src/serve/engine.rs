@@ -80,6 +80,8 @@ pub struct Job {
     pub n: usize,
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+    /// Reuse a cached prompt prefix (else the prompt runs whole).
+    pub cache_prompt: bool,
     pub sampling: SamplingSpec,
     pub events: UnboundedSender<Event>,
     pub arrived: Instant,
@@ -297,6 +299,7 @@ impl<'t> Engine<'_, '_, 't> {
             let Some((i, keep)) = pick_slot(&held, &job.prompt) else {
                 unreachable!("admit is called with enough free slots")
             };
+            let keep = if job.cache_prompt { keep } else { 0 };
             let slot = &mut slots[i];
             slot.busy = true;
             slot.held.truncate(keep);

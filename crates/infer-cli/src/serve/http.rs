@@ -298,6 +298,7 @@ fn start(st: &AppState, body: &[u8], endpoint: Endpoint) -> Result<Started, ApiE
         n,
         logprobs: req.logprobs,
         ignore_eos: req.ignore_eos,
+        cache_prompt: req.cache_prompt,
         sampling: req.sampling,
         events: tx,
         arrived: Instant::now(),

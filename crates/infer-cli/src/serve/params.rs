@@ -73,6 +73,11 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// `ignore_eos` (llama-server, vLLM): end-of-generation tokens do not stop the choice.
     pub ignore_eos: bool,
+    /// `cache_prompt` (llama-server's name, default true): reuse a cached prompt prefix. Off,
+    /// the prompt runs whole, so greedy output cannot depend on what the cache held (a
+    /// prefix from the cache or a prompt prefilled in other chunks gives logits equal only to
+    /// rounding, which can flip a near-tie).
+    pub cache_prompt: bool,
     pub sampling: SamplingSpec,
 }
 
@@ -229,6 +234,7 @@ pub fn parse(
         }
     };
     let ignore_eos = boolean(&o, "ignore_eos")?.unwrap_or(false);
+    let cache_prompt = boolean(&o, "cache_prompt")?.unwrap_or(true);
     let stop = stops(&o)?;
     let sampling = sampling(&o, vocab)?;
     Ok(GenRequest {
@@ -241,6 +247,7 @@ pub fn parse(
         stream,
         include_usage,
         ignore_eos,
+        cache_prompt,
         sampling,
     })
 }
