@@ -8,7 +8,7 @@ OPENAI_VERSION=3.51.0
 cache="${INFER_CACHE:-$HOME/.cache/infer}"
 venv="$cache/venv-openai-$OPENAI_VERSION"
 if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
-  python3 -m venv "$venv"
+  python3 -m venv --clear "$venv"
   "$venv/bin/pip" install -q "openai==$OPENAI_VERSION"
 fi
 export INFER_MODELS="${INFER_MODELS:-$cache/models}"
