@@ -178,7 +178,7 @@ fn chat_logprobs_n_and_seeds() {
         texts(&a)
     );
     let total: u64 = a["usage"]["completion_tokens"].as_u64().unwrap();
-    assert!(total >= 3 && total <= 36, "{total}");
+    assert!((3..=36).contains(&total), "{total}");
     // The streamed n = 3 equals the non-streamed one.
     let events = srv
         .stream("/v1/chat/completions", &streamed(&sampled))

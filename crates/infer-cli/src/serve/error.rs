@@ -15,7 +15,7 @@ pub struct ApiError {
     pub param: Option<String>,
     pub code: Option<&'static str>,
     /// Extra top-level members of `error` (e.g. the token counts of a too-long prompt).
-    pub extra: Option<Value>,
+    pub extra: Option<Box<Value>>,
     /// Seconds for a `Retry-After` header (503 when the queue is full).
     pub retry_after: Option<u32>,
 }
@@ -90,7 +90,9 @@ impl ApiError {
             ),
         );
         e.code = Some("context_length_exceeded");
-        e.extra = Some(json!({"n_prompt_tokens": prompt, "n_ctx": ctx, "max_tokens": max_tokens}));
+        e.extra = Some(Box::new(
+            json!({"n_prompt_tokens": prompt, "n_ctx": ctx, "max_tokens": max_tokens}),
+        ));
         e
     }
 
@@ -123,7 +125,7 @@ impl ApiError {
             "param": self.param,
             "code": self.code,
         });
-        if let (Some(Value::Object(extra)), Value::Object(e)) = (&self.extra, &mut err) {
+        if let (Some(Value::Object(extra)), Value::Object(e)) = (self.extra.as_deref(), &mut err) {
             for (k, v) in extra {
                 e.insert(k.clone(), v.clone());
             }
