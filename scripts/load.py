@@ -56,7 +56,9 @@ def one_request(url, body, headers):
                 if v.get("usage"):
                     usage = v["usage"]
                 for c in v.get("choices", []):
-                    if c.get("text"):
+                    # A token whose text is held back (part of a UTF-8 character) comes with
+                    # a later chunk; a first chunk without text but with the finish counts.
+                    if c.get("text") or (ttft is None and c.get("finish_reason")):
                         now = time.perf_counter()
                         if ttft is None:
                             ttft = now - t0
@@ -99,7 +101,7 @@ def main():
             b["model"] = a.model
         bodies.append(b)
     lock = threading.Lock()
-    ttfts, gaps, out_tokens, errors = [], [], [0], []
+    ttfts, gaps, out_tokens, errors, done_n = [], [], [0], [], [0]
 
     def client():
         while True:
@@ -114,6 +116,7 @@ def main():
                     errors.append(str(e))
                 continue
             with lock:
+                done_n[0] += 1
                 if t is not None:
                     ttfts.append(t)
                 gaps.extend(g)
@@ -126,7 +129,7 @@ def main():
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    done = len(ttfts)
+    done = done_n[0]
     res = {
         "clients": a.clients, "requests": done, "errors": len(errors),
         "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens, "wall_s": round(wall, 3),
