@@ -545,3 +545,41 @@ fn metric_auth(srv: &Server, name: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Resident memory of a process in KiB (`VmRSS` of /proc/PID/status).
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Memory stays bounded over many distinct requests: after a warm-up, 800 more distinct prompts
+/// (16 clients) grow the resident set by less than 16 MiB, and no KV position stays held.
+/// (The issue asks for 2,000: `scripts/load.py --requests 2000` does that run; 800 keeps CI
+/// time small, and a per-request leak of even 20 KiB would exceed the bound.)
+#[test]
+fn memory_is_stable_over_distinct_prompts() {
+    let vx = smol_vindex();
+    let srv = Server::start(vx, &["--parallel", "16", "--ctx-size", "64"]);
+    let run = |from: usize, count: usize| {
+        std::thread::scope(|s| {
+            for t in 0..16 {
+                let srv = &srv;
+                s.spawn(move || {
+                    for i in (from + t..from + count).step_by(16) {
+                        let r = srv.post("/v1/completions", &completion(&format!("Item {i}:"), 1));
+                        assert_eq!(r.status, 200, "{}", r.body);
+                    }
+                });
+            }
+        })
+    };
+    run(0, 160);
+    let before = rss_kib(srv.child.id());
+    run(160, 800);
+    let after = rss_kib(srv.child.id());
+    eprintln!("RSS after warm-up {before} KiB, after 800 more requests {after} KiB");
+    assert!(after < before + 16 * 1024, "RSS {before} → {after} KiB");
+    assert_eq!(metric(&srv, "infer_kv_cache_used_positions"), 0.0);
+    assert!(metric(&srv, "infer_requests_total") >= 960.0);
+}
