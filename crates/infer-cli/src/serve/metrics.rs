@@ -44,7 +44,66 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     let b = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(STEP_TOKENS.into()), TOKEN_BUCKETS)?;
-    Ok(b.install_recorder()?)
+    let handle = b.install_recorder()?;
+    describe();
+    Ok(handle)
+}
+
+/// `# HELP` lines (and zero values from the start for the counters a dashboard alerts on).
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        REQUESTS,
+        "Requests answered, by endpoint, HTTP status and finish reason"
+    );
+    describe_gauge!(RUNNING, "Sequences generating tokens");
+    describe_gauge!(PREFILLING, "Sequences prefilling their prompt");
+    describe_gauge!(WAITING, "Requests queued for a free KV slot");
+    describe_gauge!(KV_USED, "KV cache positions held by running sequences");
+    describe_gauge!(
+        KV_CAPACITY,
+        "KV cache positions allocated (slots x context)"
+    );
+    describe_counter!(
+        PROMPT_TOKENS,
+        "Prompt tokens run through the model (cached ones excluded)"
+    );
+    describe_counter!(GENERATED_TOKENS, "Tokens generated");
+    describe_counter!(
+        PREFIX_CACHED_TOKENS,
+        "Prompt tokens taken from the prefix cache"
+    );
+    describe_counter!(
+        PREFIX_CACHE_HITS,
+        "Sequences that reused a cached prompt prefix"
+    );
+    describe_counter!(CANCELLED, "Sequences freed because their client went away");
+    describe_histogram!(
+        TTFT,
+        Unit::Seconds,
+        "Time from a request's arrival to its first token"
+    );
+    describe_histogram!(
+        ITL,
+        Unit::Seconds,
+        "Time between consecutive tokens of a sequence"
+    );
+    describe_histogram!(
+        STEP_SECONDS,
+        Unit::Seconds,
+        "Wall time of one batched forward step"
+    );
+    describe_histogram!(STEP_TOKENS, "Tokens run by one batched forward step");
+    for c in [
+        PREFIX_CACHED_TOKENS,
+        PREFIX_CACHE_HITS,
+        CANCELLED,
+        PROMPT_TOKENS,
+        GENERATED_TOKENS,
+    ] {
+        metrics::counter!(c).absolute(0);
+    }
+    gauge_waiting(0);
 }
 
 /// Set the [`WAITING`] gauge.
