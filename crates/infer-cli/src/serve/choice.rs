@@ -107,10 +107,8 @@ pub fn logprobs(tok: &Tokenizer, logits: &[f32], chosen: u32, k: usize) -> Logpr
 pub struct ChoiceText<'t> {
     streamer: TextStreamer<'t>,
     stops: Vec<String>,
-    /// Text decoded but not yet through the stop filter (see [`ChoiceText::push`]).
-    held: String,
-    /// Characters the stop filter holds back (a possible stop-string start).
-    filter_pending: String,
+    /// Text the stop filter holds back (it could be the start of a stop string).
+    pending: String,
 }
 
 impl<'t> ChoiceText<'t> {
@@ -118,36 +116,29 @@ impl<'t> ChoiceText<'t> {
         ChoiceText {
             streamer: TextStreamer::new(tok),
             stops: stops.to_vec(),
-            held: String::new(),
-            filter_pending: String::new(),
+            pending: String::new(),
         }
     }
 
     /// Add a generated id; returns the text that can be released now and whether a stop
     /// string was matched (the text is then cut before it). Errors: detokenization.
     pub fn push(&mut self, id: u32) -> Result<(String, bool), infer_inference::InferenceError> {
-        let mut out = String::new();
         let Some(piece) = self.streamer.push(id)? else {
-            return Ok((out, false));
+            return Ok((String::new(), false));
         };
-        self.held.push_str(&piece);
-        // The filter is rebuilt per piece from what it held back (it borrows `stops`).
-        let mut f = StopFilter::new(&self.stops);
-        let mut emitted = String::new();
-        let pending = std::mem::take(&mut self.filter_pending);
-        let text = pending + &std::mem::take(&mut self.held);
-        let stopped = f.push(&text, &mut |s| emitted.push_str(s));
+        let text = std::mem::take(&mut self.pending) + &piece;
+        let mut out = String::new();
+        let stopped = StopFilter::new(&self.stops).push(&text, &mut |s| out.push_str(s));
         if !stopped {
-            // What was not emitted is held back.
-            self.filter_pending = text[emitted.len()..].to_string();
+            // What the filter did not emit is what it holds back.
+            self.pending = text[out.len()..].to_string();
         }
-        out.push_str(&emitted);
         Ok((out, stopped))
     }
 
     /// The held-back text, at the end of generation without a stop string.
     pub fn finish(&mut self) -> String {
-        std::mem::take(&mut self.filter_pending)
+        std::mem::take(&mut self.pending)
     }
 }
 

@@ -361,7 +361,11 @@ fn stream(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> impl IntoRespon
         let mut choices = vec![ChoiceResult::default(); meta.n];
         while choices.iter().any(|c| c.finish.is_none()) {
             let ev = tokio::select! {
-                _ = out.closed() => return,
+                _ = out.closed() => {
+                    // 499: the client closed the request (nginx's convention).
+                    count_done(&meta, 499, &choices);
+                    return;
+                }
                 ev = rx.recv() => ev,
             };
             let chunk = match ev {
@@ -407,6 +411,6 @@ fn stream(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> impl IntoRespon
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx)).keep_alive(
         KeepAlive::new()
             .interval(Duration::from_secs(5))
-            .text("keepalive"),
+            .text(" keepalive"),
     )
 }
