@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -130,7 +131,8 @@ fn json_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
 
 /// `POST /tokenize {"content": TEXT, "add_special": false, "with_pieces": false}` →
 /// `{"tokens": [ids]}` (with pieces: `[{"id", "piece"}]`), as llama-server.
-async fn tokenize(State(st): St, body: Bytes) -> Result<Response, ApiError> {
+async fn tokenize(State(st): St, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
     let r = st.ready()?;
     let o = json_body(&body)?;
     let content = o
@@ -166,7 +168,8 @@ async fn tokenize(State(st): St, body: Bytes) -> Result<Response, ApiError> {
 }
 
 /// `POST /detokenize {"tokens": [ids]}` → `{"content": TEXT}`.
-async fn detokenize(State(st): St, body: Bytes) -> Result<Response, ApiError> {
+async fn detokenize(State(st): St, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
     let r = st.ready()?;
     let o = json_body(&body)?;
     let ids: Vec<u32> = o
@@ -190,11 +193,23 @@ async fn detokenize(State(st): St, body: Bytes) -> Result<Response, ApiError> {
     Ok(Json(json!({ "content": content })).into_response())
 }
 
-async fn chat(State(st): St, body: Bytes) -> Response {
+/// A request body, or its rejection (over `--max-body`: 413; unreadable: 400) as an
+/// OpenAI error.
+type Body = Result<Bytes, BytesRejection>;
+
+fn read(body: Body) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        let mut err = ApiError::bad_request(format!("the request body: {}", e.body_text()));
+        err.status = e.status();
+        err
+    })
+}
+
+async fn chat(State(st): St, body: Body) -> Response {
     answer(st, body, Endpoint::Chat).await
 }
 
-async fn completions(State(st): St, body: Bytes) -> Response {
+async fn completions(State(st): St, body: Body) -> Response {
     answer(st, body, Endpoint::Completion).await
 }
 
@@ -212,8 +227,8 @@ fn count_error(e: Endpoint, err: &ApiError) {
     .increment(1);
 }
 
-async fn answer(st: Arc<AppState>, body: Bytes, endpoint: Endpoint) -> Response {
-    match start(&st, &body, endpoint) {
+async fn answer(st: Arc<AppState>, body: Body, endpoint: Endpoint) -> Response {
+    match read(body).and_then(|body| start(&st, &body, endpoint)) {
         Ok(s) if s.stream => stream(s.meta, s.rx).into_response(),
         Ok(s) => collect(s.meta, s.rx).await,
         Err(e) => {
