@@ -459,7 +459,7 @@ fn api_key_queue_bound_and_sigterm() {
             "sekret",
         ],
     );
-    let body = json!({"prompt": "Count: one, two, three,", "max_tokens": 120, "temperature": 0,
+    let body = json!({"prompt": "Count: one, two, three,", "max_tokens": 400, "temperature": 0, "ignore_eos": true,
                       "stream": true});
     assert_eq!(
         srv.request("GET", "/health", &[], "").status,
