@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test (optimised: numeric tests on real models are ~30x slower in debug builds).
-# Needs ../shared (or INFER_SHARED); fetches the real models (scripts/fetch-models.sh), llama.cpp's
+# Needs ../shared (or INFER_SHARED) and python3 (venv); fetches the real models (scripts/fetch-models.sh), llama.cpp's
 # tokenizer test vectors (scripts/fetch-vocabs.sh) and NVRTC (scripts/fetch-nvrtc.sh, to compile
 # the CUDA kernels without a GPU).
 set -euo pipefail
@@ -12,6 +12,8 @@ INFER_VOCABS="$(bash scripts/fetch-vocabs.sh)"
 export INFER_VOCABS
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace --no-fail-fast
+# The official `openai` Python client against `infer serve` (pinned, in a cached venv).
+bash scripts/openai-check.sh
 # The CUDA backend must compile (and lint) without CUDA; its GPU tests are #[ignore]d here and run
 # on a GPU machine by scripts/gpu-check.sh. Separate target dir: the feature rebuilds infer-compute.
 CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo clippy --release -p infer-compute --features cuda --all-targets -- -D warnings

@@ -41,7 +41,7 @@ pub struct ChatArgs {
 }
 
 /// The vindex's chat template, or Gemma's turn format / ChatML when it has none.
-fn chat_template(v: &Vindex, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
+pub(crate) fn chat_template(v: &Vindex, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
     let is_gemma = v.config().model_type.starts_with("gemma");
     let source = match v.chat_template() {
         Some(t) => t.to_string(),

@@ -16,6 +16,7 @@ mod cmd_vindex;
 mod cmd_walk;
 mod device_args;
 mod format_args;
+mod serve;
 mod signals;
 
 /// infer — transformer checkpoints to vindex, and fast inference from a vindex.
@@ -63,6 +64,9 @@ enum Command {
     /// Random weights of a real model's shapes and formats (GGUF header or HF config.json),
     /// for benchmarks without the real weights.
     Synth(cmd_synth::SynthArgs),
+    /// OpenAI-compatible HTTP server with continuous batching (chat, completions, SSE).
+    #[command(allow_negative_numbers = true)]
+    Serve(serve::ServeArgs),
     Tokenize(cmd_tokenize::TokenizeArgs),
     Detokenize(cmd_tokenize::DetokenizeArgs),
 }
@@ -145,6 +149,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_perplexity::run(a),
         Command::Walk(a) => cmd_walk::run(a),
         Command::Synth(a) => cmd_synth::run(a),
+        Command::Serve(a) => serve::serve(a),
         Command::Tokenize(a) => cmd_tokenize::tokenize(a),
         Command::Detokenize(a) => cmd_tokenize::detokenize(a),
     };

@@ -34,6 +34,14 @@ impl Conversation {
         }
     }
 
+    /// A conversation of the given messages (e.g. a chat request's), its cache empty.
+    pub fn from_messages(messages: Vec<Message>) -> Self {
+        Conversation {
+            messages,
+            ..Default::default()
+        }
+    }
+
     /// Whether special-token markup in user messages becomes control tokens (default false).
     pub fn set_parse_special(&mut self, parse: bool) {
         self.parse_special = parse;

@@ -188,14 +188,16 @@ impl<'m, 'a> Generator<'m, 'a> {
     }
 }
 
-/// Holds back the tail of the text that could still become a stop string.
-struct StopFilter<'s> {
+/// Holds back the tail of streamed text that could still become a stop string, and cuts the
+/// text at the first stop string (used by [`Generator::generate`] and `infer serve`).
+pub struct StopFilter<'s> {
     stops: &'s [String],
     pending: String,
 }
 
 impl<'s> StopFilter<'s> {
-    fn new(stops: &'s [String]) -> Self {
+    /// A filter for `stops` (empty strings never match).
+    pub fn new(stops: &'s [String]) -> Self {
         StopFilter {
             stops,
             pending: String::new(),
@@ -204,7 +206,7 @@ impl<'s> StopFilter<'s> {
 
     /// Append text; emit what can no longer be part of a stop string. True when a stop string
     /// appeared (the text before it is emitted, the rest dropped).
-    fn push(&mut self, piece: &str, emit: &mut impl FnMut(&str)) -> bool {
+    pub fn push(&mut self, piece: &str, emit: &mut impl FnMut(&str)) -> bool {
         self.pending.push_str(piece);
         if let Some(pos) = self
             .stops
@@ -231,7 +233,8 @@ impl<'s> StopFilter<'s> {
         false
     }
 
-    fn flush(&mut self, emit: &mut impl FnMut(&str)) {
+    /// Emit the held-back text (generation ended without a stop string).
+    pub fn flush(&mut self, emit: &mut impl FnMut(&str)) {
         if !self.pending.is_empty() {
             emit(&self.pending);
             self.pending.clear();

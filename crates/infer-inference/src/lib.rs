@@ -23,7 +23,7 @@ mod walk_sparse;
 pub use conversation::Conversation;
 pub use device_decode::TokenRunner;
 pub use error::InferenceError;
-pub use generate::{GenerateOptions, GenerationStats, Generator, StopReason};
+pub use generate::{GenerateOptions, GenerationStats, Generator, StopFilter, StopReason};
 pub use kv_cache::KvCache;
 pub use layer::{AttnPath, FfnPath, FullPipelineLayer, LayerGeometry};
 pub use model::Model;

@@ -1,0 +1,218 @@
+//! `infer serve`: an OpenAI-compatible HTTP server with continuous batching.
+//!
+//! The HTTP side ([`http`], axum on tokio) parses and checks each request ([`params`]),
+//! tokenizes it and queues a [`engine::Job`]; the engine thread ([`engine`]) loads the model
+//! and runs every request's sequences together, one batched forward pass per step
+//! ([`scheduler`]), sending text back per request ([`choice`]) that the HTTP side turns into
+//! JSON or SSE chunks ([`respond`]). `GET /metrics` is Prometheus text ([`metrics`]).
+
+mod choice;
+mod engine;
+mod error;
+mod http;
+mod metrics;
+mod params;
+mod respond;
+mod scheduler;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+use crate::cmd_chat::chat_template;
+use crate::cmd_run::{build_model, context_size, eog_ids, load};
+use crate::device_args::DeviceArgs;
+use crate::format_args::FormatArgs;
+use engine::{Engine, EngineConfig, Ready};
+
+/// Arguments of `infer serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The vindex directory.
+    pub vindex: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences run at once (KV slots; each choice of a request takes one).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub parallel: u16,
+    /// Context size of each sequence in tokens (prompt + output); KV memory is
+    /// parallel × ctx-size positions. Default min(4096, model maximum).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Tokens one batched step may run: a decode token per running sequence, the rest prompt
+    /// chunks (chunked prefill).
+    #[arg(long = "batch-tokens", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_tokens: u32,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Requests that may wait for a free slot; more get 503 with Retry-After.
+    #[arg(long = "max-queue", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body", default_value_t = 8 << 20)]
+    pub max_body: usize,
+    /// Seconds a request may take before its response starts (408 after).
+    #[arg(long = "timeout", default_value_t = 600)]
+    pub timeout: u64,
+    #[command(flatten)]
+    pub formats: FormatArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// Run `infer serve` until SIGTERM / SIGINT: then stop accepting, let running streams
+/// finish, exit 0.
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if !args.vindex.is_dir() {
+        bail!("{}: not a vindex folder", args.vindex.display());
+    }
+    let prom = metrics::install()?;
+    let ready: Arc<OnceLock<Arc<Ready>>> = Arc::new(OnceLock::new());
+    let (queue, jobs) = engine::queue(args.max_queue.max(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let draining = Arc::new(AtomicBool::new(false));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(&addr))
+        .with_context(|| format!("--host/--port: cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    eprintln!(
+        "infer serve: listening on http://{local} (loading {})",
+        args.vindex.display()
+    );
+    let state = Arc::new(http::AppState {
+        ready: ready.clone(),
+        queue,
+        api_key: args.api_key.clone(),
+        parallel: args.parallel as usize,
+        draining: draining.clone(),
+        metrics: prom,
+    });
+    let app = http::router(
+        state,
+        args.max_body,
+        Duration::from_secs(args.timeout.max(1)),
+    );
+    let engine_stop = stop.clone();
+    let engine_thread = std::thread::Builder::new()
+        .name("infer-engine".into())
+        .spawn(move || -> anyhow::Result<()> { run_engine(&args, &ready, jobs, &engine_stop) })?;
+    // The engine failing to load ends the server (its error is reported below).
+    let engine_done = Arc::new(tokio::sync::Notify::new());
+    let result = rt.block_on(async {
+        let shutdown = {
+            let draining = draining.clone();
+            let engine_done = engine_done.clone();
+            async move {
+                tokio::select! {
+                    _ = signal() => eprintln!("infer serve: shutting down (finishing running requests)"),
+                    _ = engine_done.notified() => {}
+                }
+                draining.store(true, Ordering::SeqCst);
+            }
+        };
+        let watch = {
+            let engine_done = engine_done.clone();
+            let h = &engine_thread;
+            async move {
+                while !h.is_finished() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                engine_done.notify_one();
+            }
+        };
+        tokio::select! {
+            r = axum::serve(listener, app).with_graceful_shutdown(shutdown) => r,
+            _ = async { watch.await; std::future::pending::<()>().await } => Ok(()),
+        }
+    });
+    stop.store(true, Ordering::SeqCst);
+    let engine_result = match engine_thread.join() {
+        Ok(r) => r,
+        Err(_) => bail!("the engine thread panicked"),
+    };
+    engine_result?;
+    result.context("serving HTTP")?;
+    Ok(())
+}
+
+/// SIGTERM or SIGINT.
+async fn signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// The engine thread: load the vindex, publish what the HTTP side needs, serve jobs.
+fn run_engine(
+    args: &ServeArgs,
+    ready: &OnceLock<Arc<Ready>>,
+    jobs: engine::QueueRx,
+    stop: &AtomicBool,
+) -> anyhow::Result<()> {
+    let l = load(&args.vindex)?;
+    let model = build_model(&l.vindex, &args.vindex, &args.formats)?;
+    let backend = args.device.backend()?;
+    let ctx = context_size(&model, args.ctx_size)?;
+    let template = chat_template(&l.vindex, &l.tokenizer)
+        .with_context(|| format!("{}: chat template", args.vindex.display()))?;
+    let eog = eog_ids(&model, &l.tokenizer);
+    let model_id = args
+        .vindex
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| args.vindex.display().to_string());
+    let r = Arc::new(Ready {
+        tokenizer: l.tokenizer,
+        template,
+        model_id,
+        vocab: model.vocab_size,
+        ctx,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    });
+    engine::publish(ready, r.clone());
+    eprintln!(
+        "infer serve: ready ({} slots × {ctx} positions, model '{}')",
+        args.parallel, r.model_id
+    );
+    let engine = Engine {
+        model: &model,
+        backend: &*backend,
+        tokenizer: &r.tokenizer,
+        eog,
+        ctx,
+        config: EngineConfig {
+            parallel: args.parallel as usize,
+            batch_tokens: args.batch_tokens as usize,
+        },
+    };
+    engine.run(jobs, stop);
+    Ok(())
+}
