@@ -144,7 +144,7 @@ impl KvCache {
         nv: usize,
     ) -> Result<std::ops::Range<usize>, InferenceError> {
         let d = self.kv_dims[layer];
-        if nk != nv || !nk.is_multiple_of(d.max(1)) {
+        if nk != nv || nk % d.max(1) != 0 {
             return Err(InferenceError::Compute(
                 infer_compute::ComputeError::ShapeMismatch {
                     what: "KV rows (K and V whole rows of kv_dim)",
