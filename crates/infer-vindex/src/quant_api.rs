@@ -33,6 +33,21 @@ impl Vindex {
         self.tiers.contains(&tier)
     }
 
+    /// Whether the quantized tier `tier` holds its own output matrix (`lm_head.weight` in
+    /// [`files::LM_HEAD_Q6K_BIN`] for q4k, [`files::LM_HEAD_Q4_BIN`] for q4). False for other
+    /// tiers, and for a vindex without a float tier whose output projection is the tied,
+    /// quantized embedding table.
+    pub fn has_lm_head_copy(&self, tier: Tier) -> bool {
+        let file = match tier {
+            Tier::Q4K => files::LM_HEAD_Q6K_BIN,
+            Tier::Q4 => files::LM_HEAD_Q4_BIN,
+            _ => return false,
+        };
+        self.quant
+            .get(file)
+            .is_some_and(|m| m.contains_key("lm_head.weight"))
+    }
+
     /// Entries of a quantized file (one of [`files::QUANT_BINS`]), unordered; empty when absent.
     pub fn quant_entries(&self, file: &str) -> Vec<&TensorEntry> {
         self.quant

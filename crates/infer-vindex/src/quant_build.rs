@@ -106,6 +106,8 @@ pub(crate) struct QuantBuilder {
     down_q4k: bool,
     requantize: bool,
     tied: bool,
+    /// A float tier is written too (else the tied lm_head and the gate copy are not copied).
+    float_tier: bool,
     gguf: Option<GgufTensors>,
     source_path: PathBuf,
     writers: HashMap<&'static str, BinWriter>,
@@ -116,7 +118,7 @@ pub(crate) struct QuantBuilder {
 
 /// The files of each quantized tier.
 fn tier_files(t: Tier) -> &'static [&'static str] {
-    t.required_files()
+    t.files()
 }
 
 impl QuantBuilder {
@@ -143,6 +145,7 @@ impl QuantBuilder {
             down_q4k: opts.down_q4k,
             requantize: opts.requantize,
             tied,
+            float_tier: opts.float_tier,
             gguf,
             source_path: source.path.clone(),
             writers,
@@ -189,7 +192,7 @@ impl QuantBuilder {
                 }
                 if t.q4 {
                     v.push((files::INTERLEAVED_Q4_BIN, r, QuantFormat::Q4_0, k.clone()));
-                    if r == 0 {
+                    if r == 0 && self.float_tier {
                         v.push((files::GATE_Q4_BIN, 0, QuantFormat::Q4_0, k));
                     }
                 }
@@ -202,7 +205,9 @@ impl QuantBuilder {
                     v.push((files::LM_HEAD_Q4_BIN, 0, QuantFormat::Q4_0, k));
                 }
             }
-            Role::Embedding if self.tied => {
+            // Without a float tier the output projection is the stored (quantized) embedding
+            // table itself, never a copy.
+            Role::Embedding if self.tied && self.float_tier => {
                 let head = "lm_head.weight".to_string();
                 if t.q4k {
                     v.push((files::LM_HEAD_Q6K_BIN, 0, QuantFormat::Q6_K, head.clone()));
@@ -306,6 +311,60 @@ impl QuantBuilder {
                 msg: format!("tensor '{key}': quantize to {format}: {e}"),
             })?;
         Ok((bytes, None))
+    }
+
+    /// True when a selected quantized tier stores this tensor (so a vindex without a float
+    /// tier needs no float copy of it).
+    pub fn covers(&self, role: Role, key: &str) -> bool {
+        role != Role::Embedding && !self.targets(role, key).is_empty()
+    }
+
+    /// The embedding table `[vocab, hidden]` of a vindex without a float tier, as stored in
+    /// `embeddings.bin`: a GGUF's own blocks when its `token_embd` is in a ggml block format
+    /// (byte-exact, recorded as passthrough; not with `requantize`), else ggml's reference
+    /// quantizer to the format llama.cpp's presets give it — the output type Q6_K when tied
+    /// (the table is the output projection), Q4_K when not (q4k tier), Q8_0 (q8), Q4_0 (q4) —
+    /// with the per-tensor fallbacks of [`storage_format`].
+    /// Errors: [`VindexError::BadSource`] for a row length no format can hold; source reads.
+    pub fn embedding(
+        &mut self,
+        key: &str,
+        shape: &[usize],
+        data: &[f32],
+        src: Option<&str>,
+    ) -> Result<(QuantFormat, Vec<u8>), VindexError> {
+        if let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) {
+            if let Some((bytes, info)) = g.raw_blocks_hf_order(src)? {
+                let f = info.dtype;
+                if f.is_quantized() && f != QuantFormat::Q8_1 && info.shape == shape {
+                    let name = g.gguf_name(src).unwrap_or(src).to_string();
+                    self.passthrough.push(Passthrough {
+                        file: files::EMBEDDINGS_BIN.to_string(),
+                        key: key.to_string(),
+                        format: f,
+                        source_tensor: name,
+                        rows_unpermuted: false,
+                    });
+                    return Ok((f, bytes.into_owned()));
+                }
+            }
+        }
+        let t = self.tiers;
+        let desired = match (t.q4k, t.q8, self.tied) {
+            (true, _, true) => QuantFormat::Q6_K,
+            (true, _, false) => QuantFormat::Q4_K,
+            (false, true, _) => QuantFormat::Q8_0,
+            _ => QuantFormat::Q4_0,
+        };
+        let bad = |msg: String| VindexError::BadSource {
+            path: self.source_path.clone(),
+            msg: format!("tensor '{key}' {shape:?}: {msg}"),
+        };
+        let row = *shape.last().unwrap_or(&0);
+        let format = storage_format(desired, row).map_err(|m| bad(format!("embeddings: {m}")))?;
+        let bytes = quantize_rows_par(format, data, row)
+            .map_err(|e| bad(format!("quantize to {format}: {e}")))?;
+        Ok((format, bytes))
     }
 
     fn writer(&mut self, file: &'static str) -> Result<&mut BinWriter, VindexError> {
