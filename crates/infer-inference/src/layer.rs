@@ -298,6 +298,8 @@ pub enum FfnPath {
     WalkQuantized,
     /// Mixture of experts: router, top-k experts (f32), optional shared expert.
     MoeF32,
+    /// Mixture of experts with every expert from the quantized FFN tier (router in f32).
+    MoeQuantized,
     /// Interleaved Q4_K tier (gate, up Q4_K; down Q6_K; fallbacks per row length).
     Q4K,
     /// Interleaved Q4_0 tier.
@@ -322,6 +324,9 @@ impl fmt::Display for FfnPath {
                 f.write_str("walk FFN over the quantized tier's rows (no float tier)")
             }
             FfnPath::MoeF32 => f.write_str("MoE f32 (router, top-k experts)"),
+            FfnPath::MoeQuantized => {
+                f.write_str("MoE (f32 router, top-k experts from the quantized FFN tier)")
+            }
             FfnPath::Q4K => f.write_str("FFN interleaved Q4_K tier"),
             FfnPath::Q4 => f.write_str("FFN interleaved Q4_0 tier"),
         }
@@ -480,7 +485,16 @@ impl FullPipelineLayer<'_> {
                 d.down.weight.describe()
             ),
             Ffn::Walk(w) => w.describe_k(),
-            _ => String::new(),
+            Ffn::Moe(m) => m.experts.first().map_or(String::new(), |e| {
+                format!(
+                    " ({} experts, top {}; each gate {}, up {}, down {})",
+                    m.experts.len(),
+                    m.top_k,
+                    e.gate.as_ref().map_or("-", |g| g.dtype()),
+                    e.up.dtype(),
+                    e.down.dtype()
+                )
+            }),
         }
     }
 

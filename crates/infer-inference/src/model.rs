@@ -620,7 +620,19 @@ fn build_layer<'a>(
         (g.head_dim, g.head_dim)
     };
     let (ffn, ffn_path) = if arch.num_experts_for_layer(l) > 0 {
-        (Ffn::Moe(moe_ffn(v, arch, l, hidden)?), FfnPath::MoeF32)
+        let tier = match plan.ffn {
+            FfnPath::Q4K => Some(Tier::Q4K),
+            FfnPath::Q4 => Some(Tier::Q4),
+            // A vindex without a float tier holds its experts in the quantized FFN tier only.
+            FfnPath::WalkQuantized if v.has_tier(Tier::Q4K) => Some(Tier::Q4K),
+            FfnPath::WalkQuantized => Some(Tier::Q4),
+            _ => None,
+        };
+        let path = match tier {
+            Some(_) => FfnPath::MoeQuantized,
+            None => FfnPath::MoeF32,
+        };
+        (Ffn::Moe(moe_ffn(v, arch, l, hidden, tier)?), path)
     } else if plan.ffn == FfnPath::WalkF32 {
         (Ffn::Walk(walk_ffn(v, arch, l, &g)?), FfnPath::WalkF32)
     } else if plan.ffn == FfnPath::WalkQuantized {
@@ -746,19 +758,32 @@ fn walk_ffn_quantized<'a>(
     })
 }
 
-/// A gated expert stored as HF Linear matrices (gate/up `[inter, hidden]`, down `[hidden, inter]`).
+/// A gated expert stored as HF Linear matrices (gate/up `[inter, hidden]`, down `[hidden,
+/// inter]`): from the float tier, or per expert from the quantized FFN tier `tier` (rows
+/// dequantized by the products, as the walk FFN over quantized rows).
 fn expert<'a>(
     v: &'a Vindex,
     keys: [String; 3],
     inter: usize,
     hidden: usize,
+    tier: Option<Tier>,
 ) -> Result<WalkFfn<'a>, InferenceError> {
     let [gate, up, down] = keys;
+    let table = |key: &str, rows: usize, cols: usize| -> Result<FloatRows<'a>, InferenceError> {
+        let Some(t) = tier else {
+            return required_rows(v, key, rows * cols);
+        };
+        let (bytes, format) = v
+            .ffn_quant_tensor(t, key)
+            .map_err(|_| InferenceError::MissingTensor(format!("{key} (tier {t})")))?;
+        quant_weight(key.to_string(), bytes, None, format, rows, cols)?;
+        check_rows(block_rows(format, bytes, cols), key, rows * cols)
+    };
     Ok(WalkFfn {
         intermediate_size: inter,
-        gate: Some(required_rows(v, &gate, inter * hidden)?),
-        up: required_rows(v, &up, inter * hidden)?,
-        down: required_rows(v, &down, inter * hidden)?,
+        gate: Some(table(&gate, inter, hidden)?),
+        up: table(&up, inter, hidden)?,
+        down: table(&down, hidden, inter)?,
         down_layout: DownLayout::Linear,
         up_bias: None,
         down_bias: None,
@@ -771,6 +796,7 @@ fn moe_ffn<'a>(
     arch: &dyn ModelArchitecture,
     l: usize,
     hidden: usize,
+    tier: Option<Tier>,
 ) -> Result<MoeFfn<'a>, InferenceError> {
     let n = arch.num_experts_for_layer(l);
     let inter = arch.intermediate_size_for_layer(l);
@@ -788,6 +814,7 @@ fn moe_ffn<'a>(
                 ],
                 inter,
                 hidden,
+                tier,
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -795,7 +822,7 @@ fn moe_ffn<'a>(
         arch.shared_expert_keys(l),
         arch.shared_expert_intermediate_size(),
     ) {
-        (Some(keys), Some(si)) => Some(expert(v, keys, si, hidden)?),
+        (Some(keys), Some(si)) => Some(expert(v, keys, si, hidden, tier)?),
         _ => None,
     };
     Ok(MoeFfn {

@@ -211,6 +211,29 @@ impl Vindex {
         Ok(out)
     }
 
+    /// One FFN matrix by canonical key from the q4k ([`Tier::Q4K`]) or q4 ([`Tier::Q4`]) FFN
+    /// tier with its stored format: MoE experts (`….mlp.experts.{e}.{gate,up,down}_proj.weight`,
+    /// `….mlp.shared_expert.*`), stored per expert in HF Linear layout.
+    /// Errors: another tier; [`VindexError::Absent`] without the tier or the key.
+    pub fn ffn_quant_tensor(
+        &self,
+        tier: Tier,
+        key: &str,
+    ) -> Result<(&[u8], QuantFormat), VindexError> {
+        let file = match tier {
+            Tier::Q4K => files::INTERLEAVED_Q4K_BIN,
+            Tier::Q4 => files::INTERLEAVED_Q4_BIN,
+            _ => {
+                return Err(VindexError::Absent {
+                    path: self.path.clone(),
+                    what: format!("a quantized FFN in tier '{tier}'"),
+                })
+            }
+        };
+        let (b, e) = self.quant_tensor(file, key)?;
+        Ok((b, e.format))
+    }
+
     /// Gate rows of `layer` in Q4_0, `[intermediate, hidden]` ([`files::GATE_Q4_BIN`]).
     /// Errors: layer out of range; [`VindexError::Absent`] without the q4 tier.
     pub fn gate_q4_data(&self, layer: usize) -> Result<&[u8], VindexError> {

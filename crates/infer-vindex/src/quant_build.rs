@@ -89,6 +89,25 @@ pub(crate) fn attn_rank(key: &str) -> Option<usize> {
         .position(|p| key.ends_with(&format!("self_attn.{p}.weight")))
 }
 
+/// `(rank, which)` of an MoE expert matrix in its layer's interleaved FFN order: expert `e`'s
+/// gate, up, down (`which` 0, 1, 2) after the dense FFN's three, the shared expert after
+/// every routed one. Keys: `….mlp.experts.{e}.{gate,up,down}_proj.weight` and
+/// `….mlp.shared_expert.{gate,up,down}_proj.weight` (canonical names).
+pub(crate) fn expert_rank(key: &str) -> Option<(usize, usize)> {
+    let (_, rest) = crate::classify::split_layer(key)?;
+    let proj = |p: &str| {
+        ["gate_proj.weight", "up_proj.weight", "down_proj.weight"]
+            .iter()
+            .position(|n| *n == p)
+    };
+    if let Some(p) = rest.strip_prefix("mlp.shared_expert.") {
+        return proj(p).map(|w| (usize::MAX / 2 + w, w));
+    }
+    let (e, p) = rest.strip_prefix("mlp.experts.")?.split_once('.')?;
+    let w = proj(p)?;
+    Some((3 + 3 * e.parse::<usize>().ok()? + w, w))
+}
+
 /// One quantized tensor waiting for its layer to complete (so each layer's tensors are written
 /// in Q, K, V, O / gate, up, down order whatever the source order).
 struct Pending {
@@ -176,23 +195,32 @@ impl QuantBuilder {
                     }
                 }
             }
-            Role::FfnGate | Role::FfnUp | Role::FfnDown => {
-                let r = match role {
-                    Role::FfnGate => 0,
-                    Role::FfnUp => 1,
-                    _ => 2,
+            Role::FfnGate | Role::FfnUp | Role::FfnDown | Role::Other => {
+                let (rank, r) = match (role, expert_rank(key)) {
+                    (Role::FfnGate, _) => (0, 0),
+                    (Role::FfnUp, _) => (1, 1),
+                    (Role::FfnDown, _) => (2, 2),
+                    // MoE experts are stored per expert in the interleaved FFN files.
+                    (_, Some(rw)) => rw,
+                    (_, None) => return v,
                 };
+                let dense = role != Role::Other;
                 if t.q4k {
                     let f = if r == 2 && !self.down_q4k {
                         QuantFormat::Q6_K
                     } else {
                         QuantFormat::Q4_K
                     };
-                    v.push((files::INTERLEAVED_Q4K_BIN, r, f, k.clone()));
+                    v.push((files::INTERLEAVED_Q4K_BIN, rank, f, k.clone()));
                 }
                 if t.q4 {
-                    v.push((files::INTERLEAVED_Q4_BIN, r, QuantFormat::Q4_0, k.clone()));
-                    if r == 0 && self.float_tier {
+                    v.push((
+                        files::INTERLEAVED_Q4_BIN,
+                        rank,
+                        QuantFormat::Q4_0,
+                        k.clone(),
+                    ));
+                    if r == 0 && dense && self.float_tier {
                         v.push((files::GATE_Q4_BIN, 0, QuantFormat::Q4_0, k));
                     }
                 }

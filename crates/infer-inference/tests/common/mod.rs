@@ -159,6 +159,23 @@ pub fn archrefs_q4k(case: &str, dir: &Path) -> (PathBuf, PathBuf) {
     (case_dir, vindex)
 }
 
+/// Archrefs case `case` extracted into `dir` with the q4k tier and no float tier (`infer
+/// extract --float none`, the CLI default): the vindex path.
+pub fn archrefs_quantized_only(case: &str, dir: &Path) -> PathBuf {
+    let case_dir = shared_dir().join("archrefs").join(case);
+    let out = dir.join(format!("{case}-q.vindex"));
+    let opts = infer_vindex::BuildOptions {
+        float_tier: false,
+        force: true,
+        allow_no_tokenizer: true,
+        quant: infer_vindex::QuantTiers::Q4K,
+        ..Default::default()
+    };
+    infer_vindex::extract(&case_dir, &out, &opts)
+        .unwrap_or_else(|e| panic!("extract {}: {e}", case_dir.display()));
+    out
+}
+
 /// The real SmolLM2-135M-Instruct GGUF (`INFER_MODELS`) extracted into `dir` with the f32 tier
 /// and the quantized tiers `quant`; the vindex path.
 pub fn smollm2_with(dir: &Path, quant: infer_vindex::QuantTiers) -> PathBuf {
