@@ -236,6 +236,13 @@ fn gemma3_matches_hf() {
     check_case("gemma3");
 }
 
+/// Qwen3-MoE (`../shared/archrefs-next/qwen3-moe`): Qwen3 attention with per-head q/k norm and
+/// 8 experts top-2 with `norm_topk_prob`, on the float path and (cosine ≥ 0.99) quantized.
+#[test]
+fn qwen3_moe_matches_hf() {
+    check_case("qwen3-moe");
+}
+
 /// Every case folder under archrefs (a newly added folder of the same shape is picked up).
 #[test]
 fn every_archrefs_case_matches_hf() {
