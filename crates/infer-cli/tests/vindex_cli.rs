@@ -160,7 +160,8 @@ fn extract_quant_all_and_quant_stats() {
     let root = tempfile::tempdir().unwrap();
     let target = root.path().join("q.vindex");
     let t = target.to_str().unwrap();
-    let o = infer(&["extract", g, "-o", t, "--quant", "all"]);
+    // quant-stats compares with the float tier (--quant all alone writes none).
+    let o = infer(&["extract", g, "-o", t, "--quant", "all", "--float", "f32"]);
     assert!(o.status.success(), "{}", text(&o));
     for f in [
         "attn_weights_q4k.bin",
@@ -227,6 +228,11 @@ fn extract_quant_all_and_quant_stats() {
     let index = std::fs::read_to_string(t2.join("index.json")).unwrap();
     assert!(index.contains("\"q4k\""), "default tiers");
     assert!(!t2.join("interleaved_q4.bin").exists());
+    // ... and no float tier: no float FFN rows, embeddings in the GGUF's own Q8_0 blocks.
+    assert!(!t2.join("gate_vectors.bin").exists());
+    assert!(!index.contains("\"f32\","), "no f32 tier listed");
+    let o = infer(&["quant-stats", t2.to_str().unwrap()]);
+    assert!(!o.status.success(), "quant-stats needs the float tier");
 
     let o = infer(&["extract", g, "-o", "y.vindex", "--quant", "q3"]);
     assert!(!o.status.success());
