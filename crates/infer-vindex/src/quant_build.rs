@@ -46,6 +46,16 @@ pub fn storage_format(desired: QuantFormat, row_len: usize) -> Result<QuantForma
         .unwrap_or(QuantFormat::F16))
 }
 
+/// The formats the q4k tier's files hold (llama.cpp's Q4_K_M mix and its fallbacks): a GGUF
+/// tensor already in one of them keeps its blocks there, whichever of them the tier would have
+/// picked (Q4_K_M stores `attn_v` / `ffn_down` in Q6_K on some layers and Q4_K on the rest).
+pub const Q4K_TIER_FORMATS: [QuantFormat; 4] = [
+    QuantFormat::Q4_K,
+    QuantFormat::Q6_K,
+    QuantFormat::Q5_0,
+    QuantFormat::Q8_0,
+];
+
 /// Quantize `data` (rows of `n_per_row`) to `format` with ggml's reference quantizer
 /// ([`infer_quant::quantize`], no imatrix), in parallel over row chunks on the current rayon
 /// pool. The bytes equal a serial call's: every row is quantized independently.
@@ -277,7 +287,17 @@ impl QuantBuilder {
         let row = shape[1];
         let mut cache: HashMap<QuantFormat, Encoded> = HashMap::new();
         for (file, rank, desired, out_key) in targets {
-            let format = storage_format(desired, row).map_err(|m| bad(format!("{file}: {m}")))?;
+            let mut format =
+                storage_format(desired, row).map_err(|m| bad(format!("{file}: {m}")))?;
+            let q4k_file = matches!(
+                file,
+                files::ATTN_Q4K_BIN | files::INTERLEAVED_Q4K_BIN | files::LM_HEAD_Q6K_BIN
+            );
+            if let (true, Some(f)) = (q4k_file, self.source_format(src, shape)) {
+                if Q4K_TIER_FORMATS.contains(&f) {
+                    format = f;
+                }
+            }
             if file == files::ATTN_Q8_BIN && format != QuantFormat::Q8_0 {
                 return Err(bad(format!(
                     "{file}: the q8 tier stores blocks of 32 values, and rows of {row} values are \
@@ -312,6 +332,16 @@ impl QuantBuilder {
             }
         }
         Ok(())
+    }
+
+    /// The ggml type of GGUF source tensor `src` when it may pass through (not `requantize`,
+    /// same shape as stored).
+    fn source_format(&self, src: Option<&str>, shape: &[usize]) -> Option<QuantFormat> {
+        use infer_models::TensorSource;
+        let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) else {
+            return None;
+        };
+        g.info(src).filter(|i| i.shape == shape).map(|i| i.dtype)
     }
 
     /// The tensor's blocks in `format`: the GGUF's own blocks when the source tensor already has
