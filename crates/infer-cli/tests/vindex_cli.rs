@@ -126,15 +126,15 @@ fn extract_force_and_verify() {
         assert!(text(&o).contains("--features cuda"), "{}", text(&o));
     }
 
-    // Change one byte of down_features.bin: verify names it and exits non-zero.
-    let p = target.join("down_features.bin");
+    // Change one byte of interleaved_q4k.bin: verify names it and exits non-zero.
+    let p = target.join("interleaved_q4k.bin");
     let mut bytes = std::fs::read(&p).unwrap();
     bytes[12345] ^= 1;
     std::fs::write(&p, bytes).unwrap();
     let o = infer(&["verify", t]);
     assert!(!o.status.success());
     assert!(
-        text(&o).contains("MISMATCH down_features.bin"),
+        text(&o).contains("MISMATCH interleaved_q4k.bin"),
         "{}",
         text(&o)
     );
@@ -230,7 +230,12 @@ fn extract_quant_all_and_quant_stats() {
     assert!(!t2.join("interleaved_q4.bin").exists());
     // ... and no float tier: no float FFN rows, embeddings in the GGUF's own Q8_0 blocks.
     assert!(!t2.join("gate_vectors.bin").exists());
-    assert!(!index.contains("\"f32\","), "no f32 tier listed");
+    let parsed: serde_json::Value = serde_json::from_str(&index).unwrap();
+    assert_eq!(
+        parsed["tiers"],
+        serde_json::json!(["q4k"]),
+        "no float tier listed"
+    );
     let o = infer(&["quant-stats", t2.to_str().unwrap()]);
     assert!(!o.status.success(), "quant-stats needs the float tier");
 
