@@ -93,7 +93,7 @@ impl ExtractArgs {
             (None, Some(d)) => FloatTier::Dtype(d),
             (None, None) => {
                 let q = self.quant;
-                let complete = (q.q4k || q.q8) && (q.q4k || q.q4);
+                let complete = q.q4k || (q.q8 && q.q4);
                 if complete && self.down_meta.is_none() {
                     FloatTier::None
                 } else {
