@@ -80,7 +80,8 @@ impl std::fmt::Display for Tier {
     }
 }
 
-/// Which quantized tiers a build writes (the float tier is always written).
+/// Which quantized tiers a build writes (besides the float tier, unless
+/// [`crate::BuildOptions::float_tier`] is false).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuantTiers {
     pub q4k: bool,
