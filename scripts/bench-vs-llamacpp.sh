@@ -42,7 +42,7 @@ for m in smollm2 gemma3; do
     out="$peers/$m-$q.gguf"
     [ -f "$out" ] || "$bin/llama-quantize" --allow-requantize "${GGUF[$m]}" "$out" "$q" >/dev/null 2>&1
   done
-  [ -d "$peers/$m.vindex" ] || $infer extract "${GGUF[$m]}" -o "$peers/$m.vindex" --quant all --no-tokenizer >&2
+  [ -d "$peers/$m.vindex" ] || $infer extract "${GGUF[$m]}" -o "$peers/$m.vindex" --quant all --float f32 --no-tokenizer >&2
   [ -d "$peers/$m-f16.vindex" ] ||
     $infer extract "${GGUF[$m]}" -o "$peers/$m-f16.vindex" --dtype f16 --quant none --no-tokenizer >&2
 done

@@ -174,7 +174,7 @@ model() {
         return
     fi
     local v="$work/model.vindex"
-    [[ -d "$v" ]] || "$BIN/infer" extract "$work/$name" -o "$v" --quant q4k 2>&1 | tail -3 | tee -a "$log"
+    [[ -d "$v" ]] || "$BIN/infer" extract "$work/$name" -o "$v" --quant q4k --float f32 2>&1 | tail -3 | tee -a "$log"
     local prompt='<|im_start|>user
 What is the capital of France?<|im_end|>
 <|im_start|>assistant
@@ -221,7 +221,7 @@ synth() {
         g="$work/$name.gguf"
         v="$work/$name.vindex"
         [[ -f "$g" ]] || "$BIN/infer" synth --like "$s" -o "$g" 2>&1 | tail -2 | tee -a "$log"
-        [[ -d "$v" ]] || "$BIN/infer" extract "$g" -o "$v" --quant q4k --no-tokenizer 2>&1 | tail -2 | tee -a "$log"
+        [[ -d "$v" ]] || "$BIN/infer" extract "$g" -o "$v" --quant q4k --float f32 --no-tokenizer 2>&1 | tail -2 | tee -a "$log"
         [[ "${1:-}" == prep ]] && continue
         echo "== $name: infer bench --device cuda (device decoder, then --host-loop)" | tee -a "$log"
         "$BIN/infer" bench "$v" --device cuda -p 128 -n 64 -r 5 --profile 2>&1 | tee -a "$log" || true

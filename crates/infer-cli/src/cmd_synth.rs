@@ -7,6 +7,10 @@
 //!   `--like SKEL.gguf` then gives the same bytes as `--like MODEL.gguf`.
 //! - `--like config.json -o DIR` (or `--like HF_DIR`): a HF folder with random safetensors
 //!   weights ([`hf`]).
+//! - `--like config.json --gguf Q4_K_M|Q4_0|Q8_0|F16 [--vocab VOCAB.gguf] -o OUT.gguf`: the
+//!   GGUF llama.cpp's converter and `llama-quantize` would write for that config (tensor names,
+//!   metadata, the preset's type mix, a real tokenizer from a vocabulary-only GGUF;
+//!   [`gguf_like`]), with random data streamed as for a GGUF `--like`.
 //!
 //! The kind of `--like` is recognised by content ([`like`]). Before anything is written the
 //! output's directory must exist, the sizes must be sane ([`limits`], llama.cpp's tensor
@@ -15,6 +19,7 @@
 //! existing path, `--force` or not; `--force` replaces only an empty or synth-written folder (HF).
 
 mod gguf;
+mod gguf_like;
 mod hf;
 mod like;
 mod limits;
@@ -55,6 +60,19 @@ pub struct SynthArgs {
     /// HF only: dtype of the safetensors weights, f32 or bf16 (default f32).
     #[arg(long)]
     pub dtype: Option<StDtype>,
+    /// With a config --like: write a GGUF in this llama-quantize preset instead of a HF
+    /// folder (Q4_K_M, Q4_0, Q8_0 or F16; llama.cpp's tensor names, metadata and type mix).
+    #[arg(long, value_name = "PRESET", value_parser = parse_preset)]
+    pub gguf: Option<gguf_like::Preset>,
+    /// With --gguf: a vocabulary-only GGUF (llama.cpp's models/ggml-vocab-*.gguf, see
+    /// scripts/fetch-vocabs.sh) whose tokenizer.* metadata the output carries; its token count
+    /// must equal the config's vocab_size.
+    #[arg(long, value_name = "VOCAB.gguf", requires = "gguf")]
+    pub vocab: Option<PathBuf>,
+}
+
+fn parse_preset(s: &str) -> Result<gguf_like::Preset, String> {
+    s.parse()
 }
 
 /// Run `infer synth`.
@@ -63,11 +81,20 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     space::check_output_dir(&args.output)?;
     let start = std::time::Instant::now();
     match kind {
+        Like::Gguf(_) if args.gguf.is_some() => {
+            bail!("--gguf applies to a config --like (a GGUF --like keeps its own types)")
+        }
         Like::Gguf(like) => {
             if args.dtype.is_some() {
                 bail!("--dtype applies to a HF --like (config.json or folder) only (GGUF tensors keep their types)");
             }
             synth_gguf(&args, &like)?
+        }
+        Like::HfConfig(config) if args.gguf.is_some() => {
+            if args.dtype.is_some() {
+                bail!("--dtype applies to a HF folder output; --gguf sets the types by preset");
+            }
+            synth_gguf_from_config(&args, &config)?
         }
         Like::HfConfig(config) => {
             if args.header_only {
@@ -114,6 +141,45 @@ fn synth_gguf(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
         if args.header_only { "header of " } else { "" },
         written.tensors,
         written.bytes as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+/// `--like config.json --gguf PRESET`: build the GGUF header the config implies, then write it
+/// (header only, or with streamed random data) as [`synth_gguf`] does.
+fn synth_gguf_from_config(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
+    let preset = args.gguf.context("--gguf")?;
+    stage::check_target(&args.output, false, args.force)?;
+    limits::check_config_sizes(like)?;
+    let config = infer_models::ModelConfig::from_hf_file(like)
+        .with_context(|| format!("reading {}", like.display()))?;
+    let vocab = match &args.vocab {
+        Some(p) => Some((p.as_path(), gguf::read_header(p)?)),
+        None => None,
+    };
+    let header = gguf_like::header(&config, preset, vocab.as_ref().map(|(p, h)| (*p, h)), like)?;
+    let need = gguf::planned_size(like, &header, args.header_only)?;
+    space::check_fits(&args.output, need, &like.display().to_string())?;
+    crate::cmd_vindex::install_interrupt_cleanup(&args.output);
+    let staged = stage::Staged::new(&args.output, false, args.force)?;
+    let written = if args.header_only {
+        gguf::write_header_only(&header, staged.path(), &args.output)?
+    } else {
+        gguf::write_random(like, &header, staged.path(), &args.output, args.seed)?
+    };
+    staged.commit()?;
+    eprint!(
+        "wrote {} ({:?} GGUF, {}{} tensors, {:.1} MiB{}) ",
+        args.output.display(),
+        preset,
+        if args.header_only { "header of " } else { "" },
+        written.tensors,
+        written.bytes as f64 / (1 << 20) as f64,
+        if vocab.is_some() {
+            ", tokenizer from --vocab"
+        } else {
+            ", no tokenizer: extract with --no-tokenizer"
+        }
     );
     Ok(())
 }

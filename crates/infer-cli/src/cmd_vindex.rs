@@ -14,9 +14,16 @@ pub struct ExtractArgs {
     /// Output directory, conventionally NAME.vindex.
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Dtype of the stored matrices: f32 (exact) or f16 (half the size). Norms stay f32.
-    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
-    pub dtype: Dtype,
+    /// The float tier: none (default when the quantized tiers hold every matrix: q4k, or q8
+    /// and q4 together, so a Q4_K_M GGUF gives a vindex of about its own size), f32 (exact;
+    /// the default otherwise, e.g. with --quant none) or f16 (half the size of f32). Without a
+    /// float tier the embeddings are stored quantized (a GGUF's own token_embd blocks, byte
+    /// for byte) and norms, biases and routers in f32.
+    #[arg(long, value_parser = parse_float)]
+    pub float: Option<FloatTier>,
+    /// Same as --float f32|f16 (kept for older scripts).
+    #[arg(long, value_parser = parse_dtype, conflicts_with = "float", hide = true)]
+    pub dtype: Option<Dtype>,
     /// Replace an existing output directory (only once the new vindex is complete). Only a
     /// vindex (a directory with index.json) or an empty directory is replaced; a file or any
     /// other directory is refused, so user data is never deleted.
@@ -60,6 +67,43 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
     s.parse()
 }
 
+/// `--float`: a float tier of this dtype, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloatTier {
+    Dtype(Dtype),
+    None,
+}
+
+fn parse_float(s: &str) -> Result<FloatTier, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "none" => Ok(FloatTier::None),
+        other => other
+            .parse()
+            .map(FloatTier::Dtype)
+            .map_err(|_| format!("unknown float tier '{s}' (expected f32, f16 or none)")),
+    }
+}
+
+impl ExtractArgs {
+    /// The float tier to write: as asked, else none when the quantized tiers hold every
+    /// matrix (q4k, or q8 with q4), else f32.
+    fn float_tier(&self) -> FloatTier {
+        match (self.float, self.dtype) {
+            (Some(f), _) => f,
+            (None, Some(d)) => FloatTier::Dtype(d),
+            (None, None) => {
+                let q = self.quant;
+                let complete = q.q4k || (q.q8 && q.q4);
+                if complete && self.down_meta.is_none() {
+                    FloatTier::None
+                } else {
+                    FloatTier::Dtype(Dtype::F32)
+                }
+            }
+        }
+    }
+}
+
 /// Arguments of `infer verify`.
 #[derive(Args)]
 pub struct VerifyArgs {
@@ -71,8 +115,13 @@ pub struct VerifyArgs {
 /// output, renamed into place when complete). Ctrl-C removes the temp directory.
 pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
     install_interrupt_cleanup(&args.output);
+    let float = args.float_tier();
     let opts = BuildOptions {
-        dtype: args.dtype,
+        dtype: match float {
+            FloatTier::Dtype(d) => d,
+            FloatTier::None => Dtype::F32,
+        },
+        float_tier: float != FloatTier::None,
         force: args.force,
         tokenizer: args.tokenizer.clone(),
         allow_no_tokenizer: args.no_tokenizer,
@@ -93,10 +142,9 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
     })?;
     let bytes: u64 = index.files.iter().map(|f| f.bytes).sum();
     eprintln!(
-        "wrote {} ({} {}, tiers {}, {} passthrough tensors, {} layers, {} files, {:.1} MiB) in {:.1} s",
+        "wrote {} ({}, tiers {}, {} passthrough tensors, {} layers, {} files, {:.1} MiB) in {:.1} s",
         args.output.display(),
         index.model_type,
-        index.dtype,
         index.tiers.join("+"),
         index.passthrough.len(),
         index.shapes.num_layers,

@@ -16,9 +16,10 @@ use anyhow::{bail, Context};
 use clap::Args;
 use infer_compute::ops::{gelu, gelu_tanh, silu};
 use infer_compute::{ComputeBackend, CpuBackend};
+use infer_inference::layer::Ffn;
 use infer_inference::{Model, Tokenizer};
 use infer_models::arch::{Activation, FfnType};
-use infer_vindex::{FloatSlice, Vindex};
+use infer_vindex::{FloatSlice, Tier, Vindex};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
@@ -96,8 +97,38 @@ fn matvec(
                 .map(|(w, v)| w.to_f32() * v)
                 .sum();
         }),
+        // The float tier's FFN files hold F32/F16 only (checked at open).
+        FloatSlice::Blocks { .. } => backend.gemv(&m.to_f32_vec(), x, n, k, &mut y)?,
     }
     Ok(y)
+}
+
+/// `y = W·x` for a layer's FFN matrix as the model holds it (a vindex without a float tier:
+/// the quantized tier's rows, dequantized by the product). `None` when it has no such matrix.
+fn model_matvec(
+    backend: &dyn ComputeBackend,
+    ffn: &Ffn<'_>,
+    gate: bool,
+    x: &[f32],
+    n: usize,
+) -> anyhow::Result<Option<Vec<f32>>> {
+    let mut y = vec![0.0f32; n];
+    match ffn {
+        Ffn::Dense(d) => {
+            let Some(lin) = (if gate { d.gate.as_ref() } else { Some(&d.up) }) else {
+                return Ok(None);
+            };
+            backend.linear(&lin.matrix(), x, 1, &mut y)?;
+        }
+        Ffn::Walk(w) => {
+            let Some(rows) = (if gate { w.gate.as_ref() } else { Some(&w.up) }) else {
+                return Ok(None);
+            };
+            rows.matmul_transb(backend, x, 1, x.len(), n, &mut y)?;
+        }
+        Ffn::Moe(_) => return Ok(None),
+    }
+    Ok(Some(y))
 }
 
 /// A 1-D bias by key, when the architecture names one and the vindex holds it.
@@ -140,24 +171,42 @@ fn walk_layer(c: &Ctx<'_>, l: usize, x: &[f32]) -> anyhow::Result<LayerReport> {
     let (top, n_tokens) = (c.top, c.n_tokens);
     let arch = c.model.arch.as_ref();
     let entries = &v.index().layers[l];
-    if entries.up.is_none() || entries.down.is_none() {
-        let reason = if arch.num_experts_for_layer(l) > 0 {
-            "is MoE: not supported by walk"
-        } else {
-            "has no dense FFN: not supported by walk"
-        };
-        return Ok(LayerReport::Skipped {
-            layer: l,
-            reason: reason.into(),
-        });
+    let skipped = |reason: &str| LayerReport::Skipped {
+        layer: l,
+        reason: reason.into(),
+    };
+    if arch.num_experts_for_layer(l) > 0 {
+        return Ok(skipped("is MoE: not supported by walk"));
     }
-    let n = v.intermediate_size(l)?;
+    let float_rows = entries.up.is_some() && entries.down.is_some();
+    let ffn = &c.model.layers[l].ffn;
+    if !float_rows && matches!(ffn, Ffn::Moe(_)) {
+        return Ok(skipped("has no dense FFN: not supported by walk"));
+    }
+    let n = c.model.layers[l].geometry.intermediate_size;
     let act = act_fn(arch.activation());
-    let mut up = matvec(backend, v.up_layer(l)?, x, n)?;
+    // The float tier's rows when the vindex has them, else the quantized tier's (the model's).
+    let scores = |gate: bool| -> anyhow::Result<Vec<f32>> {
+        if float_rows {
+            let m = if gate {
+                v.gate_layer(l)?
+            } else {
+                v.up_layer(l)?
+            };
+            return matvec(backend, m, x, n);
+        }
+        model_matvec(backend, ffn, gate, x, n)?.with_context(|| {
+            format!(
+                "layer {l}: no FFN {} rows",
+                if gate { "gate" } else { "up" }
+            )
+        })
+    };
+    let mut up = scores(false)?;
     add(&mut up, bias(v, arch.ffn_up_bias_key(l), n)?);
     let gate = match arch.ffn_type() {
         FfnType::Gated => {
-            let mut g = matvec(backend, v.gate_layer(l)?, x, n)?;
+            let mut g = scores(true)?;
             add(&mut g, bias(v, arch.ffn_gate_bias_key(l), n)?);
             Some(g)
         }
@@ -224,6 +273,7 @@ fn next_tokens(
 
 fn text_report(
     args: &WalkArgs,
+    scores_from: &str,
     tokens: &[u32],
     last: &str,
     has_meta: bool,
@@ -242,9 +292,10 @@ fn text_report(
         let _ = writeln!(
             s,
             "(no down_meta.bin in this vindex: features only; add top tokens with \
-             `infer extract SOURCE -o VINDEX --down-meta --force`)"
+             `infer extract SOURCE -o VINDEX --down-meta --float f32 --force`)"
         );
     }
+    let _ = writeln!(s, "(gate/up scores from {scores_from})");
     for r in layers {
         match r {
             LayerReport::Skipped { layer, reason } => {
@@ -290,6 +341,7 @@ fn text_report(
 
 fn json_report(
     args: &WalkArgs,
+    scores_from: &str,
     tokens: &[u32],
     has_meta: bool,
     layers: &[LayerReport],
@@ -329,6 +381,7 @@ fn json_report(
         "tokens": tokens,
         "position": tokens.len() - 1,
         "down_meta": has_meta,
+        "scores_from": scores_from,
         "layers": layers,
         "next_tokens": toks(next, "logit"),
     })
@@ -395,13 +448,26 @@ pub fn run(args: WalkArgs) -> anyhow::Result<()> {
         reports.push(walk_layer(&ctx, l, x)?);
     }
     let next = next_tokens(&tok, &logits, 5)?;
+    let float = v.has_tier(Tier::F32) || v.has_tier(Tier::F16);
+    let scores_from = if float {
+        "the float tier".to_string()
+    } else {
+        let tier = if v.has_tier(Tier::Q4K) { "q4k" } else { "q4" };
+        format!("the {tier} tier's rows, dequantized (this vindex has no float tier)")
+    };
     if args.json {
-        let doc = json_report(&args, &tokens, has_meta, &reports, &next);
+        let doc = json_report(&args, &scores_from, &tokens, has_meta, &reports, &next);
         crate::print_stdout(&format!("{}\n", serde_json::to_string_pretty(&doc)?));
     } else {
         let last = tok.decode(&tokens[tokens.len() - 1..], false)?;
         crate::print_stdout(&text_report(
-            &args, &tokens, &last, has_meta, &reports, &next,
+            &args,
+            &scores_from,
+            &tokens,
+            &last,
+            has_meta,
+            &reports,
+            &next,
         ));
     }
     Ok(())

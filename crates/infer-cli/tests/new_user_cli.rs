@@ -218,7 +218,15 @@ fn default_extract_of_hidden_144_falls_back_per_tensor() {
     let o = infer(&["synth", "--like", s(&config), "-o", s(&hf)]);
     assert!(o.status.success(), "{}", text(&o));
     let vx = dir.path().join("h144.vindex");
-    let o = infer(&["extract", s(&hf), "-o", s(&vx), "--no-tokenizer"]);
+    let o = infer(&[
+        "extract",
+        s(&hf),
+        "-o",
+        s(&vx),
+        "--no-tokenizer",
+        "--float",
+        "f32",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
 
     // The manifests record each tensor's fallback: rows of 144 in F16, down's rows of 160

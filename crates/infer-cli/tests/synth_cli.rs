@@ -687,3 +687,119 @@ fn missing_output_directory_is_named() {
     );
     assert_eq!(entries(d), ["file"]);
 }
+
+/// llama.cpp's vocabulary-only GGUFs (`INFER_VOCABS`, default `~/.cache/infer/vocabs`;
+/// `scripts/fetch-vocabs.sh`, run by `scripts/test.sh`, fetches them).
+fn vocab_gguf(name: &str) -> std::path::PathBuf {
+    let dir = std::env::var_os("INFER_VOCABS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").expect("HOME or INFER_VOCABS must be set");
+            std::path::PathBuf::from(home).join(".cache/infer/vocabs")
+        });
+    let p = dir.join(format!("ggml-vocab-{name}.gguf"));
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch-vocabs.sh (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// `synth --like config.json --gguf Q4_K_M --vocab ggml-vocab-llama-bpe.gguf`: a GGUF our
+/// reader accepts with llama.cpp's tensor names and the Q4_K_M type mix (Q6_K tied output /
+/// token_embd, Q6_K attn_v and ffn_down on the layers `use_more_bits` picks — 2 and 3 of 4 —,
+/// Q4_K elsewhere, F32 norms), the vocabulary's tokenizer metadata; it round-trips through
+/// `infer extract` (every matrix passed through byte for byte, a vindex within 1.05× the
+/// GGUF) and runs with the GGUF's own tokenizer. Q8_0 gives Q8_0 everywhere.
+#[test]
+fn synth_gguf_from_config_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    std::fs::write(
+        &cfg,
+        r#"{"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": true,
+            "hidden_act": "silu"}"#,
+    )
+    .unwrap();
+    let vocab = vocab_gguf("llama-bpe");
+    let out = dir.path().join("m.gguf");
+    ok(&[
+        "synth",
+        "--like",
+        s(&cfg),
+        "--gguf",
+        "Q4_K_M",
+        "--vocab",
+        s(&vocab),
+        "-o",
+        s(&out),
+    ]);
+    let g = GgufFile::open(&out).unwrap();
+    assert_eq!(g.get_str("general.architecture"), Some("llama"));
+    assert_eq!(g.get_str("tokenizer.ggml.model"), Some("gpt2"));
+    let types: BTreeMap<String, String> = g
+        .tensor_infos()
+        .iter()
+        .map(|t| (t.name.clone(), t.format.name().to_string()))
+        .collect();
+    assert_eq!(types.len(), 1 + 1 + 4 * 9, "{types:?}");
+    assert_eq!(types["token_embd.weight"], "Q6_K");
+    assert!(!types.contains_key("output.weight"));
+    for l in 0..4 {
+        let more = if l >= 2 { "Q6_K" } else { "Q4_K" };
+        let t = |n: &str| types[&format!("blk.{l}.{n}.weight")].as_str();
+        assert_eq!(t("attn_v"), more, "layer {l}");
+        assert_eq!(t("ffn_down"), more, "layer {l}");
+        for n in ["attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"] {
+            assert_eq!(t(n), "Q4_K", "layer {l} {n}");
+        }
+        for n in ["attn_norm", "ffn_norm"] {
+            assert_eq!(t(n), "F32", "layer {l} {n}");
+        }
+    }
+    // Extract (the default: no float tier) and run with the GGUF's tokenizer.
+    let vx = dir.path().join("m.vindex");
+    ok(&["extract", s(&out), "-o", s(&vx)]);
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(vx.join("index.json")).unwrap()).unwrap();
+    assert_eq!(index["passthrough"].as_array().unwrap().len(), 1 + 4 * 7);
+    let vx_bytes: u64 = index["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["bytes"].as_u64().unwrap())
+        .sum();
+    let gguf_bytes = std::fs::metadata(&out).unwrap().len();
+    assert!(
+        vx_bytes as f64 <= 1.05 * gguf_bytes as f64,
+        "vindex {vx_bytes} B vs GGUF {gguf_bytes} B"
+    );
+    let run = ok(&["run", s(&vx), "Hello world", "-n", "4"]);
+    assert!(!run.to_lowercase().contains("nan"), "{run}");
+    let toks = ok(&["tokenize", s(&vx), "Hello world", "--ids"]);
+    assert!(
+        toks.contains("128000"),
+        "BOS of the llama-bpe vocabulary: {toks}"
+    );
+
+    let q8 = dir.path().join("q8.gguf");
+    ok(&[
+        "synth",
+        "--like",
+        s(&cfg),
+        "--gguf",
+        "Q8_0",
+        "-o",
+        s(&q8),
+        "--header-only",
+    ]);
+    let h = GgufHeader::read(&q8).unwrap();
+    for t in &h.tensors {
+        let want = if t.dims.len() == 1 { "F32" } else { "Q8_0" };
+        assert_eq!(t.format.name(), want, "{}", t.name);
+    }
+}

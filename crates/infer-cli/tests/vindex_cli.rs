@@ -126,15 +126,15 @@ fn extract_force_and_verify() {
         assert!(text(&o).contains("--features cuda"), "{}", text(&o));
     }
 
-    // Change one byte of down_features.bin: verify names it and exits non-zero.
-    let p = target.join("down_features.bin");
+    // Change one byte of interleaved_q4k.bin: verify names it and exits non-zero.
+    let p = target.join("interleaved_q4k.bin");
     let mut bytes = std::fs::read(&p).unwrap();
     bytes[12345] ^= 1;
     std::fs::write(&p, bytes).unwrap();
     let o = infer(&["verify", t]);
     assert!(!o.status.success());
     assert!(
-        text(&o).contains("MISMATCH down_features.bin"),
+        text(&o).contains("MISMATCH interleaved_q4k.bin"),
         "{}",
         text(&o)
     );
@@ -160,7 +160,8 @@ fn extract_quant_all_and_quant_stats() {
     let root = tempfile::tempdir().unwrap();
     let target = root.path().join("q.vindex");
     let t = target.to_str().unwrap();
-    let o = infer(&["extract", g, "-o", t, "--quant", "all"]);
+    // quant-stats compares with the float tier (--quant all alone writes none).
+    let o = infer(&["extract", g, "-o", t, "--quant", "all", "--float", "f32"]);
     assert!(o.status.success(), "{}", text(&o));
     for f in [
         "attn_weights_q4k.bin",
@@ -227,6 +228,16 @@ fn extract_quant_all_and_quant_stats() {
     let index = std::fs::read_to_string(t2.join("index.json")).unwrap();
     assert!(index.contains("\"q4k\""), "default tiers");
     assert!(!t2.join("interleaved_q4.bin").exists());
+    // ... and no float tier: no float FFN rows, embeddings in the GGUF's own Q8_0 blocks.
+    assert!(!t2.join("gate_vectors.bin").exists());
+    let parsed: serde_json::Value = serde_json::from_str(&index).unwrap();
+    assert_eq!(
+        parsed["tiers"],
+        serde_json::json!(["q4k"]),
+        "no float tier listed"
+    );
+    let o = infer(&["quant-stats", t2.to_str().unwrap()]);
+    assert!(!o.status.success(), "quant-stats needs the float tier");
 
     let o = infer(&["extract", g, "-o", "y.vindex", "--quant", "q3"]);
     assert!(!o.status.success());

@@ -171,8 +171,38 @@ fn walk_smollm2_capital_of_france_finds_capital_city_features() {
     let out = ok(infer(&["walk", vs, prompt, "--layer", "29", "--top", "5"]));
     assert!(out.contains("layer 29 (|x| = "), "{out}");
     assert!(!out.contains("layer 28"), "{out}");
-    // Header, layer line, column line, 5 features, next-token line.
-    assert_eq!(out.lines().count(), 9, "{out}");
+    // Header, scores-source line, layer line, column line, 5 features, next-token line.
+    assert_eq!(out.lines().count(), 10, "{out}");
+    assert!(
+        out.contains("(gate/up scores from the float tier)"),
+        "{out}"
+    );
+
+    // A vindex without a float tier (the default extract) walks the q4k tier's rows: it says
+    // so, and its strongest features are mostly the float tier's (quantization noise only).
+    let q = root.path().join("q.vindex");
+    let o = infer(&["extract", gguf.to_str().unwrap(), "-o", q.to_str().unwrap()]);
+    assert!(o.status.success(), "extract:\n{}", text(&o));
+    let top = |v: &str| -> (Vec<u64>, String) {
+        let out = ok(infer(&[
+            "walk", v, prompt, "--layer", "29", "--top", "5", "--json",
+        ]));
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let f = j["layers"][0]["features"].as_array().unwrap();
+        (
+            f.iter().map(|f| f["feature"].as_u64().unwrap()).collect(),
+            j["scores_from"].as_str().unwrap().to_string(),
+        )
+    };
+    let (float_top, float_from) = top(vs);
+    let (quant_top, quant_from) = top(q.to_str().unwrap());
+    assert_eq!(float_from, "the float tier");
+    assert!(quant_from.contains("no float tier"), "{quant_from}");
+    let shared = quant_top.iter().filter(|i| float_top.contains(i)).count();
+    assert!(
+        shared >= 3,
+        "top features {quant_top:?} vs float {float_top:?}"
+    );
 
     // Without down_meta.bin: features and scores, plus the hint.
     let bare = root.path().join("bare.vindex");

@@ -175,6 +175,11 @@ pub(crate) fn embed(
                 .iter_mut()
                 .zip(&t[i * h..(i + 1) * h])
                 .for_each(|(o, w)| *o = w.to_f32()),
+            FloatTable::Blocks { format, bytes } => {
+                // `rows` counted whole rows of blocks, so row `i` is in bounds.
+                let rb = format.bytes_for(h)?;
+                infer_quant::dequantize(format, &bytes[i * rb..(i + 1) * rb], row)?;
+            }
         }
         if scale != 1.0 {
             row.iter_mut().for_each(|v| *v *= scale);

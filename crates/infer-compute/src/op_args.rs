@@ -39,19 +39,28 @@ pub struct AttentionInput<'a> {
     pub t_kv: usize,
 }
 
-/// A float table `[rows, cols]` (token embeddings), f32 or f16 as stored.
+/// A table `[rows, cols]` (token embeddings) as stored: f32, f16, or ggml blocks of `format`
+/// (each row `cols / format.block_elems()` whole blocks, e.g. a GGUF's own `token_embd`
+/// blocks), looked up row by row (a quantized row is dequantized on lookup).
 #[derive(Clone, Copy, Debug)]
 pub enum FloatTable<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    Blocks {
+        format: crate::QuantFormat,
+        bytes: &'a [u8],
+    },
 }
 
 impl FloatTable<'_> {
-    /// Number of values.
+    /// Number of values (for blocks: whole blocks × values per block).
     pub fn len(&self) -> usize {
         match self {
             FloatTable::F32(v) => v.len(),
             FloatTable::F16(v) => v.len(),
+            FloatTable::Blocks { format, bytes } => {
+                bytes.len() / format.block_bytes().max(1) * format.block_elems()
+            }
         }
     }
 

@@ -52,13 +52,21 @@ pub struct NormWeights<'a> {
     pub bias: Option<Cow<'a, [f32]>>,
 }
 
-/// A row-major float matrix from the vindex float tier, kept in its stored precision (the f16
-/// tier is multiplied in place through [`infer_compute::ComputeBackend::matmul_transb_f16`],
-/// never widened to an f32 copy).
+/// A row-major matrix `[rows, cols]` from the vindex in its stored precision: the float tier's
+/// f32 or f16 values (the f16 tier is multiplied in place through
+/// [`infer_compute::ComputeBackend::matmul_transb_f16`], never widened to an f32 copy), or a
+/// quantized tier's ggml blocks (a vindex without a float tier: embeddings, FFN rows), whose
+/// rows are dequantized as they are read.
 #[derive(Clone, Debug)]
 pub enum FloatRows<'a> {
     F32(Cow<'a, [f32]>),
     F16(Cow<'a, [f16]>),
+    /// ggml blocks of `format`, each row `cols / format.block_elems()` whole blocks.
+    Blocks {
+        format: QuantFormat,
+        bytes: &'a [u8],
+        cols: usize,
+    },
 }
 
 impl FloatRows<'_> {
@@ -67,6 +75,7 @@ impl FloatRows<'_> {
         match self {
             FloatRows::F32(v) => v.len(),
             FloatRows::F16(v) => v.len(),
+            FloatRows::Blocks { .. } => self.table().len(),
         }
     }
 
@@ -75,20 +84,30 @@ impl FloatRows<'_> {
         self.len() == 0
     }
 
-    /// Bytes of storage (4 or 2 per value).
+    /// Bytes of storage (4 or 2 per value, or the blocks' bytes).
     pub fn byte_len(&self) -> usize {
         match self {
             FloatRows::F32(v) => v.len() * 4,
             FloatRows::F16(v) => v.len() * 2,
+            FloatRows::Blocks { bytes, .. } => bytes.len(),
         }
     }
 
-    /// `"f32"` or `"f16"`.
+    /// `"f32"`, `"f16"` or the block format's name (`"Q6_K"`, …).
     pub fn dtype(&self) -> &'static str {
         match self {
             FloatRows::F32(_) => "f32",
             FloatRows::F16(_) => "f16",
+            FloatRows::Blocks { format, .. } => format.name(),
         }
+    }
+
+    /// Row `i` of a block table dequantized into `out` (`cols` values). Panics if row `i` is
+    /// out of range or the bytes are not whole rows of blocks (checked when the model is built).
+    fn dequantize_row(format: QuantFormat, bytes: &[u8], i: usize, out: &mut [f32]) {
+        let rb = format.bytes_for(out.len()).expect("rows of whole blocks");
+        infer_quant::dequantize(format, &bytes[i * rb..(i + 1) * rb], out)
+            .expect("a block row of the checked size");
     }
 
     /// `row(i) · x` where rows have `x.len()` values. Panics if row `i` is out of range.
@@ -97,6 +116,11 @@ impl FloatRows<'_> {
         match self {
             FloatRows::F32(v) => infer_compute::ops::dot(&v[i * k..(i + 1) * k], x),
             FloatRows::F16(v) => infer_compute::dot_f16(x, &v[i * k..(i + 1) * k]),
+            FloatRows::Blocks { format, bytes, .. } => {
+                let mut row = vec![0.0; k];
+                Self::dequantize_row(*format, bytes, i, &mut row);
+                infer_compute::ops::dot(&row, x)
+            }
         }
     }
 
@@ -109,6 +133,11 @@ impl FloatRows<'_> {
                 y.iter_mut().zip(row).for_each(|(a, b)| *a += alpha * b);
             }
             FloatRows::F16(v) => infer_compute::axpy_f16(alpha, &v[i * k..(i + 1) * k], y),
+            FloatRows::Blocks { format, bytes, .. } => {
+                let mut row = vec![0.0; k];
+                Self::dequantize_row(*format, bytes, i, &mut row);
+                y.iter_mut().zip(&row).for_each(|(a, b)| *a += alpha * b);
+            }
         }
     }
 
@@ -117,6 +146,10 @@ impl FloatRows<'_> {
         match self {
             FloatRows::F32(v) => infer_compute::FloatTable::F32(v),
             FloatRows::F16(v) => infer_compute::FloatTable::F16(v),
+            FloatRows::Blocks { format, bytes, .. } => infer_compute::FloatTable::Blocks {
+                format: *format,
+                bytes,
+            },
         }
     }
 
@@ -125,6 +158,10 @@ impl FloatRows<'_> {
         let data = match self {
             FloatRows::F32(v) => infer_compute::MatData::F32(v),
             FloatRows::F16(v) => infer_compute::MatData::F16(v),
+            FloatRows::Blocks { format, bytes, .. } => infer_compute::MatData::Blocks {
+                format: *format,
+                bytes,
+            },
         };
         infer_compute::Matrix { data, rows, cols }
     }
@@ -143,11 +180,23 @@ impl FloatRows<'_> {
         match self {
             FloatRows::F32(w) => backend.matmul_transb(a, w, m, k, n, c),
             FloatRows::F16(w) => backend.matmul_transb_f16(a, w, m, k, n, c),
+            FloatRows::Blocks { format, bytes, .. } => {
+                let w = Matrix {
+                    data: MatData::Blocks {
+                        format: *format,
+                        bytes,
+                    },
+                    rows: n,
+                    cols: k,
+                };
+                backend.linear(&w, a, m, c)
+            }
         }
     }
 
     /// `C[m×n] = A[m×k] · self`, self `[k, n]` (a feature-major value table such as down).
-    /// Errors: the backend's (device failures).
+    /// Errors: the backend's (device failures); block storage, which is only ever a Linear
+    /// layout (`[out, in]`, see [`DownLayout::Linear`]).
     pub fn matmul(
         &self,
         backend: &dyn infer_compute::ComputeBackend,
@@ -160,6 +209,9 @@ impl FloatRows<'_> {
         match self {
             FloatRows::F32(w) => backend.matmul(a, w, m, k, n, c),
             FloatRows::F16(w) => backend.matmul_f16(a, w, m, k, n, c),
+            FloatRows::Blocks { format, .. } => Err(infer_compute::ComputeError::NotBlocks {
+                storage: format!("feature-major {format}"),
+            }),
         }
     }
 }
@@ -185,11 +237,12 @@ pub enum WeightData<'a> {
 }
 
 impl<'a> WeightData<'a> {
-    /// Wrap a float-tier matrix.
+    /// Wrap a stored matrix (float tier, or blocks).
     pub fn float(rows: FloatRows<'a>) -> Self {
         match rows {
             FloatRows::F32(v) => WeightData::F32(v),
             FloatRows::F16(v) => WeightData::F16(v),
+            FloatRows::Blocks { format, bytes, .. } => WeightData::Blocks { format, bytes },
         }
     }
 }
@@ -253,8 +306,13 @@ pub enum AttnPath {
 pub enum FfnPath {
     /// Walk FFN over the float tier's feature-major gate/up/down vectors (f32 or f16).
     WalkF32,
+    /// Walk FFN over a quantized tier's gate/up rows and Linear-layout down (a vindex without
+    /// a float tier; rows dequantized as they are read; exact over all features only).
+    WalkQuantized,
     /// Mixture of experts: router, top-k experts (f32), optional shared expert.
     MoeF32,
+    /// Mixture of experts with every expert from the quantized FFN tier (router in f32).
+    MoeQuantized,
     /// Interleaved Q4_K tier (gate, up Q4_K; down Q6_K; fallbacks per row length).
     Q4K,
     /// Interleaved Q4_0 tier.
@@ -275,7 +333,13 @@ impl fmt::Display for FfnPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FfnPath::WalkF32 => f.write_str("walk FFN, float tier"),
+            FfnPath::WalkQuantized => {
+                f.write_str("walk FFN over the quantized tier's rows (no float tier)")
+            }
             FfnPath::MoeF32 => f.write_str("MoE f32 (router, top-k experts)"),
+            FfnPath::MoeQuantized => {
+                f.write_str("MoE (f32 router, top-k experts from the quantized FFN tier)")
+            }
             FfnPath::Q4K => f.write_str("FFN interleaved Q4_K tier"),
             FfnPath::Q4 => f.write_str("FFN interleaved Q4_0 tier"),
         }
@@ -434,7 +498,16 @@ impl FullPipelineLayer<'_> {
                 d.down.weight.describe()
             ),
             Ffn::Walk(w) => w.describe_k(),
-            _ => String::new(),
+            Ffn::Moe(m) => m.experts.first().map_or(String::new(), |e| {
+                format!(
+                    " ({} experts, top {}; each gate {}, up {}, down {})",
+                    m.experts.len(),
+                    m.top_k,
+                    e.gate.as_ref().map_or("-", |g| g.dtype()),
+                    e.up.dtype(),
+                    e.down.dtype()
+                )
+            }),
         }
     }
 

@@ -38,15 +38,33 @@ pub struct Model<'a> {
 fn widen(s: FloatSlice<'_>) -> Cow<'_, [f32]> {
     match s {
         FloatSlice::F32(v) => Cow::Borrowed(v),
-        FloatSlice::F16(_) => Cow::Owned(s.to_f32_vec()),
+        _ => Cow::Owned(s.to_f32_vec()),
     }
 }
 
-/// A matrix in its stored precision (zero-copy).
-fn rows(s: FloatSlice<'_>) -> FloatRows<'_> {
+/// A matrix with rows of `cols` values in its stored precision (zero-copy).
+fn rows(s: FloatSlice<'_>, cols: usize) -> FloatRows<'_> {
     match s {
         FloatSlice::F32(v) => FloatRows::F32(Cow::Borrowed(v)),
         FloatSlice::F16(v) => FloatRows::F16(Cow::Borrowed(v)),
+        FloatSlice::Blocks { format, bytes } => block_rows(format, bytes, cols),
+    }
+}
+
+/// Rows of `cols` values stored as ggml blocks of `format`; a quantized tier's F16 fallback
+/// (rows no block divides) becomes f16 float rows, which every kernel takes.
+fn block_rows(format: QuantFormat, bytes: &[u8], cols: usize) -> FloatRows<'_> {
+    if format == QuantFormat::F16 {
+        let values = bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        return FloatRows::F16(Cow::Owned(values));
+    }
+    FloatRows::Blocks {
+        format,
+        bytes,
+        cols,
     }
 }
 
@@ -72,10 +90,11 @@ fn required_rows<'a>(
     key: &str,
     len: usize,
 ) -> Result<FloatRows<'a>, InferenceError> {
-    let (s, _shape) = v
+    let (s, shape) = v
         .tensor(key)
         .map_err(|_| InferenceError::MissingTensor(key.to_string()))?;
-    check_rows(rows(s), key, len)
+    let cols = shape.last().copied().unwrap_or(0);
+    check_rows(rows(s, cols), key, len)
 }
 
 /// Look up a tensor the architecture requires; check its element count.
@@ -231,7 +250,7 @@ impl<'a> Model<'a> {
         let hidden = arch.hidden_size();
         let vocab = arch.vocab_size();
         let (emb, _) = v.embeddings();
-        let embeddings = check_rows(rows(emb), "embeddings", vocab * hidden)?;
+        let embeddings = check_rows(rows(emb, hidden), "embeddings", vocab * hidden)?;
         let mut layers = Vec::with_capacity(arch.num_layers());
         for l in 0..arch.num_layers() {
             layers.push(build_layer(v, arch.as_ref(), l, &plan)?);
@@ -259,7 +278,9 @@ impl<'a> Model<'a> {
             )?),
             LmHeadPath::Float => v
                 .lm_head()
-                .map(|(s, _)| check_rows(rows(s), "lm_head", vocab * hidden).map(WeightData::float))
+                .map(|(s, _)| {
+                    check_rows(rows(s, hidden), "lm_head", vocab * hidden).map(WeightData::float)
+                })
                 .transpose()?,
         };
         let lm_head_bias = arch
@@ -599,9 +620,26 @@ fn build_layer<'a>(
         (g.head_dim, g.head_dim)
     };
     let (ffn, ffn_path) = if arch.num_experts_for_layer(l) > 0 {
-        (Ffn::Moe(moe_ffn(v, arch, l, hidden)?), FfnPath::MoeF32)
+        let tier = match plan.ffn {
+            FfnPath::Q4K => Some(Tier::Q4K),
+            FfnPath::Q4 => Some(Tier::Q4),
+            // A vindex without a float tier holds its experts in the quantized FFN tier only.
+            FfnPath::WalkQuantized if v.has_tier(Tier::Q4K) => Some(Tier::Q4K),
+            FfnPath::WalkQuantized => Some(Tier::Q4),
+            _ => None,
+        };
+        let path = match tier {
+            Some(_) => FfnPath::MoeQuantized,
+            None => FfnPath::MoeF32,
+        };
+        (Ffn::Moe(moe_ffn(v, arch, l, hidden, tier)?), path)
     } else if plan.ffn == FfnPath::WalkF32 {
         (Ffn::Walk(walk_ffn(v, arch, l, &g)?), FfnPath::WalkF32)
+    } else if plan.ffn == FfnPath::WalkQuantized {
+        (
+            Ffn::Walk(walk_ffn_quantized(v, arch, l, &g)?),
+            FfnPath::WalkQuantized,
+        )
     } else {
         (Ffn::Dense(dense_ffn(v, arch, l, &g, plan.ffn)?), plan.ffn)
     };
@@ -635,7 +673,7 @@ fn walk_ffn<'a>(
     let (hidden, inter) = (g.hidden_size, g.intermediate_size);
     let gate = match g.ffn_type {
         infer_models::FfnType::Gated => Some(check_rows(
-            rows(v.gate_layer(l)?),
+            rows(v.gate_layer(l)?, hidden),
             &format!("layer {l} gate vectors"),
             inter * hidden,
         )?),
@@ -645,12 +683,12 @@ fn walk_ffn<'a>(
         intermediate_size: inter,
         gate,
         up: check_rows(
-            rows(v.up_layer(l)?),
+            rows(v.up_layer(l)?, hidden),
             &format!("layer {l} up features"),
             inter * hidden,
         )?,
         down: check_rows(
-            rows(v.down_layer(l)?),
+            rows(v.down_layer(l)?, hidden),
             &format!("layer {l} down features"),
             inter * hidden,
         )?,
@@ -667,19 +705,85 @@ fn walk_ffn<'a>(
     })
 }
 
-/// A gated expert stored as HF Linear matrices (gate/up `[inter, hidden]`, down `[hidden, inter]`).
+/// The walk FFN of layer `l` over a quantized tier's rows (a vindex without a float tier): the
+/// q4k tier's gate/up rows `[intermediate, hidden]` and Linear-layout down `[hidden,
+/// intermediate]` (the q4 tier's without q4k), dequantized as they are read.
+fn walk_ffn_quantized<'a>(
+    v: &'a Vindex,
+    arch: &dyn ModelArchitecture,
+    l: usize,
+    g: &LayerGeometry,
+) -> Result<WalkFfn<'a>, InferenceError> {
+    let (hidden, inter) = (g.hidden_size, g.intermediate_size);
+    let tier = if v.has_tier(Tier::Q4K) {
+        Tier::Q4K
+    } else {
+        Tier::Q4
+    };
+    let (gate, [(ub, uf), (db, df)]) = v.ffn_quant_layer(tier, l)?;
+    let table = |what: &str, bytes: &'a [u8], format, rows: usize, cols: usize| {
+        quant_weight(format!("layer {l} {what}"), bytes, None, format, rows, cols)?;
+        check_rows(
+            block_rows(format, bytes, cols),
+            &format!("layer {l} {what}"),
+            rows * cols,
+        )
+    };
+    let gate = match (g.ffn_type, gate) {
+        (infer_models::FfnType::Gated, Some((gb, gf))) => {
+            Some(table("gate", gb, gf, inter, hidden)?)
+        }
+        (infer_models::FfnType::Gated, None) => {
+            return Err(InferenceError::MissingTensor(format!(
+                "layer {l} quantized FFN gate"
+            )))
+        }
+        (infer_models::FfnType::Standard, _) => None,
+    };
+    Ok(WalkFfn {
+        intermediate_size: inter,
+        gate,
+        up: table("up", ub, uf, inter, hidden)?,
+        down: table("down", db, df, hidden, inter)?,
+        down_layout: DownLayout::Linear,
+        up_bias: arch
+            .ffn_up_bias_key(l)
+            .map(|k| required(v, &k, inter))
+            .transpose()?,
+        down_bias: arch
+            .ffn_down_bias_key(l)
+            .map(|k| required(v, &k, hidden))
+            .transpose()?,
+        sparse: None,
+    })
+}
+
+/// A gated expert stored as HF Linear matrices (gate/up `[inter, hidden]`, down `[hidden,
+/// inter]`): from the float tier, or per expert from the quantized FFN tier `tier` (rows
+/// dequantized by the products, as the walk FFN over quantized rows).
 fn expert<'a>(
     v: &'a Vindex,
     keys: [String; 3],
     inter: usize,
     hidden: usize,
+    tier: Option<Tier>,
 ) -> Result<WalkFfn<'a>, InferenceError> {
     let [gate, up, down] = keys;
+    let table = |key: &str, rows: usize, cols: usize| -> Result<FloatRows<'a>, InferenceError> {
+        let Some(t) = tier else {
+            return required_rows(v, key, rows * cols);
+        };
+        let (bytes, format) = v
+            .ffn_quant_tensor(t, key)
+            .map_err(|_| InferenceError::MissingTensor(format!("{key} (tier {t})")))?;
+        quant_weight(key.to_string(), bytes, None, format, rows, cols)?;
+        check_rows(block_rows(format, bytes, cols), key, rows * cols)
+    };
     Ok(WalkFfn {
         intermediate_size: inter,
-        gate: Some(required_rows(v, &gate, inter * hidden)?),
-        up: required_rows(v, &up, inter * hidden)?,
-        down: required_rows(v, &down, inter * hidden)?,
+        gate: Some(table(&gate, inter, hidden)?),
+        up: table(&up, inter, hidden)?,
+        down: table(&down, hidden, inter)?,
         down_layout: DownLayout::Linear,
         up_bias: None,
         down_bias: None,
@@ -692,6 +796,7 @@ fn moe_ffn<'a>(
     arch: &dyn ModelArchitecture,
     l: usize,
     hidden: usize,
+    tier: Option<Tier>,
 ) -> Result<MoeFfn<'a>, InferenceError> {
     let n = arch.num_experts_for_layer(l);
     let inter = arch.intermediate_size_for_layer(l);
@@ -709,6 +814,7 @@ fn moe_ffn<'a>(
                 ],
                 inter,
                 hidden,
+                tier,
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -716,7 +822,7 @@ fn moe_ffn<'a>(
         arch.shared_expert_keys(l),
         arch.shared_expert_intermediate_size(),
     ) {
-        (Some(keys), Some(si)) => Some(expert(v, keys, si, hidden)?),
+        (Some(keys), Some(si)) => Some(expert(v, keys, si, hidden, tier)?),
         _ => None,
     };
     Ok(MoeFfn {

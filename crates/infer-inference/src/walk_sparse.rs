@@ -83,6 +83,7 @@ fn prefetch(rows: &FloatRows<'_>, i: usize, width: usize, c0: usize, len: usize)
                 Some(s) => (s.as_ptr() as *const i8, len * 2),
                 None => return,
             },
+            FloatRows::Blocks { .. } => return,
         };
         for off in (0..bytes).step_by(64) {
             // SAFETY: SSE is part of the x86-64 baseline; a prefetch never faults, and the
@@ -214,6 +215,15 @@ fn axpy_cols(rows: &FloatRows<'_>, alpha: f32, i: usize, width: usize, c0: usize
     match rows {
         FloatRows::F32(v) => y.iter_mut().zip(&v[r]).for_each(|(a, b)| *a += alpha * b),
         FloatRows::F16(v) => infer_compute::axpy_f16(alpha, &v[r], y),
+        FloatRows::Blocks { .. } => {
+            // Never a sparse walk's down table (those are feature-major floats); exact anyway.
+            let mut row = vec![0.0; width];
+            rows.axpy_row(1.0, i, &mut row);
+            let n = y.len();
+            y.iter_mut()
+                .zip(&row[c0..c0 + n])
+                .for_each(|(a, b)| *a += alpha * b);
+        }
     }
 }
 

@@ -23,7 +23,7 @@ const FLOAT: FormatRequest = FormatRequest {
 /// The default quantized plan against the reference: cosine similarity of all logits and
 /// top-1 agreement over positions (random tiny models have tiny margins, so these are reported;
 /// asserted only finite and cosine > 0.9).
-fn report_quantized(case: &str, vindex: &Vindex, r: &StFile) {
+fn report_quantized(case: &str, vindex: &Vindex, r: &StFile) -> Vec<f32> {
     let model = Model::from_vindex(vindex).expect("quantized model");
     let backend = CpuBackend::new();
     let shape = r.shape("input_ids");
@@ -32,11 +32,13 @@ fn report_quantized(case: &str, vindex: &Vindex, r: &StFile) {
     let reference = r.f32("logits");
     let vocab = model.vocab_size;
     let (mut dot, mut na, mut nb, mut agree) = (0f64, 0f64, 0f64, 0usize);
+    let mut all = Vec::new();
     for b in 0..batch {
         let mut cache = model.new_cache(t);
         let logits = model
             .forward(&backend, &ids[b * t..(b + 1) * t], &mut cache, Logits::All)
             .expect("forward");
+        all.extend_from_slice(&logits);
         let refl = &reference[b * t * vocab..(b + 1) * t * vocab];
         for (x, y) in logits.iter().zip(refl) {
             dot += *x as f64 * *y as f64;
@@ -58,6 +60,63 @@ fn report_quantized(case: &str, vindex: &Vindex, r: &StFile) {
     assert!(
         cosine.is_finite() && cosine > 0.9,
         "{case}: quantized cosine {cosine}"
+    );
+    // MoE: every expert runs from the quantized FFN tier, within cosine 0.99 of the f32 logits.
+    if model.arch.num_experts_for_layer(0) > 0 {
+        assert!(
+            model
+                .layers
+                .iter()
+                .all(|l| l.ffn_path == infer_inference::FfnPath::MoeQuantized),
+            "{case}: MoE layers not on the quantized tier"
+        );
+        assert!(
+            cosine >= 0.99,
+            "{case}: quantized MoE cosine {cosine} < 0.99"
+        );
+    }
+    all
+}
+
+/// Logits of both sequences of the reference's `input_ids` under `request`.
+fn logits_with(vindex: &Vindex, request: &FormatRequest, r: &StFile) -> Vec<f32> {
+    let model = Model::from_vindex_with(vindex, request).expect("model");
+    let backend = CpuBackend::new();
+    let shape = r.shape("input_ids");
+    let (batch, t) = (shape[0], shape[1]);
+    let ids = r.i64_as_u32("input_ids");
+    let mut all = Vec::new();
+    for b in 0..batch {
+        let mut cache = model.new_cache(t);
+        let logits = model
+            .forward(&backend, &ids[b * t..(b + 1) * t], &mut cache, Logits::All)
+            .expect("forward");
+        all.extend_from_slice(&logits);
+    }
+    all
+}
+
+/// The vindex without a float tier (`--float none`, the CLI default): it opens with the q4k
+/// tier only, its default plan stays close to the reference (as [`report_quantized`]), and
+/// the walk FFN over its quantized rows (`--ffn walk`) equals its quantized dense FFN (the
+/// same rows and products; only the activation's approximation differs) within 1e-4 × std.
+fn check_quantized_only(case: &str, dir: &std::path::Path, r: &StFile) {
+    let path = archrefs_quantized_only(case, dir);
+    let v = Vindex::open(&path).expect("open quantized-only vindex");
+    assert_eq!(v.tiers(), &[infer_vindex::Tier::Q4K], "{case}: tiers");
+    let dense = report_quantized(&format!("{case} without a float tier"), &v, r);
+    let walk = FormatRequest {
+        ffn: FfnChoice::Walk,
+        ..Default::default()
+    };
+    let walked = logits_with(&v, &walk, r);
+    let (d, s) = (max_abs_diff(&walked, &dense), std_dev(&dense));
+    println!(
+        "{case}: walk over quantized rows vs dense quantized FFN: max|Δ| {d:.3e} (std {s:.3e})"
+    );
+    assert!(
+        d <= TOL * s,
+        "{case}: quantized walk vs dense: {d:e} > {TOL} × {s:e}"
     );
 }
 
@@ -164,6 +223,7 @@ fn check_case(case: &str) {
             .expect("decode");
     }
     report_quantized(case, &vindex, &r);
+    check_quantized_only(case, tmp.path(), &r);
 }
 
 #[test]
@@ -174,6 +234,13 @@ fn llama_matches_hf() {
 #[test]
 fn gemma3_matches_hf() {
     check_case("gemma3");
+}
+
+/// Qwen3-MoE (`../shared/archrefs-next/qwen3-moe`): Qwen3 attention with per-head q/k norm and
+/// 8 experts top-2 with `norm_topk_prob`, on the float path and (cosine ≥ 0.99) quantized.
+#[test]
+fn qwen3_moe_matches_hf() {
+    check_case("qwen3-moe");
 }
 
 /// Every case folder under archrefs (a newly added folder of the same shape is picked up).

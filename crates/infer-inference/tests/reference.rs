@@ -410,3 +410,93 @@ fn smollm2_quantized_tiers_reported() {
 fn gemma3_quantized_tiers_reported() {
     report_quantized(&GEMMA3);
 }
+
+/// The vindex a user gets from `infer extract model.gguf` (no float tier: the q4k tier, the
+/// GGUF's own token_embd blocks as the embedding table and tied output projection).
+fn quantized_only(m: &RealModel) -> Vindex {
+    let dir = fixture_dir(&format!("{}-quantized-only", m.reference));
+    let tok = (m.reference == GEMMA3.reference).then(|| gemma_tokenizer(&dir));
+    let out = dir.join("q.vindex");
+    let opts = infer_vindex::BuildOptions {
+        float_tier: false,
+        force: true,
+        tokenizer: tok,
+        quant: infer_vindex::QuantTiers::Q4K,
+        ..Default::default()
+    };
+    infer_vindex::extract(&models_dir().join(m.gguf), &out, &opts).expect("extract");
+    Vindex::open(&out).expect("open quantized-only vindex")
+}
+
+/// The quantized-only vindex runs the same default plan as the f32 vindex's q4k tier: the same
+/// quantized projections (passed through or quantized from the same values) and an embedding
+/// table whose rows dequantize to the f32 tier's values, so every prompt's logits agree within
+/// the logit tolerance and 16 greedy tokens (KV cache) are equal; top-1 against the reference
+/// as the quantized report asserts.
+fn check_quantized_only(m: &RealModel) {
+    let full = vindex(m, "f32");
+    let q = quantized_only(m);
+    assert_eq!(q.tiers(), &[infer_vindex::Tier::Q4K]);
+    let a = Model::from_vindex(full).expect("q4k plan of the f32 vindex");
+    let b = Model::from_vindex(&q).expect("quantized-only model");
+    assert_eq!(a.plan.attn, b.plan.attn);
+    assert_eq!(a.plan.ffn, b.plan.ffn);
+    let backend = CpuBackend::new();
+    let (mut top1, mut checked) = (0, 0);
+    for p in prompts(m) {
+        let t = p.input_ids.len();
+        let run = |model: &Model| {
+            let mut cache = model.new_cache(t + 16);
+            let logits = model
+                .forward(&backend, &p.input_ids, &mut cache, Logits::All)
+                .expect("forward");
+            let mut last = logits[(t - 1) * model.vocab_size..].to_vec();
+            let mut greedy = Vec::new();
+            for _ in 0..16 {
+                let id = infer_inference::sampling::argmax(&last);
+                greedy.push(id);
+                last = model
+                    .forward(&backend, &[id], &mut cache, Logits::Last)
+                    .expect("decode");
+            }
+            (logits, greedy)
+        };
+        let (la, ga) = run(&a);
+        let (lb, gb) = run(&b);
+        let d = max_abs_diff(&la, &lb) as f32;
+        println!(
+            "{} {}: quantized-only vs q4k plan of the f32 vindex: max|Δ| logits {d:.2e}",
+            m.reference, p.name
+        );
+        assert!(d <= LOGIT_TOL, "{}: logits differ by {d}", p.name);
+        assert_eq!(ga, gb, "{}: greedy tokens", p.name);
+        let r = StFile::open(
+            &shared_dir()
+                .join("reference")
+                .join(m.reference)
+                .join(&p.file),
+        );
+        let topk_ids = r.i64_as_u32("topk_ids");
+        let topk_logits = r.f32("topk_logits");
+        let k = topk_logits.len() / t;
+        for pos in 0..t {
+            if topk_logits[pos * k] - topk_logits[pos * k + 1] > MARGIN {
+                checked += 1;
+                let row = &lb[pos * b.vocab_size..(pos + 1) * b.vocab_size];
+                top1 += (infer_inference::sampling::argmax(row) == topk_ids[pos * k]) as usize;
+            }
+        }
+    }
+    println!("{} quantized-only: top-1 {top1}/{checked}", m.reference);
+    assert!(top1 * 2 > checked, "quantized-only top-1 below 50%");
+}
+
+#[test]
+fn smollm2_quantized_only_equals_q4k_plan() {
+    check_quantized_only(&SMOLLM2);
+}
+
+#[test]
+fn gemma3_quantized_only_equals_q4k_plan() {
+    check_quantized_only(&GEMMA3);
+}

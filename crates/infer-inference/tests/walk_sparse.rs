@@ -109,11 +109,14 @@ fn act(a: Activation, x: f64) -> f64 {
     }) as f64
 }
 
-/// The rows as f32 (f16 widened exactly).
+/// The rows as f32 (f16 widened exactly, blocks dequantized as ggml does).
 fn f32_rows(rows: &FloatRows<'_>) -> Vec<f32> {
     match rows {
         FloatRows::F32(v) => v.to_vec(),
         FloatRows::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        FloatRows::Blocks { format, bytes, .. } => {
+            infer_quant::dequantize_to_vec(*format, bytes, rows.len()).expect("blocks")
+        }
     }
 }
 

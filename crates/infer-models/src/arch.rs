@@ -386,4 +386,5 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "phi",
     "mixtral",
     "qwen2_moe",
+    "qwen3_moe",
 ];

@@ -251,7 +251,7 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
     };
     let head_dim = match c.opt_usize("head_dim")? {
         Some(d) => d,
-        None if !c.has("head_dim") && mt == "qwen3" => 128,
+        None if !c.has("head_dim") && matches!(mt, "qwen3" | "qwen3_moe") => 128,
         None if !c.has("head_dim") && gemma_family => 256,
         None => derived_head_dim()?,
     };
@@ -281,8 +281,8 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         .find(|k| c.has(k))
         .unwrap_or("rms_norm_eps");
     let norm_eps = c.opt_f64_any(&eps_keys)?.unwrap_or(match mt {
-        "llama" | "mistral" | "qwen2" | "qwen3" | "qwen2_moe" | "gemma" | "gemma2"
-        | "gemma3_text" | "granite" => 1e-6,
+        "llama" | "mistral" | "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe" | "gemma"
+        | "gemma2" | "gemma3_text" | "granite" => 1e-6,
         _ => 1e-5,
     });
 
@@ -363,6 +363,21 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
                     c.opt_usize("shared_expert_intermediate_size")?
                         .unwrap_or(5632),
                 ),
+                c.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            )
+        }
+        // HF `Qwen3MoeConfig` (`num_experts`; transformers 5 writes `num_local_experts`).
+        "qwen3_moe" => {
+            check_qwen2_moe_sparse_layout(c)?;
+            let n = match c.opt_usize("num_experts")? {
+                Some(n) => n,
+                None => c.opt_usize("num_local_experts")?.unwrap_or(128),
+            };
+            (
+                n,
+                c.opt_usize("num_experts_per_tok")?.unwrap_or(8),
+                Some(c.opt_usize("moe_intermediate_size")?.unwrap_or(768)),
+                None,
                 c.opt_bool("norm_topk_prob")?.unwrap_or(false),
             )
         }
@@ -463,7 +478,7 @@ fn check_unsupported_options(c: &Obj, mt: &str) -> Result<(), ModelError> {
     }
 }
 
-/// Qwen2-MoE layers are sparse only where `(i+1) % decoder_sparse_step == 0` and `i` is not in
+/// Qwen2-MoE / Qwen3-MoE layers are sparse only where `(i+1) % decoder_sparse_step == 0` and `i` is not in
 /// `mlp_only_layers`; only the all-sparse layout (step 1, no dense layers) is implemented.
 fn check_qwen2_moe_sparse_layout(c: &Obj) -> Result<(), ModelError> {
     let step = c.opt_usize("decoder_sparse_step")?.unwrap_or(1);
@@ -497,7 +512,7 @@ fn parse_layer_kinds(
     mt: &str,
     n_layers: usize,
 ) -> Result<(Option<usize>, Vec<LayerKind>), ModelError> {
-    let qwen = matches!(mt, "qwen2" | "qwen3" | "qwen2_moe");
+    let qwen = matches!(mt, "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe");
     let window = match mt {
         "mistral" | "gemma2" | "gemma3_text" if !c.has("sliding_window") => Some(4096),
         "mistral" | "mixtral" | "phi3" | "starcoder2" | "gemma2" | "gemma3_text" => {

@@ -17,11 +17,17 @@ use crate::load::{Kind, Vindex};
 use crate::manifest::TensorEntry;
 use crate::VindexError;
 
-/// A tensor's values in their stored float dtype, borrowed from the mmap.
+/// A tensor's values in their stored format, borrowed from the mmap: f32 or f16 (the float
+/// tier, and every 1-D tensor), or ggml blocks (the embeddings of a vindex without a float
+/// tier, e.g. a GGUF's own `token_embd` blocks; rows are whole blocks).
 #[derive(Clone, Copy, Debug)]
 pub enum FloatSlice<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    Blocks {
+        format: QuantFormat,
+        bytes: &'a [u8],
+    },
 }
 
 impl<'a> FloatSlice<'a> {
@@ -30,6 +36,9 @@ impl<'a> FloatSlice<'a> {
         match self {
             FloatSlice::F32(s) => s.len(),
             FloatSlice::F16(s) => s.len(),
+            FloatSlice::Blocks { format, bytes } => {
+                bytes.len() / format.block_bytes().max(1) * format.block_elems()
+            }
         }
     }
 
@@ -38,19 +47,24 @@ impl<'a> FloatSlice<'a> {
         self.len() == 0
     }
 
-    /// The storage format tag (`F32` or `F16`).
+    /// The storage format tag (`F32`, `F16`, or the block format).
     pub fn format(&self) -> QuantFormat {
         match self {
             FloatSlice::F32(_) => QuantFormat::F32,
             FloatSlice::F16(_) => QuantFormat::F16,
+            FloatSlice::Blocks { format, .. } => *format,
         }
     }
 
-    /// The values widened to `f32` (a copy; exact for both dtypes).
+    /// The values widened (or dequantized, bit-exact with ggml) to `f32` (a copy).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self {
             FloatSlice::F32(s) => s.to_vec(),
             FloatSlice::F16(s) => s.iter().map(|v| v.to_f32()).collect(),
+            FloatSlice::Blocks { format, bytes } => {
+                // Entries were validated at open (length = whole blocks of the shape).
+                infer_quant::dequantize_to_vec(*format, bytes, self.len()).unwrap_or_default()
+            }
         }
     }
 
@@ -58,7 +72,7 @@ impl<'a> FloatSlice<'a> {
     pub fn as_f32(&self) -> Option<&'a [f32]> {
         match self {
             FloatSlice::F32(s) => Some(s),
-            FloatSlice::F16(_) => None,
+            _ => None,
         }
     }
 
@@ -66,7 +80,7 @@ impl<'a> FloatSlice<'a> {
     pub fn as_f16(&self) -> Option<&'a [f16]> {
         match self {
             FloatSlice::F16(s) => Some(s),
-            FloatSlice::F32(_) => None,
+            _ => None,
         }
     }
 
@@ -75,6 +89,7 @@ impl<'a> FloatSlice<'a> {
         let (ptr, bytes) = match self {
             FloatSlice::F32(s) => (s.as_ptr() as usize, std::mem::size_of_val(*s)),
             FloatSlice::F16(s) => (s.as_ptr() as usize, std::mem::size_of_val(*s)),
+            FloatSlice::Blocks { bytes, .. } => (bytes.as_ptr() as usize, bytes.len()),
         };
         ptr..ptr + bytes
     }
@@ -148,8 +163,9 @@ impl Vindex {
         self.entries.get(key).map(|(f, e, _)| (*f, e))
     }
 
-    /// View an entry's bytes as floats. The entry was validated at open (bounds, F32/F16 format,
-    /// 64-byte aligned offset in a page-aligned map), which makes the cast sound.
+    /// View an entry's bytes in its format. The entry was validated at open (bounds, format
+    /// allowed in its file, 64-byte aligned offset in a page-aligned map), which makes the
+    /// float casts sound.
     fn view(&self, file: &'static str, e: &TensorEntry) -> FloatSlice<'_> {
         let map = &self.maps[file];
         let bytes = &map[e.offset..e.offset + e.length];
@@ -162,17 +178,19 @@ impl Vindex {
                     std::slice::from_raw_parts(bytes.as_ptr() as *const f16, bytes.len() / 2)
                 })
             }
-            _ => {
+            QuantFormat::F32 => {
                 debug_assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<f32>(), 0);
                 // SAFETY: as above for f32 (length = numel × 4; every bit pattern is a valid f32).
                 FloatSlice::F32(unsafe {
                     std::slice::from_raw_parts(bytes.as_ptr() as *const f32, bytes.len() / 4)
                 })
             }
+            format => FloatSlice::Blocks { format, bytes },
         }
     }
 
-    /// Token embeddings and their shape `[vocab, hidden]` (stored dtype).
+    /// Token embeddings and their shape `[vocab, hidden]` in their stored format (ggml blocks
+    /// in a vindex without a float tier).
     pub fn embeddings(&self) -> (FloatSlice<'_>, [usize; 2]) {
         let e = &self.index.embeddings;
         (
@@ -261,10 +279,10 @@ impl Vindex {
         let (s, shape) = self.ffn(layer, which)?;
         match s {
             FloatSlice::F32(v) => Ok((v, shape)),
-            FloatSlice::F16(_) => Err(VindexError::WrongDtype {
+            _ => Err(VindexError::WrongDtype {
                 path: self.path.clone(),
                 what: format!("layer {layer}'s FFN {} matrix", which.name()),
-                stored: "f16".into(),
+                stored: s.format().name().into(),
                 hint: format!(
                     "{accessor} needs the f32 tier; use {}_layer(layer) (FloatSlice) or gate_vectors_f16",
                     which.name()

@@ -31,8 +31,14 @@ use crate::VindexError;
 /// Options of [`build`] / [`extract`].
 #[derive(Clone, Debug)]
 pub struct BuildOptions {
-    /// Dtype of the stored matrices (1-D tensors are always f32).
+    /// Dtype of the float tier's matrices (1-D tensors are always f32).
     pub dtype: Dtype,
+    /// Write the float tier (default). `false` (`infer extract --float none`): every matrix a
+    /// selected quantized tier holds is stored only there, the embeddings are stored quantized
+    /// (a GGUF's own blocks passed through), and what no quantized tier holds (norms, biases,
+    /// routers, position embeddings, …) is stored in f32. Needs quantized tiers that cover
+    /// attention (q4k or q8) and the FFN (q4k or q4).
+    pub float_tier: bool,
     /// Replace an existing target (only after the new vindex is complete).
     pub force: bool,
     /// A `tokenizer.json` to store; wins over the source's own tokenizer.
@@ -64,6 +70,7 @@ impl Default for BuildOptions {
     fn default() -> Self {
         BuildOptions {
             dtype: Dtype::F32,
+            float_tier: true,
             force: false,
             tokenizer: None,
             allow_no_tokenizer: false,
@@ -142,6 +149,9 @@ pub fn build(
             "down_meta needs at least 1 token per feature".into(),
         ));
     }
+    if !opts.float_tier {
+        check_quantized_only(source, opts)?;
+    }
     let tokenizer_json = resolve_tokenizer(source, opts)?;
     let plan = plan(source)?;
     let tmp = TempBuildDir::create(target, opts.force)?;
@@ -154,6 +164,33 @@ pub fn build(
     }
     tmp.commit(opts.force)?;
     Ok(index)
+}
+
+/// A vindex without a float tier needs quantized tiers for attention and the FFN, and has no
+/// float FFN rows for `down_meta`.
+fn check_quantized_only(source: &ModelSource, opts: &BuildOptions) -> Result<(), VindexError> {
+    let q = opts.quant;
+    let missing = match (q.q4k || q.q8, q.q4k || q.q4) {
+        (true, true) => None,
+        (false, true) => Some("attention (q4k or q8)"),
+        (true, false) => Some("the FFN (q4k or q4)"),
+        (false, false) => Some("attention and the FFN (q4k)"),
+    };
+    if let Some(what) = missing {
+        return Err(bad_source(
+            source,
+            format!(
+                "without a float tier (--float none) the quantized tiers must hold {what}: add them to --quant, or keep a float tier (--float f16|f32)"
+            ),
+        ));
+    }
+    if opts.down_meta.is_some() {
+        return Err(bad_source(
+            source,
+            "down_meta is computed from the float tier: build with --float f16|f32".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn bad_source(source: &ModelSource, msg: String) -> VindexError {
@@ -464,15 +501,19 @@ fn write_all(
         let one_to_one = matches!(p.transform, TensorTransform::AsIs) && p.outs.len() == 1;
         let src_name = one_to_one.then_some(p.info.name.as_str());
         for (o, data) in p.outs.iter().zip(parts) {
-            qb.add(
-                o.place.role,
-                o.place.layer,
-                &o.key,
-                &o.shape,
-                &data,
-                src_name,
-            )?;
-            let format = if o.shape.len() <= 1 {
+            let role = o.place.role;
+            qb.add(role, o.place.layer, &o.key, &o.shape, &data, src_name)?;
+            if !opts.float_tier {
+                if role == Role::Embedding {
+                    let (format, bytes) = qb.embedding(&o.key, &o.shape, &data, src_name)?;
+                    w.embeddings.write_raw(&o.key, &o.shape, format, &bytes)?;
+                    continue;
+                }
+                if qb.covers(role, &o.key) {
+                    continue;
+                }
+            }
+            let format = if o.shape.len() <= 1 || !opts.float_tier {
                 QuantFormat::F32
             } else {
                 opts.dtype.format()
@@ -559,8 +600,15 @@ fn write_all(
             intermediate_size: intermediate,
             num_layers,
         },
-        dtype: opts.dtype,
-        tiers: std::iter::once(opts.dtype.name().to_string())
+        dtype: if opts.float_tier {
+            opts.dtype
+        } else {
+            Dtype::F32
+        },
+        tiers: opts
+            .float_tier
+            .then(|| opts.dtype.name().to_string())
+            .into_iter()
             .chain(quant_tiers.iter().map(|t| t.name().to_string()))
             .collect(),
         passthrough,

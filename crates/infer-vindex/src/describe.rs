@@ -37,11 +37,19 @@ pub fn describe(v: &Vindex) -> String {
         "built by    infer {} at unix {}",
         p.infer_version, p.created_unix
     );
+    let float = ix.tiers.iter().any(|t| t == "f32" || t == "f16");
+    let matrices = if float {
+        format!("float matrices {}", ix.dtype)
+    } else {
+        format!(
+            "no float tier: embeddings {}, other matrices in the quantized tiers",
+            ix.embeddings.format
+        )
+    };
     let _ = writeln!(
         s,
-        "tiers       {}  (matrices {}, 1-D tensors f32)",
-        ix.tiers.join(", "),
-        ix.dtype
+        "tiers       {}  ({matrices}, 1-D tensors f32)",
+        ix.tiers.join(", ")
     );
     if !ix.passthrough.is_empty() {
         let _ = writeln!(
@@ -63,7 +71,7 @@ pub fn describe(v: &Vindex) -> String {
         .count();
     let _ = writeln!(
         s,
-        "tensors     {} stored ({} layers with a dense FFN), lm_head {}",
+        "tensors     {} stored ({} layers with a float-tier FFN), lm_head {}",
         v.keys().count(),
         ffn_layers,
         if ix.lm_head.is_some() {

@@ -139,7 +139,7 @@ pub(crate) fn write_down_meta(
     let w_owned;
     let w: &[f32] = match w {
         FloatSlice::F32(s) => s,
-        FloatSlice::F16(_) => {
+        _ => {
             w_owned = w.to_f32_vec();
             &w_owned
         }
@@ -187,6 +187,8 @@ pub(crate) fn write_down_meta(
             match down {
                 FloatSlice::F32(s) => d.extend_from_slice(&s[range]),
                 FloatSlice::F16(s) => d.extend(s[range].iter().map(|x| x.to_f32())),
+                // down_features.bin is a float-tier file (F32/F16 only, checked at open).
+                FloatSlice::Blocks { .. } => d.extend(down.to_f32_vec()[range].iter()),
             }
             if let Some(g) = &gamma {
                 for row in d.chunks_exact_mut(hidden) {

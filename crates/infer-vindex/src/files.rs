@@ -3,7 +3,8 @@
 
 /// Versioned metadata: config, provenance, shapes, per-layer FFN entries, file hashes.
 pub const INDEX_JSON: &str = "index.json";
-/// Token embeddings `[vocab, hidden]`.
+/// Token embeddings `[vocab, hidden]`: in the float tier's dtype, or, in a vindex without a
+/// float tier, ggml blocks (a GGUF's own `token_embd` blocks; the entry's format tag says which).
 pub const EMBEDDINGS_BIN: &str = "embeddings.bin";
 /// Every 1-D norm weight/bias (per layer and final), described by [`NORMS_MANIFEST`].
 pub const NORMS_BIN: &str = "norms.bin";
@@ -22,7 +23,8 @@ pub const ATTN_WEIGHTS_BIN: &str = "attn_weights.bin";
 pub const ATTN_WEIGHTS_MANIFEST: &str = "attn_weights_manifest.json";
 /// Output projection `[vocab, hidden]`; absent when the source has none (tied embeddings).
 pub const LM_HEAD_BIN: &str = "lm_head.bin";
-/// Tensors the builder could not classify (MoE experts, routers, FFN biases, …).
+/// Tensors the builder could not classify (MoE experts of the float tier, routers, FFN biases,
+/// …); the quantized tiers store MoE experts per expert in the interleaved FFN files.
 pub const OTHER_BIN: &str = "other_weights.bin";
 /// Manifest of [`OTHER_BIN`].
 pub const OTHER_MANIFEST: &str = "other_weights_manifest.json";
@@ -54,7 +56,10 @@ pub const ATTN_Q8_SCALES_BIN: &str = "attn_weights_q8_scales.bin";
 pub const ATTN_Q8_SCALES_MANIFEST: &str = "attn_weights_q8_scales_manifest.json";
 /// FFN gate, up, down per layer (in that order) in HF Linear layout `[out, in]` (gate/up
 /// `[intermediate, hidden]`, down `[hidden, intermediate]`): gate/up Q4_K, down Q6_K (Q4_K
-/// with `--down-q4k`), with Q5_0 / Q8_0 fallbacks per tensor. See [`INTERLEAVED_Q4K_MANIFEST`].
+/// with `--down-q4k`), with Q5_0 / Q8_0 fallbacks per tensor (a GGUF tensor already in one of
+/// Q4_K, Q6_K, Q5_0, Q8_0 keeps its blocks); after them, a MoE layer's experts
+/// (`….mlp.experts.{e}.{gate,up,down}_proj.weight`, then the shared expert), each as its own
+/// tensor. See [`INTERLEAVED_Q4K_MANIFEST`].
 pub const INTERLEAVED_Q4K_BIN: &str = "interleaved_q4k.bin";
 /// Manifest of [`INTERLEAVED_Q4K_BIN`].
 pub const INTERLEAVED_Q4K_MANIFEST: &str = "interleaved_q4k_manifest.json";
@@ -71,7 +76,8 @@ pub const LM_HEAD_Q4_BIN: &str = "lm_head_q4.bin";
 /// Manifest of [`LM_HEAD_Q4_BIN`].
 pub const LM_HEAD_Q4_MANIFEST: &str = "lm_head_q4_manifest.json";
 /// Output projection `[vocab, hidden]` in Q6_K (Q8_0 when rows are not a multiple of 256), the
-/// q4k tier's output matrix, as llama.cpp's Q4_K_M keeps `output` in Q6_K.
+/// q4k tier's output matrix, as llama.cpp's Q4_K_M keeps `output` in Q6_K. Absent in a vindex
+/// without a float tier whose output is tied: the quantized embeddings are the output matrix.
 pub const LM_HEAD_Q6K_BIN: &str = "lm_head_q6k.bin";
 /// Manifest of [`LM_HEAD_Q6K_BIN`].
 pub const LM_HEAD_Q6K_MANIFEST: &str = "lm_head_q6k_manifest.json";

@@ -215,10 +215,20 @@ impl Vindex {
             key: e.key.clone(),
             msg,
         };
-        if !matches!(e.format, QuantFormat::F32 | QuantFormat::F16) {
+        // Block formats only for the embeddings (a vindex without a float tier stores them
+        // quantized); BF16 never.
+        let blocks_ok = file == files::EMBEDDINGS_BIN
+            && e.format.is_quantized()
+            && e.format != QuantFormat::Q8_1;
+        if !matches!(e.format, QuantFormat::F32 | QuantFormat::F16) && !blocks_ok {
             return Err(bad(format!(
-                "format {} in a float-tier file (expected F32 or F16)",
-                e.format
+                "format {} in a float-tier file (expected F32 or F16{})",
+                e.format,
+                if file == files::EMBEDDINGS_BIN {
+                    ", or a ggml block format"
+                } else {
+                    ""
+                }
             )));
         }
         if self.entries.contains_key(&e.key) {

@@ -33,6 +33,21 @@ impl Vindex {
         self.tiers.contains(&tier)
     }
 
+    /// Whether the quantized tier `tier` holds its own output matrix (`lm_head.weight` in
+    /// [`files::LM_HEAD_Q6K_BIN`] for q4k, [`files::LM_HEAD_Q4_BIN`] for q4). False for other
+    /// tiers, and for a vindex without a float tier whose output projection is the tied,
+    /// quantized embedding table.
+    pub fn has_lm_head_copy(&self, tier: Tier) -> bool {
+        let file = match tier {
+            Tier::Q4K => files::LM_HEAD_Q6K_BIN,
+            Tier::Q4 => files::LM_HEAD_Q4_BIN,
+            _ => return false,
+        };
+        self.quant
+            .get(file)
+            .is_some_and(|m| m.contains_key("lm_head.weight"))
+    }
+
     /// Entries of a quantized file (one of [`files::QUANT_BINS`]), unordered; empty when absent.
     pub fn quant_entries(&self, file: &str) -> Vec<&TensorEntry> {
         self.quant
@@ -194,6 +209,29 @@ impl Vindex {
             *o = (b, e.format);
         }
         Ok(out)
+    }
+
+    /// One FFN matrix by canonical key from the q4k ([`Tier::Q4K`]) or q4 ([`Tier::Q4`]) FFN
+    /// tier with its stored format: MoE experts (`….mlp.experts.{e}.{gate,up,down}_proj.weight`,
+    /// `….mlp.shared_expert.*`), stored per expert in HF Linear layout.
+    /// Errors: another tier; [`VindexError::Absent`] without the tier or the key.
+    pub fn ffn_quant_tensor(
+        &self,
+        tier: Tier,
+        key: &str,
+    ) -> Result<(&[u8], QuantFormat), VindexError> {
+        let file = match tier {
+            Tier::Q4K => files::INTERLEAVED_Q4K_BIN,
+            Tier::Q4 => files::INTERLEAVED_Q4_BIN,
+            _ => {
+                return Err(VindexError::Absent {
+                    path: self.path.clone(),
+                    what: format!("a quantized FFN in tier '{tier}'"),
+                })
+            }
+        };
+        let (b, e) = self.quant_tensor(file, key)?;
+        Ok((b, e.format))
     }
 
     /// Gate rows of `layer` in Q4_0, `[intermediate, hidden]` ([`files::GATE_Q4_BIN`]).

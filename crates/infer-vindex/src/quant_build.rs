@@ -46,6 +46,16 @@ pub fn storage_format(desired: QuantFormat, row_len: usize) -> Result<QuantForma
         .unwrap_or(QuantFormat::F16))
 }
 
+/// The formats the q4k tier's files hold (llama.cpp's Q4_K_M mix and its fallbacks): a GGUF
+/// tensor already in one of them keeps its blocks there, whichever of them the tier would have
+/// picked (Q4_K_M stores `attn_v` / `ffn_down` in Q6_K on some layers and Q4_K on the rest).
+pub const Q4K_TIER_FORMATS: [QuantFormat; 4] = [
+    QuantFormat::Q4_K,
+    QuantFormat::Q6_K,
+    QuantFormat::Q5_0,
+    QuantFormat::Q8_0,
+];
+
 /// Quantize `data` (rows of `n_per_row`) to `format` with ggml's reference quantizer
 /// ([`infer_quant::quantize`], no imatrix), in parallel over row chunks on the current rayon
 /// pool. The bytes equal a serial call's: every row is quantized independently.
@@ -89,6 +99,25 @@ pub(crate) fn attn_rank(key: &str) -> Option<usize> {
         .position(|p| key.ends_with(&format!("self_attn.{p}.weight")))
 }
 
+/// `(rank, which)` of an MoE expert matrix in its layer's interleaved FFN order: expert `e`'s
+/// gate, up, down (`which` 0, 1, 2) after the dense FFN's three, the shared expert after
+/// every routed one. Keys: `….mlp.experts.{e}.{gate,up,down}_proj.weight` and
+/// `….mlp.shared_expert.{gate,up,down}_proj.weight` (canonical names).
+pub(crate) fn expert_rank(key: &str) -> Option<(usize, usize)> {
+    let (_, rest) = crate::classify::split_layer(key)?;
+    let proj = |p: &str| {
+        ["gate_proj.weight", "up_proj.weight", "down_proj.weight"]
+            .iter()
+            .position(|n| *n == p)
+    };
+    if let Some(p) = rest.strip_prefix("mlp.shared_expert.") {
+        return proj(p).map(|w| (usize::MAX / 2 + w, w));
+    }
+    let (e, p) = rest.strip_prefix("mlp.experts.")?.split_once('.')?;
+    let w = proj(p)?;
+    Some((3 + 3 * e.parse::<usize>().ok()? + w, w))
+}
+
 /// One quantized tensor waiting for its layer to complete (so each layer's tensors are written
 /// in Q, K, V, O / gate, up, down order whatever the source order).
 struct Pending {
@@ -106,6 +135,8 @@ pub(crate) struct QuantBuilder {
     down_q4k: bool,
     requantize: bool,
     tied: bool,
+    /// A float tier is written too (else the tied lm_head and the gate copy are not copied).
+    float_tier: bool,
     gguf: Option<GgufTensors>,
     source_path: PathBuf,
     writers: HashMap<&'static str, BinWriter>,
@@ -116,7 +147,7 @@ pub(crate) struct QuantBuilder {
 
 /// The files of each quantized tier.
 fn tier_files(t: Tier) -> &'static [&'static str] {
-    t.required_files()
+    t.files()
 }
 
 impl QuantBuilder {
@@ -143,6 +174,7 @@ impl QuantBuilder {
             down_q4k: opts.down_q4k,
             requantize: opts.requantize,
             tied,
+            float_tier: opts.float_tier,
             gguf,
             source_path: source.path.clone(),
             writers,
@@ -173,23 +205,32 @@ impl QuantBuilder {
                     }
                 }
             }
-            Role::FfnGate | Role::FfnUp | Role::FfnDown => {
-                let r = match role {
-                    Role::FfnGate => 0,
-                    Role::FfnUp => 1,
-                    _ => 2,
+            Role::FfnGate | Role::FfnUp | Role::FfnDown | Role::Other => {
+                let (rank, r) = match (role, expert_rank(key)) {
+                    (Role::FfnGate, _) => (0, 0),
+                    (Role::FfnUp, _) => (1, 1),
+                    (Role::FfnDown, _) => (2, 2),
+                    // MoE experts are stored per expert in the interleaved FFN files.
+                    (_, Some(rw)) => rw,
+                    (_, None) => return v,
                 };
+                let dense = role != Role::Other;
                 if t.q4k {
                     let f = if r == 2 && !self.down_q4k {
                         QuantFormat::Q6_K
                     } else {
                         QuantFormat::Q4_K
                     };
-                    v.push((files::INTERLEAVED_Q4K_BIN, r, f, k.clone()));
+                    v.push((files::INTERLEAVED_Q4K_BIN, rank, f, k.clone()));
                 }
                 if t.q4 {
-                    v.push((files::INTERLEAVED_Q4_BIN, r, QuantFormat::Q4_0, k.clone()));
-                    if r == 0 {
+                    v.push((
+                        files::INTERLEAVED_Q4_BIN,
+                        rank,
+                        QuantFormat::Q4_0,
+                        k.clone(),
+                    ));
+                    if r == 0 && dense && self.float_tier {
                         v.push((files::GATE_Q4_BIN, 0, QuantFormat::Q4_0, k));
                     }
                 }
@@ -202,7 +243,9 @@ impl QuantBuilder {
                     v.push((files::LM_HEAD_Q4_BIN, 0, QuantFormat::Q4_0, k));
                 }
             }
-            Role::Embedding if self.tied => {
+            // Without a float tier the output projection is the stored (quantized) embedding
+            // table itself, never a copy.
+            Role::Embedding if self.tied && self.float_tier => {
                 let head = "lm_head.weight".to_string();
                 if t.q4k {
                     v.push((files::LM_HEAD_Q6K_BIN, 0, QuantFormat::Q6_K, head.clone()));
@@ -244,7 +287,17 @@ impl QuantBuilder {
         let row = shape[1];
         let mut cache: HashMap<QuantFormat, Encoded> = HashMap::new();
         for (file, rank, desired, out_key) in targets {
-            let format = storage_format(desired, row).map_err(|m| bad(format!("{file}: {m}")))?;
+            let mut format =
+                storage_format(desired, row).map_err(|m| bad(format!("{file}: {m}")))?;
+            let q4k_file = matches!(
+                file,
+                files::ATTN_Q4K_BIN | files::INTERLEAVED_Q4K_BIN | files::LM_HEAD_Q6K_BIN
+            );
+            if let (true, Some(f)) = (q4k_file, self.source_format(src, shape)) {
+                if Q4K_TIER_FORMATS.contains(&f) {
+                    format = f;
+                }
+            }
             if file == files::ATTN_Q8_BIN && format != QuantFormat::Q8_0 {
                 return Err(bad(format!(
                     "{file}: the q8 tier stores blocks of 32 values, and rows of {row} values are \
@@ -281,6 +334,16 @@ impl QuantBuilder {
         Ok(())
     }
 
+    /// The ggml type of GGUF source tensor `src` when it may pass through (not `requantize`,
+    /// same shape as stored).
+    fn source_format(&self, src: Option<&str>, shape: &[usize]) -> Option<QuantFormat> {
+        use infer_models::TensorSource;
+        let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) else {
+            return None;
+        };
+        g.info(src).filter(|i| i.shape == shape).map(|i| i.dtype)
+    }
+
     /// The tensor's blocks in `format`: the GGUF's own blocks when the source tensor already has
     /// that format and shape (unless `requantize`), else ggml's reference quantizer.
     fn encode(
@@ -306,6 +369,60 @@ impl QuantBuilder {
                 msg: format!("tensor '{key}': quantize to {format}: {e}"),
             })?;
         Ok((bytes, None))
+    }
+
+    /// True when a selected quantized tier stores this tensor (so a vindex without a float
+    /// tier needs no float copy of it).
+    pub fn covers(&self, role: Role, key: &str) -> bool {
+        role != Role::Embedding && !self.targets(role, key).is_empty()
+    }
+
+    /// The embedding table `[vocab, hidden]` of a vindex without a float tier, as stored in
+    /// `embeddings.bin`: a GGUF's own blocks when its `token_embd` is in a ggml block format
+    /// (byte-exact, recorded as passthrough; not with `requantize`), else ggml's reference
+    /// quantizer to the format llama.cpp's presets give it — the output type Q6_K when tied
+    /// (the table is the output projection), Q4_K when not (q4k tier), Q8_0 (q8), Q4_0 (q4) —
+    /// with the per-tensor fallbacks of [`storage_format`].
+    /// Errors: [`VindexError::BadSource`] for a row length no format can hold; source reads.
+    pub fn embedding(
+        &mut self,
+        key: &str,
+        shape: &[usize],
+        data: &[f32],
+        src: Option<&str>,
+    ) -> Result<(QuantFormat, Vec<u8>), VindexError> {
+        if let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) {
+            if let Some((bytes, info)) = g.raw_blocks_hf_order(src)? {
+                let f = info.dtype;
+                if f.is_quantized() && f != QuantFormat::Q8_1 && info.shape == shape {
+                    let name = g.gguf_name(src).unwrap_or(src).to_string();
+                    self.passthrough.push(Passthrough {
+                        file: files::EMBEDDINGS_BIN.to_string(),
+                        key: key.to_string(),
+                        format: f,
+                        source_tensor: name,
+                        rows_unpermuted: false,
+                    });
+                    return Ok((f, bytes.into_owned()));
+                }
+            }
+        }
+        let t = self.tiers;
+        let desired = match (t.q4k, t.q8, self.tied) {
+            (true, _, true) => QuantFormat::Q6_K,
+            (true, _, false) => QuantFormat::Q4_K,
+            (false, true, _) => QuantFormat::Q8_0,
+            _ => QuantFormat::Q4_0,
+        };
+        let bad = |msg: String| VindexError::BadSource {
+            path: self.source_path.clone(),
+            msg: format!("tensor '{key}' {shape:?}: {msg}"),
+        };
+        let row = *shape.last().unwrap_or(&0);
+        let format = storage_format(desired, row).map_err(|m| bad(format!("embeddings: {m}")))?;
+        let bytes = quantize_rows_par(format, data, row)
+            .map_err(|e| bad(format!("quantize to {format}: {e}")))?;
+        Ok((format, bytes))
     }
 
     fn writer(&mut self, file: &'static str) -> Result<&mut BinWriter, VindexError> {

@@ -113,8 +113,15 @@ fn errors(deq: &[f32], reference: &[f32]) -> (f64, f64) {
 }
 
 /// Error of every stored quantized tensor against the float tier, in file then offset order.
-/// Errors: a tensor missing from the float tier, or a decode error.
+/// Errors: [`VindexError::Absent`] without a float tier; a tensor missing from the float
+/// tier, or a decode error.
 pub fn quant_stats(v: &Vindex) -> Result<Vec<QuantStat>, VindexError> {
+    if !(v.has_tier(crate::Tier::F32) || v.has_tier(crate::Tier::F16)) {
+        return Err(VindexError::Absent {
+            path: v.path().to_path_buf(),
+            what: "the float tier the quantized tensors are compared with (rebuild with `infer extract --float f32`)".into(),
+        });
+    }
     let mut items: Vec<(&'static str, String, QuantFormat, Vec<usize>, usize)> = Vec::new();
     for file in REPORT_FILES {
         if file == files::ATTN_Q8_BIN {

@@ -40,8 +40,23 @@ impl Tier {
     }
 
     /// Data files a quantized tier always has (empty for the float tiers, whose files are
-    /// checked separately). The loader refuses a vindex that lists the tier without them.
+    /// checked separately). The loader refuses a vindex that lists the tier without them. The
+    /// tiers' output matrices ([`files::LM_HEAD_Q6K_BIN`], [`files::LM_HEAD_Q4_BIN`]) and the
+    /// Q4_0 gate copy ([`files::GATE_Q4_BIN`]) are optional: a vindex without a float tier
+    /// has no copy of tied embeddings (the output projection is the quantized embedding table)
+    /// and no gate copy (the gate copy selects features of the float tier's sparse walk).
     pub fn required_files(self) -> &'static [&'static str] {
+        match self {
+            Tier::F32 | Tier::F16 => &[],
+            Tier::Q4K => &[files::ATTN_Q4K_BIN, files::INTERLEAVED_Q4K_BIN],
+            Tier::Q8 => &[files::ATTN_Q8_BIN, files::ATTN_Q8_SCALES_BIN],
+            Tier::Q4 => &[files::INTERLEAVED_Q4_BIN],
+        }
+    }
+
+    /// Every data file the tier may write (its required files and its optional output matrix
+    /// and gate copy).
+    pub fn files(self) -> &'static [&'static str] {
         match self {
             Tier::F32 | Tier::F16 => &[],
             Tier::Q4K => &[
@@ -65,7 +80,8 @@ impl std::fmt::Display for Tier {
     }
 }
 
-/// Which quantized tiers a build writes (the float tier is always written).
+/// Which quantized tiers a build writes (besides the float tier, unless
+/// [`crate::BuildOptions::float_tier`] is false).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuantTiers {
     pub q4k: bool,

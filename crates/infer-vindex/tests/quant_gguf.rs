@@ -294,3 +294,72 @@ fn quantize_throughput() {
         }
     }
 }
+
+/// A vindex without a float tier (`infer extract --float none`, the CLI default) of each real
+/// GGUF: no float matrix files, the embedding table is the GGUF's own `token_embd` blocks
+/// byte for byte (and, tied, the only output matrix), every passthrough tensor equals the
+/// GGUF's blocks (Q/K rows un-permuted), the other quantized tensors equal those of a vindex
+/// with a float tier (quantized from the same values), and the total size is within 1.12× the
+/// GGUF (Gemma's Q4_K_M: within 1.05×; SmolLM2's Q4_1 is requantized to Q5_0/Q8_0/Q6_K).
+#[test]
+fn quantized_only_passes_gguf_blocks_through() {
+    for (model, max_ratio) in [(GEMMA, 1.05), (SMOLLM, 1.12)] {
+        let root = tempfile::tempdir().unwrap();
+        let src = infer_models::open_source(&model_file(model)).unwrap();
+        let target = root.path().join("q.vindex");
+        let opts = BuildOptions {
+            quant: QuantTiers::Q4K,
+            float_tier: false,
+            allow_no_tokenizer: true,
+            force: true,
+            ..Default::default()
+        };
+        build(&src, &target, &opts).unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert!(verify(&target).unwrap().is_ok());
+        let v = Vindex::open(&target).unwrap();
+        assert_eq!(v.tiers(), &[Tier::Q4K], "{model}");
+        for f in [
+            files::GATE_VECTORS_BIN,
+            files::UP_FEATURES_BIN,
+            files::DOWN_FEATURES_BIN,
+            files::LM_HEAD_BIN,
+            files::LM_HEAD_Q6K_BIN,
+        ] {
+            assert!(v.mapped_bytes(f).is_none(), "{model}: {f} written");
+        }
+        let g = gguf_tensors(model);
+        let emb_key = "model.embed_tokens.weight";
+        let (raw, info) = g.raw_blocks_hf_order(emb_key).unwrap().unwrap();
+        let e = &v.index().embeddings;
+        assert_eq!(e.format, info.dtype, "{model}: embedding format");
+        let map = v.mapped_bytes(files::EMBEDDINGS_BIN).unwrap();
+        assert_eq!(&map[e.offset..e.offset + e.length], &raw[..], "{model}");
+        assert!(!v.has_lm_head_copy(Tier::Q4K), "{model}: tied, no copy");
+        for p in &v.index().passthrough {
+            let src_key = &p.key;
+            let (raw, _) = g.raw_blocks_hf_order(src_key).unwrap().unwrap();
+            let stored = if p.file == files::EMBEDDINGS_BIN {
+                &map[e.offset..e.offset + e.length]
+            } else {
+                let f = files::BIN_FILES.iter().find(|f| **f == p.file).unwrap();
+                v.quant_tensor(f, &p.key).unwrap().0
+            };
+            assert_eq!(stored, &raw[..], "{model}: {} not byte-exact", p.key);
+        }
+        // The rest is what the vindex with a float tier stores.
+        let full = build_all(model, root.path(), QuantTiers::Q4K, false);
+        let fv = Vindex::open(&full).unwrap();
+        for file in [files::ATTN_Q4K_BIN, files::INTERLEAVED_Q4K_BIN] {
+            for entry in fv.quant_entries(file) {
+                let (a, ea) = fv.quant_tensor(file, &entry.key).unwrap();
+                let (b, eb) = v.quant_tensor(file, &entry.key).unwrap();
+                assert_eq!((ea.format, a), (eb.format, b), "{model}: {}", entry.key);
+            }
+        }
+        let bytes: u64 = v.index().files.iter().map(|f| f.bytes).sum();
+        let gguf = std::fs::metadata(model_file(model)).unwrap().len();
+        let ratio = bytes as f64 / gguf as f64;
+        eprintln!("{model}: vindex {bytes} B / GGUF {gguf} B = {ratio:.3}");
+        assert!(ratio <= max_ratio, "{model}: {ratio:.3} > {max_ratio}");
+    }
+}

@@ -813,6 +813,13 @@ pub(super) fn embed(
     let (bytes, f16) = match table {
         FloatTable::F32(v) => (as_bytes(v), 0),
         FloatTable::F16(v) => (as_bytes(v), 1),
+        // A quantized table (no float tier): the few looked-up rows are dequantized on the
+        // host (ggml's dequantizers) and copied over.
+        FloatTable::Blocks { .. } => {
+            let mut rows_host = vec![0.0; ids.len() * width];
+            crate::host_ops::embed(table, ids, scale, &mut rows_host)?;
+            return upload(st, &rows_host, out);
+        }
     };
     let tpp = cached(st, bytes)?;
     let idx: Vec<i32> = ids.iter().map(|&v| v as i32).collect();

@@ -12,7 +12,7 @@ use half::f16;
 use infer_compute::ops::Activation;
 use infer_compute::{
     Attend, AttentionParams, ComputeBackend, FloatTable, KvSlot, MatData, Matrix, Norm, NormKind,
-    RopeConfig, RopeScaling, Tensor, TensorProj,
+    QuantFormat, RopeConfig, RopeScaling, Tensor, TensorProj,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -535,12 +535,38 @@ fn check_embed_argmax(b: &dyn ComputeBackend, rng: &mut StdRng) {
             .map(|k| match t {
                 FloatTable::F32(v) => v[k] as f64 * 2.5,
                 FloatTable::F16(v) => v[k].to_f64() * 2.5,
+                FloatTable::Blocks { .. } => unreachable!("float tables only here"),
             })
             .collect();
         close(&format!("embed {name}"), &down(b, &out), &want);
         assert!(
             b.embed(t, h, &[rows as u32], 1.0, &mut out).is_err(),
             "embed: an id past the table is an error"
+        );
+    }
+    // A quantized table (ggml blocks; a vindex without a float tier): each looked-up row is
+    // the ggml dequantization of its blocks, times the scale.
+    let (rows, h) = (9, 256);
+    let values = randv(rng, rows * h);
+    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::Q8_0] {
+        let bytes = infer_quant::quantize(format, &values, h, None).expect("quantize");
+        let deq = infer_quant::dequantize_to_vec(format, &bytes, rows * h).expect("dequantize");
+        let t = FloatTable::Blocks {
+            format,
+            bytes: &bytes,
+        };
+        let ids = [8u32, 0, 3, 3];
+        let mut out = Tensor::default();
+        b.embed(t, h, &ids, 2.5, &mut out).expect("embed blocks");
+        let want: Vec<f64> = ids
+            .iter()
+            .flat_map(|&i| (0..h).map(move |c| i as usize * h + c))
+            .map(|k| deq[k] as f64 * 2.5)
+            .collect();
+        close(&format!("embed {format}"), &down(b, &out), &want);
+        assert!(
+            b.embed(t, h, &[rows as u32], 1.0, &mut out).is_err(),
+            "embed {format}: an id past the table is an error"
         );
     }
     let mut logits = randv(rng, 1001);

@@ -144,10 +144,27 @@ pub fn extract_with(
     out
 }
 
-/// Archrefs case `case` (its folder under `INFER_SHARED/archrefs`) extracted into `dir` with the
+/// The folder of archrefs case `case`: `INFER_SHARED/archrefs/CASE`, or
+/// `INFER_SHARED/archrefs-next/CASE` (same layout) for the families added later.
+pub fn archrefs_case_dir(case: &str) -> PathBuf {
+    let first = shared_dir().join("archrefs").join(case);
+    if first.is_dir() {
+        return first;
+    }
+    let next = shared_dir().join("archrefs-next").join(case);
+    assert!(
+        next.is_dir(),
+        "archrefs case '{case}' not found under {} or {}",
+        first.display(),
+        next.display()
+    );
+    next
+}
+
+/// Archrefs case `case` (its folder under `INFER_SHARED/archrefs` or `archrefs-next`) extracted into `dir` with the
 /// f32 tier and the q4k tier: (the case folder, the vindex path).
 pub fn archrefs_q4k(case: &str, dir: &Path) -> (PathBuf, PathBuf) {
-    let case_dir = shared_dir().join("archrefs").join(case);
+    let case_dir = archrefs_case_dir(case);
     let vindex = extract_with(
         &case_dir,
         dir,
@@ -157,6 +174,23 @@ pub fn archrefs_q4k(case: &str, dir: &Path) -> (PathBuf, PathBuf) {
         infer_vindex::QuantTiers::Q4K,
     );
     (case_dir, vindex)
+}
+
+/// Archrefs case `case` extracted into `dir` with the q4k tier and no float tier (`infer
+/// extract --float none`, the CLI default): the vindex path.
+pub fn archrefs_quantized_only(case: &str, dir: &Path) -> PathBuf {
+    let case_dir = archrefs_case_dir(case);
+    let out = dir.join(format!("{case}-q.vindex"));
+    let opts = infer_vindex::BuildOptions {
+        float_tier: false,
+        force: true,
+        allow_no_tokenizer: true,
+        quant: infer_vindex::QuantTiers::Q4K,
+        ..Default::default()
+    };
+    infer_vindex::extract(&case_dir, &out, &opts)
+        .unwrap_or_else(|e| panic!("extract {}: {e}", case_dir.display()));
+    out
 }
 
 /// The real SmolLM2-135M-Instruct GGUF (`INFER_MODELS`) extracted into `dir` with the f32 tier

@@ -23,6 +23,9 @@ pub enum Family {
     Phi,
     Mixtral,
     Qwen2Moe,
+    /// Qwen3 attention (per-head q/k RMSNorm) + many-expert top-k MoE (`norm_topk_prob`), no
+    /// shared expert (HF `Qwen3MoeForCausalLM`).
+    Qwen3Moe,
 }
 
 impl Family {
@@ -45,6 +48,7 @@ impl Family {
             "phi" => Family::Phi,
             "mixtral" => Family::Mixtral,
             "qwen2_moe" => Family::Qwen2Moe,
+            "qwen3_moe" => Family::Qwen3Moe,
             _ => return None,
         })
     }
@@ -149,7 +153,7 @@ impl ModelArchitecture for FamilyArch {
 
     fn intermediate_size_for_layer(&self, layer: usize) -> usize {
         match (self.family, self.num_experts_for_layer(layer) > 0) {
-            (Family::Qwen2Moe, true) => self
+            (Family::Qwen2Moe | Family::Qwen3Moe, true) => self
                 .cfg
                 .moe_intermediate_size
                 .unwrap_or(self.cfg.intermediate_size),
@@ -240,7 +244,10 @@ impl ModelArchitecture for FamilyArch {
     }
 
     fn has_qk_norm(&self) -> bool {
-        matches!(self.family, Family::Qwen3 | Family::Gemma3 | Family::Olmo2)
+        matches!(
+            self.family,
+            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Olmo2
+        )
     }
 
     fn qk_norm_whole_projection(&self) -> bool {

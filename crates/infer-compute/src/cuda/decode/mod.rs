@@ -332,6 +332,13 @@ impl<'b> CudaDecoder<'b> {
         let (embed_bytes, embed_f16, embed_len) = match plan.embeddings {
             FloatTable::F32(v) => (as_bytes(v), false, v.len()),
             FloatTable::F16(v) => (as_bytes(v), true, v.len()),
+            // The caller keeps such models on its host loop (no device row lookup of blocks).
+            FloatTable::Blocks { format, .. } => {
+                return Err(ComputeError::UnsupportedFormat {
+                    backend: "cuda token decoder (embeddings)".into(),
+                    format,
+                })
+            }
         };
         if embed_len != plan.vocab_size * h {
             return Err(shape_err(

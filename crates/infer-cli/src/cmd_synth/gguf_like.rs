@@ -1,0 +1,309 @@
+//! `infer synth --like config.json --gguf PRESET [--vocab VOCAB.gguf]`: the GGUF header
+//! llama.cpp's `convert_hf_to_gguf.py` + `llama-quantize PRESET` would write for that config —
+//! its tensor names, `{arch}.*` metadata and the preset's per-tensor type mix — with the
+//! tokenizer metadata (`tokenizer.*`) of a vocabulary-only GGUF (llama.cpp's
+//! `models/ggml-vocab-*.gguf`). The data is then streamed like any GGUF synth ([`super::gguf`]).
+//!
+//! The type mix follows llama.cpp's `llama_tensor_get_type` for these presets: Q4_K_M stores
+//! matrices in Q4_K except the output matrix (Q6_K; the token embeddings when tied) and
+//! `attn_v` / `ffn_down` of the layers `use_more_bits` picks (Q6_K); Q4_0 stores Q4_0 with a
+//! Q6_K output; Q8_0 and F16 store every matrix in that type; 1-D tensors are F32. A row length
+//! no K-quant block divides falls back as llama.cpp does (Q4_K → Q5_0, Q6_K → Q8_0), and to F16
+//! when no block divides it. Llama-3 RoPE scaling is written as plain RoPE (no `rope_freqs`
+//! tensor, which llama.cpp treats as optional): both engines then run the same bytes.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use infer_models::gguf::{GgufHeader, GgufTensorInfo, GgufValue, DEFAULT_ALIGNMENT};
+use infer_models::{ModelConfig, RopeScaling};
+use infer_quant::QuantFormat;
+
+/// A llama-quantize preset (`--gguf`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    Q4KM,
+    Q4_0,
+    Q8_0,
+    F16,
+}
+
+impl std::str::FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_uppercase().as_str() {
+            "Q4_K_M" => Ok(Preset::Q4KM),
+            "Q4_0" => Ok(Preset::Q4_0),
+            "Q8_0" => Ok(Preset::Q8_0),
+            "F16" => Ok(Preset::F16),
+            _ => Err(format!(
+                "unknown GGUF preset '{s}' (expected Q4_K_M, Q4_0, Q8_0 or F16)"
+            )),
+        }
+    }
+}
+
+impl Preset {
+    /// llama.cpp's `general.file_type` (`enum llama_ftype`).
+    fn file_type(self) -> u32 {
+        match self {
+            Preset::F16 => 1,
+            Preset::Q4_0 => 2,
+            Preset::Q8_0 => 7,
+            Preset::Q4KM => 15,
+        }
+    }
+}
+
+/// llama.cpp's `use_more_bits(i_layer, n_layers)`: the first and last eighth of the layers and
+/// every third one between get the bigger type in the `_M` presets.
+fn use_more_bits(i: usize, n: usize) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64) % 3 == 2
+}
+
+/// What a matrix is in the model (decides its type in the preset).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The output projection (the token embeddings when tied).
+    Output,
+    /// Untied token embeddings.
+    Embedding,
+    /// `attn_v` / `ffn_down` of layer `i`.
+    MoreBits(usize),
+    Other,
+}
+
+/// The stored type of a matrix with rows of `row` values.
+fn matrix_type(p: Preset, role: Role, n_layers: usize, row: usize) -> QuantFormat {
+    let want = match (p, role) {
+        (Preset::F16, _) => QuantFormat::F16,
+        (Preset::Q8_0, _) => QuantFormat::Q8_0,
+        (Preset::Q4_0 | Preset::Q4KM, Role::Output) => QuantFormat::Q6_K,
+        (Preset::Q4_0, _) => QuantFormat::Q4_0,
+        (Preset::Q4KM, Role::MoreBits(i)) if use_more_bits(i, n_layers) => QuantFormat::Q6_K,
+        (Preset::Q4KM, _) => QuantFormat::Q4_K,
+    };
+    let chain: &[QuantFormat] = match want {
+        QuantFormat::Q4_K => &[QuantFormat::Q4_K, QuantFormat::Q5_0],
+        QuantFormat::Q6_K => &[QuantFormat::Q6_K, QuantFormat::Q8_0],
+        QuantFormat::F16 => &[QuantFormat::F16],
+        other => &[other, QuantFormat::F16],
+    };
+    chain
+        .iter()
+        .copied()
+        .find(|f| row % f.block_elems() == 0)
+        .unwrap_or(QuantFormat::F16)
+}
+
+/// llama.cpp's architecture name of a HF `model_type` this writer covers.
+fn gguf_arch(model_type: &str) -> Option<&'static str> {
+    Some(match model_type {
+        "llama" | "mistral" => "llama",
+        "qwen2" => "qwen2",
+        "qwen3" => "qwen3",
+        "gemma3" | "gemma3_text" => "gemma3",
+        _ => return None,
+    })
+}
+
+/// The GGUF header of `cfg` (read from `like`) in `preset`, with the `tokenizer.*` metadata of
+/// `vocab` when given. Errors: a family this writer does not cover (MoE, fused-tensor
+/// families), a vocabulary whose token count differs from the config's `vocab_size`, a
+/// header whose offsets overflow.
+pub fn header(
+    cfg: &ModelConfig,
+    preset: Preset,
+    vocab: Option<(&Path, &GgufHeader)>,
+    like: &Path,
+) -> anyhow::Result<GgufHeader> {
+    let Some(arch) = gguf_arch(&cfg.model_type) else {
+        bail!(
+            "{}: --gguf covers the dense llama, mistral, qwen2, qwen3 and gemma3 families, not model_type '{}'",
+            like.display(),
+            cfg.model_type
+        );
+    };
+    if cfg.num_experts > 0 {
+        bail!("{}: --gguf does not cover MoE models", like.display());
+    }
+    let (h, inter, n) = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_hidden_layers,
+    );
+    let (hd, qd, kvd) = (
+        cfg.head_dim,
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+    );
+    let u32v = |v: usize| -> anyhow::Result<GgufValue> {
+        Ok(GgufValue::U32(u32::try_from(v).with_context(|| {
+            format!("{}: {v} does not fit a GGUF u32", like.display())
+        })?))
+    };
+    let k = |s: &str| format!("{arch}.{s}");
+    let mut md: Vec<(String, GgufValue)> = vec![
+        (
+            "general.architecture".into(),
+            GgufValue::String(arch.into()),
+        ),
+        (
+            "general.name".into(),
+            GgufValue::String(format!("infer synth of {}", like.display())),
+        ),
+        (
+            "general.file_type".into(),
+            GgufValue::U32(preset.file_type()),
+        ),
+        ("general.quantization_version".into(), GgufValue::U32(2)),
+        (k("context_length"), u32v(cfg.max_position_embeddings)?),
+        (k("embedding_length"), u32v(h)?),
+        (k("block_count"), u32v(n)?),
+        (k("feed_forward_length"), u32v(inter)?),
+        (k("attention.head_count"), u32v(cfg.num_attention_heads)?),
+        (k("attention.head_count_kv"), u32v(cfg.num_key_value_heads)?),
+        (k("attention.key_length"), u32v(hd)?),
+        (k("attention.value_length"), u32v(hd)?),
+        (
+            k("rope.dimension_count"),
+            u32v((hd as f64 * cfg.partial_rotary_factor) as usize)?,
+        ),
+        (k("rope.freq_base"), GgufValue::F32(cfg.rope_theta as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            GgufValue::F32(cfg.norm_eps as f32),
+        ),
+    ];
+    if let Some(RopeScaling::Linear { factor }) = cfg.rope_scaling {
+        md.push((k("rope.scaling.type"), GgufValue::String("linear".into())));
+        md.push((k("rope.scaling.factor"), GgufValue::F32(factor as f32)));
+    }
+    if arch == "gemma3" {
+        if let Some(w) = cfg.sliding_window {
+            md.push((k("attention.sliding_window"), u32v(w)?));
+        }
+    }
+    if let Some((path, v)) = vocab {
+        let tokens = v.metadata.iter().find_map(|(key, val)| match val {
+            GgufValue::Array(a) if key == "tokenizer.ggml.tokens" => Some(a.len()),
+            _ => None,
+        });
+        match tokens {
+            Some(t) if t == cfg.vocab_size => {}
+            Some(t) => bail!(
+                "{}: {t} tokens, but {} has vocab_size {}: pass the vocabulary of this model family",
+                path.display(),
+                like.display(),
+                cfg.vocab_size
+            ),
+            None => bail!("{}: no tokenizer.ggml.tokens", path.display()),
+        }
+        md.extend(
+            v.metadata
+                .iter()
+                .filter(|(key, _)| key.starts_with("tokenizer."))
+                .cloned(),
+        );
+    }
+
+    // (name, ggml dims fastest first, type)
+    let mut t: Vec<(String, Vec<usize>, QuantFormat)> = Vec::new();
+    let mut mat = |name: String, cols: usize, rows: usize, role: Role| {
+        let f = matrix_type(preset, role, n, cols);
+        t.push((name, vec![cols, rows], f));
+    };
+    let tied = cfg.tie_word_embeddings;
+    let emb_role = if tied { Role::Output } else { Role::Embedding };
+    mat("token_embd.weight".into(), h, cfg.vocab_size, emb_role);
+    for i in 0..n {
+        let b = |s: &str| format!("blk.{i}.{s}.weight");
+        mat(b("attn_q"), h, qd, Role::Other);
+        mat(b("attn_k"), h, kvd, Role::Other);
+        mat(b("attn_v"), h, kvd, Role::MoreBits(i));
+        mat(b("attn_output"), qd, h, Role::Other);
+        mat(b("ffn_gate"), h, inter, Role::Other);
+        mat(b("ffn_up"), h, inter, Role::Other);
+        mat(b("ffn_down"), inter, h, Role::MoreBits(i));
+    }
+    if !tied {
+        mat("output.weight".into(), h, cfg.vocab_size, Role::Output);
+    }
+    let mut vec1 = |name: String, len: usize| t.push((name, vec![len], QuantFormat::F32));
+    for i in 0..n {
+        vec1(format!("blk.{i}.attn_norm.weight"), h);
+        vec1(format!("blk.{i}.ffn_norm.weight"), h);
+        if cfg.attention_bias {
+            vec1(format!("blk.{i}.attn_q.bias"), qd);
+            vec1(format!("blk.{i}.attn_k.bias"), kvd);
+            vec1(format!("blk.{i}.attn_v.bias"), kvd);
+        }
+        if matches!(arch, "qwen3" | "gemma3") {
+            vec1(format!("blk.{i}.attn_q_norm.weight"), hd);
+            vec1(format!("blk.{i}.attn_k_norm.weight"), hd);
+        }
+        if arch == "gemma3" {
+            vec1(format!("blk.{i}.post_attention_norm.weight"), h);
+            vec1(format!("blk.{i}.post_ffw_norm.weight"), h);
+        }
+    }
+    vec1("output_norm.weight".into(), h);
+
+    let align = DEFAULT_ALIGNMENT;
+    let mut offset = 0usize;
+    let mut tensors = Vec::with_capacity(t.len());
+    for (name, dims, format) in t {
+        let n_elems = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let n_bytes = n_elems
+            .map(|e| format.bytes_for(e))
+            .with_context(|| format!("{}: tensor '{name}' is too large", like.display()))??;
+        tensors.push(GgufTensorInfo {
+            name,
+            dims,
+            format,
+            offset,
+            n_bytes,
+        });
+        offset = offset
+            .checked_add(n_bytes.div_ceil(align) * align)
+            .with_context(|| format!("{}: the data section overflows", like.display()))?;
+    }
+    Ok(GgufHeader {
+        version: 3,
+        metadata: md,
+        tensors,
+        alignment: align,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_k_m_mix_follows_llama_cpp() {
+        // 32 layers (Llama-3.1-8B): Q6_K attn_v/ffn_down on layers 0-3, 28-31 and every third.
+        let more: Vec<usize> = (0..32).filter(|&i| use_more_bits(i, 32)).collect();
+        assert_eq!(
+            more,
+            [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+        );
+        let f = |role, row| matrix_type(Preset::Q4KM, role, 32, row);
+        assert_eq!(f(Role::Other, 4096), QuantFormat::Q4_K);
+        assert_eq!(f(Role::MoreBits(0), 4096), QuantFormat::Q6_K);
+        assert_eq!(f(Role::MoreBits(4), 4096), QuantFormat::Q4_K);
+        assert_eq!(f(Role::Output, 4096), QuantFormat::Q6_K);
+        assert_eq!(f(Role::Embedding, 4096), QuantFormat::Q4_K);
+        // Rows no K-quant block divides: llama.cpp's fallbacks.
+        assert_eq!(f(Role::Other, 576), QuantFormat::Q5_0);
+        assert_eq!(f(Role::Output, 640), QuantFormat::Q8_0);
+        assert_eq!(f(Role::Other, 144), QuantFormat::F16);
+        let q40 = |role| matrix_type(Preset::Q4_0, role, 32, 4096);
+        assert_eq!(q40(Role::Output), QuantFormat::Q6_K);
+        assert_eq!(q40(Role::MoreBits(0)), QuantFormat::Q4_0);
+        assert_eq!(
+            matrix_type(Preset::Q8_0, Role::Output, 32, 4096),
+            QuantFormat::Q8_0
+        );
+    }
+}
