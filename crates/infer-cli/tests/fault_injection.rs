@@ -57,7 +57,11 @@ fn assert_clean_failure(o: &Output, what: &[&str]) {
 
 /// After a good extract: only the vindex is in `dir`, and it verifies.
 fn assert_only_good_vindex(dir: &Path, name: &str) {
-    assert_eq!(names(dir), vec![name.to_string()], "temp folders left behind");
+    assert_eq!(
+        names(dir),
+        vec![name.to_string()],
+        "temp folders left behind"
+    );
     let o = infer(&["verify", dir.join(name).to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
 }
@@ -119,7 +123,10 @@ fn sigkill_at_random_points_then_extract_again() {
         assert_only_good_vindex(root.path(), "m.vindex");
         std::fs::remove_dir_all(&target).unwrap();
     }
-    assert!(killed_mid >= 6, "only {killed_mid} of 12 kills hit a running extract");
+    assert!(
+        killed_mid >= 6,
+        "only {killed_mid} of 12 kills hit a running extract"
+    );
     assert!(left_temp >= 1, "no kill left a temp folder to clean up");
 }
 
@@ -154,7 +161,11 @@ fn disk_full_by_file_size_limit_fails_cleanly() {
     for limit in [0u64, 4096, 65536] {
         let o = extract_with_file_size_limit(&target, limit);
         assert_clean_failure(&o, &["m.vindex", "File too large"]);
-        assert!(names(root.path()).is_empty(), "left: {:?}", names(root.path()));
+        assert!(
+            names(root.path()).is_empty(),
+            "left: {:?}",
+            names(root.path())
+        );
     }
     let o = extract_cmd(&target, false).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
@@ -218,8 +229,7 @@ fn unwritable_output_folder_is_refused_naming_it() {
     } else {
         let d = root.path().join("ro");
         std::fs::create_dir(&d).unwrap();
-        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o555))
-            .unwrap();
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
         d
     };
     let target = dir.join("m.vindex");
@@ -253,6 +263,9 @@ fn vindex_from_an_incompatible_infer_is_refused_naming_its_version() {
         vec!["run", target.to_str().unwrap(), "hi"],
     ] {
         let o = infer(&args);
-        assert_clean_failure(&o, &["index.json", "format_version 99", "written by infer 3.2.1"]);
+        assert_clean_failure(
+            &o,
+            &["index.json", "format_version 99", "written by infer 3.2.1"],
+        );
     }
 }
