@@ -118,7 +118,8 @@ fn without_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // The close is searched after the open: in `{%}` the two overlap (found by fuzzing).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             break;
         };
         let inner = &tag[2..end];
@@ -285,6 +286,41 @@ mod tests {
             s,
             "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>model\n"
         );
+    }
+
+    /// Found by the `chat_template` fuzz target (crash-9664177976c5…): a tag whose `%}` overlaps
+    /// its `{%` (`{%}`) made the `{% generation %}` rewrite slice `[2..1]` and panic.
+    #[test]
+    fn fuzz_overlapping_tag_delimiters_do_not_panic() {
+        for t in [
+            "{%}",
+            "{%%}",
+            "{%-%}",
+            "a {%}",
+            "{%}for c in m.content %}{{ c }}{% endfor %}",
+        ] {
+            assert!(
+                ChatTemplate::new(t, "<s>", "</s>").is_err(),
+                "{t:?} compiled"
+            );
+        }
+        assert_eq!(without_generation_tags("{%}"), "{%}");
+        assert_eq!(
+            without_generation_tags("{% generation %}x{%- endgeneration -%}{%}"),
+            "{% if true %}x{%- endif -%}{%}"
+        );
+        // As Jinja lexes it: `{%}{% generation %}` is one tag, left as written.
+        assert_eq!(
+            without_generation_tags("{%}{% generation %}x"),
+            "{%}{% generation %}x"
+        );
+        let found = "hi <|im_end|>\n{% for message in messagds %}{{'<|im_start|>' + \
+                     message['role'] + '\\n' + message['contet ns = namespace(n=0) %}{% for m \
+                     in messages %}{%}for c in m.content\0%}{% set ns.n = ns.n + 1 %}{{ c | \
+                     up'<|im_end|>' + '\\n'}}{% endfor %}{% ifa dd_generation_prompt %}{{ \
+                     '<|im_start|>assistant\\n' }}{% endif %}";
+        let (_, template) = found.split_once('\n').unwrap();
+        assert!(ChatTemplate::new(template, "<s>", "</s>").is_err());
     }
 
     /// Issue 15 bug 7: two nested `range(100000)` loops ran for minutes at growing memory.
