@@ -225,8 +225,9 @@ pub fn vindex_open(data: &[u8]) {
     std::fs::create_dir(&dir).expect("scratch vindex folder");
     let files = unpack_files(data);
     for (name, content) in &files {
+        // Names the file system refuses (too long, …) are the harness's problem: skipped.
         if infer_vindex::files::is_plain_file_name(name) {
-            std::fs::write(dir.join(name), content).expect("write vindex file");
+            let _ = std::fs::write(dir.join(name), content);
         }
     }
     if let Some((_, index)) = files.iter().find(|(n, _)| n == "index.json") {
