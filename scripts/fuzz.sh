@@ -38,6 +38,9 @@ run_one() {
   local t=$1 status=0
   mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
   local dict=(); [ -f "fuzz/dicts/$t.dict" ] && dict=(-dict="fuzz/dicts/$t.dict")
+  # A template that stores a namespace into itself leaks it (a minijinja Arc cycle, capped per
+  # render by TEMPLATE_MAX_NAMESPACES, not freed): leak reports are off for that target only.
+  [ "$t" = chat_template ] && dict+=(-detect_leaks=0)
   local log="fuzz/artifacts/$t/last-run.log"
   cargo fuzz run --fuzz-dir fuzz -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
     -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -max_len=1048576 \
