@@ -30,7 +30,12 @@ case $mode in
   *) grep -qx "$mode" <<<"$all" || { echo "unknown target '$mode' (targets: $(echo $all))" >&2; exit 2; }
      targets=$mode ;;
 esac
-cargo fuzz build --fuzz-dir fuzz -O $targets
+# `cargo fuzz build` takes one target, or none for all of them.
+if [ "$mode" = all ] || [ "$mode" = smoke ]; then
+  cargo fuzz build --fuzz-dir fuzz -O
+else
+  cargo fuzz build --fuzz-dir fuzz -O "$mode"
+fi
 mkdir -p fuzz/artifacts
 
 # run_one TARGET: fuzz it for $seconds; print its stats line; exit status of libFuzzer.
