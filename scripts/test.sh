@@ -14,6 +14,8 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace --no-fail-fast
 # The official `openai` Python client against `infer serve` (pinned, in a cached venv).
 bash scripts/openai-check.sh
+# Fuzz smoke run: every cargo-fuzz target of fuzz/ at once, 60 s each (FUZZING.md).
+bash scripts/fuzz.sh smoke 60
 # The CUDA backend must compile (and lint) without CUDA; its GPU tests are #[ignore]d here and run
 # on a GPU machine by scripts/gpu-check.sh. Separate target dir: the feature rebuilds infer-compute.
 CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo clippy --release -p infer-compute --features cuda --all-targets -- -D warnings

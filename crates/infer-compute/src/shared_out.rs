@@ -9,6 +9,7 @@ pub(crate) struct SharedOut(pub(crate) *mut f32);
 // SAFETY: only a pointer; the type's contract (disjoint writes, buffer outlives the tasks) is
 // upheld at every use.
 unsafe impl Send for SharedOut {}
+// SAFETY: as for `Send`: shared use only ever writes disjoint elements.
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {

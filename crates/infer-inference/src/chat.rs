@@ -40,6 +40,35 @@ pub const TEMPLATE_FUEL: u64 = 20_000_000;
 /// Bytes one render may produce (far more than any context window of text).
 pub const TEMPLATE_MAX_OUTPUT: usize = 16 << 20;
 
+/// `namespace()` objects one render may create. Real templates create one or two. A namespace
+/// is minijinja's only mutable value, and one that is stored into itself (`{% set ns.x = ns %}`,
+/// found by fuzzing) is an `Arc` cycle that is never freed: this cap bounds what a hostile
+/// template can leak per render (~0.5 KB per namespace) instead of up to its whole fuel.
+pub const TEMPLATE_MAX_NAMESPACES: usize = 256;
+
+thread_local! {
+    /// `namespace()` calls of the render running on this thread (minijinja renders on the
+    /// caller's thread; reset by [`ChatTemplate::render`]).
+    static NAMESPACES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// minijinja's `namespace()`, refused after [`TEMPLATE_MAX_NAMESPACES`] calls in one render.
+fn capped_namespace(
+    defaults: Option<minijinja::Value>,
+) -> Result<minijinja::Value, minijinja::Error> {
+    let n = NAMESPACES.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    });
+    if n > TEMPLATE_MAX_NAMESPACES {
+        return Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            format!("more than {TEMPLATE_MAX_NAMESPACES} namespace() objects in one render"),
+        ));
+    }
+    minijinja::functions::namespace(defaults)
+}
+
 /// A compiled chat template plus the special-token strings it may reference.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
@@ -63,6 +92,7 @@ impl ChatTemplate {
             },
         );
         env.add_function("strftime_now", |format: String| strftime_now(&format));
+        env.add_function("namespace", capped_namespace);
         env.add_template_owned("chat".to_string(), without_generation_tags(source))
             .map_err(|e| InferenceError::Template(e.to_string()))?;
         Ok(ChatTemplate {
@@ -85,6 +115,7 @@ impl ChatTemplate {
             .get_template("chat")
             .map_err(|e| InferenceError::Template(e.to_string()))?;
         let mut out = CappedOutput::default();
+        NAMESPACES.with(|c| c.set(0));
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -118,7 +149,8 @@ fn without_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // The close is searched after the open: in `{%}` the two overlap (found by fuzzing).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             break;
         };
         let inner = &tag[2..end];
@@ -285,6 +317,62 @@ mod tests {
             s,
             "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>model\n"
         );
+    }
+
+    /// Found by the `chat_template` fuzz target (crash-9664177976c5…): a tag whose `%}` overlaps
+    /// its `{%` (`{%}`) made the `{% generation %}` rewrite slice `[2..1]` and panic.
+    #[test]
+    fn fuzz_overlapping_tag_delimiters_do_not_panic() {
+        for t in [
+            "{%}",
+            "{%%}",
+            "{%-%}",
+            "a {%}",
+            "{%}for c in m.content %}{{ c }}{% endfor %}",
+        ] {
+            assert!(
+                ChatTemplate::new(t, "<s>", "</s>").is_err(),
+                "{t:?} compiled"
+            );
+        }
+        assert_eq!(without_generation_tags("{%}"), "{%}");
+        assert_eq!(
+            without_generation_tags("{% generation %}x{%- endgeneration -%}{%}"),
+            "{% if true %}x{%- endif -%}{%}"
+        );
+        // As Jinja lexes it: `{%}{% generation %}` is one tag, left as written.
+        assert_eq!(
+            without_generation_tags("{%}{% generation %}x"),
+            "{%}{% generation %}x"
+        );
+        let found = "hi <|im_end|>\n{% for message in messagds %}{{'<|im_start|>' + \
+                     message['role'] + '\\n' + message['contet ns = namespace(n=0) %}{% for m \
+                     in messages %}{%}for c in m.content\0%}{% set ns.n = ns.n + 1 %}{{ c | \
+                     up'<|im_end|>' + '\\n'}}{% endfor %}{% ifa dd_generation_prompt %}{{ \
+                     '<|im_start|>assistant\\n' }}{% endif %}";
+        let (_, template) = found.split_once('\n').unwrap();
+        assert!(ChatTemplate::new(template, "<s>", "</s>").is_err());
+    }
+
+    /// Found by the `chat_template` fuzz target (leak-9296424b2e81…): `{% set ns.n = ns %}`
+    /// stores a namespace into itself, an `Arc` cycle minijinja never frees. A render may create
+    /// at most TEMPLATE_MAX_NAMESPACES namespaces, so a loop of such cycles is stopped (and
+    /// what one render can leak is bounded); real templates with a namespace still render.
+    #[test]
+    fn fuzz_namespace_cycles_are_capped_per_render() {
+        let looped = "{% for i in range(100000) %}{% set ns = namespace(n=0) %}{% set ns.n = ns %}{% endfor %}";
+        let t = ChatTemplate::new(looped, "", "").unwrap();
+        let e = t.render(&[Message::new("user", "hi")], false).unwrap_err();
+        assert!(
+            e.to_string().contains("namespace() objects in one render"),
+            "{e}"
+        );
+        let ok = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}";
+        let t = ChatTemplate::new(ok, "", "").unwrap();
+        let msgs = [Message::new("user", "a"), Message::new("assistant", "b")];
+        for _ in 0..(2 * TEMPLATE_MAX_NAMESPACES) {
+            assert_eq!(t.render(&msgs, false).unwrap(), "2"); // the count resets per render
+        }
     }
 
     /// Issue 15 bug 7: two nested `range(100000)` loops ran for minutes at growing memory.

@@ -6,6 +6,7 @@
 //! the vindex persists the whole struct (serde) in `index.json`.
 
 mod json;
+pub mod limits;
 mod rope;
 pub(crate) mod validate;
 
@@ -119,7 +120,7 @@ impl ModelConfig {
     /// Read and parse an HF `config.json` (see [`ModelConfig::from_hf_json`]).
     /// Errors: [`ModelError::Io`] / [`ModelError::Json`] naming the file, then as `from_hf_json`.
     pub fn from_hf_file(path: &Path) -> Result<Self, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
+        let text = crate::text::read_utf8(path).map_err(|e| ModelError::Io {
             path: path.to_path_buf(),
             source: e,
         })?;
@@ -226,6 +227,23 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
             "hidden size, layer count and head count must be positive",
         ));
     }
+    // Before anything is sized by them (the per-layer tables below, GPT-2's `4 * n_embd`).
+    limits::check_sizes(
+        c.path,
+        &[
+            (&c.name("hidden_size"), hidden_size, limits::MAX_WIDTH),
+            (
+                &c.name("num_hidden_layers"),
+                num_hidden_layers,
+                limits::MAX_COUNT,
+            ),
+            (
+                &c.name("num_attention_heads"),
+                num_attention_heads,
+                limits::MAX_WIDTH,
+            ),
+        ],
+    )?;
     let num_key_value_heads = c
         .opt_usize("num_key_value_heads")?
         .unwrap_or(num_attention_heads);

@@ -20,7 +20,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
 }
 
 fn read_json(path: &Path) -> Result<Value, ModelError> {
-    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+    let text = crate::text::read_utf8(path).map_err(io_err(path))?;
     serde_json::from_str(&text).map_err(|e| ModelError::Json {
         path: path.to_path_buf(),
         msg: e.to_string(),
@@ -29,7 +29,7 @@ fn read_json(path: &Path) -> Result<Value, ModelError> {
 
 /// Text of `path` if the file exists; other I/O errors are returned naming the file.
 fn read_optional(path: &Path) -> Result<Option<String>, ModelError> {
-    match std::fs::read_to_string(path) {
+    match crate::text::read_utf8(path) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io_err(path)(e)),

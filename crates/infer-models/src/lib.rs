@@ -15,6 +15,7 @@ pub mod gguf;
 pub mod hf;
 pub mod names;
 pub mod source;
+pub mod text;
 pub mod tokenizer;
 
 pub use arch::{architecture_for, Activation, FfnType, ModelArchitecture, NormType};

@@ -75,6 +75,16 @@ pub fn open_source(path: &Path) -> Result<ModelSource, ModelError> {
         source: e,
     })?;
     if meta.is_dir() {
+        if !path.join("config.json").exists() {
+            // Say what the folder is not, rather than "config.json: No such file" (a vindex
+            // folder that lost its index.json lands here too).
+            return Err(ModelError::Unsupported {
+                path: path.to_path_buf(),
+                msg: "is neither a vindex (no index.json) nor a Hugging Face model folder \
+                      (no config.json)"
+                    .into(),
+            });
+        }
         crate::hf::open_hf_folder(path)
     } else {
         crate::gguf::open_gguf_source(path)

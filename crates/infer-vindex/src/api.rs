@@ -381,7 +381,7 @@ impl Vindex {
                 path: self.path.join(files::TOKENIZER_JSON),
                 what: "tokenizer.json".into(),
             })?;
-        std::fs::read_to_string(&p).map_err(|e| VindexError::io(&p, e))
+        infer_models::text::read_utf8(&p).map_err(|e| VindexError::io(&p, e))
     }
 
     /// The stored `tokenizer_config.json` text, when the source had one.

@@ -617,6 +617,7 @@ fn write_all(
         layers,
         has_tokenizer: tokenizer_json.is_some(),
         files: file_hashes,
+        index_sha256: None, // set by write_index
     };
     write_index(dir, &index)?;
     Ok(index)
@@ -624,7 +625,7 @@ fn write_all(
 
 /// Write (or rewrite) `dir/index.json`.
 fn write_index(dir: &Path, index: &VindexIndex) -> Result<(), VindexError> {
-    let text = serde_json::to_string_pretty(index).map_err(|e| VindexError::BadJson {
+    let text = serde_json::to_string_pretty(&index.sealed()).map_err(|e| VindexError::BadJson {
         path: dir.join(files::INDEX_JSON),
         msg: e.to_string(),
     })?;
@@ -671,7 +672,7 @@ fn provenance(source: &ModelSource) -> Result<Provenance, VindexError> {
         source_path: source.path.display().to_string(),
         source_kind: kind.to_string(),
         source_sha256: hashes,
-        infer_version: env!("CARGO_PKG_VERSION").to_string(),
+        infer_version: crate::index::INFER_VERSION.to_string(),
         created_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())

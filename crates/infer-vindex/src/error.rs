@@ -22,12 +22,17 @@ pub enum VindexError {
     /// `index.json` or a manifest is not valid JSON or not the expected structure.
     #[error("{path}: corrupt JSON: {msg}")]
     BadJson { path: PathBuf, msg: String },
-    /// `index.json` has a `format_version` this build cannot read.
-    #[error("{path}: unsupported vindex format_version {found} (this build reads {expected})")]
+    /// `index.json` has a `format_version` this build cannot read; `built_by` is the infer
+    /// version its provenance records (or "an unknown version").
+    #[error(
+        "{path}: vindex format_version {found}, written by infer {built_by}, cannot be read by this infer {} (it reads format_version {expected}); rebuild the vindex with `infer extract`",
+        crate::index::INFER_VERSION
+    )]
     BadVersion {
         path: PathBuf,
         found: u64,
         expected: u64,
+        built_by: String,
     },
     /// A file's size differs from what `index.json` records (e.g. a truncated `.bin`).
     #[error(

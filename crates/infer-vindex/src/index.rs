@@ -148,7 +148,15 @@ pub struct VindexIndex {
     pub has_tokenizer: bool,
     /// Every file of the vindex except `index.json` itself, with size and sha256.
     pub files: Vec<FileHash>,
+    /// sha256 (lowercase hex) of this index's canonical JSON ([`VindexIndex::content_sha256`]),
+    /// written by every build and checked by [`crate::verify`], so a changed byte of
+    /// `index.json` itself is caught too. `None` in vindexes built before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_sha256: Option<String>,
 }
+
+/// The infer version of this build (`CARGO_PKG_VERSION`), as provenance records it.
+pub const INFER_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 impl VindexIndex {
     /// Parse `index.json` text: valid JSON, `format_version == FORMAT_VERSION`, the full structure.
@@ -160,18 +168,39 @@ impl VindexIndex {
         };
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        // Which infer wrote it, read before the structure is trusted (for the messages).
+        let built_by = value
+            .pointer("/provenance/infer_version")
+            .and_then(|v| v.as_str())
+            .map_or_else(
+                || "an unknown version".to_string(),
+                infer_models::text::shown,
+            );
         let version = value
             .get("format_version")
             .and_then(|v| v.as_u64())
-            .ok_or_else(|| bad("no integer 'format_version'".into()))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "no integer 'format_version' (written by infer {built_by})"
+                ))
+            })?;
         if version != FORMAT_VERSION {
             return Err(VindexError::BadVersion {
                 path: path.to_path_buf(),
                 found: version,
                 expected: FORMAT_VERSION,
+                built_by,
             });
         }
-        let index: VindexIndex = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+        let index: VindexIndex = serde_json::from_value(value).map_err(|e| {
+            if built_by == INFER_VERSION {
+                bad(e.to_string())
+            } else {
+                bad(format!(
+                    "{e} (written by infer {built_by}; this is infer {INFER_VERSION}: rebuild it with `infer extract`)"
+                ))
+            }
+        })?;
         if index.layers.len() != index.shapes.num_layers {
             return Err(bad(format!(
                 "{} layer entries but num_layers is {}",
@@ -196,6 +225,25 @@ impl VindexIndex {
             }
         }
         Ok(index)
+    }
+
+    /// sha256 (lowercase hex) of the compact JSON serialization of this index with
+    /// `index_sha256` left out: the same for any `index.json` text that parses to this index
+    /// (whitespace and key order aside), different after any change of a value.
+    pub fn content_sha256(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut unsealed = self.clone();
+        unsealed.index_sha256 = None;
+        let bytes = serde_json::to_vec(&unsealed).expect("an index serializes");
+        crate::hash::hex(&Sha256::digest(bytes))
+    }
+
+    /// This index with `index_sha256` set to its [`VindexIndex::content_sha256`] (what a build
+    /// writes).
+    pub fn sealed(&self) -> VindexIndex {
+        let mut s = self.clone();
+        s.index_sha256 = Some(self.content_sha256());
+        s
     }
 
     /// Recorded size and hash of `name`, if the index lists it.
@@ -325,5 +373,24 @@ mod tests {
             matches!(e, VindexError::BadVersion { found: 99, .. }),
             "{e}"
         );
+        assert!(
+            e.to_string()
+                .contains("written by infer an unknown version"),
+            "{e}"
+        );
+        let newer = r#"{"format_version": 2, "provenance": {"infer_version": "7.1.0"}}"#;
+        let e = VindexIndex::parse(p, newer).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "/v/index.json: vindex format_version 2, written by infer 7.1.0, cannot be read \
+                 by this infer {INFER_VERSION} (it reads format_version {FORMAT_VERSION}); \
+                 rebuild the vindex with `infer extract`"
+            )
+        );
+        // Same format_version, another structure: the message says who wrote it.
+        let odd = r#"{"format_version": 1, "provenance": {"infer_version": "0.0.9"}}"#;
+        let e = VindexIndex::parse(p, odd).unwrap_err().to_string();
+        assert!(e.contains("written by infer 0.0.9; this is infer"), "{e}");
     }
 }

@@ -53,6 +53,7 @@ pub use down_meta::{DownMeta, DownMetaHeader, TokenScore, Unembedding};
 pub use error::VindexError;
 pub use index::{
     Dtype, FileHash, LayerEntries, Passthrough, Provenance, Shapes, VindexIndex, FORMAT_VERSION,
+    INFER_VERSION,
 };
 pub use load::Vindex;
 pub use manifest::{I8Entry, TensorEntry, I8_TAG, TENSOR_ALIGN};

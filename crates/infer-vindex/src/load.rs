@@ -49,7 +49,7 @@ pub struct Vindex {
 }
 
 fn read_text(path: &Path) -> Result<String, VindexError> {
-    std::fs::read_to_string(path).map_err(|e| {
+    infer_models::text::read_utf8(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             VindexError::MissingFile {
                 path: path.to_path_buf(),

@@ -31,7 +31,7 @@ pub fn resolve_tokenizer(
     }
     check_template(source)?;
     if let Some(path) = &opts.tokenizer {
-        let text = std::fs::read_to_string(path).map_err(|e| VindexError::io(path, e))?;
+        let text = infer_models::text::read_utf8(path).map_err(|e| VindexError::io(path, e))?;
         serde_json::from_str::<serde_json::Value>(&text).map_err(|e| VindexError::BadJson {
             path: path.clone(),
             msg: e.to_string(),

@@ -32,17 +32,22 @@ pub struct VerifyReport {
     /// ([`VindexIndex::required_files`]) or they lie in the directory under a vindex file name:
     /// nothing records their size or hash.
     pub unlisted: Vec<String>,
+    /// `index.json` itself: `Some(true)` when its content matches the `index_sha256` it
+    /// records, `Some(false)` when it was changed after the build, `None` when it records none
+    /// (built by an infer before `index_sha256` existed: it cannot be checked).
+    pub index_json_ok: Option<bool>,
 }
 
 impl VerifyReport {
     /// True when every file matched and none is unlisted.
     pub fn is_ok(&self) -> bool {
-        self.mismatches.is_empty() && self.unlisted.is_empty()
+        self.problems() == 0
     }
 
-    /// Number of problems: mismatched, missing and unlisted files.
+    /// Number of problems: mismatched, missing and unlisted files, and an `index.json` that
+    /// differs from (or records no) `index_sha256`.
     pub fn problems(&self) -> usize {
-        self.mismatches.len() + self.unlisted.len()
+        self.mismatches.len() + self.unlisted.len() + usize::from(self.index_json_ok != Some(true))
     }
 }
 
@@ -67,6 +72,17 @@ impl std::fmt::Display for VerifyReport {
                 "UNLISTED {u}: not in index.json files[] (no size or sha256 recorded)"
             )?;
         }
+        match self.index_json_ok {
+            Some(true) => {}
+            Some(false) => writeln!(
+                f,
+                "MISMATCH index.json: its content differs from the index_sha256 it records (edited or corrupted)"
+            )?,
+            None => writeln!(
+                f,
+                "UNSEALED index.json: records no index_sha256 (built by an older infer), so it cannot be checked; rebuild with `infer extract`"
+            )?,
+        }
         write!(
             f,
             "{} files, {} bytes checked: {}",
@@ -82,6 +98,9 @@ impl std::fmt::Display for VerifyReport {
                 if !self.unlisted.is_empty() {
                     parts.push(format!("{} unlisted", self.unlisted.len()));
                 }
+                if self.index_json_ok != Some(true) {
+                    parts.push("index.json unverified".to_string());
+                }
                 parts.join(", ")
             }
         )
@@ -89,6 +108,7 @@ impl std::fmt::Display for VerifyReport {
 }
 
 /// Re-hash (sha256) every file listed in `path/index.json` and report differences by file,
+/// check `index.json` against the `index_sha256` it records ([`VerifyReport::index_json_ok`]),
 /// and report as unlisted each file the index needs ([`VindexIndex::required_files`]) or that
 /// lies in the directory under a vindex file name ([`crate::files::known_files`]) but is not
 /// listed. A missing, changed or unlisted file is in the report, not an error.
@@ -98,9 +118,16 @@ impl std::fmt::Display for VerifyReport {
 /// (`../x`, `/etc/passwd`, …: such names are never hashed).
 pub fn verify(path: &Path) -> Result<VerifyReport, VindexError> {
     let index_path = index_json_path(path)?;
-    let text = std::fs::read_to_string(&index_path).map_err(|e| VindexError::io(&index_path, e))?;
+    let text =
+        infer_models::text::read_utf8(&index_path).map_err(|e| VindexError::io(&index_path, e))?;
     let index = VindexIndex::parse(&index_path, &text)?;
-    let mut report = VerifyReport::default();
+    let mut report = VerifyReport {
+        index_json_ok: index
+            .index_sha256
+            .as_ref()
+            .map(|h| *h == index.content_sha256()),
+        ..VerifyReport::default()
+    };
     for f in &index.files {
         let p = path.join(&f.name);
         let (actual, bytes) = match sha256_file(&p) {

@@ -245,7 +245,8 @@ fn extract_refuses_configs_the_loader_cannot_run() {
         (
             json!(1u64 << 50),
             "intermediate_size",
-            "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128, 64], but the config (hidden_size 64, 4 heads, 2 KV heads, head_dim 16, intermediate_size 1125899906842624) implies [1125899906842624, 64]",
+            // Refused by the config's size limits (config/limits.rs) before any shape check.
+            "config field 'intermediate_size': 1125899906842624 is absurdly large (at most 2147483648",
         ),
         (
             json!(8),

@@ -15,6 +15,8 @@ static TRACK: AtomicBool = AtomicBool::new(false);
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
 static TOTAL: AtomicUsize = AtomicUsize::new(0);
 
+// SAFETY: every call forwards to the system allocator with the caller's arguments; the
+// bookkeeping is atomics only (no allocation, no recursion).
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if TRACK.load(Ordering::Relaxed) {

@@ -37,6 +37,7 @@ pub fn free_bytes(dir: &Path) -> anyhow::Result<u64> {
     // SAFETY: `statvfs` is plain old data (all-zero is a valid value); the call only writes
     // into it and reads the NUL-terminated path.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `s` a valid, writable `statvfs`.
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("reading the free space of {}", dir.display()));

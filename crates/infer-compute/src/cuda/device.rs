@@ -132,6 +132,7 @@ impl Device {
                 "no CUDA device {ordinal}: this machine has {count}"
             )));
         }
+        // SAFETY: only probes whether the NVRTC library can be loaded (no arguments, no state).
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(dev_err(
                 "NVRTC (libnvrtc.so) was not found: install the CUDA toolkit's NVRTC and put \

@@ -214,6 +214,7 @@ pub(crate) struct OutMat {
 // SAFETY: an `OutMat` is only a pointer; users promise (see `put`) that concurrent tasks write
 // disjoint elements of a buffer that outlives them.
 unsafe impl Send for OutMat {}
+// SAFETY: as for `Send`: shared use only ever writes disjoint elements.
 unsafe impl Sync for OutMat {}
 
 impl OutMat {

@@ -74,6 +74,31 @@ pub(crate) fn check_config(
         field: field.to_string(),
         msg,
     };
+    use super::limits::{check_sizes, MAX_COUNT, MAX_WIDTH};
+    check_sizes(
+        path,
+        &[
+            ("hidden_size", cfg.hidden_size, MAX_WIDTH),
+            (&names.intermediate, cfg.intermediate_size, MAX_WIDTH),
+            ("num_hidden_layers", cfg.num_hidden_layers, MAX_COUNT),
+            ("num_attention_heads", cfg.num_attention_heads, MAX_WIDTH),
+            (&names.kv_heads, cfg.num_key_value_heads, MAX_WIDTH),
+            ("head_dim", cfg.head_dim, MAX_WIDTH),
+            ("vocab_size", cfg.vocab_size, MAX_WIDTH),
+            (&names.context, cfg.max_position_embeddings, MAX_WIDTH),
+            ("num_experts", cfg.num_experts, MAX_COUNT),
+        ],
+    )?;
+    if cfg.layer_types.len() != cfg.num_hidden_layers {
+        return Err(bad(
+            "layer_types",
+            format!(
+                "{} entries for {} layers",
+                cfg.layer_types.len(),
+                cfg.num_hidden_layers
+            ),
+        ));
+    }
     if !(cfg.norm_eps.is_finite() && cfg.norm_eps > 0.0) {
         return Err(bad(
             &names.eps,

@@ -11,6 +11,7 @@
 
 use super::family::{family, supported, Family};
 use super::{GgufFile, GgufValue};
+use crate::config::limits::{MAX_COUNT, MAX_WIDTH};
 use crate::config::validate::{check_config, CheckedFields};
 use crate::names::ROPE_FACTOR_TENSORS;
 use crate::{LayerKind, ModelConfig, ModelError, RopeScaling};
@@ -152,6 +153,15 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
             "{arch}: zero embedding_length, block_count or head_count"
         )));
     }
+    // Before the per-layer tables below are sized by them.
+    crate::config::limits::check_sizes(
+        g.path(),
+        &[
+            (&m.key("embedding_length"), hidden, MAX_WIDTH),
+            (&m.key("block_count"), n_layers, MAX_COUNT),
+            (&m.key("attention.head_count"), n_heads, MAX_WIDTH),
+        ],
+    )?;
     let n_kv = m.opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
     let key_length = m.opt_usize("attention.key_length")?;
     let head_dim = key_length.unwrap_or(hidden / n_heads);

@@ -13,6 +13,7 @@ use infer_quant::QuantFormat;
 
 use super::reader::Cursor;
 use super::value::{GgufArray, GgufValue};
+use crate::text::shown;
 use crate::ModelError;
 
 /// `"GGUF"` read as a little-endian u32.
@@ -25,6 +26,14 @@ const MAX_DIMS: usize = 4;
 /// (empty name, n_dims, type, offset); used to reject absurd counts before reading.
 const MIN_KV_BYTES: usize = 8 + 4 + 1;
 const MIN_TENSOR_INFO_BYTES: usize = 8 + 4 + 4 + 8;
+/// Largest `general.alignment` accepted (real files use 32): a huge power of two would make
+/// every tensor's padding, and the data section start, absurd (ggml-org/ggml#1516).
+const MAX_ALIGNMENT: usize = 1 << 20;
+/// Reserve room for at most this many kv pairs / tensor infos up front; more grow as they are
+/// read. The counts are already bounded by the file size, but a multi-GB file with a corrupt
+/// count would otherwise reserve tens of GB (each entry is ~50–100 bytes in memory against the
+/// 13–24 bytes of its smallest encoding) before the first entry fails to parse.
+const MAX_PREALLOC: usize = 1 << 12;
 
 /// One tensor as the GGUF stores it.
 #[derive(Clone, Debug, PartialEq)]
@@ -155,36 +164,53 @@ pub(super) fn parse_header(path: &Path, bytes: &[u8]) -> Result<Parsed, ModelErr
         ));
     }
 
-    let mut metadata = Vec::with_capacity(n_kv);
-    let mut meta_index = HashMap::with_capacity(n_kv);
+    let mut metadata = Vec::with_capacity(n_kv.min(MAX_PREALLOC));
+    let mut meta_index = HashMap::with_capacity(n_kv.min(MAX_PREALLOC));
     for i in 0..n_kv {
+        let at = c.pos();
         let key = c.string(&format!("key of metadata entry {i}"))?;
-        let t = c.u32(&format!("type of metadata '{key}'"))?;
-        let v = GgufValue::read(&mut c, t, &key)?;
+        if key.is_empty() {
+            // gguf.cpp asserts a non-empty key (llama.cpp#24263): nothing can look it up.
+            return Err(bad(
+                path,
+                format!("metadata entry {i} at offset {at} has an empty key"),
+            ));
+        }
+        // Keys and names come from the file: escaped and cut in every message.
+        let key_shown = shown(&key);
+        let t = c.u32(&format!("type of metadata '{key_shown}'"))?;
+        let v = GgufValue::read(&mut c, t, &key_shown)?;
         if meta_index.insert(key.clone(), metadata.len()).is_some() {
-            return Err(bad(path, format!("duplicate metadata key '{key}'")));
+            return Err(bad(path, format!("duplicate metadata key '{key_shown}'")));
         }
         metadata.push((key, v));
     }
 
     let alignment = match meta_index.get("general.alignment").map(|&i| &metadata[i].1) {
         None => DEFAULT_ALIGNMENT,
-        Some(GgufValue::U32(a)) if a.is_power_of_two() => *a as usize,
+        Some(GgufValue::U32(a)) if a.is_power_of_two() && *a as usize <= MAX_ALIGNMENT => {
+            *a as usize
+        }
         Some(v) => {
             return Err(bad(
                 path,
-                format!("general.alignment must be a power-of-two u32, got {v:?}"),
+                format!(
+                    "general.alignment must be a power-of-two u32 of at most {MAX_ALIGNMENT}, got {v:?}"
+                ),
             ))
         }
     };
 
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut tensor_index = HashMap::with_capacity(n_tensors);
+    let mut tensors = Vec::with_capacity(n_tensors.min(MAX_PREALLOC));
+    let mut tensor_index = HashMap::with_capacity(n_tensors.min(MAX_PREALLOC));
     for i in 0..n_tensors {
         let name = c.string(&format!("name of tensor info {i}"))?;
         let t = read_tensor_info(&mut c, path, name, alignment)?;
         if tensor_index.insert(t.name.clone(), tensors.len()).is_some() {
-            return Err(bad(path, format!("duplicate tensor name '{}'", t.name)));
+            return Err(bad(
+                path,
+                format!("duplicate tensor name '{}'", shown(&t.name)),
+            ));
         }
         tensors.push(t);
     }
@@ -229,7 +255,8 @@ pub(super) fn check_offsets(
                     "tensor '{}' has offset {}, expected {expected_offset} (the previous tensors' \
                      sizes, each padded to the alignment {alignment}, as llama.cpp requires): \
                      its data {what}",
-                    t.name, t.offset
+                    shown(&t.name),
+                    t.offset
                 ),
             ));
         }
@@ -237,7 +264,12 @@ pub(super) fn check_offsets(
             .n_bytes
             .checked_next_multiple_of(alignment)
             .and_then(|n| expected_offset.checked_add(n))
-            .ok_or_else(|| bad(path, format!("tensor '{}': offset overflows", t.name)))?;
+            .ok_or_else(|| {
+                bad(
+                    path,
+                    format!("tensor '{}': offset overflows", shown(&t.name)),
+                )
+            })?;
     }
     Ok(())
 }
@@ -256,7 +288,7 @@ fn check_data_ranges(path: &Path, file_len: usize, p: &Parsed) -> Result<(), Mod
                     path,
                     format!(
                         "tensor '{}': data at offset {} (+{} data start) with {} bytes runs past the end of the file ({} bytes)",
-                        t.name, t.offset, data_start, t.n_bytes, file_len
+                        shown(&t.name), t.offset, data_start, t.n_bytes, file_len
                     ),
                 ))
             }
@@ -272,7 +304,7 @@ fn read_tensor_info(
     name: String,
     alignment: usize,
 ) -> Result<GgufTensorInfo, ModelError> {
-    let what = format!("tensor '{name}'");
+    let what = format!("tensor '{}'", shown(&name));
     let n_dims = c.u32(&what)? as usize;
     if n_dims == 0 || n_dims > MAX_DIMS {
         return Err(bad(

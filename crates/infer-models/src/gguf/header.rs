@@ -34,7 +34,15 @@ impl GgufHeader {
     /// header, …).
     pub fn read(path: &Path) -> Result<GgufHeader, ModelError> {
         let mmap = super::file::map_gguf(path)?;
-        let p = parse_header(path, &mmap)?;
+        Self::parse(path, &mmap)
+    }
+
+    /// [`GgufHeader::read`] of bytes already in memory (the start of a GGUF file, at least up
+    /// to the end of its tensor table); `path` only names the file in errors.
+    ///
+    /// Errors: [`ModelError::BadGguf`] as for [`GgufHeader::read`].
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<GgufHeader, ModelError> {
+        let p = parse_header(path, bytes)?;
         Ok(GgufHeader {
             version: p.version,
             metadata: p.metadata,

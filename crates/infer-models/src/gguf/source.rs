@@ -216,7 +216,7 @@ fn read_sibling(dir: &Path, name: &str) -> Result<Option<String>, ModelError> {
     if !p.is_file() {
         return Ok(None);
     }
-    std::fs::read_to_string(&p)
+    crate::text::read_utf8(&p)
         .map(Some)
         .map_err(|source| ModelError::Io { path: p, source })
 }
