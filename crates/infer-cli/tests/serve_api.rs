@@ -515,7 +515,9 @@ fn api_key_queue_bound_and_sigterm() {
 
     // SIGTERM: running and queued requests finish, then exit 0.
     let pid = srv.child.id() as i32;
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    // SAFETY: kill(2) on the pid of our own child process; no memory is touched.
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0);
     let mut rest = String::new();
     first.read_to_string(&mut rest).unwrap();
     assert!(rest.contains("data: [DONE]"), "{rest}");
