@@ -163,7 +163,7 @@ fn extract_with_file_size_limit(target: &Path, limit: u64) -> Output {
 fn disk_full_by_file_size_limit_fails_cleanly() {
     let root = tempfile::tempdir().unwrap();
     let target = root.path().join("m.vindex");
-    for limit in [0u64, 4096, 65536] {
+    for limit in [0u64, 4096, 32768] {
         let o = extract_with_file_size_limit(&target, limit);
         assert_clean_failure(&o, &["m.vindex", "File too large"]);
         assert!(

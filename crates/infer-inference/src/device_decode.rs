@@ -25,9 +25,6 @@ impl Model<'_> {
         if self.lm_head_bias.is_some() {
             return Err("an lm_head bias".into());
         }
-        if let crate::layer::FloatRows::Blocks { format, .. } = &self.embeddings {
-            return Err(format!("{format} embeddings (no float tier)"));
-        }
         let mut layers = Vec::with_capacity(self.layers.len());
         for (i, l) in self.layers.iter().enumerate() {
             let g = &l.geometry;

@@ -148,6 +148,8 @@ struct Bufs {
 /// See the [module docs](self).
 pub(super) struct CudaDecoder<'b> {
     backend: &'b CudaBackend,
+    /// The dequantized copy of a quantized embedding table (`embed` points into it).
+    _embed_owned: Option<CudaSlice<f32>>,
     stream: Arc<CudaStream>,
     generation: u64,
     hidden: usize,
@@ -329,15 +331,31 @@ impl<'b> CudaDecoder<'b> {
                 v_cache: zeros(&stream, plan.context * kvd)?,
             });
         }
-        let (embed_bytes, embed_f16, embed_len) = match plan.embeddings {
-            FloatTable::F32(v) => (as_bytes(v), false, v.len()),
-            FloatTable::F16(v) => (as_bytes(v), true, v.len()),
-            // The caller keeps such models on its host loop (no device row lookup of blocks).
-            FloatTable::Blocks { format, .. } => {
-                return Err(ComputeError::UnsupportedFormat {
-                    backend: "cuda token decoder (embeddings)".into(),
-                    format,
-                })
+        // A quantized table (a vindex without a float tier) is dequantized once into an f32
+        // copy owned by this decoder (exact: the host's lookup dequantizes the same rows), and
+        // a tied lm_head reads its blocks, as the forward pass does.
+        let mut embed_owned = None;
+        let (embed_ptr, embed_f16, embed_len, tied_blocks) = match plan.embeddings {
+            FloatTable::F32(v) => {
+                let State { dev, cache, .. } = &mut *st;
+                let p = ptr(cache.get(&dev.stream, as_bytes(v))?, &dev.stream);
+                (p, false, v.len(), None)
+            }
+            FloatTable::F16(v) => {
+                let State { dev, cache, .. } = &mut *st;
+                let p = ptr(cache.get(&dev.stream, as_bytes(v))?, &dev.stream);
+                (p, true, v.len(), None)
+            }
+            FloatTable::Blocks { format, bytes } => {
+                let n = plan.vocab_size * h;
+                let values = infer_quant::dequantize_to_vec(format, bytes, n)?;
+                let buf = drv(
+                    "upload the dequantized embeddings",
+                    st.dev.stream.clone_htod(&values),
+                )?;
+                let p = ptr(&buf, &st.dev.stream);
+                embed_owned = Some(buf);
+                (p, false, n, Some(MatData::Blocks { format, bytes }))
             }
         };
         if embed_len != plan.vocab_size * h {
@@ -347,13 +365,10 @@ impl<'b> CudaDecoder<'b> {
                 embed_len,
             ));
         }
-        let embed_ptr = {
-            let State { dev, cache, .. } = &mut *st;
-            ptr(cache.get(&dev.stream, embed_bytes)?, &dev.stream)
-        };
-        let lm_head = match &plan.lm_head {
-            Some(w) => weight(&mut st, w, plan.vocab_size, h)?,
-            None => DevWeight {
+        let lm_head = match (&plan.lm_head, tied_blocks) {
+            (Some(w), _) => weight(&mut st, w, plan.vocab_size, h)?,
+            (None, Some(w)) => weight(&mut st, &w, plan.vocab_size, h)?,
+            (None, None) => DevWeight {
                 kind: if embed_f16 { WKind::F16 } else { WKind::F32 },
                 ptr: embed_ptr,
                 rows: plan.vocab_size,
@@ -416,6 +431,7 @@ impl<'b> CudaDecoder<'b> {
         drop(st);
         Ok(CudaDecoder {
             backend,
+            _embed_owned: embed_owned,
             stream,
             generation,
             hidden: h,
