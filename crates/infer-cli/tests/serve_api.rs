@@ -585,3 +585,19 @@ fn memory_is_stable_over_distinct_prompts() {
     assert_eq!(metric(&srv, "infer_kv_cache_used_positions"), 0.0);
     assert!(metric(&srv, "infer_requests_total") >= 960.0);
 }
+
+/// `--timeout`: a request that runs past it gets a 408 with the OpenAI error body (the timeout
+/// layer's own answer is empty), and the server still serves.
+#[test]
+fn a_request_past_the_timeout_gets_an_openai_408() {
+    let srv = Server::start(smol_vindex(), &["--timeout", "1"]);
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0,
+        "ignore_eos": true, "cache_prompt": false});
+    let r = srv.post("/v1/completions", &long);
+    assert_eq!(r.status, 408, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["type"], "timeout_error", "{e}");
+    assert_eq!(e["error"]["code"], "timeout", "{e}");
+    let ok = ok_json(srv.post("/v1/completions", &completion("Hello", 2)));
+    assert_eq!(ok["choices"][0]["finish_reason"], "length", "{ok}");
+}

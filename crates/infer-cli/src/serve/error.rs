@@ -108,6 +108,17 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
+    /// 408: the request ran past the server's `--timeout`.
+    pub fn timeout() -> Self {
+        let mut e = Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout_error",
+            "the request took longer than the server's --timeout",
+        );
+        e.code = Some("timeout");
+        e
+    }
+
     /// 404 for an unknown path.
     pub fn not_found(path: &str) -> Self {
         Self::new(

@@ -72,7 +72,17 @@ pub fn router(state: Arc<AppState>, body_limit: usize, timeout: Duration) -> Rou
             StatusCode::REQUEST_TIMEOUT,
             timeout,
         ))
+        .layer(middleware::map_response(timeout_json))
         .with_state(state)
+}
+
+/// The timeout layer answers an empty 408: give it the OpenAI error body like every other error.
+async fn timeout_json(r: Response) -> Response {
+    if r.status() == StatusCode::REQUEST_TIMEOUT && !r.headers().contains_key(header::CONTENT_TYPE)
+    {
+        return ApiError::timeout().into_response();
+    }
+    r
 }
 
 /// `Authorization: Bearer KEY` on every route but `/health` when `--api-key` is set.
