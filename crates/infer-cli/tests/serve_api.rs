@@ -412,9 +412,30 @@ fn malformed_requests_get_4xx_cancellation_frees_and_the_server_still_serves() {
     assert_eq!(e["n_ctx"], 256);
     // A body over --max-body.
     let big = json!({"prompt": "a ".repeat(40000)}).to_string();
+    let r = srv.request("POST", "/v1/completions", &[], &big);
+    assert_eq!(r.status, 413);
+    let m = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(m.contains("--max-body"), "413 names the option: {m}");
+    // A whole number past u64 is out of range (not "not an integer").
+    let r = srv.request(
+        "POST",
+        "/v1/completions",
+        &[],
+        r#"{"prompt": "x", "max_tokens": 99999999999999999999}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("is outside"), "{}", r.body);
+    // The wrong method: 405 with the OpenAI error body.
+    let r = srv.request("GET", "/v1/completions", &[], "");
+    assert_eq!(r.status, 405);
     assert_eq!(
-        srv.request("POST", "/v1/completions", &[], &big).status,
-        413
+        r.json()["error"]["type"],
+        "invalid_request_error",
+        "{}",
+        r.body
     );
 
     // Cancellation mid-stream: read a few chunks, hang up; the slot is freed.

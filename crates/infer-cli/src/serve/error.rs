@@ -119,6 +119,16 @@ impl ApiError {
         e
     }
 
+    /// 405: the endpoint exists but not for this HTTP method.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "this endpoint does not answer this HTTP method (see README: GET /v1/models, \
+             /health, /metrics; POST for the others)",
+        )
+    }
+
     /// 404 for an unknown path.
     pub fn not_found(path: &str) -> Self {
         Self::new(

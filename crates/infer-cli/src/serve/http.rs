@@ -72,17 +72,21 @@ pub fn router(state: Arc<AppState>, body_limit: usize, timeout: Duration) -> Rou
             StatusCode::REQUEST_TIMEOUT,
             timeout,
         ))
-        .layer(middleware::map_response(timeout_json))
+        .layer(middleware::map_response(error_json))
         .with_state(state)
 }
 
-/// The timeout layer answers an empty 408: give it the OpenAI error body like every other error.
-async fn timeout_json(r: Response) -> Response {
-    if r.status() == StatusCode::REQUEST_TIMEOUT && !r.headers().contains_key(header::CONTENT_TYPE)
-    {
-        return ApiError::timeout().into_response();
+/// The timeout layer (408) and axum's method routing (405) answer with empty bodies: give them
+/// the OpenAI error body like every other error.
+async fn error_json(r: Response) -> Response {
+    if r.headers().contains_key(header::CONTENT_TYPE) {
+        return r;
     }
-    r
+    match r.status() {
+        StatusCode::REQUEST_TIMEOUT => ApiError::timeout().into_response(),
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::method_not_allowed().into_response(),
+        _ => r,
+    }
 }
 
 /// `Authorization: Bearer KEY` on every route but `/health` when `--api-key` is set.
@@ -209,7 +213,14 @@ type Body = Result<Bytes, BytesRejection>;
 
 fn read(body: Body) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
-        let mut err = ApiError::bad_request(format!("the request body: {}", e.body_text()));
+        let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "the request body is larger than the server's --max-body limit (bytes; start the \
+             server with a larger --max-body)"
+                .to_string()
+        } else {
+            format!("the request body: {}", e.body_text())
+        };
+        let mut err = ApiError::bad_request(message);
         err.status = e.status();
         err
     })

@@ -124,6 +124,14 @@ fn integer(o: &Obj, k: &str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> 
     match present(o, k) {
         None => Ok(None),
         Some(v) => {
+            // A whole number too large for u64 (parsed as a float) is out of range, not of the
+            // wrong type.
+            let too_big = v
+                .as_f64()
+                .is_some_and(|f| f.fract() == 0.0 && f > u64::MAX as f64);
+            if too_big {
+                return Err(ApiError::field(k, format!("{v} is outside [{lo}, {hi}]")));
+            }
             let x = v.as_u64().ok_or_else(|| {
                 ApiError::field(k, format!("expected a non-negative integer, got {v}"))
             })?;
