@@ -26,7 +26,7 @@ pub(crate) fn check(
 }
 
 /// `x` must be whole rows of the norm's width (and the bias as wide as the weight).
-fn check_norm(norm: &Norm<'_>, len: usize) -> Result<(), ComputeError> {
+pub(crate) fn check_norm(norm: &Norm<'_>, len: usize) -> Result<(), ComputeError> {
     let d = norm.weight.len();
     if let Some(b) = norm.bias {
         check("norm bias", b.len(), d, "values")?;
@@ -238,30 +238,15 @@ pub(crate) fn copy_rows(
     rows: &[usize],
     dst: &mut [f32],
 ) -> Result<(), ComputeError> {
-    let n = src.len().checked_div(width).unwrap_or(0);
+    check_row_indices(rows, src.len().checked_div(width).unwrap_or(0))?;
     for (&r, d) in rows.iter().zip(dst.chunks_exact_mut(width.max(1))) {
-        if r >= n {
-            return Err(ComputeError::ShapeMismatch {
-                what: "copy_rows row (index < rows)",
-                expected: n,
-                got: r,
-                unit: "row",
-            });
-        }
         d.copy_from_slice(&src[r * width..(r + 1) * width]);
     }
     Ok(())
 }
 
 pub(crate) fn add_bias(y: &mut [f32], bias: &[f32]) -> Result<(), ComputeError> {
-    if bias.is_empty() || !y.len().is_multiple_of(bias.len()) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "bias rows (whole rows of the bias's width)",
-            expected: y.len().div_ceil(bias.len().max(1)) * bias.len(),
-            got: y.len(),
-            unit: "values",
-        });
-    }
+    check_bias(y.len(), bias)?;
     for row in y.chunks_exact_mut(bias.len()) {
         row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
     }
@@ -277,6 +262,69 @@ pub(crate) fn scale_softcap(x: &mut [f32], divisor: f32, softcap: Option<f32>) {
     }
 }
 
+/// The shapes of an [`crate::ComputeBackend::attend`] step, shared by every backend: heads that
+/// divide, `q`/`k`/`v` of the batch's rows, slots in batch order, each cache with room for its
+/// new rows (K and V caches of one length). Errors: [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_attend(
+    a: &crate::Attend<'_, '_>,
+    p: &AttentionParams,
+) -> Result<(), ComputeError> {
+    if p.n_kv_heads == 0 || !p.n_q_heads.is_multiple_of(p.n_kv_heads) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "attention heads (n_kv_heads must divide n_q_heads)",
+            expected: p.n_q_heads,
+            got: p.n_kv_heads,
+            unit: "kv heads",
+        });
+    }
+    let (qd, kvd) = (p.n_q_heads * p.head_dim, p.n_kv_heads * p.head_dim);
+    let rows: usize = a.seqs.iter().map(|s| s.rows).sum();
+    check("attention q", a.q.len(), rows * qd, "values")?;
+    check("attention k", a.k.len(), rows * kvd, "values")?;
+    check("attention v", a.v.len(), rows * kvd, "values")?;
+    let mut row = 0;
+    for s in a.seqs.iter() {
+        check("attention slot rows (batch order)", s.row0, row, "row")?;
+        let end = s.start + s.rows;
+        if s.k_cache.len() < end * kvd || s.v_cache.len() != s.k_cache.len() {
+            return Err(ComputeError::ShapeMismatch {
+                what: "KV cache (room for the new rows)",
+                expected: end * kvd,
+                got: s.k_cache.len().min(s.v_cache.len()),
+                unit: "values (at least)",
+            });
+        }
+        row += s.rows;
+    }
+    Ok(())
+}
+
+/// `Err(ShapeMismatch)` unless every index of `rows` is below `n` (rows of the source).
+pub(crate) fn check_row_indices(rows: &[usize], n: usize) -> Result<(), ComputeError> {
+    match rows.iter().find(|&&r| r >= n) {
+        Some(&r) => Err(ComputeError::ShapeMismatch {
+            what: "copy_rows row (index < rows)",
+            expected: n,
+            got: r,
+            unit: "row",
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `Err(ShapeMismatch)` unless `len` values are whole rows of `bias`'s width.
+pub(crate) fn check_bias(len: usize, bias: &[f32]) -> Result<(), ComputeError> {
+    if bias.is_empty() || !len.is_multiple_of(bias.len()) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "bias rows (whole rows of the bias's width)",
+            expected: len.div_ceil(bias.len().max(1)) * bias.len(),
+            got: len,
+            unit: "values",
+        });
+    }
+    Ok(())
+}
+
 /// [`crate::ComputeBackend::attend`] on host tensors: per sequence, the KV store then
 /// [`attention`]; several sequences run in parallel (each attention call parallelises over
 /// heads by itself only at long contexts).
@@ -286,16 +334,13 @@ pub(crate) fn attend(
     out: &mut crate::Tensor,
 ) -> Result<(), ComputeError> {
     use crate::backend::{host, host_mut};
+    check_attend(a, p)?;
     let (qd, kvd) = (p.n_q_heads * p.head_dim, p.n_kv_heads * p.head_dim);
     let (q, k, v) = (
         host("attend", a.q)?,
         host("attend", a.k)?,
         host("attend", a.v)?,
     );
-    let rows: usize = a.seqs.iter().map(|s| s.rows).sum();
-    check("attention q", q.len(), rows * qd, "values")?;
-    check("attention k", k.len(), rows * kvd, "values")?;
-    check("attention v", v.len(), rows * kvd, "values")?;
     let out = host_mut("attend", out)?;
     check("attention output", out.len(), q.len(), "values")?;
     let one = |s: &mut crate::KvSlot<'_>, out: &mut [f32]| -> Result<(), ComputeError> {
@@ -305,14 +350,6 @@ pub(crate) fn attend(
             host_mut("attend", s.k_cache)?,
             host_mut("attend", s.v_cache)?,
         );
-        if kc.len() < end * kvd || vc.len() != kc.len() {
-            return Err(ComputeError::ShapeMismatch {
-                what: "KV cache (room for the new rows)",
-                expected: end * kvd,
-                got: kc.len().min(vc.len()),
-                unit: "values (at least)",
-            });
-        }
         kc[s.start * kvd..end * kvd].copy_from_slice(&k[r.start * kvd..r.end * kvd]);
         vc[s.start * kvd..end * kvd].copy_from_slice(&v[r.start * kvd..r.end * kvd]);
         let positions: smallvec::SmallVec<[usize; 16]> = (s.start..end).collect();
@@ -328,13 +365,10 @@ pub(crate) fn attend(
     // Each sequence's rows of `out`, in batch order.
     let mut outs = smallvec::SmallVec::<[&mut [f32]; 4]>::new();
     let mut rest = &mut out[..];
-    let mut row = 0;
     for s in a.seqs.iter() {
-        check("attention slot rows (batch order)", s.row0, row, "row")?;
         let (head, tail) = rest.split_at_mut(s.rows * qd);
         outs.push(head);
         rest = tail;
-        row += s.rows;
     }
     if let ([s], [o]) = (&mut a.seqs[..], &mut outs[..]) {
         return one(s, o);

@@ -244,15 +244,7 @@ pub(super) fn copy_rows(
     rows: &[usize],
     dst: &mut Tensor,
 ) -> Result<(), ComputeError> {
-    let n = src.len().checked_div(width).unwrap_or(0);
-    if let Some(&r) = rows.iter().find(|&&r| r >= n) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "copy_rows row (index < rows)",
-            expected: n,
-            got: r,
-            unit: "row",
-        });
-    }
+    crate::host_ops::check_row_indices(rows, src.len().checked_div(width).unwrap_or(0))?;
     fit(st, dst, rows.len() * width)?;
     let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
     let ip = upload_ints(st, &idx)?;
@@ -478,14 +470,7 @@ pub(super) fn project_many(
 }
 
 pub(super) fn add_bias(st: &mut State, y: &mut Tensor, bias: &[f32]) -> Result<(), ComputeError> {
-    if bias.is_empty() || !y.len().is_multiple_of(bias.len()) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "bias rows (whole rows of the bias's width)",
-            expected: y.len().div_ceil(bias.len().max(1)) * bias.len(),
-            got: y.len(),
-            unit: "values",
-        });
-    }
+    crate::host_ops::check_bias(y.len(), bias)?;
     let bp = cached(st, as_bytes(bias))?;
     let mut a = [
         tp(&st.dev.stream, y, "add_bias")?,
@@ -503,18 +488,8 @@ fn norm_launch(
     out: u64,
     len: usize,
 ) -> Result<(), ComputeError> {
+    crate::host_ops::check_norm(n, len)?;
     let d = n.weight.len();
-    if let Some(b) = n.bias {
-        check("norm bias", b.len(), d, "values")?;
-    }
-    if (d == 0 && len != 0) || (d != 0 && !len.is_multiple_of(d)) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "norm input (whole rows of the weight's width)",
-            expected: len.div_ceil(d.max(1)) * d,
-            got: len,
-            unit: "values",
-        });
-    }
     if len == 0 {
         return Ok(());
     }
@@ -624,40 +599,20 @@ pub(super) fn attend(
     p: &AttentionParams,
     out: &mut Tensor,
 ) -> Result<(), ComputeError> {
-    let (qd, kvd) = (p.n_q_heads * p.head_dim, p.n_kv_heads * p.head_dim);
-    if p.n_kv_heads == 0 || !p.n_q_heads.is_multiple_of(p.n_kv_heads) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "attention heads (n_kv_heads must divide n_q_heads)",
-            expected: p.n_q_heads,
-            got: p.n_kv_heads,
-            unit: "kv heads",
-        });
-    }
+    crate::host_ops::check_attend(at, p)?;
     if p.head_dim > MAX_HEAD_DIM {
         return Err(dev_err(format!(
             "attention: head_dim {} exceeds the kernel's {MAX_HEAD_DIM}",
             p.head_dim
         )));
     }
+    let kvd = p.n_kv_heads * p.head_dim;
     let rows: usize = at.seqs.iter().map(|s| s.rows).sum();
-    check("attention q", at.q.len(), rows * qd, "values")?;
-    check("attention k", at.k.len(), rows * kvd, "values")?;
-    check("attention v", at.v.len(), rows * kvd, "values")?;
     fit(st, out, at.q.len())?;
     let stream = st.dev.stream.clone();
     let mut info = Vec::with_capacity(rows * 3);
-    let mut row = 0;
     for s in at.seqs.iter() {
-        check("attention slot rows (batch order)", s.row0, row, "row")?;
         let end = s.start + s.rows;
-        if s.k_cache.len() < end * kvd || s.v_cache.len() != s.k_cache.len() {
-            return Err(ComputeError::ShapeMismatch {
-                what: "KV cache (room for the new rows)",
-                expected: end * kvd,
-                got: s.k_cache.len().min(s.v_cache.len()),
-                unit: "values (at least)",
-            });
-        }
         let (kc, vc) = (
             tp(&stream, s.k_cache, "attend")?,
             tp(&stream, s.v_cache, "attend")?,
@@ -665,7 +620,6 @@ pub(super) fn attend(
         for pos in s.start..end {
             info.extend([kc as i64, vc as i64, pos as i64]);
         }
-        row += s.rows;
     }
     if rows == 0 {
         return Ok(());
