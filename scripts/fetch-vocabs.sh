@@ -23,7 +23,7 @@ if ! sha_ok "$sdist"; then
   tmp=$(mktemp -d "$cache/.vocabs.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   "$py" -m pip download --quiet --no-deps --no-build-isolation --no-binary llama-cpp-python \
-    "llama-cpp-python==$LLAMACPP_PY_VERSION" -d "$tmp" >&2 ||
+    "llama-cpp-python==$LLAMACPP_PY_VERSION" -d "$tmp" >/dev/null 2>&1 ||
     "$py" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
       "llama-cpp-python==$LLAMACPP_PY_VERSION" -d "$tmp" >&2
   sha_ok "$tmp/$name.tar.gz" || { echo "error: sha256 mismatch for $name.tar.gz (want $LLAMACPP_PY_SHA256)" >&2; exit 1; }

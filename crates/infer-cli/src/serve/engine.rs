@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use infer_compute::ComputeBackend;
 use infer_inference::chat::ChatTemplate;
 use infer_inference::forward::{BatchBuffers, BatchSeq, Logits};
@@ -236,11 +237,36 @@ pub struct Engine<'m, 'a, 't> {
 }
 
 impl<'t> Engine<'_, '_, 't> {
-    /// Serve jobs from `jobs` until `stop` is set and nothing runs.
-    pub fn run(&self, jobs: QueueRx, stop: &AtomicBool) {
-        let mut slots: Vec<Slot> = (0..self.config.parallel)
-            .map(|_| Slot {
-                cache: Some(self.model.new_cache(self.ctx)),
+    /// The KV caches of the `parallel` slots, each of `ctx` positions, allocated now in the
+    /// backend's memory (as llama-server does at start), so memory does not grow while
+    /// serving. Errors: the backend cannot hold them (out of memory), naming the size.
+    pub fn slot_caches(&self) -> anyhow::Result<Vec<KvCache>> {
+        (0..self.config.parallel)
+            .map(|_| {
+                let mut c = self.model.new_cache(self.ctx);
+                c.ensure(self.backend).with_context(|| {
+                    format!(
+                        "KV cache: {} slots × {} positions ({:.1} MiB each)",
+                        self.config.parallel,
+                        self.ctx,
+                        (0..c.layers()).map(|l| c.kv_dim(l)).sum::<usize>() as f64
+                            * self.ctx as f64
+                            * 8.0
+                            / (1 << 20) as f64
+                    )
+                })?;
+                Ok(c)
+            })
+            .collect()
+    }
+
+    /// Serve jobs from `jobs` until `stop` is set and nothing runs; `caches` from
+    /// [`Engine::slot_caches`].
+    pub fn run(&self, caches: Vec<KvCache>, jobs: QueueRx, stop: &AtomicBool) {
+        let mut slots: Vec<Slot> = caches
+            .into_iter()
+            .map(|c| Slot {
+                cache: Some(c),
                 held: Vec::new(),
                 busy: false,
             })

@@ -197,11 +197,6 @@ fn run_engine(
             .map(|d| d.as_secs())
             .unwrap_or(0),
     });
-    engine::publish(ready, r.clone());
-    eprintln!(
-        "infer serve: ready ({} slots × {ctx} positions, model '{}')",
-        args.parallel, r.model_id
-    );
     let engine = Engine {
         model: &model,
         backend: &*backend,
@@ -213,6 +208,16 @@ fn run_engine(
             batch_tokens: args.batch_tokens as usize,
         },
     };
-    engine.run(jobs, stop);
+    let caches = engine.slot_caches()?;
+    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+        // SIGTERM while loading: never announce a server that is shutting down.
+        return Ok(());
+    }
+    engine::publish(ready, r.clone());
+    eprintln!(
+        "infer serve: ready ({} slots × {ctx} positions, model '{}')",
+        args.parallel, r.model_id
+    );
+    engine.run(caches, jobs, stop);
     Ok(())
 }
