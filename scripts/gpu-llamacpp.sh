@@ -17,6 +17,9 @@
 #                                           # exit 0 built, 1 failed, 2 still building
 #   scripts/gpu-llamacpp.sh bench GGUF...   # device: llama-bench -ngl 99 -p 128 -n 64 -r 5,
 #                                           # flash attention off and on, markdown table
+#   scripts/gpu-llamacpp.sh batched GGUF... # device: llama-batched-bench -ngl 99, prompts of
+#                                           # BENCH_P tokens, BENCH_N generated, B = BENCH_B
+#                                           # (default 1,4,16,64) parallel sequences
 #
 # Env: LLAMA_CPP_SRC (an unpacked vendor/llama.cpp, to skip the fetch when packing), INFER_CACHE
 # (default ~/.cache/infer; the sdist goes to its peers/), LLAMA_GPU_SRC / LLAMA_GPU_BUILD (default
@@ -30,7 +33,7 @@ TARBALL="$GPU_DIR/llama/llama-src.tar.gz"
 SRC="${LLAMA_GPU_SRC:-/tmp/llama-src}"
 BUILD="${LLAMA_GPU_BUILD:-/tmp/llama-build}"
 LOG="$BUILD/build.log"
-TARGETS_MAIN="llama-bench"
+TARGETS_MAIN="llama-bench llama-batched-bench"
 TARGETS_EXTRA="llama-quantize llama-completion"
 
 die() {
@@ -46,7 +49,7 @@ OTHER_CPU="arch/arm arch/loongarch arch/powerpc arch/riscv arch/s390 arch/wasm k
 # examples, other tools, a build folder) stays out.
 KEEP=(CMakeLists.txt LICENSE licenses cmake include src common vendor
     ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src
-    tools/llama-bench tools/quantize tools/completion)
+    tools/llama-bench tools/batched-bench tools/quantize tools/completion)
 
 pack() {
     # shellcheck source=scripts/lib/llamacpp.sh
@@ -60,12 +63,13 @@ pack() {
     trap "rm -rf '$stage'" EXIT
     mkdir -p "$stage/llama.cpp"
     (cd "$src" && tar -cf - "${excludes[@]}" "${KEEP[@]/#/./}") | tar -xf - -C "$stage/llama.cpp"
-    # tools/: only the three tools above (the sdist's list adds a dozen, some need the server).
+    # tools/: only the four tools above (the sdist's list adds a dozen, some need the server).
     cat >"$stage/llama.cpp/tools/CMakeLists.txt" <<'EOF'
 # Written by infer's scripts/gpu-llamacpp.sh pack: only the tools that script builds.
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
+add_subdirectory(batched-bench)
 add_subdirectory(quantize)
 add_subdirectory(completion)
 EOF
@@ -208,11 +212,27 @@ bench() {
     done
 }
 
+batched() {
+    (($# > 0)) || die "usage: $0 batched GGUF [GGUF...]"
+    local bin="$BUILD/bin/llama-batched-bench" g
+    [[ -x "$bin" ]] || die "no $bin: run 'start' and 'wait' first"
+    find_libs
+    local p="${BENCH_P:-128}" n="${BENCH_N:-128}" b="${BENCH_B:-1,4,16,64}"
+    local maxb=${b##*,}
+    for g in "$@"; do
+        [[ -f "$g" ]] || die "no such GGUF: $g"
+        echo "== $g: llama-batched-bench -npp $p -ntg $n -npl $b"
+        "$bin" -m "$g" -ngl 99 -fa 1 -c $(((p + n) * maxb)) -b 2048 -ub 512 \
+            -npp "$p" -ntg "$n" -npl "$b" 2>&1 | grep -E '^\|' || die "llama-batched-bench failed on $g"
+    done
+}
+
 case "$mode" in
 pack) pack ;;
+batched) shift && batched "$@" ;;
 start) start ;;
 _build) _build ;;
 wait) wait_build "${2:-500}" ;;
 bench) shift && bench "$@" ;;
-*) die "usage: $0 pack | start | wait [SECONDS] | bench GGUF [GGUF...]" ;;
+*) die "usage: $0 pack | start | wait [SECONDS] | bench GGUF [GGUF...] | batched GGUF [GGUF...]" ;;
 esac

@@ -219,6 +219,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         if let Some(r) = rss {
             println!("peak RSS {:.1} MB", r as f64 / 1e6);
+            if let Some(l) = backend.launch_report() {
+                println!("{l}");
+            }
         }
         print_profile(&profile, args.n_gen, tg_med);
     }
@@ -342,6 +345,9 @@ fn batched(
         }
         if let Some(r) = peak_rss_bytes() {
             println!("peak RSS {:.1} MB", r as f64 / 1e6);
+            if let Some(l) = backend.launch_report() {
+                println!("{l}");
+            }
         }
     }
     Ok(())

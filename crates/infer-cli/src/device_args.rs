@@ -54,13 +54,14 @@ impl fmt::Display for Device {
 pub struct DeviceArgs {
     /// Compute device: cpu, cuda (the first GPU) or cuda:N. CUDA needs a binary built with
     /// `--features cuda`, an NVIDIA driver and NVRTC (libnvrtc.so) on the loader path. On CUDA
-    /// each decoded token runs wholly on the GPU (weights, KV cache and activations resident,
-    /// one CUDA graph per token) when the model's layers allow it (`--explain` says); prompts
-    /// run the CPU forward loop with the matrix products on the GPU.
+    /// the forward pass runs on the GPU (weights, KV cache and activations resident; the MoE
+    /// and walk FFNs on the host), and a decode step of a shape seen before is one CUDA graph
+    /// replay; where the model's layers allow it, single-sequence decode uses the fused
+    /// whole-token decoder (`--explain` says which).
     #[arg(long, default_value = "cpu", value_parser = Device::from_str)]
     pub device: Device,
-    /// Decode through the CPU forward loop with the device's matrix products even where the
-    /// device could run whole tokens (for comparison).
+    /// Decode through the forward pass (its operations on the device, steps replayed as CUDA
+    /// graphs) even where the fused whole-token decoder could run (for comparison).
     #[arg(long)]
     pub host_loop: bool,
 }
@@ -113,12 +114,17 @@ pub fn decode_mode(runner: &TokenRunner<'_, '_>, args: &DeviceArgs) -> String {
     }
     match (&runner.host_reason, args.device, args.host_loop) {
         (_, Device::Cpu, _) => "decode: CPU forward loop".into(),
-        (_, d, true) => format!("decode: CPU forward loop with the products on {d} (--host-loop)"),
-        (Some(why), d, false) => format!(
-            "decode: CPU forward loop with the products on {d} (the device decoder does not \
-             cover {why})"
+        (_, d, true) => format!(
+            "decode: the forward pass's operations on {d}, each step replayed as a CUDA graph \
+             (--host-loop)"
         ),
-        (None, d, false) => format!("decode: CPU forward loop with the products on {d}"),
+        (Some(why), d, false) => format!(
+            "decode: the forward pass's operations on {d}, each step replayed as a CUDA graph \
+             (the fused decoder does not cover {why})"
+        ),
+        (None, d, false) => format!(
+            "decode: the forward pass's operations on {d}, each step replayed as a CUDA graph"
+        ),
     }
 }
 

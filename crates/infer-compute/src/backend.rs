@@ -36,6 +36,12 @@ pub trait ComputeBackend: Send + Sync {
     /// Human-readable backend name, e.g. `"cpu"`.
     fn name(&self) -> &str;
 
+    /// How the forward pass's steps were launched so far, in words (a device backend: e.g.
+    /// how many were CUDA graph replays); `None` where there is nothing to say (the CPU).
+    fn launch_report(&self) -> Option<String> {
+        None
+    }
+
     /// `C[m×n] = A[m×k] · B[n×k]ᵀ`.
     ///
     /// - `a`: `[m, k]` row-major, `a.len() == m*k`.

@@ -232,8 +232,19 @@ fn check_case(case: &str, gpu: &CudaBackend) {
     ratio("float vs HF", case, &g, &reference, s, TOL_FLOAT);
     let c = all_logits(&model, &cpu, &ids, batch, t);
     ratio("float vs CPU", case, &g, &c, s, TOL_FLOAT);
+    let before = gpu.step_stats();
     let dec = decode_logits(&model, gpu, &ids[..t]);
     let half = t / 2;
+    // Decode steps of one shape: the first launched kernel by kernel, the second captured
+    // into a CUDA graph, the rest replays of it (cuda/step.rs); the logits above are those
+    // of the replays.
+    let after = gpu.step_stats();
+    let steps = (t - half) as u64;
+    assert!(
+        after.replayed - before.replayed >= steps.saturating_sub(2),
+        "{case}: {steps} decode steps replayed a graph {} times ({before:?} → {after:?})",
+        after.replayed - before.replayed
+    );
     ratio(
         "float KV decode vs HF",
         case,

@@ -185,7 +185,9 @@ impl Device {
             t_copy_rows: f("t_copy_rows")?,
             t_embed: f("t_embed")?,
         };
-        let stream = ctx.default_stream();
+        // A stream of its own (not the legacy default stream, which cannot be captured into
+        // a CUDA graph: the forward pass's steps are, see `step.rs`).
+        let stream = drv("create the backend's stream", ctx.new_stream())?;
         Ok(Device {
             ctx,
             stream,
@@ -241,31 +243,17 @@ pub(super) unsafe fn launch_pdl(
     args: &mut [u64],
 ) -> Result<(), ComputeError> {
     // SAFETY: the caller's contract.
-    unsafe { launch_with(stream, f, cfg, args, true) }
+    unsafe { launch_raw(stream, f.cu_function(), cfg, args, true) }
 }
 
-/// Launch `f` on `stream` like [`launch_pdl`] but without programmatic dependent launch (the
-/// kernel starts after the one before it finished; it need not `pdl_wait`).
+/// Launch kernel `f` (a loaded kernel's raw handle) on `stream`, with programmatic dependent
+/// launch when `pdl` (see [`launch_pdl`]).
 ///
 /// # Safety
-/// As [`launch_pdl`].
-pub(super) unsafe fn launch_args(
+/// As [`launch_pdl`]; `f` must be a kernel of a module that is still loaded.
+pub(super) unsafe fn launch_raw(
     stream: &CudaStream,
-    f: &CudaFunction,
-    cfg: LaunchConfig,
-    args: &mut [u64],
-) -> Result<(), ComputeError> {
-    // SAFETY: the caller's contract.
-    unsafe { launch_with(stream, f, cfg, args, false) }
-}
-
-/// [`launch_pdl`] (`pdl`) or [`launch_args`].
-///
-/// # Safety
-/// As [`launch_pdl`].
-unsafe fn launch_with(
-    stream: &CudaStream,
-    f: &CudaFunction,
+    f: sys::CUfunction,
     cfg: LaunchConfig,
     args: &mut [u64],
     pdl: bool,
@@ -294,14 +282,8 @@ unsafe fn launch_with(
     drv("bind the CUDA context", stream.context().bind_to_thread())?;
     // SAFETY: the caller's contract for `args`; `params` points into `args` and `attr` lives
     // until the call returns (the driver copies the values at launch).
-    let launched = unsafe {
-        sys::cuLaunchKernelEx(
-            &config,
-            f.cu_function(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
+    let launched =
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) };
     drv("launch a kernel", launched.result())
 }
 

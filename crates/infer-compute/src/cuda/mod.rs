@@ -31,6 +31,7 @@ mod decode;
 mod device;
 mod float;
 mod quant;
+mod step;
 mod tensor_ops;
 
 use std::sync::{Mutex, MutexGuard};
@@ -49,6 +50,7 @@ use float::{FloatOp, WType};
 
 pub use bench::KernelTime;
 pub use device::check_kernels_compile;
+pub use step::StepStats;
 
 /// Device state behind the backend's mutex.
 #[derive(Debug)]
@@ -56,8 +58,10 @@ struct State {
     dev: Device,
     cache: WeightCache,
     s: Scratch,
-    /// Small per-call arrays of the tensor operations.
+    /// RoPE frequencies of the tensor operations.
     ops: tensor_ops::OpScratch,
+    /// The tensor operations' pending launches, step arena and captured graphs.
+    rec: step::Recorder,
     /// Incremented by [`CudaBackend::clear_weight_cache`]: decoders made before refuse to run.
     generation: u64,
 }
@@ -80,7 +84,8 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Self, ComputeError> {
         let dev = Device::open(ordinal)?;
         let s = Scratch::new(&dev.stream)?;
-        let ops = tensor_ops::OpScratch::new(&dev.stream)?;
+        let ops = tensor_ops::OpScratch::default();
+        let rec = step::Recorder::new(&dev.stream)?;
         let name = format!("cuda:{ordinal} ({}, sm_{}{})", dev.name, dev.cc.0, dev.cc.1);
         Ok(CudaBackend {
             state: Mutex::new(State {
@@ -88,6 +93,7 @@ impl CudaBackend {
                 cache: WeightCache::default(),
                 s,
                 ops,
+                rec,
                 generation: 0,
             }),
             name,
@@ -100,9 +106,42 @@ impl CudaBackend {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The backend's state with every recorded tensor operation launched: for the host-slice
+    /// products and the decoder, which launch directly on the stream. Errors: a failed launch.
+    fn synced(&self) -> Result<MutexGuard<'_, State>, ComputeError> {
+        let mut st = self.lock();
+        let State { rec, dev, .. } = &mut *st;
+        rec.flush(&dev.stream)?;
+        Ok(st)
+    }
+
+    /// Run tensor operation `f` (recorded, launched with its step: `step.rs`); when it fails,
+    /// the step's pending launches are dropped unlaunched, so a failed step writes nothing.
+    fn tensor_op<R>(
+        &self,
+        f: impl FnOnce(&mut State) -> Result<R, ComputeError>,
+    ) -> Result<R, ComputeError> {
+        let mut st = self.lock();
+        let r = f(&mut st);
+        if r.is_err() {
+            st.rec.discard();
+        }
+        r
+    }
+
+    /// How the forward pass's steps were launched so far: kernel by kernel, captured into a
+    /// CUDA graph, or as a replay of one (`step.rs`).
+    pub fn step_stats(&self) -> StepStats {
+        self.lock().rec.stats
+    }
+
     /// Drop every cached device copy of a weight (after weight buffers were rewritten in place).
     pub fn clear_weight_cache(&self) {
         let mut st = self.lock();
+        // Pending launches may read the weights: enqueue them before the memory is freed (in
+        // stream order). A launch failure surfaces at the next synchronising call.
+        let State { rec, dev, .. } = &mut *st;
+        let _ = rec.flush(&dev.stream);
         st.cache.clear();
         st.generation += 1;
     }
@@ -122,6 +161,14 @@ impl ComputeBackend for CudaBackend {
         &self.name
     }
 
+    fn launch_report(&self) -> Option<String> {
+        let s = self.step_stats();
+        Some(format!(
+            "forward-pass steps on {}: {} CUDA graph replays, {} captured, {} launched kernel by kernel",
+            self.name, s.replayed, s.captured, s.eager
+        ))
+    }
+
     fn matmul_transb(
         &self,
         a: &[f32],
@@ -133,7 +180,7 @@ impl ComputeBackend for CudaBackend {
     ) -> Result<(), ComputeError> {
         check_product("matmul_transb", a, b, m, k, n, c);
         let op = FloatOp::new(WType::F32, true, m, k, n);
-        float::product_typed(&mut self.lock(), op, a, b, c)
+        float::product_typed(&mut *self.synced()?, op, a, b, c)
     }
 
     fn matmul(
@@ -147,7 +194,7 @@ impl ComputeBackend for CudaBackend {
     ) -> Result<(), ComputeError> {
         check_product("matmul", a, b, m, k, n, c);
         let op = FloatOp::new(WType::F32, false, m, k, n);
-        float::product_typed(&mut self.lock(), op, a, b, c)
+        float::product_typed(&mut *self.synced()?, op, a, b, c)
     }
 
     fn gemv(
@@ -162,7 +209,7 @@ impl ComputeBackend for CudaBackend {
         check_len("gemv x", x.len(), k, "k");
         check_len("gemv y", y.len(), n, "n");
         let op = FloatOp::new(WType::F32, true, 1, k, n);
-        float::product_typed(&mut self.lock(), op, x, b, y)
+        float::product_typed(&mut *self.synced()?, op, x, b, y)
     }
 
     fn matmul_transb_f16(
@@ -176,7 +223,7 @@ impl ComputeBackend for CudaBackend {
     ) -> Result<(), ComputeError> {
         check_product("matmul_transb_f16", a, b, m, k, n, c);
         let op = FloatOp::new(WType::F16, true, m, k, n);
-        float::product_typed(&mut self.lock(), op, a, b, c)
+        float::product_typed(&mut *self.synced()?, op, a, b, c)
     }
 
     fn matmul_f16(
@@ -190,7 +237,7 @@ impl ComputeBackend for CudaBackend {
     ) -> Result<(), ComputeError> {
         check_product("matmul_f16", a, b, m, k, n, c);
         let op = FloatOp::new(WType::F16, false, m, k, n);
-        float::product_typed(&mut self.lock(), op, a, b, c)
+        float::product_typed(&mut *self.synced()?, op, a, b, c)
     }
 
     fn linear(
@@ -204,35 +251,35 @@ impl ComputeBackend for CudaBackend {
         match w.data {
             MatData::F32(b) => self.matmul_transb(x, b, m, w.cols, w.rows, y),
             MatData::F16(b) => self.matmul_transb_f16(x, b, m, w.cols, w.rows, y),
-            MatData::Blocks { .. } => quant::quant_matmul(&mut self.lock(), w, x, m, y),
-            MatData::SplitQ8 { .. } => quant::q8_matmul(&mut self.lock(), w, x, m, y),
+            MatData::Blocks { .. } => quant::quant_matmul(&mut *self.synced()?, w, x, m, y),
+            MatData::SplitQ8 { .. } => quant::q8_matmul(&mut *self.synced()?, w, x, m, y),
         }
     }
 
     fn linear_many(&self, x: &[f32], m: usize, projs: &mut [Proj<'_>]) -> Result<(), ComputeError> {
         crate::matrix::linear_many_with(self, x, m, projs, |projs| {
-            quant::quant_matmul_many(&mut self.lock(), x, m, projs)
+            quant::quant_matmul_many(&mut *self.synced()?, x, m, projs)
         })
     }
 
     fn fit(&self, t: &mut Tensor, len: usize) -> Result<(), ComputeError> {
-        tensor_ops::fit(&mut self.lock(), t, len)
+        self.tensor_op(|st| tensor_ops::fit(st, t, len))
     }
 
     fn upload(&self, src: &[f32], dst: &mut Tensor) -> Result<(), ComputeError> {
-        tensor_ops::upload(&mut self.lock(), src, dst)
+        self.tensor_op(|st| tensor_ops::upload(st, src, dst))
     }
 
     fn download(&self, src: &Tensor, dst: &mut [f32]) -> Result<(), ComputeError> {
-        tensor_ops::download(&mut self.lock(), src, dst)
+        self.tensor_op(|st| tensor_ops::download(st, src, dst))
     }
 
     fn read_at(&self, src: &Tensor, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError> {
-        tensor_ops::read_at(&mut self.lock(), src, offset, dst)
+        self.tensor_op(|st| tensor_ops::read_at(st, src, offset, dst))
     }
 
     fn write_at(&self, src: &[f32], dst: &mut Tensor, offset: usize) -> Result<(), ComputeError> {
-        tensor_ops::write_at(&mut self.lock(), src, dst, offset)
+        self.tensor_op(|st| tensor_ops::write_at(st, src, dst, offset))
     }
 
     fn copy_rows(
@@ -242,7 +289,7 @@ impl ComputeBackend for CudaBackend {
         rows: &[usize],
         dst: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        tensor_ops::copy_rows(&mut self.lock(), src, width, rows, dst)
+        self.tensor_op(|st| tensor_ops::copy_rows(st, src, width, rows, dst))
     }
 
     fn project(
@@ -252,7 +299,7 @@ impl ComputeBackend for CudaBackend {
         m: usize,
         y: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        tensor_ops::project(&mut self.lock(), w, x, m, y)
+        self.tensor_op(|st| tensor_ops::project(st, w, x, m, y))
     }
 
     fn project_many(
@@ -261,19 +308,19 @@ impl ComputeBackend for CudaBackend {
         m: usize,
         projs: &mut [TensorProj<'_>],
     ) -> Result<(), ComputeError> {
-        tensor_ops::project_many(&mut self.lock(), x, m, projs)
+        self.tensor_op(|st| tensor_ops::project_many(st, x, m, projs))
     }
 
     fn add_bias(&self, y: &mut Tensor, bias: &[f32]) -> Result<(), ComputeError> {
-        tensor_ops::add_bias(&mut self.lock(), y, bias)
+        self.tensor_op(|st| tensor_ops::add_bias(st, y, bias))
     }
 
     fn norm(&self, norm: &Norm<'_>, x: &Tensor, out: &mut Tensor) -> Result<(), ComputeError> {
-        tensor_ops::norm(&mut self.lock(), norm, x, out)
+        self.tensor_op(|st| tensor_ops::norm(st, norm, x, out))
     }
 
     fn norm_inplace(&self, norm: &Norm<'_>, x: &mut Tensor) -> Result<(), ComputeError> {
-        tensor_ops::norm_inplace(&mut self.lock(), norm, x)
+        self.tensor_op(|st| tensor_ops::norm_inplace(st, norm, x))
     }
 
     fn rope(
@@ -283,7 +330,7 @@ impl ComputeBackend for CudaBackend {
         positions: &[usize],
         cfg: &RopeConfig,
     ) -> Result<(), ComputeError> {
-        tensor_ops::rope(&mut self.lock(), x, n_heads, positions, cfg)
+        self.tensor_op(|st| tensor_ops::rope(st, x, n_heads, positions, cfg))
     }
 
     fn attend(
@@ -292,7 +339,7 @@ impl ComputeBackend for CudaBackend {
         params: &AttentionParams,
         out: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        tensor_ops::attend(&mut self.lock(), a, params, out)
+        self.tensor_op(|st| tensor_ops::attend(st, a, params, out))
     }
 
     fn gated_activation(
@@ -301,15 +348,15 @@ impl ComputeBackend for CudaBackend {
         gate: &Tensor,
         up: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        tensor_ops::activation(&mut self.lock(), act, Some(gate), up)
+        self.tensor_op(|st| tensor_ops::activation(st, act, Some(gate), up))
     }
 
     fn activation(&self, act: Activation, x: &mut Tensor) -> Result<(), ComputeError> {
-        tensor_ops::activation(&mut self.lock(), act, None, x)
+        self.tensor_op(|st| tensor_ops::activation(st, act, None, x))
     }
 
     fn add_scaled(&self, x: &mut Tensor, y: &Tensor, alpha: f32) -> Result<(), ComputeError> {
-        tensor_ops::add_scaled(&mut self.lock(), x, y, alpha)
+        self.tensor_op(|st| tensor_ops::add_scaled(st, x, y, alpha))
     }
 
     fn embed(
@@ -320,7 +367,7 @@ impl ComputeBackend for CudaBackend {
         scale: f32,
         out: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        tensor_ops::embed(&mut self.lock(), table, width, ids, scale, out)
+        self.tensor_op(|st| tensor_ops::embed(st, table, width, ids, scale, out))
     }
 
     fn scale_softcap(
@@ -329,13 +376,14 @@ impl ComputeBackend for CudaBackend {
         divisor: f32,
         softcap: Option<f32>,
     ) -> Result<(), ComputeError> {
-        tensor_ops::scale_softcap(&mut self.lock(), x, divisor, softcap)
+        self.tensor_op(|st| tensor_ops::scale_softcap(st, x, divisor, softcap))
     }
 
     fn token_decoder<'s>(
         &'s self,
         plan: &DecodePlan<'_>,
     ) -> Result<Option<Box<dyn TokenDecoder + 's>>, ComputeError> {
+        drop(self.synced()?);
         Ok(Some(Box::new(decode::CudaDecoder::new(self, plan)?)))
     }
 }

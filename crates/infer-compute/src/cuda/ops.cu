@@ -4,6 +4,9 @@
 // src/rope.rs: angles pos * inv_freq in double, cos/sin rounded to f32; src/attention.rs: scores
 // scale * q.k, soft-capped, softmax); sums run in another order than the CPU's, and attention
 // uses an online softmax (running maximum), so results differ from the CPU's by rounding only.
+// Every kernel starts with pdl_trigger + pdl_wait (kernels.cu): the step recorder (step.rs)
+// launches them with programmatic dependent launch, so a kernel's launch overlaps the end of the
+// one before, and it reads nothing before that one has finished.
 
 #define OPS_THREADS 256
 #define ATTN_WARPS 4
@@ -13,6 +16,8 @@
 // values; out may be x (each thread reads its values before writing them).
 extern "C" __global__ void t_norm(const float* x, const float* w, const float* b, float* out,
                                   int width, int layer, float eps, float off) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ double sh[32];
     long long r = blockIdx.x;
     const float* xr = x + r * width;
@@ -44,6 +49,8 @@ extern "C" __global__ void t_norm(const float* x, const float* w, const float* b
 // interleaved) by the angles pos * inv_freq[i].
 extern "C" __global__ void t_rope(float* x, const int* pos, const double* inv_freq, int n_heads,
                                   int hd, int rot, int interleaved) {
+    pdl_trigger();
+    pdl_wait();
     long long row = blockIdx.x / n_heads;
     float* h = x + (long long)blockIdx.x * hd;
     int half = rot / 2;
@@ -62,6 +69,8 @@ extern "C" __global__ void t_rope(float* x, const int* pos, const double* inv_fr
 // its sequence's caches. info[3 r .. 3 r + 2] = {k cache, v cache, position} of row r.
 extern "C" __global__ void t_kv_store(const float* k, const float* v, const long long* info,
                                       int kvd) {
+    pdl_trigger();
+    pdl_wait();
     long long r = blockIdx.x;
     float* kc = (float*)info[3 * r];
     float* vc = (float*)info[3 * r + 1];
@@ -151,6 +160,8 @@ __device__ void attn_row(const float* q, const long long* info, float* out, int 
 
 extern "C" __global__ void t_attention(const float* q, const long long* info, float* out, int nq,
                                        int nkv, int hd, float scale, int window, float cap) {
+    pdl_trigger();
+    pdl_wait();
     if (hd <= 64) attn_row<2>(q, info, out, nq, nkv, hd, scale, window, cap);
     else if (hd <= 128) attn_row<4>(q, info, out, nq, nkv, hd, scale, window, cap);
     else if (hd <= 256) attn_row<8>(q, info, out, nq, nkv, hd, scale, window, cap);
@@ -160,6 +171,8 @@ extern "C" __global__ void t_attention(const float* q, const long long* info, fl
 // up[i] = act(gate[i]) * up[i] (gate given) or x[i] = act(x[i]) (gate null); act_fn of
 // decode.cu (0 SiLU, 1 tanh-GELU, 2 erf-GELU).
 extern "C" __global__ void t_act(const float* gate, float* up, long long n, int act) {
+    pdl_trigger();
+    pdl_wait();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     up[i] = gate ? act_fn(gate[i], act) * up[i] : act_fn(up[i], act);
@@ -167,6 +180,8 @@ extern "C" __global__ void t_act(const float* gate, float* up, long long n, int 
 
 // x[i] += alpha * y[i].
 extern "C" __global__ void t_add_scaled(float* x, const float* y, long long n, float alpha) {
+    pdl_trigger();
+    pdl_wait();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     x[i] = alpha == 1.0f ? x[i] + y[i] : x[i] + y[i] * alpha;
@@ -174,6 +189,8 @@ extern "C" __global__ void t_add_scaled(float* x, const float* y, long long n, f
 
 // y[i] += b[i % width].
 extern "C" __global__ void t_add_bias(float* y, const float* b, long long n, int width) {
+    pdl_trigger();
+    pdl_wait();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     y[i] += b[i % width];
@@ -181,6 +198,8 @@ extern "C" __global__ void t_add_bias(float* y, const float* b, long long n, int
 
 // x[i] = cap * tanh((x[i] / div) / cap) (no cap when cap <= 0).
 extern "C" __global__ void t_scale_softcap(float* x, long long n, float div, float cap) {
+    pdl_trigger();
+    pdl_wait();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = x[i];
@@ -191,6 +210,8 @@ extern "C" __global__ void t_scale_softcap(float* x, long long n, float div, flo
 
 // Row blockIdx.x of dst = row rows[blockIdx.x] of src (width values each).
 extern "C" __global__ void t_copy_rows(const float* src, float* dst, const int* rows, int width) {
+    pdl_trigger();
+    pdl_wait();
     const float* s = src + (long long)rows[blockIdx.x] * width;
     float* d = dst + (long long)blockIdx.x * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
@@ -200,6 +221,8 @@ extern "C" __global__ void t_copy_rows(const float* src, float* dst, const int* 
 // table E.
 extern "C" __global__ void t_embed(const void* E, const int* ids, float* out, int width,
                                    float scale, int f16) {
+    pdl_trigger();
+    pdl_wait();
     long long id = ids[blockIdx.x];
     float* o = out + (long long)blockIdx.x * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {

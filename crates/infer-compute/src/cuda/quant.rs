@@ -10,7 +10,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use infer_quant::QuantFormat;
 
 use super::cache::Scratch;
-use super::device::{drv, int, Device, MT, ROWS_PER_BLOCK};
+use super::device::{drv, int, Device, MT, ROWS_PER_BLOCK, STAGE};
 use super::State;
 use crate::backend::empty_product;
 use crate::{ComputeError, MatData, Matrix, Proj};
@@ -68,6 +68,38 @@ pub(super) fn mv_grid(rows: usize, m: usize) -> LaunchConfig {
         block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// `dec_mv_multi`'s format code.
+pub(super) fn format_code(f: QuantFormat) -> Result<i64, ComputeError> {
+    Ok(match f {
+        QuantFormat::Q4_0 => 0,
+        QuantFormat::Q5_0 => 1,
+        QuantFormat::Q8_0 => 2,
+        QuantFormat::Q4_K => 4,
+        QuantFormat::Q6_K => 5,
+        _ => {
+            return Err(ComputeError::UnsupportedFormat {
+                backend: "cuda".to_string(),
+                format: f,
+            })
+        }
+    })
+}
+
+/// Matrices with at least this many rows have more one-row warps than the H200 holds at once
+/// (132 SMs × 64 warps = 8448): there a warp takes several rows.
+const TALL_ROWS: usize = 16384;
+
+/// Rows per warp of `dec_mv_multi` for a `rows × cols` matrix of `format`: 1, or for tall
+/// matrices as many whole rows as one staged chunk holds (at most 4), so each warp keeps more
+/// weight bytes in flight (measured: the lm_head's one-row warps reached ~1 TB/s).
+pub(super) fn rows_per_warp(format: QuantFormat, rows: usize, cols: usize) -> usize {
+    let row_bytes = cols / format.block_elems() * format.block_bytes();
+    if rows < TALL_ROWS || row_bytes == 0 {
+        return 1;
+    }
+    (STAGE / row_bytes).clamp(1, 4)
 }
 
 /// One warp per block of `nblocks` activation blocks.

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use infer_quant::QuantFormat;
 
-use super::cache::{as_bytes, Grow};
-use super::device::{dev_err, drv, int, launch_args, Device, GT};
-use super::quant::{is_kq, kernel, mv_grid, warp_grid};
+use super::cache::as_bytes;
+use super::device::{dev_err, drv, int, GT, ROWS_PER_BLOCK};
+use super::quant::{format_code, is_kq, kernel, mv_grid, rows_per_warp, warp_grid};
+use super::step::Recorder;
 use super::State;
 use crate::host_ops::check;
 use crate::ops::Activation;
@@ -33,7 +34,7 @@ const MAX_HEAD_DIM: usize = 512;
 const ROWDOT_MAX_M: usize = 8;
 
 /// A tensor's device memory.
-pub(super) struct DevBuf(CudaSlice<f32>);
+pub(super) struct DevBuf(Arc<CudaSlice<f32>>);
 
 impl std::fmt::Debug for DevBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,45 +54,48 @@ impl DeviceBuffer for DevBuf {
     }
 }
 
-/// Small per-call device arrays of the tensor operations, and RoPE's inverse frequencies per
-/// configuration.
-#[derive(Debug)]
+/// RoPE's inverse frequencies per configuration, on the device.
+#[derive(Debug, Default)]
 pub(super) struct OpScratch {
-    ints: Grow<i32>,
-    info: Grow<i64>,
     inv_freq: Vec<(RopeConfig, CudaSlice<f64>)>,
-}
-
-impl OpScratch {
-    pub(super) fn new(stream: &Arc<CudaStream>) -> Result<Self, ComputeError> {
-        Ok(OpScratch {
-            ints: Grow::new(stream)?,
-            info: Grow::new(stream)?,
-            inv_freq: Vec::new(),
-        })
-    }
 }
 
 fn ptr<T>(s: &CudaSlice<T>, st: &Arc<CudaStream>) -> u64 {
     s.device_ptr(st).0
 }
 
-/// The device pointer of tensor `t`. Errors: a host tensor or another backend's.
-fn tp(st: &Arc<CudaStream>, t: &Tensor, op: &str) -> Result<u64, ComputeError> {
+/// The device pointer of tensor `t` for a recorded launch (the tensor is kept alive until the
+/// launch is enqueued). Errors: a host tensor or another backend's.
+fn tp(st: &mut State, t: &Tensor, op: &str) -> Result<u64, ComputeError> {
     match t.device().and_then(|d| d.as_any().downcast_ref::<DevBuf>()) {
-        Some(b) => Ok(ptr(&b.0, st)),
+        Some(b) => {
+            st.rec.keep(&b.0);
+            Ok(ptr(&b.0, &st.dev.stream))
+        }
         None => Err(dev_err(format!(
             "{op}: the tensor is not in this CUDA device's memory (make it with the backend's fit/upload)"
         ))),
     }
 }
 
-fn dev_buf_mut<'t>(t: &'t mut Tensor, op: &str) -> Result<&'t mut CudaSlice<f32>, ComputeError> {
+/// The device memory of `t` to write from the host: pending launches are enqueued first
+/// (they may read or write it, and they hold references to it).
+fn dev_buf_mut<'t>(
+    st: &mut State,
+    t: &'t mut Tensor,
+    op: &str,
+) -> Result<&'t mut CudaSlice<f32>, ComputeError> {
+    st.rec.flush(&st.dev.stream)?;
     match t
         .device_mut()
         .and_then(|d| d.as_any_mut().downcast_mut::<DevBuf>())
     {
-        Some(b) => Ok(&mut b.0),
+        Some(b) => match Arc::get_mut(&mut b.0) {
+            Some(s) => Ok(s),
+            None => Err(dev_err(format!(
+                "{op}: the tensor's memory is shared (a recorded launch still holds it)"
+            ))),
+        },
         None => Err(dev_err(format!(
             "{op}: the tensor is not in this CUDA device's memory"
         ))),
@@ -125,19 +129,43 @@ fn per_row(rows: usize, threads: u32) -> LaunchConfig {
     }
 }
 
+/// Record a launch of `func` (launched with the step, see `step.rs`) with programmatic
+/// dependent launch: every kernel the tensor operations use `pdl_wait`s before it reads
+/// (ops.cu, and kernels.cu's quantize and mat-vec kernels), except the tiled f32/f16 GEMMs
+/// ([`go_plain`]). Every caller passes the argument list of the kernel it launches, with device
+/// pointers of tensors (kept alive by [`tp`]), staged arrays and cached weights sized for what
+/// the kernel reads and writes (the shapes are checked before).
 fn go(
-    dev: &Device,
+    rec: &mut Recorder,
     func: &cudarc::driver::CudaFunction,
     cfg: LaunchConfig,
     args: &mut [u64],
 ) -> Result<(), ComputeError> {
+    push(rec, func, cfg, args, true)
+}
+
+/// [`go`] without programmatic dependent launch (for kernels that do not `pdl_wait`).
+fn go_plain(
+    rec: &mut Recorder,
+    func: &cudarc::driver::CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [u64],
+) -> Result<(), ComputeError> {
+    push(rec, func, cfg, args, false)
+}
+
+fn push(
+    rec: &mut Recorder,
+    func: &cudarc::driver::CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [u64],
+    pdl: bool,
+) -> Result<(), ComputeError> {
     if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 {
         return Ok(());
     }
-    // SAFETY: every caller passes the argument list of the kernel it launches, with device
-    // pointers of tensors and cached weights sized for what the kernel reads and writes (the
-    // shapes are checked before the launch).
-    unsafe { launch_args(&dev.stream, func, cfg, args) }
+    rec.push(func, cfg, args, pdl);
+    Ok(())
 }
 
 /// A device pointer to the cached copy of `v` (a weight, norm weight or bias).
@@ -146,16 +174,9 @@ fn cached(st: &mut State, bytes: &[u8]) -> Result<u64, ComputeError> {
     Ok(ptr(cache.get(&dev.stream, bytes)?, &dev.stream))
 }
 
-/// Copy `v` into the device int buffer; its pointer.
+/// Stage `v` in the step's arena; its device pointer when the step runs.
 fn upload_ints(st: &mut State, v: &[i32]) -> Result<u64, ComputeError> {
-    let State { dev, ops, .. } = st;
-    ops.ints.at_least(&dev.stream, v.len().max(1))?;
-    let mut view = ops.ints.get_mut().slice_mut(0..v.len());
-    drv(
-        "copy indices to the device",
-        dev.stream.memcpy_htod(v, &mut view),
-    )?;
-    Ok(ptr(ops.ints.get(), &dev.stream))
+    st.rec.stage(&st.dev.stream, as_bytes(v))
 }
 
 fn to_i32(what: &str, v: usize) -> Result<i32, ComputeError> {
@@ -173,13 +194,13 @@ pub(super) fn fit(st: &mut State, t: &mut Tensor, len: usize) -> Result<(), Comp
         "allocate a tensor",
         st.dev.stream.alloc_zeros::<f32>(len.max(1)),
     )?;
-    *t = Tensor::device_from(Box::new(DevBuf(buf)), len);
+    *t = Tensor::device_from(Box::new(DevBuf(Arc::new(buf))), len);
     Ok(())
 }
 
 pub(super) fn upload(st: &mut State, src: &[f32], dst: &mut Tensor) -> Result<(), ComputeError> {
     fit(st, dst, src.len())?;
-    let buf = dev_buf_mut(dst, "upload")?;
+    let buf = dev_buf_mut(st, dst, "upload")?;
     let mut view = buf.slice_mut(0..src.len());
     drv(
         "copy to the device",
@@ -189,6 +210,7 @@ pub(super) fn upload(st: &mut State, src: &[f32], dst: &mut Tensor) -> Result<()
 
 pub(super) fn download(st: &mut State, src: &Tensor, dst: &mut [f32]) -> Result<(), ComputeError> {
     check("download destination", dst.len(), src.len(), "values")?;
+    st.rec.flush(&st.dev.stream)?;
     let Some(b) = src
         .device()
         .and_then(|d| d.as_any().downcast_ref::<DevBuf>())
@@ -209,6 +231,7 @@ pub(super) fn read_at(
     dst: &mut [f32],
 ) -> Result<(), ComputeError> {
     let r = crate::host_ops::range("read_at", src.len(), offset, dst.len())?;
+    st.rec.flush(&st.dev.stream)?;
     let Some(b) = src
         .device()
         .and_then(|d| d.as_any().downcast_ref::<DevBuf>())
@@ -229,7 +252,7 @@ pub(super) fn write_at(
     offset: usize,
 ) -> Result<(), ComputeError> {
     let r = crate::host_ops::range("write_at", dst.len(), offset, src.len())?;
-    let buf = dev_buf_mut(dst, "write_at")?;
+    let buf = dev_buf_mut(st, dst, "write_at")?;
     let mut view = buf.slice_mut(r);
     drv(
         "copy to the device",
@@ -248,15 +271,14 @@ pub(super) fn copy_rows(
     fit(st, dst, rows.len() * width)?;
     let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
     let ip = upload_ints(st, &idx)?;
-    let s = &st.dev.stream;
     let mut a = [
-        tp(s, src, "copy_rows")?,
-        tp(s, dst, "copy_rows")?,
+        tp(st, src, "copy_rows")?,
+        tp(st, dst, "copy_rows")?,
         ip,
         i(to_i32("width", width)?),
     ];
     go(
-        &st.dev,
+        &mut st.rec,
         &st.dev.k.t_copy_rows,
         per_row(rows.len(), OPS_THREADS),
         &mut a,
@@ -290,7 +312,11 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
                 (if f16 { &k.gemm_nt_f16 } else { &k.gemm_nt_f32 }, cfg)
             };
             let mut a = [x, wp, y, i(m_i), i(rows_i), i(cols_i)];
-            go(&st.dev, func, cfg, &mut a)
+            if m <= ROWDOT_MAX_M {
+                go(&mut st.rec, func, cfg, &mut a)
+            } else {
+                go_plain(&mut st.rec, func, cfg, &mut a)
+            }
         }
         MatData::Blocks { format, bytes } => {
             super::quant::check(&st.dev, format, bytes, rows, cols)?;
@@ -313,7 +339,7 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
                 i(cols_i),
                 i(m_i),
             ];
-            go(&st.dev, &st.dev.k.mv_q8s, mv_grid(rows, m), &mut a)
+            go(&mut st.rec, &st.dev.k.mv_q8s, mv_grid(rows, m), &mut a)
         }
     }
 }
@@ -327,17 +353,23 @@ fn quantize(
     m: usize,
     cols: usize,
 ) -> Result<(), ComputeError> {
-    let State { dev, s, .. } = st;
+    let State { dev, s, rec, .. } = st;
     let stream = &dev.stream;
     let n = m * cols;
     let kq = is_kq(format);
     let nblocks = n / if kq { 256 } else { 32 };
     let nb = int("activation blocks", nblocks)?;
     let a = if kq { &mut s.kq } else { &mut s.b32 };
-    a.aq.at_least(stream, n)?;
-    a.ad.at_least(stream, nblocks)?;
+    // A buffer replaced while launches are pending stays alive until they are enqueued.
+    let mut keep = |old: Option<Box<dyn Any + Send>>| {
+        if let Some(old) = old {
+            rec.keep_any(old);
+        }
+    };
+    keep(a.aq.at_least_keep(stream, n)?);
+    keep(a.ad.at_least_keep(stream, nblocks)?);
     if kq {
-        a.bsums.at_least(stream, nblocks * 16)?;
+        keep(a.bsums.at_least_keep(stream, nblocks * 16)?);
         let mut args = [
             x,
             ptr(a.aq.get(), stream),
@@ -345,7 +377,7 @@ fn quantize(
             ptr(a.bsums.get(), stream),
             i(nb),
         ];
-        go(dev, &dev.k.quantize_q8_k, warp_grid(nblocks), &mut args)
+        go(rec, &dev.k.quantize_q8_k, warp_grid(nblocks), &mut args)
     } else {
         let mut args = [
             x,
@@ -354,14 +386,14 @@ fn quantize(
             i(nb),
             i(format.is_some() as i32),
         ];
-        go(dev, &dev.k.quantize_q8_32, warp_grid(nblocks), &mut args)
+        go(rec, &dev.k.quantize_q8_32, warp_grid(nblocks), &mut args)
     }
 }
 
 /// The mat-vec kernel of `format` on cached weights `wp` and the activations quantized last for
 /// its family, into `y` (`[m, rows]`).
 fn mv(
-    st: &State,
+    st: &mut State,
     format: QuantFormat,
     wp: u64,
     y: u64,
@@ -383,7 +415,7 @@ fn mv(
         args.push(ptr(a.bsums.get(), stream));
     }
     args.extend([y, i(rows_i), i(cols_i), i(m_i)]);
-    go(&st.dev, func, mv_grid(rows, m), &mut args)
+    go(&mut st.rec, func, mv_grid(rows, m), &mut args)
 }
 
 /// Shapes of a product: the storage matches the matrix, `x` holds `m × cols`.
@@ -399,7 +431,7 @@ fn check_product(w: &Matrix<'_>, x: &Tensor, m: usize) -> Result<(), ComputeErro
 
 /// Zero `y` (a product with no input columns).
 fn zero(st: &mut State, y: &mut Tensor) -> Result<(), ComputeError> {
-    let buf = dev_buf_mut(y, "product")?;
+    let buf = dev_buf_mut(st, y, "product")?;
     drv("clear a tensor", st.dev.stream.memset_zeros(buf))
 }
 
@@ -411,6 +443,11 @@ pub(super) fn project(
     y: &mut Tensor,
 ) -> Result<(), ComputeError> {
     check_product(w, x, m)?;
+    if m == 1 && w.rows > 0 && w.cols > 0 && matches!(w.data, MatData::Blocks { .. }) {
+        // The one-launch mat-vec path of `project_many` (tall matrices, the lm_head, with
+        // several rows per warp).
+        return project_many(st, x, m, &mut [TensorProj { w: *w, y }]);
+    }
     fit(st, y, m * w.rows)?;
     if m == 0 || w.rows == 0 {
         return Ok(());
@@ -418,8 +455,7 @@ pub(super) fn project(
     if w.cols == 0 {
         return zero(st, y);
     }
-    let s = &st.dev.stream;
-    let (xp, yp) = (tp(s, x, "project")?, tp(s, y, "project")?);
+    let (xp, yp) = (tp(st, x, "project")?, tp(st, y, "project")?);
     product(st, w, xp, m, yp)
 }
 
@@ -443,14 +479,14 @@ pub(super) fn project_many(
         return Ok(());
     }
     // Quantize the activations once per family, then one mat-vec per matrix.
-    let xp = tp(&st.dev.stream, x, "project_many")?;
+    let xp = tp(st, x, "project_many")?;
     let cols = projs[0].w.cols;
     let mut ptrs = Vec::with_capacity(projs.len());
     for p in projs.iter_mut() {
         let (format, bytes) = p.w.blocks_data()?;
         super::quant::check(&st.dev, format, bytes, p.w.rows, cols)?;
         fit(st, p.y, m * p.w.rows)?;
-        ptrs.push((cached(st, bytes)?, tp(&st.dev.stream, p.y, "project_many")?));
+        ptrs.push((cached(st, bytes)?, tp(st, p.y, "project_many")?));
     }
     for family in [true, false] {
         if let Some(p) = projs.iter().find(
@@ -459,6 +495,11 @@ pub(super) fn project_many(
             let (format, _) = p.w.blocks_data()?;
             quantize(st, xp, Some(format), m, cols)?;
         }
+    }
+    if m == 1 {
+        // One activation row (decode of one sequence): every matrix in one `dec_mv_multi`
+        // launch over a job table staged with the step.
+        return mv_multi(st, projs, &ptrs, cols);
     }
     for (p, (wp, yp)) in projs.iter().zip(ptrs) {
         if p.w.rows > 0 {
@@ -469,16 +510,61 @@ pub(super) fn project_many(
     Ok(())
 }
 
+/// The mat-vecs of one activation row (already quantized for every family the weights need)
+/// by the quantized matrices `projs` (device weights and outputs `ptrs`), in one `dec_mv_multi`
+/// launch: job `[W, y, rows, format, first block, rows per warp]` per matrix.
+fn mv_multi(
+    st: &mut State,
+    projs: &[TensorProj<'_>],
+    ptrs: &[(u64, u64)],
+    cols: usize,
+) -> Result<(), ComputeError> {
+    let mut jobs: smallvec::SmallVec<[i64; 24]> = smallvec::SmallVec::new();
+    let mut blocks = 0usize;
+    for (p, &(wp, yp)) in projs.iter().zip(ptrs) {
+        let (format, _) = p.w.blocks_data()?;
+        let rpw = rows_per_warp(format, p.w.rows, cols);
+        jobs.extend([
+            wp as i64,
+            yp as i64,
+            p.w.rows as i64,
+            format_code(format)?,
+            blocks as i64,
+            rpw as i64,
+        ]);
+        blocks += p.w.rows.div_ceil(ROWS_PER_BLOCK * rpw);
+    }
+    let jp = st.rec.stage(&st.dev.stream, as_bytes(&jobs))?;
+    let stream = &st.dev.stream;
+    let (kq, b32) = (&st.s.kq, &st.s.b32);
+    let mut a = [
+        jp,
+        i(to_i32("mat-vec jobs", projs.len())?),
+        ptr(b32.aq.get(), stream),
+        ptr(b32.ad.get(), stream),
+        ptr(kq.aq.get(), stream),
+        ptr(kq.ad.get(), stream),
+        ptr(kq.bsums.get(), stream),
+        i(to_i32("cols", cols)?),
+    ];
+    let cfg = LaunchConfig {
+        grid_dim: (int("mat-vec blocks", blocks)? as u32, 1, 1),
+        block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    go(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a)
+}
+
 pub(super) fn add_bias(st: &mut State, y: &mut Tensor, bias: &[f32]) -> Result<(), ComputeError> {
     crate::host_ops::check_bias(y.len(), bias)?;
     let bp = cached(st, as_bytes(bias))?;
     let mut a = [
-        tp(&st.dev.stream, y, "add_bias")?,
+        tp(st, y, "add_bias")?,
         bp,
         y.len() as u64,
         i(to_i32("bias width", bias.len())?),
     ];
-    go(&st.dev, &st.dev.k.t_add_bias, flat(y.len()), &mut a)
+    go(&mut st.rec, &st.dev.k.t_add_bias, flat(y.len()), &mut a)
 }
 
 fn norm_launch(
@@ -513,7 +599,7 @@ fn norm_launch(
         f(off),
     ];
     go(
-        &st.dev,
+        &mut st.rec,
         &st.dev.k.t_norm,
         per_row(len / d, OPS_THREADS),
         &mut a,
@@ -527,8 +613,7 @@ pub(super) fn norm(
     out: &mut Tensor,
 ) -> Result<(), ComputeError> {
     fit(st, out, x.len())?;
-    let s = &st.dev.stream;
-    let (xp, op) = (tp(s, x, "norm")?, tp(s, out, "norm")?);
+    let (xp, op) = (tp(st, x, "norm")?, tp(st, out, "norm")?);
     norm_launch(st, n, xp, op, x.len())
 }
 
@@ -537,7 +622,7 @@ pub(super) fn norm_inplace(
     n: &Norm<'_>,
     x: &mut Tensor,
 ) -> Result<(), ComputeError> {
-    let xp = tp(&st.dev.stream, x, "norm")?;
+    let xp = tp(st, x, "norm")?;
     norm_launch(st, n, xp, xp, x.len())
 }
 
@@ -557,7 +642,7 @@ pub(super) fn rope(
     if x.is_empty() || cfg.rotary_dim == 0 {
         return Ok(());
     }
-    let xp = tp(&st.dev.stream, x, "rope")?;
+    let xp = tp(st, x, "rope")?;
     let pos: Vec<i32> = positions
         .iter()
         .map(|&p| to_i32("position", p))
@@ -586,7 +671,7 @@ pub(super) fn rope(
         i(cfg.interleaved as i32),
     ];
     go(
-        &st.dev,
+        &mut st.rec,
         &st.dev.k.t_rope,
         per_row(positions.len() * n_heads, 64),
         &mut a,
@@ -609,14 +694,10 @@ pub(super) fn attend(
     let kvd = p.n_kv_heads * p.head_dim;
     let rows: usize = at.seqs.iter().map(|s| s.rows).sum();
     fit(st, out, at.q.len())?;
-    let stream = st.dev.stream.clone();
     let mut info = Vec::with_capacity(rows * 3);
     for s in at.seqs.iter() {
         let end = s.start + s.rows;
-        let (kc, vc) = (
-            tp(&stream, s.k_cache, "attend")?,
-            tp(&stream, s.v_cache, "attend")?,
-        );
+        let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
         for pos in s.start..end {
             info.extend([kc as i64, vc as i64, pos as i64]);
         }
@@ -624,26 +705,18 @@ pub(super) fn attend(
     if rows == 0 {
         return Ok(());
     }
-    let ip = {
-        let State { dev, ops, .. } = st;
-        ops.info.at_least(&dev.stream, info.len())?;
-        let mut view = ops.info.get_mut().slice_mut(0..info.len());
-        drv(
-            "copy the attention step's rows",
-            dev.stream.memcpy_htod(&info, &mut view),
-        )?;
-        ptr(ops.info.get(), &dev.stream)
-    };
+    // Per row: its sequence's K and V cache and its position (staged: they change per step).
+    let ip = st.rec.stage(&st.dev.stream, as_bytes(&info))?;
     let (qp, kp, vp, op) = (
-        tp(&stream, at.q, "attend")?,
-        tp(&stream, at.k, "attend")?,
-        tp(&stream, at.v, "attend")?,
-        tp(&stream, out, "attend")?,
+        tp(st, at.q, "attend")?,
+        tp(st, at.k, "attend")?,
+        tp(st, at.v, "attend")?,
+        tp(st, out, "attend")?,
     );
     let kvd_i = to_i32("kv_dim", kvd)?;
     let mut a = [kp, vp, ip, i(kvd_i)];
     go(
-        &st.dev,
+        &mut st.rec,
         &st.dev.k.t_kv_store,
         per_row(rows, OPS_THREADS),
         &mut a,
@@ -669,7 +742,7 @@ pub(super) fn attend(
         i(window),
         f(p.softcap.unwrap_or(0.0)),
     ];
-    go(&st.dev, &st.dev.k.t_attention, cfg, &mut a)
+    go(&mut st.rec, &st.dev.k.t_attention, cfg, &mut a)
 }
 
 fn act_code(a: Activation) -> i32 {
@@ -686,21 +759,20 @@ pub(super) fn activation(
     gate: Option<&Tensor>,
     up: &mut Tensor,
 ) -> Result<(), ComputeError> {
-    let s = &st.dev.stream;
     let gp = match gate {
         Some(g) => {
             check("gated activation up", up.len(), g.len(), "values")?;
-            tp(s, g, "gated_activation")?
+            tp(st, g, "gated_activation")?
         }
         None => 0,
     };
     let mut a = [
         gp,
-        tp(s, up, "activation")?,
+        tp(st, up, "activation")?,
         up.len() as u64,
         i(act_code(act)),
     ];
-    go(&st.dev, &st.dev.k.t_act, flat(up.len()), &mut a)
+    go(&mut st.rec, &st.dev.k.t_act, flat(up.len()), &mut a)
 }
 
 pub(super) fn add_scaled(
@@ -710,14 +782,13 @@ pub(super) fn add_scaled(
     alpha: f32,
 ) -> Result<(), ComputeError> {
     check("residual branch", y.len(), x.len(), "values")?;
-    let s = &st.dev.stream;
     let mut a = [
-        tp(s, x, "add_scaled")?,
-        tp(s, y, "add_scaled")?,
+        tp(st, x, "add_scaled")?,
+        tp(st, y, "add_scaled")?,
         x.len() as u64,
         f(alpha),
     ];
-    go(&st.dev, &st.dev.k.t_add_scaled, flat(x.len()), &mut a)
+    go(&mut st.rec, &st.dev.k.t_add_scaled, flat(x.len()), &mut a)
 }
 
 pub(super) fn scale_softcap(
@@ -727,12 +798,17 @@ pub(super) fn scale_softcap(
     softcap: Option<f32>,
 ) -> Result<(), ComputeError> {
     let mut a = [
-        tp(&st.dev.stream, x, "scale_softcap")?,
+        tp(st, x, "scale_softcap")?,
         x.len() as u64,
         f(divisor),
         f(softcap.unwrap_or(0.0)),
     ];
-    go(&st.dev, &st.dev.k.t_scale_softcap, flat(x.len()), &mut a)
+    go(
+        &mut st.rec,
+        &st.dev.k.t_scale_softcap,
+        flat(x.len()),
+        &mut a,
+    )
 }
 
 pub(super) fn embed(
@@ -781,13 +857,13 @@ pub(super) fn embed(
     let mut a = [
         tpp,
         ip,
-        tp(&st.dev.stream, out, "embed")?,
+        tp(st, out, "embed")?,
         i(to_i32("width", width)?),
         f(scale),
         i(f16),
     ];
     go(
-        &st.dev,
+        &mut st.rec,
         &st.dev.k.t_embed,
         per_row(ids.len(), OPS_THREADS),
         &mut a,

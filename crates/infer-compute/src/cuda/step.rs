@@ -1,0 +1,277 @@
+//! The step recorder: the forward pass's tensor operations are not launched one by one but
+//! recorded as a list of kernel launches, and launched together when the host next needs a
+//! result (a download, a host-slice product, an upload into a tensor). A list equal to the
+//! one launched before — a decode step of the same batch shape: the same kernels, grids and
+//! pointers — is captured into a CUDA graph, and from then on that list is one graph launch.
+//!
+//! A step that downloads midway (the walk FFN and MoE run on the host) is several lists, each
+//! captured on its own once seen twice.
+//!
+//! What changes from step to step (token ids, positions, the attention rows' cache pointers)
+//! is not in the kernels' arguments: every such array is staged in the step's *arena*, a host
+//! buffer copied to a fixed device buffer in one copy right before the launch, and the kernels
+//! get pointers into that device buffer. So the recorded list of a decode step is the same at
+//! every position, and the graph replayed for it reads that step's values. This is what lets
+//! the one forward pass (`infer-inference`'s `forward_batch`) run a decode step as one graph,
+//! as the separate device decoder (`decode/`) does.
+//!
+//! Buffers a recorded launch uses stay alive until it was launched: tensors are reference
+//! counted and every pointer taken for a launch keeps a reference ([`Recorder::keep`]), and a
+//! scratch buffer replaced while launches are pending is kept the same way (device memory is
+//! freed in stream order, so once the launches are enqueued dropping is safe).
+
+use std::any::Any;
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
+
+use super::device::{capture_graph, drv, launch_raw};
+use crate::ComputeError;
+
+/// Captured graphs kept (one per list seen twice: a batch shape, or one segment of a step that
+/// downloads midway; least recently used out).
+const MAX_GRAPHS: usize = 16;
+/// Lists launched kernel by kernel remembered as candidates for capture.
+const MAX_CANDIDATES: usize = 16;
+/// Alignment of each array staged in the arena (bytes).
+const ARENA_ALIGN: usize = 16;
+/// The arena's first device capacity (bytes); it doubles when a step needs more.
+const ARENA_START: usize = 64 << 10;
+
+/// One recorded kernel launch; its arguments are `args[arg0..arg0 + nargs]` of the list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cmd {
+    /// The kernel's `CUfunction` handle (valid while the backend's module is loaded).
+    func: usize,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
+    arg0: u32,
+    nargs: u32,
+    /// Launched with programmatic dependent launch (the kernel `pdl_wait`s before it reads).
+    pdl: bool,
+}
+
+/// A list of launches: the commands and their argument slots.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct List {
+    cmds: Vec<Cmd>,
+    args: Vec<u64>,
+}
+
+impl List {
+    fn clear(&mut self) {
+        self.cmds.clear();
+        self.args.clear();
+    }
+}
+
+/// A captured graph and the list it was captured from.
+struct Captured {
+    list: List,
+    graph: CudaGraph,
+}
+
+/// Pending launches, the step's arena and the captured graphs of one backend stream.
+pub(super) struct Recorder {
+    pending: List,
+    /// Lists launched kernel by kernel lately (captured when launched again), newest first.
+    candidates: Vec<List>,
+    graphs: Vec<Captured>,
+    /// References that keep what pending launches use alive.
+    keep: Vec<Arc<CudaSlice<f32>>>,
+    keep_any: Vec<Box<dyn Any + Send>>,
+    arena: Vec<u8>,
+    arena_used: usize,
+    arena_dev: CudaSlice<u8>,
+    /// Launches and graph replays so far (for tests and `--explain`).
+    pub stats: StepStats,
+}
+
+/// Counts of how recorded lists were launched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepStats {
+    /// Lists launched kernel by kernel.
+    pub eager: u64,
+    /// Lists captured into a new graph.
+    pub captured: u64,
+    /// Lists launched as a replay of a captured graph.
+    pub replayed: u64,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("pending", &self.pending.cmds.len())
+            .field("graphs", &self.graphs.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+// SAFETY: the raw graph handles inside `CudaGraph` are only used under the backend's mutex
+// (the recorder lives in its `State`); the CUDA driver API is thread-safe for such use.
+unsafe impl Send for Recorder {}
+
+impl Recorder {
+    /// An empty recorder with a [`ARENA_START`]-byte device arena. Errors: allocation.
+    pub(super) fn new(stream: &Arc<CudaStream>) -> Result<Self, ComputeError> {
+        Ok(Recorder {
+            pending: List::default(),
+            candidates: Vec::new(),
+            graphs: Vec::new(),
+            keep: Vec::new(),
+            keep_any: Vec::new(),
+            arena: Vec::new(),
+            arena_used: 0,
+            arena_dev: drv(
+                "allocate the step arena",
+                stream.alloc_zeros::<u8>(ARENA_START),
+            )?,
+            stats: StepStats::default(),
+        })
+    }
+
+    /// Record a launch of `func` with `args` (one 8-byte slot per parameter), with
+    /// programmatic dependent launch when `pdl` (only for kernels that `pdl_wait` before they
+    /// touch memory an earlier kernel writes or reads).
+    pub(super) fn push(
+        &mut self,
+        func: &cudarc::driver::CudaFunction,
+        cfg: LaunchConfig,
+        args: &[u64],
+        pdl: bool,
+    ) {
+        let p = &mut self.pending;
+        p.cmds.push(Cmd {
+            func: func.cu_function() as usize,
+            grid: cfg.grid_dim,
+            block: cfg.block_dim,
+            smem: cfg.shared_mem_bytes,
+            arg0: p.args.len() as u32,
+            nargs: args.len() as u32,
+            pdl,
+        });
+        p.args.extend_from_slice(args);
+    }
+
+    /// Keep `buf` alive until the pending launches are enqueued.
+    pub(super) fn keep(&mut self, buf: &Arc<CudaSlice<f32>>) {
+        self.keep.push(buf.clone());
+    }
+
+    /// Keep any device buffer alive until the pending launches are enqueued (a replaced
+    /// scratch buffer).
+    pub(super) fn keep_any(&mut self, buf: Box<dyn Any + Send>) {
+        self.keep_any.push(buf);
+    }
+
+    /// Drop the pending launches unlaunched (after an operation failed mid-step).
+    pub(super) fn discard(&mut self) {
+        self.pending.clear();
+        self.arena_used = 0;
+        self.keep.clear();
+        self.keep_any.clear();
+    }
+
+    /// Stage `bytes` in the arena; the device address they will have when the pending
+    /// launches run. When the arena is full, the pending launches are launched first and the
+    /// arena grows. Errors: device failures.
+    pub(super) fn stage(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        bytes: &[u8],
+    ) -> Result<u64, ComputeError> {
+        let need = bytes.len().div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+        if self.arena_used + need > self.arena_dev.len() {
+            self.flush(stream)?;
+            let cap = (self.arena_dev.len() * 2).max(need.next_power_of_two());
+            let old = std::mem::replace(
+                &mut self.arena_dev,
+                drv("grow the step arena", stream.alloc_zeros::<u8>(cap))?,
+            );
+            // An array the current operation staged before this one is in the old arena
+            // (copied there by the flush): keep it until the next flush.
+            self.keep_any.push(Box::new(old));
+        }
+        let at = self.arena_used;
+        if self.arena.len() < at + need {
+            self.arena.resize(at + need, 0);
+        }
+        self.arena[at..at + bytes.len()].copy_from_slice(bytes);
+        self.arena_used += need;
+        Ok(self.arena_dev.device_ptr(stream).0 + at as u64)
+    }
+
+    /// Launch everything pending: copy the arena to the device, then replay the captured
+    /// graph of an equal list, capture one when the list was launched recently, or
+    /// launch kernel by kernel. Errors: device failures (the pending list is dropped).
+    pub(super) fn flush(&mut self, stream: &Arc<CudaStream>) -> Result<(), ComputeError> {
+        let r = self.launch_pending(stream);
+        self.arena_used = 0;
+        self.keep.clear();
+        self.keep_any.clear();
+        self.pending.clear();
+        r
+    }
+
+    fn launch_pending(&mut self, stream: &Arc<CudaStream>) -> Result<(), ComputeError> {
+        if self.pending.cmds.is_empty() {
+            return Ok(());
+        }
+        if self.arena_used > 0 {
+            let mut view = self.arena_dev.slice_mut(0..self.arena_used);
+            drv(
+                "copy the step's indices to the device",
+                stream.memcpy_htod(&self.arena[..self.arena_used], &mut view),
+            )?;
+        }
+        if let Some(k) = self.graphs.iter().position(|g| g.list == self.pending) {
+            let g = self.graphs.remove(k);
+            let r = drv("replay a step graph", g.graph.launch());
+            self.graphs.insert(0, g);
+            self.stats.replayed += 1;
+            return r;
+        }
+        if let Some(k) = self.candidates.iter().position(|c| *c == self.pending) {
+            self.candidates.remove(k);
+            let graph = capture_graph(stream, || launch_all(stream, &self.pending))?;
+            drv("replay a step graph", graph.launch())?;
+            self.graphs.insert(
+                0,
+                Captured {
+                    list: std::mem::take(&mut self.pending),
+                    graph,
+                },
+            );
+            self.graphs.truncate(MAX_GRAPHS);
+            self.stats.captured += 1;
+            return Ok(());
+        }
+        self.stats.eager += 1;
+        launch_all(stream, &self.pending)?;
+        self.candidates.insert(0, self.pending.clone());
+        self.candidates.truncate(MAX_CANDIDATES);
+        Ok(())
+    }
+}
+
+/// Launch every command of `list` on `stream`, in order.
+fn launch_all(stream: &CudaStream, list: &List) -> Result<(), ComputeError> {
+    let mut args = Vec::with_capacity(32);
+    for c in &list.cmds {
+        args.clear();
+        let a0 = c.arg0 as usize;
+        args.extend_from_slice(&list.args[a0..a0 + c.nargs as usize]);
+        let cfg = LaunchConfig {
+            grid_dim: c.grid,
+            block_dim: c.block,
+            shared_mem_bytes: c.smem,
+        };
+        // SAFETY: the command was recorded by `Recorder::push` from a kernel of the backend's
+        // loaded module with the argument list of that kernel (see `tensor_ops::go`), and
+        // every buffer its pointers address is kept alive until after this launch.
+        unsafe { launch_raw(stream, c.func as sys::CUfunction, cfg, &mut args, c.pdl)? };
+    }
+    Ok(())
+}
