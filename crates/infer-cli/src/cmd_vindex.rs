@@ -174,15 +174,17 @@ pub(crate) fn install_interrupt_cleanup(target: &std::path::Path) {
     });
 }
 
-/// Re-hash every file of a vindex; fails (non-zero exit) on any mismatch or missing file.
+/// Re-hash every file of a vindex; fails (non-zero exit) on a changed index.json, or any
+/// changed, missing or unlisted file, naming them.
 pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
     let report = infer_vindex::verify(&args.vindex)?;
     println!("{report}");
     if !report.is_ok() {
         anyhow::bail!(
-            "{}: {} file(s) do not match index.json or are not listed in it",
+            "{}: {} problem(s): {}",
             args.vindex.display(),
-            report.problems()
+            report.problems(),
+            report.summary()
         );
     }
     Ok(())

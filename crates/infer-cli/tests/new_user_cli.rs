@@ -129,6 +129,48 @@ fn logits_out_refuses_special_files_and_needs_force() {
     );
 }
 
+/// Newcomer review: `verify` counted a deleted data file as a checksum mismatch ("1
+/// mismatched"), and a flipped byte in a key of index.json came out as "corrupt JSON". Now a
+/// missing file is reported as missing, by name, and a changed index.json (it records its own
+/// sha256) as changed since it was written — by verify and by the commands that open it.
+#[test]
+fn verify_names_a_missing_file_and_a_changed_index_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = tiny_vindex(dir.path());
+    let norms = vx.join("norms.bin");
+    let bytes = std::fs::read(&norms).unwrap();
+    std::fs::remove_file(&norms).unwrap();
+    let o = infer(&["verify", s(&vx)]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("MISSING  norms.bin") && t.contains("1 missing (norms.bin)"),
+        "{t}"
+    );
+    assert!(!t.to_lowercase().contains("mismatch"), "{t}");
+    std::fs::write(&norms, bytes).unwrap();
+
+    let index_path = vx.join("index.json");
+    let index = std::fs::read_to_string(&index_path).unwrap();
+    assert!(index.contains("\"model_name\""));
+    std::fs::write(
+        &index_path,
+        index.replace("\"model_name\"", "\"model_nbme\""),
+    )
+    .unwrap();
+    for args in [vec!["verify", s(&vx)], vec!["inspect", s(&vx)]] {
+        let o = infer(&args);
+        let t = text(&o);
+        assert!(!o.status.success(), "{t}");
+        assert!(
+            t.contains("index.json: changed after it was written (sha256 mismatch")
+                && t.contains("model_name")
+                && !t.contains("corrupt JSON"),
+            "{args:?}: {t}"
+        );
+    }
+}
+
 /// Bug 8: `verify` passed a vindex whose index.json lacked `embeddings.bin` in `files[]`
 /// (only listed files were hashed), while opening it failed. Now verify reports the unlisted
 /// file and exits non-zero, and opening names the real problem.

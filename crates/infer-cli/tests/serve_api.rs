@@ -380,6 +380,19 @@ fn malformed_requests_get_4xx_cancellation_frees_and_the_server_still_serves() {
             400,
             Some("prompt"),
         ),
+        // A field of the other endpoint is refused by name, not ignored.
+        (
+            "/v1/chat/completions",
+            chat(json!({"prompt": "Say no."})),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+            400,
+            Some("messages"),
+        ),
         (
             "/v1/completions",
             json!({"prompt": "x", "max_tokens": 100000}).to_string(),
@@ -621,4 +634,71 @@ fn a_request_past_the_timeout_gets_an_openai_408() {
     assert_eq!(e["error"]["code"], "timeout", "{e}");
     let ok = ok_json(srv.post("/v1/completions", &completion("Hello", 2)));
     assert_eq!(ok["choices"][0]["finish_reason"], "length", "{ok}");
+}
+
+/// `n > 1`: the prompt is prefilled once (in choice 0's slot) and its KV rows copied to the
+/// other choices' slots: `infer_prompt_tokens_total` rises by the prompt length, not n times
+/// it. Each choice then samples from the same last-position logits with its own seed
+/// (seed + i), so the choices equal n separate requests with seeds seed, seed + 1, …, and the
+/// streamed request gives the same. Through the prefix cache, a repeated n = 4 request runs
+/// only the prompt's last token, once.
+#[test]
+fn n_choices_share_one_prefill() {
+    let srv = Server::start(smol_vindex(), &["--parallel", "4", "--ctx-size", "256"]);
+    let msgs = json!([{"role": "user", "content": "Write one sentence about the sea."}]);
+    let body = |n: usize, seed: u64| {
+        json!({"messages": msgs, "max_tokens": 10, "temperature": 1.0, "top_k": 0,
+               "top_p": 1.0, "min_p": 0.0, "seed": seed, "n": n, "cache_prompt": false})
+    };
+    let texts = |v: &Value| -> Vec<String> {
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (p0, g0) = (
+        metric(&srv, "infer_prompt_tokens_total"),
+        metric(&srv, "infer_generated_tokens_total"),
+    );
+    let v = ok_json(srv.post("/v1/chat/completions", &body(4, 7)));
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap() as f64;
+    assert!(prompt_tokens > 5.0, "{v}");
+    assert_eq!(
+        metric(&srv, "infer_prompt_tokens_total") - p0,
+        prompt_tokens,
+        "an n = 4 request runs its prompt once"
+    );
+    assert_eq!(
+        metric(&srv, "infer_generated_tokens_total") - g0,
+        v["usage"]["completion_tokens"].as_f64().unwrap()
+    );
+    let together = texts(&v);
+    assert_eq!(together.len(), 4);
+    assert!(
+        together.iter().any(|t| t != &together[0]),
+        "choices differ: {together:?}"
+    );
+    let alone: Vec<String> = (0..4)
+        .map(|i| texts(&ok_json(srv.post("/v1/chat/completions", &body(1, 7 + i))))[0].clone())
+        .collect();
+    assert_eq!(together, alone, "choice i = a request with seed + i");
+    let events = srv
+        .stream("/v1/chat/completions", &streamed(&body(4, 7)))
+        .all();
+    assert_eq!(stream_text(&events, 4).0, together);
+
+    // From the prefix cache: only the last prompt token runs, once for the four choices.
+    let p1 = metric(&srv, "infer_prompt_tokens_total");
+    let mut cached = body(4, 7);
+    cached["cache_prompt"] = json!(true);
+    let v = ok_json(srv.post("/v1/chat/completions", &cached));
+    assert_eq!(metric(&srv, "infer_prompt_tokens_total") - p1, 1.0);
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"].as_f64(),
+        Some(prompt_tokens - 1.0)
+    );
+    assert_eq!(texts(&v).len(), 4);
+    assert_eq!(metric(&srv, "infer_kv_cache_used_positions"), 0.0);
 }

@@ -135,6 +135,50 @@ impl KvCache {
         Ok(())
     }
 
+    /// Make this cache hold `src`'s first `len` positions (K and V of every layer), e.g. to
+    /// start several sequences from one prefilled prompt; positions past `len` are forgotten.
+    /// Both caches belong to `backend` (host or device memory); the rows travel through a host
+    /// buffer of `len · kv_dim` values per layer, one layer at a time. Errors:
+    /// [`InferenceError::ContextFull`] when `src` holds fewer than `len` positions or `len`
+    /// exceeds this cache's capacity; a shape mismatch when the caches' layers or kv_dims
+    /// differ; allocation and copy failures. On an error this cache is left empty.
+    pub fn copy_prefix_from(
+        &mut self,
+        backend: &dyn ComputeBackend,
+        src: &KvCache,
+        len: usize,
+    ) -> Result<(), InferenceError> {
+        self.len = 0;
+        if src.kv_dims != self.kv_dims {
+            return Err(InferenceError::Compute(
+                infer_compute::ComputeError::ShapeMismatch {
+                    what: "KV cache copy (layers × kv_dim of source and destination)",
+                    expected: self.kv_dims.iter().sum(),
+                    got: src.kv_dims.iter().sum(),
+                    unit: "values per position",
+                },
+            ));
+        }
+        if len > src.len || len > self.capacity {
+            return Err(InferenceError::ContextFull {
+                needed: len,
+                capacity: src.len.min(self.capacity),
+            });
+        }
+        self.ensure(backend)?;
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        for layer in 0..self.layers() {
+            let n = len * self.kv_dims[layer];
+            k.resize(n, 0.0);
+            v.resize(n, 0.0);
+            src.read_rows(backend, layer, 0, &mut k, &mut v)?;
+            self.write_rows(backend, layer, 0, &k, &v)?;
+        }
+        self.len = len;
+        Ok(())
+    }
+
     /// The value range of rows `start..` holding `nk` (= `nv`) values of `layer`.
     fn rows_of(
         &self,
@@ -188,5 +232,41 @@ impl KvCache {
     /// Keep only the first `len` positions (e.g. to re-run from a shared prefix).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infer_compute::CpuBackend;
+
+    /// The copy holds the source's first positions value for value, and nothing after them.
+    #[test]
+    fn copy_prefix_from_copies_the_first_rows() {
+        let b = CpuBackend::new();
+        let dims = [4, 2];
+        let mut src = KvCache::new(&dims, 8);
+        src.ensure(&b).unwrap();
+        for (l, &d) in dims.iter().enumerate() {
+            let k: Vec<f32> = (0..5 * d).map(|i| (l * 100 + i) as f32).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            src.write_rows(&b, l, 0, &k, &v).unwrap();
+        }
+        src.advance(5);
+        let mut dst = KvCache::new(&dims, 8);
+        dst.copy_prefix_from(&b, &src, 3).unwrap();
+        assert_eq!(dst.len(), 3);
+        for (l, &d) in dims.iter().enumerate() {
+            let (mut k, mut v) = (vec![0.0; 3 * d], vec![0.0; 3 * d]);
+            dst.read_rows(&b, l, 0, &mut k, &mut v).unwrap();
+            let want: Vec<f32> = (0..3 * d).map(|i| (l * 100 + i) as f32).collect();
+            assert_eq!(k, want);
+            assert_eq!(v, want.iter().map(|x| -x).collect::<Vec<_>>());
+        }
+        // More than the source holds, or other kv_dims: an error, and the copy is empty.
+        assert!(dst.copy_prefix_from(&b, &src, 6).is_err());
+        assert_eq!(dst.len(), 0);
+        let mut other = KvCache::new(&[4, 4], 8);
+        assert!(other.copy_prefix_from(&b, &src, 2).is_err());
     }
 }

@@ -22,6 +22,11 @@ pub enum VindexError {
     /// `index.json` or a manifest is not valid JSON or not the expected structure.
     #[error("{path}: corrupt JSON: {msg}")]
     BadJson { path: PathBuf, msg: String },
+    /// `index.json` was changed after infer wrote it: it records its own sha256
+    /// (`index_sha256`) but no longer matches it — it fails to parse, lacks what infer writes,
+    /// or fails a check while its content differs from the seal. `detail` says what is wrong.
+    #[error("{path}: changed after it was written (sha256 mismatch: its content no longer matches the index_sha256 it records): {detail}; restore it from a copy or rebuild the vindex with `infer extract`")]
+    IndexChanged { path: PathBuf, detail: String },
     /// `index.json` has a `format_version` this build cannot read; `built_by` is the infer
     /// version its provenance records (or "an unknown version").
     #[error(

@@ -120,6 +120,12 @@ pub struct Passthrough {
 /// The parsed `index.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VindexIndex {
+    /// sha256 (lowercase hex) of this index's canonical JSON ([`VindexIndex::content_sha256`]),
+    /// written by every build and checked by [`crate::verify`], so a changed byte of
+    /// `index.json` itself is caught too. `None` in vindexes built before it existed. Written first, so even a
+    /// truncated `index.json` shows that it records one (the hash covers no field order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_sha256: Option<String>,
     pub format_version: u64,
     /// Model identity: HF `model_type`.
     pub model_type: String,
@@ -148,11 +154,37 @@ pub struct VindexIndex {
     pub has_tokenizer: bool,
     /// Every file of the vindex except `index.json` itself, with size and sha256.
     pub files: Vec<FileHash>,
-    /// sha256 (lowercase hex) of this index's canonical JSON ([`VindexIndex::content_sha256`]),
-    /// written by every build and checked by [`crate::verify`], so a changed byte of
-    /// `index.json` itself is caught too. `None` in vindexes built before it existed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub index_sha256: Option<String>,
+}
+
+/// 64 lowercase hex digits (a sha256 as index.json records it).
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The `index_sha256` that `text` records, found without parsing it as JSON (for a text that
+/// does not parse): `"index_sha256"`, optional whitespace, `:`, optional whitespace, then a
+/// quoted sha256; or, the seal being written first, a quoted sha256 before the first
+/// `"format_version"` (the seal under a damaged key).
+fn recorded_seal(text: &str) -> Option<&str> {
+    const KEY: &str = "\"index_sha256\"";
+    if let Some(at) = text.find(KEY) {
+        let rest = text[at + KEY.len()..].trim_start();
+        if let Some(hex) = rest
+            .strip_prefix(':')
+            .and_then(|r| quoted_hex(r.trim_start()))
+        {
+            return Some(hex);
+        }
+    }
+    let head = &text[..text.find("\"format_version\"")?];
+    head.match_indices('"')
+        .find_map(|(i, _)| quoted_hex(&head[i..]))
+}
+
+/// The sha256 in quotes at the start of `s` (`"` + 64 lowercase hex digits + `"`).
+fn quoted_hex(s: &str) -> Option<&str> {
+    let hex = s.strip_prefix('"')?.get(..64)?;
+    (is_sha256_hex(hex) && s.get(65..).is_some_and(|r| r.starts_with('"'))).then_some(hex)
 }
 
 /// The infer version of this build (`CARGO_PKG_VERSION`), as provenance records it.
@@ -166,25 +198,51 @@ impl VindexIndex {
             path: path.to_path_buf(),
             msg,
         };
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let changed = |detail: String| VindexError::IndexChanged {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let value: serde_json::Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            // No infer writes invalid JSON (and writes are atomic): with a seal it was changed.
+            Err(e) if recorded_seal(text).is_some() => {
+                return Err(changed(format!("it no longer parses as JSON: {e}")))
+            }
+            Err(e) => return Err(bad(e.to_string())),
+        };
         // Which infer wrote it, read before the structure is trusted (for the messages).
-        let built_by = value
+        let written_by = value
             .pointer("/provenance/infer_version")
+            .and_then(|v| v.as_str());
+        let built_by = written_by.map_or_else(
+            || "an unknown version".to_string(),
+            infer_models::text::shown,
+        );
+        // A sealed index that fails a check and was not written by another infer (whose
+        // structure may differ) was changed after it was written: this infer writes none such.
+        let sealed_here = value
+            .get("index_sha256")
             .and_then(|v| v.as_str())
-            .map_or_else(
-                || "an unknown version".to_string(),
-                infer_models::text::shown,
-            );
-        let version = value
-            .get("format_version")
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| {
-                bad(format!(
+            .is_some_and(is_sha256_hex)
+            && !matches!(written_by, Some(v) if v != INFER_VERSION);
+        let version = match value.get("format_version").and_then(|v| v.as_u64()) {
+            Some(v) => v,
+            None if sealed_here => {
+                return Err(changed("it has no integer 'format_version'".into()))
+            }
+            None => {
+                return Err(bad(format!(
                     "no integer 'format_version' (written by infer {built_by})"
-                ))
-            })?;
+                )))
+            }
+        };
         if version != FORMAT_VERSION {
+            if sealed_here {
+                return Err(changed(format!(
+                    "it records format_version {version}, but its provenance says this infer \
+                     {INFER_VERSION} wrote it, which writes format_version {FORMAT_VERSION}"
+                )));
+            }
             return Err(VindexError::BadVersion {
                 path: path.to_path_buf(),
                 found: version,
@@ -193,7 +251,9 @@ impl VindexIndex {
             });
         }
         let index: VindexIndex = serde_json::from_value(value).map_err(|e| {
-            if built_by == INFER_VERSION {
+            if sealed_here {
+                changed(format!("it no longer has the structure infer writes: {e}"))
+            } else if built_by == INFER_VERSION {
                 bad(e.to_string())
             } else {
                 bad(format!(
@@ -201,6 +261,15 @@ impl VindexIndex {
                 ))
             }
         })?;
+        // From here the content can be hashed: a failed check of a sealed index whose content
+        // no longer matches its seal is reported as that change.
+        let bad = |msg: String| {
+            if index.seal_matches() == Some(false) {
+                changed(msg)
+            } else {
+                bad(msg)
+            }
+        };
         if index.layers.len() != index.shapes.num_layers {
             return Err(bad(format!(
                 "{} layer entries but num_layers is {}",
@@ -225,6 +294,31 @@ impl VindexIndex {
             }
         }
         Ok(index)
+    }
+
+    /// Whether the content matches the recorded `index_sha256`: `None` when none is recorded.
+    pub fn seal_matches(&self) -> Option<bool> {
+        self.index_sha256
+            .as_ref()
+            .map(|h| *h == self.content_sha256())
+    }
+
+    /// For an index that records no `index_sha256` ([`VindexIndex::parse`] of `text`): a
+    /// top-level key of `text` that is no field of the index but holds a sha256 (64 lowercase
+    /// hex digits) — the seal under a damaged key name. `None` when there is no such key.
+    pub fn damaged_seal_key(&self, text: &str) -> Option<String> {
+        if self.index_sha256.is_some() {
+            return None;
+        }
+        let serde_json::Value::Object(file) = serde_json::from_str(text).ok()? else {
+            return None;
+        };
+        let serde_json::Value::Object(known) = serde_json::to_value(self).ok()? else {
+            return None;
+        };
+        file.into_iter()
+            .find(|(k, v)| !known.contains_key(k) && v.as_str().is_some_and(is_sha256_hex))
+            .map(|(k, _)| k)
     }
 
     /// sha256 (lowercase hex) of the compact JSON serialization of this index with

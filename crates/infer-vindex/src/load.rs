@@ -115,11 +115,32 @@ impl Vindex {
     /// truncated `.bin`), [`VindexError::BadEntry`] (an entry whose length disagrees with
     /// shape × format, lies outside its file, is misaligned, has a non-float format in a float
     /// file, or a shape that disagrees with the model's dimensions).
+    ///
+    /// When `index.json` records an `index_sha256` that its content no longer matches, a
+    /// failure of any later check is reported as [`VindexError::IndexChanged`] naming that
+    /// failure (the change of index.json is what happened); a changed index.json that passes
+    /// every check opens (`verify` reports it).
     pub fn open(path: &Path) -> Result<Vindex, VindexError> {
         let index_path = index_json_path(path)?;
         let index = VindexIndex::parse(&index_path, &read_text(&index_path)?)?;
+        let seal = index.seal_matches();
+        Self::open_parsed(path, &index_path, index).map_err(|e| match seal {
+            Some(false) => VindexError::IndexChanged {
+                path: index_path.clone(),
+                detail: format!("opening the vindex then failed: {e}"),
+            },
+            _ => e,
+        })
+    }
+
+    /// [`Vindex::open`] after `index.json` parsed.
+    fn open_parsed(
+        path: &Path,
+        index_path: &Path,
+        index: VindexIndex,
+    ) -> Result<Vindex, VindexError> {
         // The config checks extract applied (a hand-edited index.json is refused here).
-        index.config.check(&index_path)?;
+        index.config.check(index_path)?;
 
         // Every file the index refers to is listed, and every listed file exists with its
         // recorded size.

@@ -222,13 +222,34 @@ fn corrupt_index_json_is_a_named_error() {
     let p = target.join(files::INDEX_JSON);
     let text = std::fs::read_to_string(&p).unwrap();
     std::fs::write(&p, &text[..text.len() / 2]).unwrap();
+    // It records its sha256 (at its start): a change since it was written, not just bad JSON.
+    let e = Vindex::open(&target).err().unwrap();
+    assert!(matches!(e, VindexError::IndexChanged { .. }), "{e}");
+    assert!(e.to_string().contains("index.json"), "{e}");
+    assert!(verify(&target).is_err());
+    // Without the seal: corrupt JSON.
+    let unsealed: String = text
+        .lines()
+        .filter(|l| !l.contains("\"index_sha256\""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&p, &unsealed[..unsealed.len() / 2]).unwrap();
     let e = Vindex::open(&target).err().unwrap();
     assert!(matches!(e, VindexError::BadJson { .. }), "{e}");
     assert!(e.to_string().contains("index.json"), "{e}");
-    assert!(verify(&target).is_err());
 
+    // Another format_version in a file this infer wrote (its provenance says so): changed.
     std::fs::write(&p, &text).unwrap();
     edit_index(&target, |j| j["format_version"] = 2.into());
+    let e = Vindex::open(&target).err().unwrap();
+    assert!(matches!(e, VindexError::IndexChanged { .. }), "{e}");
+    assert!(e.to_string().contains("format_version 2"), "{e}");
+    // Written by another infer: refused naming its version.
+    std::fs::write(&p, &text).unwrap();
+    edit_index(&target, |j| {
+        j["format_version"] = 2.into();
+        j["provenance"]["infer_version"] = "9.9.9".into();
+    });
     let e = Vindex::open(&target).err().unwrap();
     assert!(
         matches!(
@@ -421,7 +442,12 @@ fn verify_reports_sha256_mismatch_by_file() {
     );
     std::fs::remove_file(target.join(files::TOKENIZER_JSON)).unwrap();
     let report = verify(&target).unwrap();
-    assert_eq!(report.mismatches.len(), 2, "{report}");
+    assert_eq!(report.mismatches.len(), 1, "{report}");
+    assert_eq!(
+        report.missing,
+        vec![files::TOKENIZER_JSON.to_string()],
+        "{report}"
+    );
 }
 
 #[test]

@@ -235,7 +235,8 @@ fn fallback_formats_and_row_length_error() {
     assert!(std::fs::read_dir(root.path()).unwrap().next().is_none());
 }
 
-/// Rewrite a manifest (and its size in index.json) in place.
+/// Rewrite a manifest (and its size in index.json, resealed as a build would write it, so
+/// the manifest's own check is what fires) in place.
 fn rewrite_manifest(dir: &Path, manifest: &str, f: impl FnOnce(&mut serde_json::Value)) {
     let mp = dir.join(manifest);
     let mut m: serde_json::Value =
@@ -251,7 +252,8 @@ fn rewrite_manifest(dir: &Path, manifest: &str, f: impl FnOnce(&mut serde_json::
             fh["bytes"] = serde_json::json!(text.len());
         }
     }
-    std::fs::write(&ip, serde_json::to_string_pretty(&ix).unwrap()).unwrap();
+    let ix: infer_vindex::VindexIndex = serde_json::from_value(ix).unwrap();
+    std::fs::write(&ip, serde_json::to_string_pretty(&ix.sealed()).unwrap()).unwrap();
 }
 
 /// A manifest written for the seed's non-canonical 148-byte Q4_K blocks is refused at open.

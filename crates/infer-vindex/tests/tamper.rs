@@ -192,3 +192,154 @@ fn edited_or_unsealed_index_json_is_reported() {
         "{r}"
     );
 }
+
+/// A data file deleted from the vindex is reported as missing, by name, apart from changed
+/// files: not as a sha256 mismatch.
+#[test]
+fn a_missing_data_file_is_reported_as_missing_not_as_changed() {
+    let (_root, target) = built();
+    let index = Vindex::open(&target).unwrap().index().clone();
+    for f in &index.files {
+        let p = target.join(&f.name);
+        let original = std::fs::read(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        let r = verify(&target).unwrap();
+        assert_eq!(r.missing, vec![f.name.clone()], "{r}");
+        assert!(r.mismatches.is_empty(), "{r}");
+        assert_eq!(r.problems(), 1, "{r}");
+        let text = r.to_string();
+        assert!(
+            text.contains(&format!("MISSING  {}", f.name))
+                && text.contains("1 missing")
+                && !text.contains("MISMATCH")
+                && !text.contains("mismatched"),
+            "{text}"
+        );
+        std::fs::write(&p, &original).unwrap();
+    }
+    // One changed and one missing: each under its own name.
+    let [a, b, ..] = &index.files[..] else {
+        panic!("a vindex of fewer than two files")
+    };
+    let pa = target.join(&a.name);
+    let mut bytes = std::fs::read(&pa).unwrap();
+    bytes[0] ^= 0x10;
+    std::fs::write(&pa, &bytes).unwrap();
+    std::fs::remove_file(target.join(&b.name)).unwrap();
+    let r = verify(&target).unwrap();
+    assert_eq!(
+        (
+            r.mismatches.len(),
+            r.mismatches[0].file.as_str(),
+            &r.missing[..]
+        ),
+        (1, a.name.as_str(), &[b.name.clone()][..]),
+        "{r}"
+    );
+    assert!(r.to_string().contains("1 mismatched, 1 missing"), "{r}");
+}
+
+/// Byte ranges of the object keys of JSON `text` (the characters between the quotes of every
+/// string followed by `:`). Plain scan: the index's strings hold no escaped quotes.
+fn key_ranges(text: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        if text[i] == b'"' {
+            let start = i + 1;
+            let end = start + text[start..].iter().position(|&c| c == b'"').unwrap();
+            let after = text[end + 1..].iter().find(|c| !c.is_ascii_whitespace());
+            if after == Some(&b':') {
+                out.push(start..end);
+            }
+            i = end + 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// A flipped byte inside a key of index.json — the JSON still parses but the key's name is
+/// wrong, or (the byte turned into a quote) it no longer parses — is reported by verify and
+/// open as index.json changed since it was written (it records its own sha256), never as
+/// "corrupt JSON". A renamed key the index does without (an optional one at its default)
+/// changes nothing and verifies.
+#[test]
+fn a_flipped_byte_in_a_key_of_index_json_is_reported_as_a_change() {
+    let (_root, target) = built();
+    let p = target.join(files::INDEX_JSON);
+    let original = std::fs::read(&p).unwrap();
+    let want = VindexIndex::parse(&p, std::str::from_utf8(&original).unwrap()).unwrap();
+    let keys = key_ranges(&original);
+    assert!(keys.len() > 50, "{} keys", keys.len());
+    let changed = |s: &str| {
+        s.contains("index.json: changed after it was written")
+            && s.contains("sha256")
+            && !s.contains("corrupt JSON")
+    };
+    let (mut errors, mut mismatches, mut harmless) = (0, 0, 0);
+    for (n, r) in keys.iter().enumerate() {
+        let at = r.start + r.len() / 2;
+        // Still JSON (a letter's case or low bit), or no longer JSON (a quote).
+        for mask in [0x01, original[at] ^ b'"'] {
+            let mut bytes = original.clone();
+            bytes[at] ^= mask;
+            std::fs::write(&p, &bytes).unwrap();
+            let what = format!(
+                "key {n} {:?} byte {at} ^ {mask:#x}",
+                String::from_utf8_lossy(&original[r.clone()])
+            );
+            match verify(&target) {
+                Err(e) => {
+                    assert!(changed(&e.to_string()), "{what}: {e}");
+                    errors += 1;
+                }
+                Ok(rep) if rep.is_ok() => {
+                    let now = VindexIndex::parse(&p, std::str::from_utf8(&bytes).unwrap());
+                    assert_eq!(now.unwrap(), want, "{what}: changed the index unnoticed");
+                    harmless += 1;
+                }
+                Ok(rep) => {
+                    assert_eq!(rep.index_json_ok, Some(false), "{what}: {rep}");
+                    let text = rep.to_string();
+                    assert!(
+                        text.starts_with("MISMATCH index.json: changed after it was written"),
+                        "{what}: {text}"
+                    );
+                    mismatches += 1;
+                }
+            }
+            if let Err(e) = Vindex::open(&target) {
+                assert!(changed(&e.to_string()), "{what}: open: {e}");
+            }
+        }
+    }
+    std::fs::write(&p, &original).unwrap();
+    assert!(verify(&target).unwrap().is_ok());
+    eprintln!("{errors} errors, {mismatches} mismatches, {harmless} harmless");
+    assert!(
+        errors > keys.len() && mismatches > 0,
+        "{errors} errors, {mismatches} mismatches, {harmless} harmless"
+    );
+}
+
+/// index.json cut short is reported as changed, the seal being at its start.
+#[test]
+fn a_truncated_index_json_is_reported_as_changed() {
+    let (_root, target) = built();
+    let p = target.join(files::INDEX_JSON);
+    let text = std::fs::read_to_string(&p).unwrap();
+    std::fs::write(&p, &text[..text.len() / 2]).unwrap();
+    for e in [
+        Vindex::open(&target).err().unwrap(),
+        verify(&target).err().unwrap(),
+    ] {
+        assert!(matches!(e, VindexError::IndexChanged { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .contains("index.json: changed after it was written"),
+            "{e}"
+        );
+    }
+}

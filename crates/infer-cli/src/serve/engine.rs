@@ -2,7 +2,10 @@
 //! [`Model::forward_batch`] — each step one decode token of every generating sequence plus
 //! prompt chunks of prefilling ones ([`super::scheduler`]) — and sends each request's text
 //! back through its channel. Every choice of a request is its own sequence in its own KV slot
-//! (a [`KvCache`] of `--ctx-size` positions, `--parallel` of them: the hard memory bound).
+//! (a [`KvCache`] of `--ctx-size` positions, `--parallel` of them: the hard memory bound). The
+//! choices of an `n > 1` request share one prefill: choice 0 runs the prompt, then its KV rows
+//! are copied into the other choices' slots and every choice samples its first token from the
+//! same last-position logits (with its own seed).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
@@ -194,6 +197,10 @@ struct Seq<'t> {
     arrived: Instant,
     last_token: Option<Instant>,
     done: bool,
+    /// Choices 1.. of an `n > 1` request while this one (choice 0) prefills their shared
+    /// prompt: not scheduled; their slots are held. Released by [`Engine::release_followers`]
+    /// once the prompt has run.
+    followers: Vec<Seq<'t>>,
 }
 
 impl Seq<'_> {
@@ -309,20 +316,29 @@ impl<'t> Engine<'_, '_, 't> {
             }
             self.step(&mut slots, &mut seqs, &mut bufs, &mut logits);
             for s in seqs.iter().filter(|s| s.done) {
-                slots[s.slot].busy = false;
+                // Followers still waiting for this prompt (it was cancelled or failed) end too.
+                for slot in std::iter::once(s.slot).chain(s.followers.iter().map(|f| f.slot)) {
+                    slots[slot].busy = false;
+                }
             }
             seqs.retain(|s| !s.done);
             self.gauges(&slots, &seqs);
         }
     }
 
+    /// Give `job`'s choices free slots: choice 0 the slot sharing the longest prefix with the
+    /// prompt (the prefix cache), choices 1.. the emptiest others, as followers of choice 0
+    /// (they receive its prompt rows instead of running the prompt themselves).
     fn admit(&self, job: Job, slots: &mut [Slot], seqs: &mut Vec<Seq<'t>>) {
+        let mut choices = Vec::with_capacity(job.n);
         for choice in 0..job.n {
             let held: Vec<Option<&[u32]>> = slots
                 .iter()
                 .map(|s| (!s.busy).then_some(s.held.as_slice()))
                 .collect();
-            let Some((i, keep)) = pick_slot(&held, &job.prompt) else {
+            // Followers take no prefix: the slot holding the least (cached prefixes survive).
+            let want: &[u32] = if choice == 0 { &job.prompt } else { &[] };
+            let Some((i, keep)) = pick_slot(&held, want) else {
                 unreachable!("admit is called with enough free slots")
             };
             let keep = if job.cache_prompt { keep } else { 0 };
@@ -336,7 +352,7 @@ impl<'t> Engine<'_, '_, 't> {
                 metrics::counter!(m::PREFIX_CACHE_HITS).increment(1);
                 metrics::counter!(m::PREFIX_CACHED_TOKENS).increment(keep as u64);
             }
-            seqs.push(Seq {
+            choices.push(Seq {
                 events: job.events.clone(),
                 choice,
                 slot: i,
@@ -355,8 +371,59 @@ impl<'t> Engine<'_, '_, 't> {
                 arrived: job.arrived,
                 last_token: None,
                 done: false,
+                followers: Vec::new(),
             });
         }
+        let mut choices = choices.into_iter();
+        if let Some(mut first) = choices.next() {
+            first.followers = choices.collect();
+            seqs.push(first);
+        }
+    }
+
+    /// Copy the prompt rows of `leader` (its slot holds the whole prompt now) into each of its
+    /// followers' slots and sample each follower's first token from `row`, the logits of the
+    /// prompt's last position; returns the followers, now decoding. Errors: a copy failed
+    /// (the message says why; the followers' slots are left empty).
+    fn release_followers(
+        &self,
+        slots: &mut [Slot],
+        leader: &mut Seq<'t>,
+        row: &[f32],
+        now: Instant,
+    ) -> Result<Vec<Seq<'t>>, String> {
+        let mut followers = std::mem::take(&mut leader.followers);
+        let len = leader.prompt.len();
+        let mut failed = None;
+        for f in &mut followers {
+            let (src, dst) = two_slots(slots, leader.slot, f.slot);
+            let copied = match (src.cache.as_ref(), dst.cache.as_mut()) {
+                (Some(src), Some(dst)) => dst.copy_prefix_from(self.backend, src, len),
+                _ => unreachable!("caches are back in their slots between steps"),
+            };
+            dst.held.clear();
+            if let Err(e) = copied {
+                failed = Some(format!(
+                    "copying the prompt's KV cache to choice {}: {e}",
+                    f.choice
+                ));
+                break;
+            }
+            dst.held.extend_from_slice(&leader.prompt);
+            f.fed = len;
+            f.cached = leader.cached;
+        }
+        if let Some(e) = failed {
+            for f in &followers {
+                slots[f.slot].held.clear();
+            }
+            leader.followers = followers;
+            return Err(e);
+        }
+        for f in &mut followers {
+            self.sample(f, row, now, len);
+        }
+        Ok(followers)
     }
 
     /// One batched forward step over `seqs`, then sampling for every sequence whose logits
@@ -364,14 +431,14 @@ impl<'t> Engine<'_, '_, 't> {
     fn step(
         &self,
         slots: &mut [Slot],
-        seqs: &mut [Seq<'t>],
+        seqs: &mut Vec<Seq<'t>>,
         bufs: &mut BatchBuffers,
         logits: &mut Vec<f32>,
     ) {
         for s in seqs.iter_mut() {
             if s.events.is_closed() {
                 s.done = true;
-                metrics::counter!(m::CANCELLED).increment(1);
+                metrics::counter!(m::CANCELLED).increment(1 + s.followers.len() as u64);
             }
         }
         let phases: Vec<Phase> = seqs
@@ -439,6 +506,7 @@ impl<'t> Engine<'_, '_, 't> {
         }
         let vocab = self.model.vocab_size;
         let now = Instant::now();
+        let mut released = Vec::new();
         for (k, ((i, work), toks)) in plan.iter().zip(&inputs).enumerate() {
             let s = &mut seqs[*i];
             slots[s.slot].held.extend_from_slice(toks);
@@ -451,8 +519,21 @@ impl<'t> Engine<'_, '_, 't> {
             }
             let row = &logits[k * vocab..(k + 1) * vocab];
             let cache_len = slots[s.slot].cache.as_ref().map_or(0, KvCache::len);
+            // The other choices start from this prompt (unless its logits are unusable: then
+            // the request fails in `sample`, and they end with it).
+            if !s.followers.is_empty() && row.iter().all(|v| v.is_finite()) {
+                match self.release_followers(slots, s, row, now) {
+                    Ok(f) => released.extend(f),
+                    Err(e) => {
+                        let _ = s.events.send(Event::Failed(e));
+                        s.done = true;
+                        continue;
+                    }
+                }
+            }
             self.sample(s, row, now, cache_len);
         }
+        seqs.extend(released);
     }
 
     /// Sample the next token of `s` from its logits `row` and release its text.
@@ -513,14 +594,27 @@ impl<'t> Engine<'_, '_, 't> {
 
     fn gauges(&self, slots: &[Slot], seqs: &[Seq<'_>]) {
         let decoding = seqs.iter().filter(|s| s.next.is_some()).count();
+        let waiting: usize = seqs.iter().map(|s| s.followers.len()).sum();
         metrics::gauge!(m::RUNNING).set(decoding as f64);
-        metrics::gauge!(m::PREFILLING).set((seqs.len() - decoding) as f64);
+        metrics::gauge!(m::PREFILLING).set((seqs.len() - decoding + waiting) as f64);
         let used: usize = slots
             .iter()
             .filter(|s| s.busy)
             .filter_map(|s| s.cache.as_ref().map(KvCache::len))
             .sum();
         metrics::gauge!(m::KV_USED).set(used as f64);
+    }
+}
+
+/// Slot `a` to read and slot `b` to write (`a != b`).
+fn two_slots(slots: &mut [Slot], a: usize, b: usize) -> (&Slot, &mut Slot) {
+    assert_ne!(a, b, "a follower has its own slot");
+    if a < b {
+        let (lo, hi) = slots.split_at_mut(b);
+        (&lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = slots.split_at_mut(a);
+        (&hi[0], &mut lo[b])
     }
 }
 

@@ -1,7 +1,8 @@
 //! Request bodies of `/v1/chat/completions` and `/v1/completions`, read from JSON into a
 //! [`GenRequest`]: every field checked for type and range (a 400 naming the field), fields
-//! this server does not implement refused by name, unknown fields ignored (as OpenAI's API
-//! and llama-server do).
+//! this server does not implement refused by name, fields of the other endpoint (`prompt` in a
+//! chat request, `messages` in a completion) refused by name, other unknown fields ignored (as
+//! OpenAI's API and llama-server do).
 
 use infer_inference::chat::Message;
 use infer_inference::SamplingParams;
@@ -15,6 +16,30 @@ use super::error::ApiError;
 pub enum Endpoint {
     Chat,
     Completion,
+}
+
+impl Endpoint {
+    /// The endpoint's path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completion => "/v1/completions",
+        }
+    }
+}
+
+/// Fields of the other endpoint, with that endpoint's path: a 400 naming the field when present
+/// (not null), never ignored. A chat request with a `prompt` (or a completion with `messages`)
+/// is ambiguous about what to continue; `top_logprobs` is chat's (completions take
+/// `logprobs: k`), `echo` is the completions'.
+fn foreign_fields(endpoint: Endpoint) -> &'static [(&'static str, &'static str)] {
+    match endpoint {
+        Endpoint::Chat => &[("prompt", "/v1/completions"), ("echo", "/v1/completions")],
+        Endpoint::Completion => &[
+            ("messages", "/v1/chat/completions"),
+            ("top_logprobs", "/v1/chat/completions"),
+        ],
+    }
 }
 
 /// What the model continues.
@@ -174,6 +199,17 @@ pub fn parse(
             Some(Value::String(s)) if s.is_empty() || (*k == "tool_choice" && s == "none") => {}
             Some(Value::Number(n)) if *k == "best_of" && n.as_u64() == Some(1) => {}
             Some(_) => return Err(ApiError::unsupported(k, why)),
+        }
+    }
+    for (k, home) in foreign_fields(endpoint) {
+        if present(&o, k).is_some() {
+            return Err(ApiError::field(
+                k,
+                format!(
+                    "belongs to {home}, not to this endpoint ({}); send it there, or leave it out",
+                    endpoint.path()
+                ),
+            ));
         }
     }
     if let Some(rf) = present(&o, "response_format") {
@@ -535,6 +571,44 @@ mod tests {
             assert_eq!(e.status, 400);
         }
         assert_eq!(chat("{not json").unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn a_field_of_the_other_endpoint_is_refused_by_name() {
+        let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+        for (endpoint, body, field) in [
+            (
+                Endpoint::Chat,
+                format!(r#"{{{msgs},"prompt":"x"}}"#),
+                "prompt",
+            ),
+            (
+                Endpoint::Chat,
+                format!(r#"{{{msgs},"echo":false}}"#),
+                "echo",
+            ),
+            (
+                Endpoint::Completion,
+                format!(r#"{{"prompt":"x",{msgs}}}"#),
+                "messages",
+            ),
+            (
+                Endpoint::Completion,
+                r#"{"prompt":"x","logprobs":2,"top_logprobs":3}"#.to_string(),
+                "top_logprobs",
+            ),
+        ] {
+            let e = parse(body.as_bytes(), endpoint, 100, 4).expect_err(&body);
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(field)));
+            assert!(
+                e.message.contains(field) && e.message.contains("belongs to"),
+                "{}",
+                e.message
+            );
+        }
+        // null is absent.
+        let body = format!(r#"{{{msgs},"prompt":null}}"#);
+        assert!(parse(body.as_bytes(), Endpoint::Chat, 100, 4).is_ok());
     }
 
     #[test]
