@@ -1,8 +1,8 @@
 //! The tiled path of [`super::quant`]: activations quantized once, then each weight row is
 //! multiplied with all activation rows by a tile kernel (weight blocks unpacked once per tile
 //! of activation rows) — Q4_0, Q5_0 and Q8_0 weights with [`Q8Rows`] activations
-//! (`vec_dot::avx2_tile`, AVX2 or AVX-512 VNNI), Q6_K weights with Q8_K activations
-//! (`vec_dot::avx512_q6k`, AVX-512VL/BW). The same kernels serve mat-vec (one row) and mat-mat,
+//! (`vec_dot::avx2_tile`, AVX2 or AVX-512 VNNI), Q4_K and Q6_K weights with Q8_K activations
+//! (`vec_dot::avx512_q4k`, `vec_dot::avx512_q6k`, AVX-512VL/BW). The same kernels serve mat-vec (one row) and mat-mat,
 //! so both give the same bits per output.
 
 use super::quant::Split;
@@ -17,6 +17,8 @@ pub(super) enum Tiled {
     /// Q4_0 / Q5_0 / Q8_0 × Q8_0 split rows.
     #[cfg(target_arch = "x86_64")]
     Q0(crate::vec_dot::avx2_tile::Q0),
+    /// Q4_K × Q8_K.
+    Q4K,
     /// Q6_K × Q8_K.
     Q6K,
 }
@@ -26,7 +28,7 @@ pub(super) enum Tiled {
 pub(super) enum TileActs<'a> {
     /// For [`Tiled::Q0`].
     Q8(&'a Q8Rows),
-    /// `m` rows of Q8_K blocks, for [`Tiled::Q6K`].
+    /// `m` rows of Q8_K blocks, for [`Tiled::Q4K`] and [`Tiled::Q6K`].
     Q8K(&'a [u8]),
 }
 
@@ -43,15 +45,15 @@ impl Tiled {
     /// The activation format this kernel reads (Q8_0 or Q8_K).
     pub fn act_format(self) -> QuantFormat {
         match self {
-            Tiled::Q6K => QuantFormat::Q8_K,
+            Tiled::Q4K | Tiled::Q6K => QuantFormat::Q8_K,
             #[cfg(target_arch = "x86_64")]
             Tiled::Q0(_) => QuantFormat::Q8_0,
         }
     }
 }
 
-/// The tile kernel for `format` under `isa`: Q4_0, Q5_0, Q8_0 with [`Isa::Avx2`]; Q6_K with
-/// [`Isa::Avx2`] on a CPU with AVX-512VL/BW.
+/// The tile kernel for `format` under `isa`: Q4_0, Q5_0, Q8_0 with [`Isa::Avx2`]; Q4_K and
+/// Q6_K with [`Isa::Avx2`] on a CPU with AVX-512VL/BW.
 pub(super) fn tiled(format: QuantFormat, isa: Isa) -> Option<Tiled> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -60,6 +62,9 @@ pub(super) fn tiled(format: QuantFormat, isa: Isa) -> Option<Tiled> {
         }
         if format == QuantFormat::Q6_K {
             return vec_dot::avx512_q6k::available().then_some(Tiled::Q6K);
+        }
+        if format == QuantFormat::Q4_K {
+            return vec_dot::avx512_q4k::available().then_some(Tiled::Q4K);
         }
         crate::vec_dot::avx2_tile::q0_of(format).map(Tiled::Q0)
     }
@@ -150,6 +155,10 @@ pub(super) unsafe fn rows(
         #[cfg(target_arch = "x86_64")]
         (Tiled::Q0(f), TileActs::Q8(a)) => {
             crate::vec_dot::avx2_tile::rows_times_acts(f, ws, row_bytes, a, out)
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Tiled::Q4K, TileActs::Q8K(a)) => {
+            crate::vec_dot::avx512_q4k::rows_times_acts(ws, row_bytes, cols, a, m, out)
         }
         #[cfg(target_arch = "x86_64")]
         (Tiled::Q6K, TileActs::Q8K(a)) => {

@@ -57,7 +57,7 @@ safe_wrapper!(
 /// arbitrary register (often the loop's accumulator), a false dependency across iterations.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_pair(p: *const u8) -> __m128 {
+pub(super) unsafe fn f16_pair(p: *const u8) -> __m128 {
     _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()))
 }
 
@@ -76,7 +76,7 @@ unsafe fn f16_product_x8(a: *const u8, b: *const u8) -> __m256 {
 /// Horizontal sum of 8 f32 (ggml `hsum_float_8`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_float_8(x: __m256) -> f32 {
+pub(super) unsafe fn hsum_float_8(x: __m256) -> f32 {
     let mut res = _mm256_extractf128_ps(x, 1);
     res = _mm_add_ps(res, _mm256_castps256_ps128(x));
     res = _mm_add_ps(res, _mm_movehl_ps(res, res));
@@ -245,7 +245,7 @@ const SCALE_SHUFFLE_K4: [[u8; 32]; 8] = {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_shuffle_k4(i: usize) -> __m256i {
+pub(super) unsafe fn scale_shuffle_k4(i: usize) -> __m256i {
     _mm256_loadu_si256(SCALE_SHUFFLE_K4[i].as_ptr() as *const __m256i)
 }
 

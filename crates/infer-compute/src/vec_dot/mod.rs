@@ -17,6 +17,8 @@ mod avx2_dispatch;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_tile;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_q4k;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_q6k;
 pub mod generic;
 mod layout;
