@@ -74,6 +74,7 @@ impl DeviceArgs {
         gen.device_decode = !self.host_loop;
         let runner = gen.runner()?;
         if explain {
+            eprintln!("{}", prompt_mode(self));
             eprintln!("{}", decode_mode(runner, self));
         }
         Ok(())
@@ -101,6 +102,18 @@ fn cuda_backend(ordinal: usize) -> Result<Box<dyn ComputeBackend>> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_backend(_ordinal: usize) -> Result<Box<dyn ComputeBackend>> {
     anyhow::bail!(NO_CUDA)
+}
+
+/// `prompt: …` line of `--explain`: where the forward pass's operations run.
+pub fn prompt_mode(args: &DeviceArgs) -> String {
+    match args.device {
+        Device::Cpu => "prompt: CPU forward pass".into(),
+        d => format!(
+            "prompt: every operation on {d} (embedding, norms, products, RoPE, KV cache, \
+             attention, activations, residuals, logits); a walk-FFN or MoE layer (see its FFN \
+             above) runs its FFN on the host, its input and output copied"
+        ),
+    }
 }
 
 /// `decode: …` line of `--explain`: where single tokens run.
