@@ -14,7 +14,7 @@
 //!   that is not on top of the stack by moving the values above it to a side stack and back
 //!   (`PUSH`/`POP`), so the original instruction still runs unchanged: a template within the
 //!   limits renders exactly as with plain minijinja.
-//! * After every list, map and keyword-argument literal it checks the nesting depth; after
+//! * After every list and map literal it checks the nesting depth; after
 //!   every call and captured block, the length of the string it made.
 //! * `EmitRaw` (template text) becomes `LoadConst` + `Emit`, so all output (also output
 //!   captured by `{% set %}` blocks, macros and `caller()`) goes through one formatter, which
@@ -47,9 +47,14 @@ use super::{
     TEMPLATE_MAX_SOURCE, TEMPLATE_MAX_TAG_TOKENS, TEMPLATE_MAX_VALUE, TEMPLATE_MAX_WORK,
 };
 
-/// Work-budget bytes charged per value visited when a value is measured (about a `Value`'s
-/// size plus its share of a list).
-pub(super) const VISIT_COST: usize = 32;
+/// Work-budget bytes charged per value visited when a value is measured or iterated (what
+/// visiting a value costs relative to copying bytes: iterating minijinja's lazy sequences
+/// goes through a chain of boxed iterators).
+pub(super) const VISIT_COST: usize = 128;
+
+/// Work-budget bytes charged per byte of a string scanned (searched, compared, counted in
+/// chars): scanning costs more than copying, which moves whole blocks.
+pub(super) const SCAN_COST: usize = 4;
 
 // Guard functions, as globals whose names are no identifiers (a template cannot shadow them).
 const PUSH: &str = "infer-guard push";
@@ -172,11 +177,15 @@ struct Shape {
 }
 
 impl Shape {
-    /// Bytes charged for measuring (and scanning) the value.
+    /// Bytes charged for visiting the value's parts.
+    fn visits(&self) -> usize {
+        self.values.saturating_mul(VISIT_COST)
+    }
+
+    /// Bytes charged for visiting the value's parts and scanning its strings.
     fn cost(&self) -> usize {
-        self.values
-            .saturating_mul(VISIT_COST)
-            .saturating_add(self.str_bytes)
+        self.visits()
+            .saturating_add(self.str_bytes.saturating_mul(SCAN_COST))
     }
 
     /// An upper bound of the value's printed size with `indent` spaces per nesting level
@@ -199,6 +208,22 @@ impl Shape {
 /// sequences are iterated (they are finite and repeatable: minijinja's own are).
 fn walk(v: &Value) -> Result<Shape, Error> {
     let mut s = Shape::default();
+    // Scalars and strings, the common case, without the work list.
+    match v.kind() {
+        ValueKind::String | ValueKind::Bytes => {
+            s.values = 1;
+            s.strings = 1;
+            s.str_bytes = v
+                .as_str()
+                .map_or_else(|| v.as_bytes().map_or(0, <[u8]>::len), str::len);
+            return Ok(s);
+        }
+        ValueKind::Seq | ValueKind::Iterable | ValueKind::Map | ValueKind::Plain => {}
+        _ => {
+            s.values = 1;
+            return Ok(s);
+        }
+    }
     let mut todo = vec![(v.clone(), 0usize)];
     while let Some((v, depth)) = todo.pop() {
         s.values += 1;
@@ -271,10 +296,18 @@ fn is_opaque(v: &Value) -> bool {
     first.0 != Some(b'{')
 }
 
-/// Walk `v` and charge the walk.
+/// Walk `v` and charge the walk and scanning its strings (for what compares, hashes or
+/// serializes it).
 fn scan(v: &Value) -> Result<Shape, Error> {
     let s = walk(v)?;
     charge(s.cost())?;
+    Ok(s)
+}
+
+/// Walk `v` and charge the walk (for what only holds it).
+fn measure(v: &Value) -> Result<Shape, Error> {
+    let s = walk(v)?;
+    charge(s.visits())?;
     Ok(s)
 }
 
@@ -302,7 +335,7 @@ fn display_len(v: &Value) -> Result<usize, Error> {
         v.kind(),
         ValueKind::Seq | ValueKind::Iterable | ValueKind::Map | ValueKind::Plain
     ) {
-        scan(v)?;
+        measure(v)?;
     }
     let mut c = Counter(0);
     if fmt::write(&mut c, format_args!("{v}")).is_err() {
@@ -401,7 +434,7 @@ fn compare(a: Value) -> Result<Value, Error> {
 /// `a[i]`: a string is indexed by chars (linear), a lazy sequence by iterating.
 fn index(a: Value) -> Result<Value, Error> {
     if let Some(s) = a.as_str() {
-        charge(s.len())?;
+        charge(s.len().saturating_mul(SCAN_COST))?;
     } else if a.kind() == ValueKind::Iterable {
         charge(items(&a)?.saturating_mul(VISIT_COST))?;
     }
@@ -411,7 +444,7 @@ fn index(a: Value) -> Result<Value, Error> {
 /// `a[i:j:k]`: linear in `a`.
 fn slice(a: Value) -> Result<Value, Error> {
     if let Some(s) = a.as_str() {
-        charge(s.len())?;
+        charge(s.len().saturating_mul(SCAN_COST))?;
     } else if is_sequence(&a) {
         charge(items(&a)?.saturating_mul(VISIT_COST))?;
     }
@@ -421,7 +454,7 @@ fn slice(a: Value) -> Result<Value, Error> {
 /// `{% set ns.x = v %}`: `v` may hold no namespace (a cycle) and no opaque object (a loop
 /// holds its iterable, a macro its closure: either may hold the namespace).
 fn store(v: Value) -> Result<Value, Error> {
-    let s = scan(&v)?;
+    let s = measure(&v)?;
     if s.namespaces > 0 {
         return Err(refuse(
             "a namespace cannot be stored in a namespace, also not inside a list or map \
@@ -439,9 +472,30 @@ fn store(v: Value) -> Result<Value, Error> {
     Ok(Value::UNDEFINED)
 }
 
-/// A list, map or keyword-argument literal just built: its nesting is checked.
+/// A list or map literal just built: its nesting is checked (items that are no lists or maps,
+/// the common case, without walking).
 fn built(v: Value) -> Result<Value, Error> {
-    scan(&v)?;
+    let mut n = 0usize;
+    if let Ok(items) = v.try_iter() {
+        for item in items {
+            n += 1;
+            let item = if v.kind() == ValueKind::Map {
+                v.get_item(&item).unwrap_or_default()
+            } else {
+                item
+            };
+            if matches!(
+                item.kind(),
+                ValueKind::Seq | ValueKind::Iterable | ValueKind::Map | ValueKind::Plain
+            ) {
+                let s = measure(&item)?;
+                if s.depth + 1 >= TEMPLATE_MAX_DEPTH {
+                    walk(&v)?; // the nesting error, with its message
+                }
+            }
+        }
+    }
+    charge(n.saturating_add(1).saturating_mul(VISIT_COST))?;
     Ok(Value::UNDEFINED)
 }
 
@@ -461,7 +515,7 @@ fn scan_arg(v: Value) -> Result<Value, Error> {
 
 /// A `*args` list or a `{% set a, b = … %}` value: through its nesting.
 fn scan_all(v: Value) -> Result<Value, Error> {
-    scan(&v)?;
+    measure(&v)?;
     Ok(Value::UNDEFINED)
 }
 
@@ -508,12 +562,15 @@ fn pieces(s: &str, sep: Option<&str>) -> usize {
 }
 
 /// The work of looking at the top level of `v` (a filter iterating a list, a method scanning
-/// a string): a string's bytes, or [`VISIT_COST`] per item of a list or map (an unsized lazy
+/// a string): [`SCAN_COST`] per byte of a string, or [`VISIT_COST`] per item of a list or map (an unsized lazy
 /// sequence is counted by iterating it). Errors: more than [`TEMPLATE_MAX_ITEMS`] items.
 fn shallow(v: &Value) -> Result<usize, Error> {
     Ok(match v.kind() {
-        ValueKind::String => v.as_str().map_or(0, str::len),
-        ValueKind::Bytes => v.as_bytes().map_or(0, <[u8]>::len),
+        ValueKind::String => v.as_str().map_or(0, str::len).saturating_mul(SCAN_COST),
+        ValueKind::Bytes => v
+            .as_bytes()
+            .map_or(0, <[u8]>::len)
+            .saturating_mul(SCAN_COST),
         ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => {
             let n = match v.len() {
                 Some(n) => n,
@@ -537,6 +594,13 @@ fn shallow(v: &Value) -> Result<usize, Error> {
 /// (their arguments are measured through their nesting); the others look at the top level.
 const DEEP_FILTERS: &[&str] = &[
     "tojson", "pprint", "sum", "sort", "unique", "dictsort", "groupby", "min", "max",
+];
+
+/// Filters that take the same time for any size of list or map (`length` of a list is its
+/// stored length): charged one visit per argument when given a sized list or map (a string
+/// is charged its bytes: its length is counted in chars).
+const CHEAP_FILTERS: &[&str] = &[
+    "length", "count", "first", "default", "d", "attr", "bool", "abs", "round", "safe",
 ];
 
 /// Filters that print a non-string value to work on it (its printed size is checked).
@@ -564,6 +628,12 @@ fn check_filter(name: &str, args: &[Value]) -> Result<(), Error> {
     let mut shapes = Vec::new();
     if DEEP_FILTERS.contains(&name) {
         shapes = args.iter().map(scan).collect::<Result<_, _>>()?;
+    } else if CHEAP_FILTERS.contains(&name)
+        && args
+            .first()
+            .is_some_and(|v| v.as_str().is_none() && v.len().is_some())
+    {
+        charge(args.len().saturating_mul(VISIT_COST))?;
     } else {
         for a in args {
             charge(shallow(a)?)?;
@@ -664,7 +734,7 @@ fn check_result(v: &Value) -> Result<(), Error> {
         check_len(s.len())?;
         charge(s.len())
     } else {
-        scan(v).map(|_| ())
+        measure(v).map(|_| ())
     }
 }
 
@@ -832,7 +902,7 @@ pub(super) fn install(env: &mut Environment<'_>) {
         "dict",
         move |state: &State, args: Rest<Value>| -> Result<Value, Error> {
             for a in args.iter() {
-                scan(a)?;
+                measure(a)?;
             }
             let r = dict.call(state, &args)?;
             check_result(&r)?;
@@ -852,7 +922,8 @@ pub(super) fn install(env: &mut Environment<'_>) {
         );
     }
     for (name, stock) in builtin_tests() {
-        // Comparing tests recurse through their operands; the others look at the top value.
+        // Comparing tests recurse through their operands; the others look at a value's type
+        // or its first bytes.
         let deep = matches!(
             name,
             "eq" | "equalto"
@@ -878,7 +949,7 @@ pub(super) fn install(env: &mut Environment<'_>) {
                     if deep {
                         scan(a)?;
                     } else {
-                        charge(shallow(a)?)?;
+                        charge(VISIT_COST)?;
                     }
                 }
                 stock.call(state, &args)
@@ -994,10 +1065,8 @@ pub(super) fn guarded<'s>(src: &Instructions<'s>) -> Result<Instructions<'s>, Er
         }
         add_at(&mut out, instr.clone(), loc);
         let after = match instr {
-            Instruction::BuildList(_)
-            | Instruction::BuildMap(_)
-            | Instruction::BuildKwargs(_)
-            | Instruction::MergeKwargs(_) => Some(BUILT),
+            // (Keyword arguments are consumed by the call they are built for.)
+            Instruction::BuildList(_) | Instruction::BuildMap(_) => Some(BUILT),
             Instruction::EndCapture
             | Instruction::CallFunction(..)
             | Instruction::CallObject(_) => Some(SIZED),
