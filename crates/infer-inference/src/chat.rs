@@ -590,6 +590,23 @@ mod tests {
     /// is refused before minijinja compiles the template.
     #[test]
     fn compile_time_blowups_are_refused_before_compiling() {
+        for (data, expected) in [
+            (
+                &include_bytes!(
+                    "../../../fuzz/regressions/chat_template/compile-operator-chain.jinja"
+                )[..],
+                "has more than 1024 tokens",
+            ),
+            (
+                include_bytes!(
+                    "../../../fuzz/regressions/chat_template/compile-constant-folding.jinja"
+                ),
+                "a constant expression of the template would exceed 16 MiB",
+            ),
+        ] {
+            let e = render_fuzz_input(data).unwrap_err();
+            assert!(e.contains(expected), "{e}");
+        }
         let chain = format!("{{{{ x{} }}}}", " ~ x".repeat(30_000));
         let e = render_err(&chain);
         assert!(e.contains("has more than 1024 tokens"), "{e}");

@@ -32,7 +32,8 @@
 //! Limits: [`TEMPLATE_MAX_VALUE`] bytes per string (or printed value), [`TEMPLATE_MAX_ITEMS`]
 //! values per list/map (counted through its nesting), [`TEMPLATE_MAX_DEPTH`] levels of nesting,
 //! and [`TEMPLATE_MAX_WORK`] bytes per render of values created, scanned or written (each
-//! value visited while measuring counts [`VISIT_COST`] bytes).
+//! value visited while measuring or iterating counts [`VISIT_COST`] bytes, each byte of a
+//! string scanned [`SCAN_COST`]). [`check_source`] bounds what compiling a template costs.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
