@@ -43,13 +43,8 @@ run_one() {
   local t=$1 status=0
   mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
   local dict=(); [ -f "fuzz/dicts/$t.dict" ] && dict=(-dict="fuzz/dicts/$t.dict")
-  # A template that stores a namespace into itself leaks it (a minijinja Arc cycle, capped per
-  # render by TEMPLATE_MAX_NAMESPACES, not freed): leak reports are off for that target only.
-  # LeakSanitizer's own report at exit (ASAN_OPTIONS) is off for it too.
-  local asan="${ASAN_OPTIONS:-}"
-  [ "$t" = chat_template ] && dict+=(-detect_leaks=0) && asan="detect_leaks=0${asan:+:$asan}"
   local log="fuzz/artifacts/$t/last-run.log"
-  ASAN_OPTIONS="$asan" cargo fuzz run --fuzz-dir fuzz -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
+  cargo fuzz run --fuzz-dir fuzz -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
     -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -max_len=1048576 \
     -print_final_stats=1 "${dict[@]}" "${extra[@]}" >"$log" 2>&1 || status=$?
   local execs cov corpus
@@ -57,16 +52,6 @@ run_one() {
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
   corpus=$(find "fuzz/corpus/$t" -type f | wc -l)
   echo "$t $seconds ${execs:-?} $corpus ${cov:-?} exit=$status" | tee -a fuzz/artifacts/runs.txt
-  # Known open findings of chat_template (FUZZING.md, findings 2-4): minijinja bounds neither
-  # concatenated string sizes (`ns.s ~ ns.s`: out of memory or time) nor printing a namespace
-  # stored into itself (`{% set ns.n = ns %}{{ ns.n }}`: unbounded recursion, stack overflow),
-  # and such a namespace is never freed (leak). Reported loudly, not failed on, until fixed;
-  # any other crash of it, and every finding of the other targets, still fails.
-  if [ "$status" -ne 0 ] && [ "$t" = chat_template ] &&
-    grep -Eaq 'ERROR: libFuzzer: (out-of-memory|timeout)|AddressSanitizer: stack-overflow|LeakSanitizer: detected memory leaks' "$log"; then
-    echo "KNOWN OPEN FINDING (issue 21, FUZZING.md findings 2-4): $t: $(grep -Eao 'ERROR: libFuzzer: [a-z-]+|AddressSanitizer: stack-overflow|LeakSanitizer: detected memory leaks' "$log" | head -n 1); input under fuzz/artifacts/$t" >&2
-    status=0
-  fi
   if [ "$status" -ne 0 ]; then
     tail -n 40 "$log" >&2
     echo "fuzz target $t failed: input saved under fuzz/artifacts/$t, log $log" >&2

@@ -183,6 +183,61 @@ pub fn chat_template(data: &[u8]) {
     let _ = t.render(&messages[1..2], false);
 }
 
+/// Vocabulary size the `serve_request` target parses against (SmolLM2's: token ids and
+/// `logit_bias` keys at or above it are refused).
+const SERVE_VOCAB: usize = 49_152;
+
+/// Sequences the `serve_request` target's server runs at once (`--parallel`: the bound of `n`).
+const SERVE_PARALLEL: usize = 4;
+
+/// `serve_request`: a request body read as `infer serve` reads one for each endpoint
+/// (`/v1/chat/completions`, `/v1/completions`): JSON, every field's type and range, messages
+/// and content parts, prompts as text or token ids, stop strings, logit biases, sampling. A
+/// request that parses must hold what the parser promises (ranges, counts, ids below the
+/// vocabulary); a chat request's messages are then rendered through ChatML, as the server
+/// renders them through the model's template.
+pub fn serve_request(data: &[u8]) {
+    use infer_cli::serve::params::{parse, Endpoint, Input, MAX_STOPS, MAX_TOP_LOGPROBS};
+    static CHATML: OnceLock<infer_inference::chat::ChatTemplate> = OnceLock::new();
+    for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+        let Ok(r) = parse(data, endpoint, SERVE_VOCAB, SERVE_PARALLEL) else {
+            continue;
+        };
+        assert!((1..=SERVE_PARALLEL).contains(&r.n), "n = {}", r.n);
+        assert!(r.stop.len() <= MAX_STOPS && r.stop.iter().all(|s| !s.is_empty()));
+        assert!(r.logprobs.is_none_or(|k| k <= MAX_TOP_LOGPROBS));
+        assert!(r.max_tokens.is_none_or(|m| m >= 1));
+        let p = &r.sampling.params;
+        assert!((0.0..=2.0).contains(&p.temperature), "{}", p.temperature);
+        assert!(p.top_p > 0.0 && p.top_p <= 1.0 && (0.0..=1.0).contains(&p.min_p));
+        assert!(p.top_k <= SERVE_VOCAB && p.repeat_penalty > 0.0);
+        for (id, bias) in &r.sampling.logit_bias {
+            assert!((*id as usize) < SERVE_VOCAB && (-100.0..=100.0).contains(bias));
+        }
+        match &r.input {
+            Input::Messages(messages) => {
+                assert!(endpoint == Endpoint::Chat && !messages.is_empty());
+                let t = CHATML.get_or_init(|| {
+                    infer_inference::chat::ChatTemplate::new(
+                        infer_inference::chat::CHATML_TEMPLATE,
+                        "",
+                        "<|im_end|>",
+                    )
+                    .expect("ChatML compiles")
+                });
+                let prompt = t
+                    .render(messages, true)
+                    .expect("ChatML renders any messages");
+                assert!(prompt.ends_with("<|im_start|>assistant\n"));
+            }
+            Input::Text(text) => assert!(endpoint == Endpoint::Completion && !text.is_empty()),
+            Input::Ids(ids) => {
+                assert!(!ids.is_empty() && ids.iter().all(|&i| (i as usize) < SERVE_VOCAB))
+            }
+        }
+    }
+}
+
 /// Pack `(name, content)` pairs into the `vindex_open` container: per file, a one-byte name
 /// length, the name, a little-endian u32 content length, the content.
 pub fn pack_files(files: &[(&str, &[u8])]) -> Vec<u8> {

@@ -8,12 +8,13 @@
 
 mod choice;
 mod engine;
-mod error;
 mod http;
 mod metrics;
-mod params;
 mod respond;
 mod scheduler;
+// Request parsing and the error type live in the library target (src/lib.rs), which the
+// `serve_request` fuzz target links.
+use infer_cli::serve::{error, params};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
