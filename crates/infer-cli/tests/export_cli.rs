@@ -417,18 +417,25 @@ fn real_round_trip(model: &str, root: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (v1, g, v2)
 }
 
-/// Every stored tensor of the two vindexes is byte-identical (quantized blocks, embeddings,
-/// norms), both record every quantized tensor as passed through from their GGUF, and the
-/// tokenizer, chat template and config come back; logits on a prompt are identical.
-fn assert_same_vindex(v1: &Path, v2: &Path, n_quantized: usize) {
+/// Every stored tensor of the two vindexes is byte-identical, and the second one's
+/// passthrough record lists all `n_quantized` block tensors.
+fn assert_same_vindex_tensors(v1: &Path, v2: &Path, n_quantized: usize) {
     let (a, b) = (open(v1), open(v2));
-    assert_eq!(a.config(), b.config());
-    assert_eq!(a.tiers(), b.tiers());
     let (sa, sb) = (stored(&a), stored(&b));
     let quantized = sa.iter().filter(|(_, (_, f, _))| f != "F32").count();
     assert_eq!(quantized, n_quantized);
     assert_eq!(sa, sb);
     assert_eq!(b.index().passthrough.len(), n_quantized);
+}
+
+/// Every stored tensor of the two vindexes is byte-identical (quantized blocks, embeddings,
+/// norms), both record every quantized tensor as passed through from their GGUF, and the
+/// tokenizer, chat template and config come back; logits on a prompt are identical.
+fn assert_same_vindex(v1: &Path, v2: &Path, n_quantized: usize) {
+    assert_same_vindex_tensors(v1, v2, n_quantized);
+    let (a, b) = (open(v1), open(v2));
+    assert_eq!(a.config(), b.config());
+    assert_eq!(a.tiers(), b.tiers());
     assert_eq!(a.tokenizer_json().unwrap(), b.tokenizer_json().unwrap());
     assert_eq!(a.chat_template(), b.chat_template());
     let root = v1.parent().unwrap();
@@ -557,6 +564,15 @@ fn q8_q4_tiers_and_refusals() {
     let out = root.path().join("x.gguf");
     let q4k_only = root.path().join("q4k.vindex");
     ok(&["extract", s(&src), "-o", s(&q4k_only), "--no-tokenizer"]);
+    // Untied and without a float tier: the q4k tier's output matrix is the only one, and it
+    // goes out as `output.weight` with every other block.
+    let g = root.path().join("q4k.gguf");
+    let back = root.path().join("q4k.2.vindex");
+    ok(&["export", s(&q4k_only), "-o", s(&g)]);
+    let h = infer_models::gguf::GgufHeader::read(&g).unwrap();
+    assert!(h.tensors.iter().any(|t| t.name == "output.weight"));
+    ok(&["extract", s(&g), "-o", s(&back), "--no-tokenizer"]);
+    assert_same_vindex_tensors(&q4k_only, &back, 3 * 7 + 2);
     fails(
         &["export", s(&q4k_only), "-o", s(&out), "--tier", "q8"],
         &["no 'q8' tier (it has q4k)"],

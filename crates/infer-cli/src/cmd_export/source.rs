@@ -286,7 +286,9 @@ pub fn resolve<'a>(v: &'a Vindex, plan: &Plan) -> anyhow::Result<Vec<Tensor<'a>>
     let cfg = v.config();
     let arch = infer_models::architecture_for(cfg)
         .map_err(|m| anyhow::anyhow!("{}: {m}", v.path().display()))?;
-    let tied = v.lm_head().is_none();
+    // Tied: the quantized tiers' `lm_head.weight` is a copy of the embeddings. (Untied without
+    // a float tier, it is the only copy of the output matrix.)
+    let tied = cfg.tie_word_embeddings;
     // Every stored key with its HF shape.
     let mut shapes: HashMap<String, Vec<usize>> = HashMap::new();
     for k in v.keys() {
