@@ -24,8 +24,8 @@ mod hf;
 mod like;
 mod limits;
 mod random;
-mod space;
-mod stage;
+pub(crate) mod space;
+pub(crate) mod stage;
 
 use std::path::{Path, PathBuf};
 
@@ -108,7 +108,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
 }
 
 /// `b` is the existing file or directory `a`, or (with `inside`) lies inside `a`.
-fn same_or_inside(a: &Path, b: &Path, inside: bool) -> bool {
+pub(crate) fn same_or_inside(a: &Path, b: &Path, inside: bool) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
         (Ok(a), Ok(b)) => a == b || (inside && b.starts_with(a)),
         _ => false,

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd_bench;
 mod cmd_chat;
+mod cmd_export;
 mod cmd_inspect;
 mod cmd_perplexity;
 mod cmd_quant_stats;
@@ -40,6 +41,9 @@ enum Command {
     Extract(cmd_vindex::ExtractArgs),
     /// Re-hash every file of a vindex against its index.json.
     Verify(cmd_vindex::VerifyArgs),
+    /// Write a vindex back as a GGUF file (llama.cpp) or, with --safetensors, a Hugging Face
+    /// folder (quantized blocks copied as stored).
+    Export(cmd_export::ExportArgs),
     /// Continue a prompt: streams the continuation to stdout, tokens/s to stderr.
     #[command(allow_negative_numbers = true)]
     Run(cmd_run::RunArgs),
@@ -141,6 +145,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Extract(a) => cmd_vindex::extract(a),
         Command::Verify(a) => cmd_vindex::verify(a),
+        Command::Export(a) => cmd_export::run(a),
         Command::QuantStats(a) => cmd_quant_stats::run(a),
         Command::Run(a) => cmd_run::run(a),
         Command::Chat(a) => cmd_chat::chat(a),

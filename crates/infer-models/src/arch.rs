@@ -204,6 +204,13 @@ pub trait ModelArchitecture: Send + Sync {
     fn source_transform(&self, _hf_name: &str) -> TensorTransform {
         TensorTransform::AsIs
     }
+    /// Inverse of [`ModelArchitecture::canonical_name`]: the HF checkpoint name of the tensor
+    /// holding the canonical tensor `canonical` (for a part of a fused projection, the fused
+    /// tensor's name, whose [`ModelArchitecture::source_transform`] splits it again). Used to
+    /// write a HF folder back from a vindex. Identity for Llama-named families.
+    fn source_name(&self, canonical: &str) -> String {
+        canonical.to_string()
+    }
 
     // ---- Canonical tensor keys the forward pass reads (Llama-style HF names). ----
     // Weights are `[out, in]` (Linear layout), norms `[hidden]` (or `[head_dim]` for per-head

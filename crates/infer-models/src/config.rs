@@ -5,6 +5,7 @@
 //! Every field here affects the forward pass unless listed in [`ModelConfig::EXEMPT_FIELDS`];
 //! the vindex persists the whole struct (serde) in `index.json`.
 
+mod hf_out;
 mod json;
 pub mod limits;
 mod rope;

@@ -151,9 +151,143 @@ pub fn apply(
     }
 }
 
+/// Row-major transpose of `[rows, cols]` to `[cols, rows]` for any element type (f32, f16).
+fn transpose_any<T: Copy + Default>(data: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut out = vec![T::default(); data.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = data[r * cols + c];
+        }
+    }
+    out
+}
+
+/// The inverse of [`apply`]: the source tensor of `shape` (as the source stores it, the shape
+/// [`plan_outputs`] was given) rebuilt from its canonical outputs `parts`, in the order
+/// [`plan_outputs`] lists them (q, k, v; gate, up). Element-wise exact for any element type.
+///
+/// Errors (as a message): a part count or total length that does not fit `shape` and `t`.
+pub fn unapply<T: Copy + Default>(
+    cfg: &ModelConfig,
+    parts: &[Vec<T>],
+    shape: &[usize],
+    t: TensorTransform,
+) -> Result<Vec<T>, String> {
+    let want_parts = match t {
+        TensorTransform::AsIs | TensorTransform::Transpose => 1,
+        TensorTransform::SplitQkv(_) => 3,
+        TensorTransform::SplitGateUp => 2,
+    };
+    let total: usize = parts.iter().map(Vec::len).sum();
+    if parts.len() != want_parts || total != shape.iter().product::<usize>() {
+        return Err(format!(
+            "{} parts of {total} values do not make a {shape:?} source tensor ({t:?})",
+            parts.len()
+        ));
+    }
+    Ok(match (t, shape) {
+        (TensorTransform::Transpose, [r, c]) => transpose_any(&parts[0], *c, *r),
+        (TensorTransform::AsIs | TensorTransform::Transpose, _) => parts[0].clone(),
+        (TensorTransform::SplitGateUp, _)
+        | (TensorTransform::SplitQkv(QkvLayout::Concat), _)
+        | (TensorTransform::SplitQkv(QkvLayout::Conv1dConcat), [_]) => parts.concat(),
+        (TensorTransform::SplitQkv(QkvLayout::Conv1dConcat), [c, r]) => {
+            // Rows [q; k; v] of the Linear layout, then back to Conv1D's [in, out].
+            transpose_any(&parts.concat(), *r, *c)
+        }
+        (TensorTransform::SplitQkv(QkvLayout::Conv1dConcat), _) => parts.concat(),
+        (TensorTransform::SplitQkv(QkvLayout::PerHeadInterleaved), _) => {
+            let cols = if shape.len() == 2 { shape[1] } else { 1 };
+            let block = cfg.head_dim * cols;
+            if block == 0 || parts.iter().any(|p| p.len() % block != 0) {
+                return Err(format!(
+                    "parts of {:?} values are not whole heads of {block}",
+                    parts.iter().map(Vec::len).collect::<Vec<_>>()
+                ));
+            }
+            let heads = parts[0].len() / block;
+            let mut out = Vec::with_capacity(total);
+            for h in 0..heads {
+                for p in parts {
+                    out.extend_from_slice(&p[h * block..(h + 1) * block]);
+                }
+            }
+            out
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cfg(heads: usize, kv: usize, hd: usize) -> ModelConfig {
+        let json = serde_json::json!({
+            "model_type": "llama", "hidden_size": heads * hd, "intermediate_size": 8,
+            "num_hidden_layers": 1, "num_attention_heads": heads, "num_key_value_heads": kv,
+            "head_dim": hd, "vocab_size": 4,
+        });
+        ModelConfig::from_hf_json(std::path::Path::new("t.json"), &json).unwrap()
+    }
+
+    /// `unapply` rebuilds every transform's source tensor from `apply`'s outputs exactly.
+    #[test]
+    fn unapply_inverts_apply() {
+        let cases: Vec<(ModelConfig, Vec<usize>, TensorTransform)> = vec![
+            (cfg(2, 2, 4), vec![6, 5], TensorTransform::AsIs),
+            (cfg(2, 2, 4), vec![6, 5], TensorTransform::Transpose),
+            (
+                cfg(4, 2, 4),
+                vec![32, 16],
+                TensorTransform::SplitQkv(QkvLayout::Concat),
+            ),
+            (
+                cfg(4, 2, 4),
+                vec![32],
+                TensorTransform::SplitQkv(QkvLayout::Concat),
+            ),
+            (
+                cfg(4, 4, 4),
+                vec![48, 16],
+                TensorTransform::SplitQkv(QkvLayout::PerHeadInterleaved),
+            ),
+            (
+                cfg(4, 4, 4),
+                vec![48],
+                TensorTransform::SplitQkv(QkvLayout::PerHeadInterleaved),
+            ),
+            (
+                cfg(4, 4, 4),
+                vec![16, 48],
+                TensorTransform::SplitQkv(QkvLayout::Conv1dConcat),
+            ),
+            (
+                cfg(4, 4, 4),
+                vec![48],
+                TensorTransform::SplitQkv(QkvLayout::Conv1dConcat),
+            ),
+            (cfg(2, 2, 4), vec![16, 8], TensorTransform::SplitGateUp),
+        ];
+        for (c, shape, t) in cases {
+            let n: usize = shape.iter().product();
+            let data: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let parts = apply(&c, data.clone(), &shape, t);
+            let specs = plan_outputs(&c, "model.layers.0.self_attn.qkv_proj.weight", &shape, t)
+                .or_else(|_| plan_outputs(&c, "model.layers.0.mlp.gate_up_proj.weight", &shape, t))
+                .unwrap();
+            assert_eq!(specs.len(), parts.len(), "{t:?}");
+            for (s, p) in specs.iter().zip(&parts) {
+                assert_eq!(s.shape.iter().product::<usize>(), p.len(), "{t:?}");
+            }
+            assert_eq!(
+                unapply(&c, &parts, &shape, t).unwrap(),
+                data,
+                "{t:?} {shape:?}"
+            );
+        }
+        let c = cfg(2, 2, 4);
+        assert!(unapply(&c, &[vec![0.0f32; 3]], &[2, 2], TensorTransform::AsIs).is_err());
+    }
 
     #[test]
     fn transpose_matches_definition() {

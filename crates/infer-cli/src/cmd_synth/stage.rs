@@ -3,6 +3,8 @@
 //! it on Ctrl-C/SIGTERM), rename into place at [`Staged::commit`], remove it on drop otherwise.
 //! Every staged folder holds [`MARKER`], so `--force` can tell synth's folders from user data.
 //! A file output never replaces anything: an existing path is refused, `--force` or not.
+//! `infer export` stages the same way through [`Staged::new_for`] (no marker, and nothing
+//! existing is ever replaced, file or folder).
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +17,13 @@ pub struct Staged {
     dir: bool,
     force: bool,
     committed: bool,
+    /// The command staging (`infer synth` writes [`MARKER`] and may replace its own folders;
+    /// any other command never replaces anything).
+    tool: &'static str,
 }
+
+/// The command name of `infer synth` (the one tool whose folders `--force` may replace).
+const SYNTH: &str = "infer synth";
 
 fn remove_any(p: &Path) {
     let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
@@ -40,11 +48,23 @@ fn file_exists_error(target: &Path) -> anyhow::Error {
 /// `force`; with `force` it must be a directory that is empty or holds [`MARKER`] (written by
 /// synth). Errors name `target`.
 pub fn check_target(target: &Path, dir: bool, force: bool) -> anyhow::Result<()> {
+    check_target_as(SYNTH, target, dir, force)
+}
+
+/// [`check_target`] for `tool`: any tool other than `infer synth` refuses every existing path
+/// ("PATH exists; TOOL does not replace files or folders (remove it first)").
+pub fn check_target_as(tool: &str, target: &Path, dir: bool, force: bool) -> anyhow::Result<()> {
     let meta = match std::fs::symlink_metadata(target) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("inspecting {}", target.display())),
     };
+    if tool != SYNTH {
+        bail!(
+            "{} exists; {tool} does not replace files or folders (remove it first)",
+            target.display()
+        );
+    }
     if !dir {
         return Err(file_exists_error(target));
     }
@@ -75,10 +95,13 @@ pub fn check_target(target: &Path, dir: bool, force: bool) -> anyhow::Result<()>
 /// with `AlreadyExists` when something appeared at `target` since [`check_target`] (POSIX
 /// `link`), then `tmp` is unlinked. Where the filesystem has no hard links, a plain rename
 /// (the target was checked absent just before).
-fn place_file(tmp: &Path, target: &Path) -> anyhow::Result<()> {
+fn place_file(tool: &str, tmp: &Path, target: &Path) -> anyhow::Result<()> {
     match std::fs::hard_link(tmp, target) {
         Ok(()) => std::fs::remove_file(tmp).with_context(|| format!("removing {}", tmp.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(file_exists_error(target)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            check_target_as(tool, target, false, false)?;
+            Err(file_exists_error(target))
+        }
         Err(_) => std::fs::rename(tmp, target)
             .with_context(|| format!("renaming {} to {}", tmp.display(), target.display())),
     }
@@ -88,7 +111,18 @@ impl Staged {
     /// Check the target ([`check_target`]) and prepare `.NAME.tmp-PID` beside it (created as a
     /// directory holding only [`MARKER`] when `dir`; for a file, only the path is reserved).
     pub fn new(target: &Path, dir: bool, force: bool) -> anyhow::Result<Staged> {
-        check_target(target, dir, force)?;
+        Self::new_for(SYNTH, target, dir, force)
+    }
+
+    /// [`Staged::new`] for another command `tool` (`infer export`): the target must not exist
+    /// ([`check_target_as`]), and a staged folder holds no [`MARKER`].
+    pub fn new_for(
+        tool: &'static str,
+        target: &Path,
+        dir: bool,
+        force: bool,
+    ) -> anyhow::Result<Staged> {
+        check_target_as(tool, target, dir, force)?;
         let name = target
             .file_name()
             .and_then(|n| n.to_str())
@@ -102,8 +136,12 @@ impl Staged {
             dir,
             force,
             committed: false,
+            tool,
         };
-        if dir {
+        if dir && tool != SYNTH {
+            let tmp = &staged.tmp;
+            std::fs::create_dir_all(tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        } else if dir {
             let tmp = &staged.tmp;
             std::fs::create_dir_all(tmp).with_context(|| format!("creating {}", tmp.display()))?;
             std::fs::write(
@@ -123,7 +161,7 @@ impl Staged {
     /// Move the finished output onto the target (checked again: it may have appeared meanwhile;
     /// a file is placed with [`place_file`], which never replaces). A replaced directory is parked under `.NAME.old-PID` and deleted after the swap.
     pub fn commit(mut self) -> anyhow::Result<()> {
-        check_target(&self.target, self.dir, self.force)?;
+        check_target_as(self.tool, &self.target, self.dir, self.force)?;
         let rename = |a: &Path, b: &Path| {
             std::fs::rename(a, b)
                 .with_context(|| format!("renaming {} to {}", a.display(), b.display()))
@@ -147,7 +185,7 @@ impl Staged {
         } else if self.dir {
             rename(&self.tmp, &self.target)?;
         } else {
-            place_file(&self.tmp, &self.target)?;
+            place_file(self.tool, &self.tmp, &self.target)?;
         }
         self.committed = true;
         Ok(())

@@ -300,6 +300,10 @@ impl ModelArchitecture for FamilyArch {
         names::source_transform(self.family, hf_name)
     }
 
+    fn source_name(&self, canonical: &str) -> String {
+        names::source_name(self.family, canonical)
+    }
+
     fn position_embed_key(&self) -> Option<String> {
         (self.family == Family::Gpt2).then(|| "model.embed_positions.weight".into())
     }

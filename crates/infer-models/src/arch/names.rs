@@ -163,6 +163,110 @@ pub(super) fn canonical_name(family: Family, hf_name: &str) -> Option<String> {
     })
 }
 
+/// Inverse of [`canonical_name`]: the HF name of the checkpoint tensor of `family` that holds
+/// the canonical tensor `canonical` (what `infer export --safetensors` writes). For a part of a
+/// fused projection the fused tensor's name: GPT-2 `attn.c_attn`, GPT-NeoX
+/// `attention.query_key_value`, Phi-3 `self_attn.qkv_proj` (q/k/v) and `mlp.gate_up_proj`
+/// (gate/up); the parts are joined again by the inverse of [`source_transform`]. Gemma-3 gives
+/// the text-only names (`model.*`, as `Gemma3ForCausalLM` saves them), GPT-2 the
+/// `transformer.`-prefixed ones. Identity for Llama-named tensors.
+pub(super) fn source_name(family: Family, canonical: &str) -> String {
+    let layer = |prefix: &str, table: &[(&str, &str)]| -> Option<String> {
+        let (l, rest) = layer_parts(canonical, "model.layers.")?;
+        Some(format!("{prefix}{l}.{}", rename(rest, table)))
+    };
+    let fused_qkv = |to: &'static str| -> [(&'static str, &'static str); 3] {
+        [
+            ("self_attn.q_proj.", to),
+            ("self_attn.k_proj.", to),
+            ("self_attn.v_proj.", to),
+        ]
+    };
+    let named = match family {
+        Family::Gpt2 => match canonical {
+            "model.embed_tokens.weight" => Some("transformer.wte.weight".to_string()),
+            "model.embed_positions.weight" => Some("transformer.wpe.weight".to_string()),
+            "lm_head.weight" => None,
+            _ => match canonical.strip_prefix("model.norm.") {
+                Some(t) => Some(format!("transformer.ln_f.{t}")),
+                None => {
+                    let mut table = vec![
+                        ("input_layernorm.", "ln_1."),
+                        ("post_attention_layernorm.", "ln_2."),
+                        ("self_attn.o_proj.", "attn.c_proj."),
+                        ("mlp.up_proj.", "mlp.c_fc."),
+                        ("mlp.down_proj.", "mlp.c_proj."),
+                    ];
+                    table.extend(fused_qkv("attn.c_attn."));
+                    layer("transformer.h.", &table)
+                }
+            },
+        },
+        Family::GptNeox => match canonical {
+            "lm_head.weight" => Some("embed_out.weight".to_string()),
+            "model.embed_tokens.weight" => Some("gpt_neox.embed_in.weight".to_string()),
+            _ => match canonical.strip_prefix("model.norm.") {
+                Some(t) => Some(format!("gpt_neox.final_layer_norm.{t}")),
+                None => {
+                    let mut table = vec![
+                        ("self_attn.o_proj.", "attention.dense."),
+                        ("mlp.up_proj.", "mlp.dense_h_to_4h."),
+                        ("mlp.down_proj.", "mlp.dense_4h_to_h."),
+                    ];
+                    table.extend(fused_qkv("attention.query_key_value."));
+                    layer("gpt_neox.layers.", &table)
+                }
+            },
+        },
+        Family::Phi => match canonical.strip_prefix("model.norm.") {
+            Some(t) => Some(format!("model.final_layernorm.{t}")),
+            None => layer(
+                "model.layers.",
+                &[
+                    ("self_attn.o_proj.", "self_attn.dense."),
+                    ("mlp.up_proj.", "mlp.fc1."),
+                    ("mlp.down_proj.", "mlp.fc2."),
+                ],
+            ),
+        },
+        Family::Starcoder2 => layer(
+            "model.layers.",
+            &[
+                ("mlp.up_proj.", "mlp.c_fc."),
+                ("mlp.down_proj.", "mlp.c_proj."),
+            ],
+        ),
+        Family::Phi3 => {
+            let mut table = vec![
+                ("mlp.gate_proj.", "mlp.gate_up_proj."),
+                ("mlp.up_proj.", "mlp.gate_up_proj."),
+            ];
+            table.extend(fused_qkv("self_attn.qkv_proj."));
+            layer("model.layers.", &table)
+        }
+        Family::Mixtral => layer_parts(canonical, "model.layers.").map(|(l, rest)| {
+            let rest = if let Some(t) = rest.strip_prefix("mlp.gate.") {
+                format!("block_sparse_moe.gate.{t}")
+            } else if let Some((e, r)) = layer_parts(rest, "mlp.experts.") {
+                let r = rename(
+                    r,
+                    &[
+                        ("gate_proj.", "w1."),
+                        ("up_proj.", "w3."),
+                        ("down_proj.", "w2."),
+                    ],
+                );
+                format!("block_sparse_moe.experts.{e}.{r}")
+            } else {
+                rest.to_string()
+            };
+            format!("model.layers.{l}.{rest}")
+        }),
+        _ => None,
+    };
+    named.unwrap_or_else(|| canonical.to_string())
+}
+
 /// The data transform the source tensor `hf_name` needs (see [`TensorTransform`]).
 pub(super) fn source_transform(family: Family, hf_name: &str) -> TensorTransform {
     match family {
@@ -187,5 +291,96 @@ pub(super) fn source_transform(family: Family, hf_name: &str) -> TensorTransform
         }
         Family::Phi3 if hf_name.contains("mlp.gate_up_proj.") => TensorTransform::SplitGateUp,
         _ => TensorTransform::AsIs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `source_name` inverts `canonical_name` for every canonical key shape the families store;
+    /// a fused part maps to the fused tensor, whose canonical name is the fused key.
+    #[test]
+    fn source_name_inverts_canonical_name() {
+        let keys = [
+            "model.embed_tokens.weight",
+            "model.embed_positions.weight",
+            "model.norm.weight",
+            "model.norm.bias",
+            "lm_head.weight",
+            "lm_head.bias",
+            "model.layers.2.input_layernorm.weight",
+            "model.layers.2.input_layernorm.bias",
+            "model.layers.2.post_attention_layernorm.weight",
+            "model.layers.2.pre_feedforward_layernorm.weight",
+            "model.layers.2.post_feedforward_layernorm.weight",
+            "model.layers.2.self_attn.q_proj.weight",
+            "model.layers.2.self_attn.k_proj.bias",
+            "model.layers.2.self_attn.v_proj.weight",
+            "model.layers.2.self_attn.o_proj.weight",
+            "model.layers.2.self_attn.o_proj.bias",
+            "model.layers.2.self_attn.q_norm.weight",
+            "model.layers.2.mlp.gate_proj.weight",
+            "model.layers.2.mlp.up_proj.weight",
+            "model.layers.2.mlp.up_proj.bias",
+            "model.layers.2.mlp.down_proj.weight",
+            "model.layers.2.mlp.gate.weight",
+            "model.layers.2.mlp.experts.3.gate_proj.weight",
+            "model.layers.2.mlp.experts.3.up_proj.weight",
+            "model.layers.2.mlp.experts.3.down_proj.weight",
+            "model.layers.2.mlp.shared_expert.up_proj.weight",
+            "model.layers.2.mlp.shared_expert_gate.weight",
+        ];
+        let families = [
+            Family::Llama,
+            Family::Gemma3,
+            Family::Starcoder2,
+            Family::Phi3,
+            Family::GptNeox,
+            Family::Phi,
+            Family::Gpt2,
+            Family::Mixtral,
+            Family::Qwen2Moe,
+        ];
+        for f in families {
+            for k in keys {
+                let hf = source_name(f, k);
+                let back = canonical_name(f, &hf).unwrap_or_default();
+                let fused = ["q_proj", "k_proj", "v_proj"]
+                    .iter()
+                    .any(|p| k.contains(&format!("self_attn.{p}.")))
+                    && matches!(f, Family::Phi3 | Family::GptNeox | Family::Gpt2);
+                let fused_ffn = matches!(f, Family::Phi3)
+                    && (k.contains("mlp.gate_proj.") || k.contains("mlp.up_proj."));
+                if fused {
+                    assert!(
+                        back.contains(".self_attn.qkv_proj."),
+                        "{f:?} {k} → {hf} → {back}"
+                    );
+                } else if fused_ffn {
+                    assert!(
+                        back.contains(".mlp.gate_up_proj."),
+                        "{f:?} {k} → {hf} → {back}"
+                    );
+                } else {
+                    assert_eq!(back, k, "{f:?}: {k} → {hf}");
+                }
+            }
+        }
+        assert_eq!(
+            source_name(Family::Gpt2, "model.layers.1.self_attn.k_proj.bias"),
+            "transformer.h.1.attn.c_attn.bias"
+        );
+        assert_eq!(
+            source_name(
+                Family::Mixtral,
+                "model.layers.0.mlp.experts.1.down_proj.weight"
+            ),
+            "model.layers.0.block_sparse_moe.experts.1.w2.weight"
+        );
+        assert_eq!(
+            source_name(Family::GptNeox, "lm_head.weight"),
+            "embed_out.weight"
+        );
     }
 }

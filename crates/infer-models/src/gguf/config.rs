@@ -4,13 +4,14 @@
 //! `general.architecture`: `{arch}.block_count`, `{arch}.embedding_length`,
 //! `{arch}.feed_forward_length`, `{arch}.context_length`, `{arch}.attention.head_count`,
 //! `.head_count_kv`, `.key_length`, `.layer_norm_rms_epsilon`, `.sliding_window`,
-//! `{arch}.rope.freq_base`, `.dimension_count`, `.scaling.type`, `.scaling.factor`, and
+//! `{arch}.rope.freq_base`, `.dimension_count`, `.scaling.type`, `.scaling.factor`,
+//! `.freq_base_swa` and `{arch}.attention.sliding_window_pattern` (Gemma-2/3), and
 //! `tokenizer.ggml.{bos,eos,padding}_token_id` (the end-of-generation ids are EOS then
 //! `eot_token_id` and `eom_token_id`, as llama.cpp's `special_eog_ids`). What GGUF does not store comes from the family
 //! defaults in `family.rs`.
 
 use super::family::{family, supported, Family};
-use super::{GgufFile, GgufValue};
+use super::{GgufArray, GgufFile, GgufValue};
 use crate::config::limits::{MAX_COUNT, MAX_WIDTH};
 use crate::config::validate::{check_config, CheckedFields};
 use crate::names::ROPE_FACTOR_TENSORS;
@@ -189,7 +190,52 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     };
 
     let sliding_window = m.opt_usize("attention.sliding_window")?;
-    let layer_types = match (fam.sliding_pattern, sliding_window) {
+    // llama.cpp `load_swa_pattern`: one bool per layer (true: sliding), or a period, else the
+    // family's period.
+    let pattern_key = m.key("attention.sliding_window_pattern");
+    let bad_pattern = |msg: String| ModelError::BadField {
+        path: path.clone(),
+        field: pattern_key.clone(),
+        msg,
+    };
+    let (pattern, explicit): (Option<usize>, Option<Vec<LayerKind>>) =
+        match g.metadata(&pattern_key) {
+            None => (fam.sliding_pattern, None),
+            Some(_) if fam.sliding_pattern.is_none() => {
+                return Err(m.unsupported(format!(
+                    "{pattern_key}: sliding-window patterns are not supported for '{arch}'"
+                )))
+            }
+            Some(GgufValue::Array(GgufArray::Bool(is_swa))) => {
+                if is_swa.len() != n_layers {
+                    return Err(bad_pattern(format!(
+                        "{} entries for {n_layers} layers",
+                        is_swa.len()
+                    )));
+                }
+                let kinds = is_swa
+                    .iter()
+                    .map(|&s| {
+                        if s {
+                            LayerKind::Sliding
+                        } else {
+                            LayerKind::Full
+                        }
+                    })
+                    .collect();
+                (fam.sliding_pattern, Some(kinds))
+            }
+            Some(_) => match m.opt_usize("attention.sliding_window_pattern") {
+                Ok(Some(p)) if p > 0 => (Some(p), None),
+                _ => {
+                    return Err(bad_pattern(
+                        "expected a positive period or one bool per layer".into(),
+                    ))
+                }
+            },
+        };
+    let layer_types = match (pattern, sliding_window) {
+        (Some(_), Some(_)) if explicit.is_some() => explicit.unwrap_or_default(),
         (Some(n), Some(_)) => (0..n_layers)
             .map(|i| {
                 if (i + 1) % n == 0 {
@@ -244,7 +290,10 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         max_position_embeddings: m.req_usize("context_length")?,
         norm_eps: eps,
         rope_theta: m.opt_f64("rope.freq_base")?.unwrap_or(10_000.0),
-        rope_local_theta: fam.rope_local_theta,
+        rope_local_theta: match fam.rope_local_theta {
+            Some(default) => Some(m.opt_f64("rope.freq_base_swa")?.unwrap_or(default)),
+            None => None,
+        },
         rope_scaling,
         partial_rotary_factor: rotary,
         sliding_window,

@@ -70,8 +70,21 @@ pub fn unpermute_qk_byte_rows(data: &[u8], rows: usize, n_head: usize) -> Result
 }
 
 /// llama.cpp's forward permutation (HF row order → GGUF row order); the inverse of
-/// [`unpermute_qk_rows`]. Used to write GGUF-ordered test data.
-pub fn permute_qk_rows(data: &[f32], rows: usize, n_head: usize) -> Result<Vec<f32>, String> {
+/// [`unpermute_qk_rows`]. Used to write GGUF files (`infer export`) and GGUF-ordered test data.
+/// Works on any element type (f32, f16).
+pub fn permute_qk_rows<T: Copy + Default>(
+    data: &[T],
+    rows: usize,
+    n_head: usize,
+) -> Result<Vec<T>, String> {
+    move_rows(data, rows, n_head, Direction::HfToGguf)
+}
+
+/// [`permute_qk_rows`] on raw bytes: `data` is `rows` equal-length rows of any encoding (whole
+/// ggml blocks of a quantized row), moved as units from HF to GGUF row order, so the blocks are
+/// unchanged byte for byte; the inverse of [`unpermute_qk_byte_rows`].
+/// Errors (as a message) as [`unpermute_qk_rows`].
+pub fn permute_qk_byte_rows(data: &[u8], rows: usize, n_head: usize) -> Result<Vec<u8>, String> {
     move_rows(data, rows, n_head, Direction::HfToGguf)
 }
 
@@ -102,5 +115,6 @@ mod tests {
         let back = unpermute_qk_byte_rows(&bytes, rows, n_head).unwrap();
         let want: Vec<u8> = hf.iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(back, want);
+        assert_eq!(permute_qk_byte_rows(&want, rows, n_head).unwrap(), bytes);
     }
 }

@@ -117,3 +117,76 @@ pub fn pre_tokenizer(pre: &str) -> Option<PreTokenizer> {
         _ => return None,
     })
 }
+
+/// One `tokenizer.ggml.pre` name per distinct behaviour of [`pre_tokenizer`] (names that share a
+/// split, e.g. `starcoder`/`smollm`, behave alike), in the order [`pre_tokenizer_name`] tries
+/// them.
+const CANONICAL_NAMES: &[&str] = &[
+    "default",
+    "gpt-2",
+    "llama-bpe",
+    "dbrx",
+    "tekken",
+    "deepseek-llm",
+    "deepseek-coder",
+    "falcon",
+    "smollm",
+    "qwen2",
+    "qwen35",
+    "chatglm-bpe",
+    "glm4",
+    "gpt-4o",
+    "poro-chat",
+    "viking",
+];
+
+/// The inverse of [`pre_tokenizer`]: a `tokenizer.ggml.pre` name whose HF pre-tokenizer is
+/// `json` and whose `ignore_merges` is `ignore_merges` (for a `tokenizer.json` built from a GGUF,
+/// or a Hugging Face one with the same splits), `None` when no name matches.
+pub fn pre_tokenizer_name(json: &Value, ignore_merges: bool) -> Option<&'static str> {
+    CANONICAL_NAMES.iter().copied().find(|n| {
+        pre_tokenizer(n).is_some_and(|p| p.json == *json && p.ignore_merges == ignore_merges)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every name maps back to a name of the same behaviour (same split and ignore_merges).
+    #[test]
+    fn names_invert() {
+        for name in [
+            "default",
+            "gpt-2",
+            "llama3",
+            "llama-bpe",
+            "smaug-bpe",
+            "tekken",
+            "smollm",
+            "starcoder",
+            "qwen2",
+            "stablelm2",
+            "glm4",
+            "gpt-4o",
+            "viking",
+            "olmo",
+        ] {
+            let p = pre_tokenizer(name).unwrap();
+            let back = pre_tokenizer_name(&p.json, p.ignore_merges).unwrap();
+            let q = pre_tokenizer(back).unwrap();
+            assert_eq!(
+                (q.json, q.ignore_merges),
+                (p.json, p.ignore_merges),
+                "{name} → {back}"
+            );
+        }
+        assert_eq!(
+            pre_tokenizer_name(&json!({"type": "Whitespace"}), false),
+            None
+        );
+        let smollm = pre_tokenizer("smollm").unwrap();
+        assert_eq!(pre_tokenizer_name(&smollm.json, false), Some("smollm"));
+        assert_eq!(pre_tokenizer_name(&smollm.json, true), None);
+    }
+}
