@@ -381,8 +381,16 @@ mod tests {
         assert_eq!(files.len(), 2);
         assert_eq!(files[0], ("index.json".to_string(), &b"{}"[..]));
         assert_eq!(files[1], ("norms.bin".to_string(), &b""[..]));
+        // 12 of the second record's 14 bytes cut: its name-length byte and one byte of the
+        // name are left, kept as a record named "n" with no content.
         let cut = unpack_files(&packed[..packed.len() - 12]);
-        assert_eq!(cut.len(), 1);
+        assert_eq!(
+            cut,
+            vec![
+                ("index.json".to_string(), &b"{}"[..]),
+                ("n".to_string(), &b""[..])
+            ]
+        );
         assert_eq!(unpack_files(&[200]), vec![(String::new(), &[][..])]);
     }
 }
