@@ -19,6 +19,7 @@
 //! existing path, `--force` or not; `--force` replaces only an empty or synth-written folder (HF).
 
 mod gguf;
+pub(crate) use gguf::{create_gguf, finish_gguf};
 mod gguf_like;
 mod hf;
 mod like;

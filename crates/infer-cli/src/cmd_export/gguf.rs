@@ -7,14 +7,13 @@
 //! tier infer built: its scales are Q8_0's f16 `d` widened), byte-identical to the Q8_0
 //! blocks they were split from; a scale that is not is refused. Streamed one tensor at a time.
 
-use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{bail, Context};
 use half::f16;
 use infer_models::gguf::{
     config_from_gguf, export_family, model_metadata, permute_qk_byte_rows, permute_qk_rows,
-    tokenizer_metadata, ExportFamily, GgufFile, GgufHeader, GgufTensorInfo, GgufValue, GgufWriter,
+    tokenizer_metadata, ExportFamily, GgufFile, GgufHeader, GgufTensorInfo, GgufValue,
     DEFAULT_ALIGNMENT,
 };
 use infer_models::names::hf_to_gguf_name;
@@ -24,6 +23,7 @@ use infer_vindex::{Tier, Vindex};
 
 use super::source::{transpose, Data, LmPick, Pick, Plan, Tensor};
 use super::{join_order, Written};
+use crate::cmd_synth::{create_gguf, finish_gguf};
 
 /// A value fix applied on the way to GGUF.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -339,23 +339,13 @@ pub fn write(
         tensors: infos,
         alignment: align,
     };
-    let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 22, file), &header, shown)?;
+    let mut w = create_gguf(&header, out, shown)?;
     for o in &outs {
         for p in &o.parts {
             w.write_data(&part_bytes(p, o.fix)?)?;
         }
     }
-    let mut buf = w.finish()?;
-    buf.flush()
-        .with_context(|| format!("writing {}", out.display()))?;
-    let file = buf
-        .into_inner()
-        .map_err(|e| anyhow::anyhow!("writing {}: {}", out.display(), e.error()))?;
-    file.sync_all()
-        .with_context(|| format!("syncing {}", out.display()))?;
-    let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    drop(file);
+    let bytes = finish_gguf(w, out)?;
 
     // Read it back as llama.cpp would read the keys: the same config, or no file.
     let g = GgufFile::open(out).with_context(|| format!("reading back {}", shown.display()))?;

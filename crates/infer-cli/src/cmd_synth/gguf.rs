@@ -106,11 +106,35 @@ pub fn write_random(
     seed: u64,
 ) -> anyhow::Result<Written> {
     check_tensors(like, h)?;
-    let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 22, file), h, shown)?;
+    let mut w = create_gguf(h, out, shown)?;
     for (i, t) in h.tensors.iter().enumerate() {
         tensor_data(t, i, seed, CHUNK_VALUES, &mut |b| Ok(w.write_data(b)?))?;
     }
+    let bytes = finish_gguf(w, out)?;
+    Ok(Written {
+        tensors: h.tensors.len(),
+        bytes,
+    })
+}
+
+/// A [`GgufWriter`] of header `h` into a new file `out` (`shown` names it in errors), buffered.
+/// Errors: the file cannot be created, or the header does not encode.
+pub fn create_gguf(
+    h: &GgufHeader,
+    out: &Path,
+    shown: &Path,
+) -> anyhow::Result<GgufWriter<BufWriter<std::fs::File>>> {
+    let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    Ok(GgufWriter::new(
+        BufWriter::with_capacity(1 << 22, file),
+        h,
+        shown,
+    )?)
+}
+
+/// End `w` (its data complete), flush and sync the file `out`; its size in bytes. Errors: the
+/// data is short of the header's tensors, or a write or sync fails (naming `out`).
+pub fn finish_gguf(w: GgufWriter<BufWriter<std::fs::File>>, out: &Path) -> anyhow::Result<u64> {
     let mut buf = w.finish()?;
     buf.flush()
         .with_context(|| format!("writing {}", out.display()))?;
@@ -119,11 +143,7 @@ pub fn write_random(
         .map_err(|e| anyhow::anyhow!("writing {}: {}", out.display(), e.error()))?;
     file.sync_all()
         .with_context(|| format!("syncing {}", out.display()))?;
-    let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    Ok(Written {
-        tensors: h.tensors.len(),
-        bytes,
-    })
+    Ok(file.metadata().map(|m| m.len()).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -85,37 +85,7 @@ unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f
     out
 }
 
-/// The row loop around [`tile`]: element (r, i) of `out` = `W_r · A_i`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-unsafe fn rows_impl(
-    ws: &[u8],
-    row_bytes: usize,
-    nb: usize,
-    acts: &[u8],
-    m: usize,
-    out: super::OutMat,
-) {
-    let ar = nb * q8_k::BLOCK_BYTES;
-    let ap = acts.as_ptr();
-    for (r, w) in ws.chunks_exact(row_bytes).enumerate() {
-        let mut i = 0;
-        while i + TILE <= m {
-            let v = tile::<TILE>(
-                nb,
-                w.as_ptr(),
-                std::array::from_fn(|j| ap.add((i + j) * ar)),
-            );
-            for (j, x) in v.into_iter().enumerate() {
-                out.put(r, i + j, x);
-            }
-            i += TILE;
-        }
-        while i < m {
-            out.put(r, i, tile::<1>(nb, w.as_ptr(), [ap.add(i * ar)])[0]);
-            i += 1;
-        }
-    }
-}
+super::avx512_q6k::q8k_tile_rows!(tile);
 
 /// True when this CPU can run [`rows_times_acts`] (AVX2/FMA/F16C + AVX512F/VL/BW).
 pub(crate) fn available() -> bool {

@@ -7,6 +7,7 @@
 //! The integer sum of every block equals ggml's; the f32 part is one FMA per block, the same
 //! for every tile width, so mat-vec and mat-mat rows are bit-identical.
 
+use super::avx2::hsum_float_8;
 use super::layout::f16_bits_to_f32;
 use infer_quant::{q6_k, q8_k};
 use std::arch::x86_64::*;
@@ -28,15 +29,6 @@ const SCALE_SHUFFLE: [[u8; 16]; 8] = {
     }
     t
 };
-
-#[inline(always)]
-unsafe fn hsum_float_8(x: __m256) -> f32 {
-    let mut res = _mm256_extractf128_ps(x, 1);
-    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    _mm_cvtss_f32(res)
-}
 
 /// `out[j] = W_row · A_j` for one Q6_K weight row `w` of `nb` blocks and `N` Q8_K activation
 /// rows `a[j]` (`nb` blocks each).
@@ -104,37 +96,47 @@ unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f
     out
 }
 
-/// The row loop around [`tile`]: element (r, i) of `out` = `W_r · A_i`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-unsafe fn rows_impl(
-    ws: &[u8],
-    row_bytes: usize,
-    nb: usize,
-    acts: &[u8],
-    m: usize,
-    out: super::OutMat,
-) {
-    let ar = nb * q8_k::BLOCK_BYTES;
-    let ap = acts.as_ptr();
-    for (r, w) in ws.chunks_exact(row_bytes).enumerate() {
-        let mut i = 0;
-        while i + TILE <= m {
-            let v = tile::<TILE>(
-                nb,
-                w.as_ptr(),
-                std::array::from_fn(|j| ap.add((i + j) * ar)),
-            );
-            for (j, x) in v.into_iter().enumerate() {
-                out.put(r, i + j, x);
+/// The row loop around a tile kernel `tile::<N>(nb, w, [acts; N])` of one Q8_K-activation
+/// format (the Q4_K and Q6_K kernels share it): `rows_impl(ws, row_bytes, nb, acts, m, out)`
+/// sets element (r, i) of `out` to `W_r · A_i`, [`TILE`] activation rows at a time, then one.
+macro_rules! q8k_tile_rows {
+    ($tile:ident) => {
+        /// The row loop around the tile kernel: element (r, i) of `out` = `W_r · A_i`.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+        unsafe fn rows_impl(
+            ws: &[u8],
+            row_bytes: usize,
+            nb: usize,
+            acts: &[u8],
+            m: usize,
+            out: super::OutMat,
+        ) {
+            let ar = nb * infer_quant::q8_k::BLOCK_BYTES;
+            let ap = acts.as_ptr();
+            for (r, w) in ws.chunks_exact(row_bytes).enumerate() {
+                let mut i = 0;
+                while i + TILE <= m {
+                    let v = $tile::<TILE>(
+                        nb,
+                        w.as_ptr(),
+                        std::array::from_fn(|j| ap.add((i + j) * ar)),
+                    );
+                    for (j, x) in v.into_iter().enumerate() {
+                        out.put(r, i + j, x);
+                    }
+                    i += TILE;
+                }
+                while i < m {
+                    out.put(r, i, $tile::<1>(nb, w.as_ptr(), [ap.add(i * ar)])[0]);
+                    i += 1;
+                }
             }
-            i += TILE;
         }
-        while i < m {
-            out.put(r, i, tile::<1>(nb, w.as_ptr(), [ap.add(i * ar)])[0]);
-            i += 1;
-        }
-    }
+    };
 }
+pub(crate) use q8k_tile_rows;
+
+q8k_tile_rows!(tile);
 
 /// True when this CPU can run [`rows_times_acts`] (AVX2/FMA/F16C + AVX512F/VL/BW).
 pub(crate) fn available() -> bool {
