@@ -197,6 +197,9 @@ struct Seq<'t> {
     arrived: Instant,
     last_token: Option<Instant>,
     done: bool,
+    /// The `Done` event of a finished choice, sent once its slot is free and the gauges say
+    /// so: a client that has its answer sees `/metrics` without it.
+    ending: Option<Event>,
     /// Choices 1.. of an `n > 1` request while this one (choice 0) prefills their shared
     /// prompt: not scheduled; their slots are held. Released by [`Engine::release_followers`]
     /// once the prompt has run.
@@ -223,7 +226,7 @@ impl Seq<'_> {
                 logprobs,
             });
         }
-        let _ = self.events.send(Event::Done {
+        self.ending = Some(Event::Done {
             choice: self.choice,
             finish,
             completion_tokens: self.generated,
@@ -315,14 +318,20 @@ impl<'t> Engine<'_, '_, 't> {
                 continue;
             }
             self.step(&mut slots, &mut seqs, &mut bufs, &mut logits);
-            for s in seqs.iter().filter(|s| s.done) {
+            let (ended, running): (Vec<_>, Vec<_>) = seqs.drain(..).partition(|s| s.done);
+            seqs = running;
+            for s in &ended {
                 // Followers still waiting for this prompt (it was cancelled or failed) end too.
                 for slot in std::iter::once(s.slot).chain(s.followers.iter().map(|f| f.slot)) {
                     slots[slot].busy = false;
                 }
             }
-            seqs.retain(|s| !s.done);
             self.gauges(&slots, &seqs);
+            for s in ended {
+                if let Some(done) = s.ending {
+                    let _ = s.events.send(done);
+                }
+            }
         }
     }
 
@@ -371,6 +380,7 @@ impl<'t> Engine<'_, '_, 't> {
                 arrived: job.arrived,
                 last_token: None,
                 done: false,
+                ending: None,
                 followers: Vec::new(),
             });
         }
