@@ -9,7 +9,8 @@
 #                                # `infer` binary with the `cuda` feature into CUDA_TARGET_DIR
 #                                # (default target/cuda, apart from the main target dir),
 #                                # strip them into .gpu/bin and copy the archrefs cases into
-#                                # .gpu/shared/archrefs (.gpu/ is ignored through .git/info/exclude)
+#                                # .gpu/shared/archrefs{,-next} (.gpu/ is ignored through
+#                                # .git/info/exclude)
 #   scripts/gpu-check.sh run     # on the GPU machine (device tool, `carry: [".gpu/bin",
 #                                # ".gpu/shared"]`): parity, archrefs, benchmark
 #   scripts/gpu-check.sh split GGUF   # here: split a GGUF (up to 80 MiB + 64 MiB) into .gpu/m1
@@ -83,12 +84,14 @@ build() {
     for t in cuda_parity cuda_bench cuda_archrefs cuda_real_model infer; do
         [[ -x "$BIN/$t" ]] || { echo "gpu-check: build of $t failed (run the cargo command without --message-format to see why)" >&2; exit 1; }
     done
-    # The archrefs cases, laid out as INFER_SHARED expects (INFER_SHARED/archrefs/<case>/).
+    # The archrefs cases, laid out as INFER_SHARED expects (INFER_SHARED/archrefs/<case>/ and
+    # INFER_SHARED/archrefs-next/<case>/).
     local shared="${INFER_SHARED:-$(cd .. && pwd)/shared}"
     [[ -d "$shared/archrefs" ]] || { echo "gpu-check: no archrefs at $shared/archrefs (set INFER_SHARED)" >&2; exit 1; }
+    [[ -d "$shared/archrefs-next" ]] || { echo "gpu-check: no archrefs-next at $shared/archrefs-next (set INFER_SHARED)" >&2; exit 1; }
     rm -rf "$GPU_DIR/shared"
     mkdir -p "$GPU_DIR/shared"
-    cp -r "$shared/archrefs" "$GPU_DIR/shared/"
+    cp -r "$shared/archrefs" "$shared/archrefs-next" "$GPU_DIR/shared/"
     du -sh "$BIN"/* "$GPU_DIR/shared"
 }
 

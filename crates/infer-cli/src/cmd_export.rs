@@ -106,6 +106,18 @@ pub(crate) fn join_order(
             }
             s
         }
+        // gpt-oss fused experts, from one expert's part (the inverse of the split's shapes).
+        (TensorTransform::SplitExperts(part), _) => {
+            use infer_models::arch::ExpertsPart;
+            let e = cfg.num_experts;
+            match (part, first.as_slice()) {
+                (ExpertsPart::GateUp, [i, h]) => vec![e, *h, 2 * i],
+                (ExpertsPart::GateUpBias, [i]) => vec![e, 2 * i],
+                (ExpertsPart::Down, [h, i]) => vec![e, *i, *h],
+                (ExpertsPart::DownBias, [h]) => vec![e, *h],
+                _ => bail!("HF tensor '{hf_name}': expert part of shape {first:?}"),
+            }
+        }
     };
     let specs = infer_vindex::transform::plan_outputs(cfg, &canonical, &shape, t)
         .map_err(|m| anyhow::anyhow!("HF tensor '{hf_name}': {m}"))?;

@@ -105,27 +105,43 @@ fn st_tensors(path: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
         .collect()
 }
 
+/// The archrefs case folders, then those of archrefs-next (Qwen3-MoE, gpt-oss, Cohere-2).
 fn archref_dirs() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(shared_dir().join("archrefs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("config.json").is_file())
-        .collect();
-    v.sort();
-    v
+    let mut all = Vec::new();
+    for folder in ["archrefs", "archrefs-next"] {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(shared_dir().join(folder))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.join("config.json").is_file())
+            .collect();
+        v.sort();
+        all.extend(v);
+    }
+    all
 }
 
-/// Every archrefs case (19 families and variants): f32 vindex → HF folder whose tensors are
-/// the original model.safetensors byte for byte (names, dtypes, shapes, data: fused q/k/v and
-/// gate/up joined again, GPT-2 Conv1D transposed back) and whose config.json parses to the
+/// An archrefs case folder: `archrefs/CASE`, else `archrefs-next/CASE`.
+fn case_dir(case: &str) -> PathBuf {
+    let first = shared_dir().join("archrefs").join(case);
+    if first.is_dir() {
+        first
+    } else {
+        shared_dir().join("archrefs-next").join(case)
+    }
+}
+
+/// Every archrefs case (19 families and variants, and the 3 of archrefs-next): f32 vindex → HF
+/// folder whose tensors are the original model.safetensors byte for byte (names, dtypes,
+/// shapes, data: fused q/k/v and gate/up joined again, GPT-2 Conv1D transposed back, gpt-oss's
+/// per-expert matrices and biases fused again) and whose config.json parses to the
 /// same config; `infer extract` of the folder stores every tensor of the first vindex
 /// bit for bit.
 #[test]
 fn archrefs_safetensors_round_trip_bit_exact() {
     let root = tempfile::tempdir().unwrap();
     let cases = archref_dirs();
-    assert!(cases.len() >= 19, "{} archrefs cases", cases.len());
+    assert!(cases.len() >= 22, "{} archrefs cases", cases.len());
     for src in cases {
         let name = src.file_name().unwrap().to_string_lossy().into_owned();
         let v1 = root.path().join(format!("{name}.vindex"));
@@ -288,7 +304,8 @@ fn f16_sharded_and_quantized_only_round_trips() {
 
 /// Float-tier GGUF round trip for every archrefs family infer reads from GGUF: the values come
 /// back exactly (Q/K rows through llama.cpp's order and back; phi3's q/k/v and gate/up fused
-/// and split again; Gemma-3's sliding pattern and local RoPE base through their keys), except
+/// and split again; Gemma-3's sliding pattern and local RoPE base, Cohere-2's window and
+/// `logit_scale` through their keys), except
 /// Gemma's norms, stored as `1 + w` in f32, within one f32 step of `1 + w`. Families and
 /// features llama.cpp cannot run as the vindex does are refused, naming why, writing nothing.
 #[test]
@@ -305,9 +322,10 @@ fn archrefs_gguf_float_round_trip_and_refusals() {
         "gemma3-ropescale",
         "starcoder2",
         "phi3-partial",
+        "cohere2",
     ];
     for case in cases {
-        let src = shared_dir().join("archrefs").join(case);
+        let src = case_dir(case);
         let v1 = root.path().join(format!("{case}.vindex"));
         let g = root.path().join(format!("{case}.gguf"));
         let v2 = root.path().join(format!("{case}.2.vindex"));
@@ -377,9 +395,10 @@ fn archrefs_gguf_float_round_trip_and_refusals() {
         ("mistral-swa", "sliding-window attention (window 8)"),
         ("gpt2", "model_type 'gpt2' has no GGUF export"),
         ("mixtral", "has no GGUF export"),
+        ("gpt-oss", "has no GGUF export"),
     ];
     for (case, why) in refused {
-        let src = shared_dir().join("archrefs").join(case);
+        let src = case_dir(case);
         let v = root.path().join(format!("r-{case}.vindex"));
         let g = root.path().join(format!("r-{case}.gguf"));
         ok(&[

@@ -175,6 +175,7 @@ fn bench_attention(c: &mut Criterion) {
         scale: 1.0 / 8.0,
         sliding_window: None,
         softcap: None,
+        sinks: None,
     };
     let t_kv = 512;
     let kv_row = params.n_kv_heads * params.head_dim;

@@ -78,6 +78,7 @@ fn main() {
         scale: 0.125,
         sliding_window: None,
         softcap: None,
+        sinks: None,
     };
     for &(t_q, t_kv) in &[(1usize, 1024usize), (256, 256)] {
         let q = fill(t_q * 9 * 64);

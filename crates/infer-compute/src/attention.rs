@@ -13,7 +13,7 @@ const PAR_MIN_WORK: usize = 1 << 16;
 
 /// Geometry and options of one layer's attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttentionParams {
+pub struct AttentionParams<'a> {
     /// Query heads.
     pub n_q_heads: usize,
     /// Key/value heads; divides `n_q_heads` (query head `h` reads kv head
@@ -28,6 +28,11 @@ pub struct AttentionParams {
     /// Attention logit soft-cap: `s ← cap · tanh(s / cap)` before masking and softmax
     /// (Gemma-2 `attn_logit_softcapping`).
     pub softcap: Option<f32>,
+    /// Attention sinks, one learned logit per query head (`n_q_heads` values): each joins its
+    /// head's softmax denominator as an extra key with no value (gpt-oss `self_attn.sinks`, HF
+    /// `modeling_gpt_oss.py` `eager_attention_forward`: the sink is concatenated to the scaled,
+    /// masked scores, softmaxed with them, and dropped).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Causal attention of `t_q` query rows over the first `t_kv` cached keys/values.
@@ -43,7 +48,8 @@ pub struct AttentionParams {
 /// and `p − j < window` if sliding); `out_{t,h} = Σ_j softmax(s)_j · v_{j,g}` (softmax in f32,
 /// max-subtracted), as HF eager attention (`eager_attention_forward`). Masked keys are skipped,
 /// not added as `−∞`, so a row's result depends only on its visible keys; a row that sees no key
-/// (window 0) is zero.
+/// (window 0) is zero. With sinks, head `h`'s softmax denominator also holds `exp(sink_h − max)`
+/// (the max taken over the scores and the sink), so its weights sum to less than 1.
 ///
 /// One query row (`t_q == 1`, decode) runs [`attention_reference`]'s row-at-a-time path, bit for
 /// bit. Several rows (prefill) run blocked matrix products (`crate::attention_blocked`: per kv
@@ -57,8 +63,9 @@ pub struct AttentionParams {
 /// context crosses such a size on some thread (the prefill path's sgemm allocates its own
 /// packing buffers per product).
 ///
-/// Panics on inconsistent shapes, `n_kv_heads` not dividing `n_q_heads`, or a position
-/// `≥ t_kv` (its own key must be in the cache).
+/// Panics on inconsistent shapes (also sinks of another length than `n_q_heads`),
+/// `n_kv_heads` not dividing `n_q_heads`, or a position `≥ t_kv` (its own key must be in the
+/// cache).
 pub fn attention(
     q: &[f32],
     k_cache: &[f32],
@@ -153,6 +160,14 @@ fn dispatch(
         k_cache.len(),
         v_cache.len()
     );
+    if let Some(s) = params.sinks {
+        assert_eq!(
+            s.len(),
+            n_q_heads,
+            "attention: {} sinks for {n_q_heads} query heads",
+            s.len()
+        );
+    }
     if let Some(&p) = q_positions.iter().find(|&&p| p >= t_kv) {
         panic!("attention: query position {p} is not in the cache (t_kv = {t_kv})");
     }
@@ -199,7 +214,8 @@ fn attention_rows(
             row_len: kv_row,
             col: g * head_dim,
         };
-        head_attention(qh, kv, q_positions[t], params, scores, o);
+        let sink = params.sinks.map(|s| s[h]);
+        head_attention(qh, kv, q_positions[t], params, sink, scores, o);
     };
     let max_keys = q_positions.iter().max().map_or(0, |&p| p + 1);
     if rayon::current_num_threads() <= 1 || t_q * n_q_heads * max_keys * head_dim < PAR_MIN_WORK {
@@ -236,7 +252,8 @@ struct KvHead<'a> {
     col: usize,
 }
 
-/// One query head against its kv head `kv`, for the query at position `pos`.
+/// One query head against its kv head `kv`, for the query at position `pos`; `sink`: the
+/// head's attention-sink logit, if any.
 /// Head dims 32, 64, 128 and 256 run a copy specialised to the length (the query and the output
 /// accumulator stay in registers, no call per key), compiled for AVX2 when present; the
 /// arithmetic is the same in every copy (see [`head_attention_impl`]), so results are bitwise
@@ -246,6 +263,7 @@ fn head_attention(
     kv: KvHead<'_>,
     pos: usize,
     params: &AttentionParams,
+    sink: Option<f32>,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
@@ -254,15 +272,15 @@ fn head_attention(
         // SAFETY: AVX2 is available (checked once at run time).
         unsafe {
             return match qh.len() {
-                32 => head_avx2::<32>(qh, kv, pos, params, scores, o),
-                64 => head_avx2::<64>(qh, kv, pos, params, scores, o),
-                128 => head_avx2::<128>(qh, kv, pos, params, scores, o),
-                256 => head_avx2::<256>(qh, kv, pos, params, scores, o),
-                _ => head_avx2::<0>(qh, kv, pos, params, scores, o),
+                32 => head_avx2::<32>(qh, kv, pos, params, sink, scores, o),
+                64 => head_avx2::<64>(qh, kv, pos, params, sink, scores, o),
+                128 => head_avx2::<128>(qh, kv, pos, params, sink, scores, o),
+                256 => head_avx2::<256>(qh, kv, pos, params, sink, scores, o),
+                _ => head_avx2::<0>(qh, kv, pos, params, sink, scores, o),
             };
         }
     }
-    head_attention_impl::<0>(qh, kv, pos, params, scores, o)
+    head_attention_impl::<0>(qh, kv, pos, params, sink, scores, o)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -283,23 +301,25 @@ unsafe fn head_avx2<const HD: usize>(
     kv: KvHead<'_>,
     pos: usize,
     params: &AttentionParams,
+    sink: Option<f32>,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
-    head_attention_impl::<HD>(qh, kv, pos, params, scores, o)
+    head_attention_impl::<HD>(qh, kv, pos, params, sink, scores, o)
 }
 
 /// The body of [`head_attention`]. `HD`: the head dim when known at compile time (`qh.len()`),
 /// 0 for any length. Scores are `scale · dot(q, k_j)` with `crate::cpu::dot`'s summation order
 /// ([`crate::cpu::dot_generic`]), soft-capped; softmax with the max subtracted, sums in key order; the
 /// output is `Σ_j (p_j / Σp) · v_j` accumulated in key order from 0 with a multiply and an add
-/// (no FMA), per element.
+/// (no FMA), per element. A `sink` joins the max and adds `exp(sink − max)` to `Σp` last.
 #[inline(always)]
 fn head_attention_impl<const HD: usize>(
     qh: &[f32],
     kv: KvHead<'_>,
     pos: usize,
     params: &AttentionParams,
+    sink: Option<f32>,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
@@ -331,10 +351,16 @@ fn head_attention_impl<const HD: usize>(
         max = max.max(s);
         *sj = s;
     }
+    if let Some(sk) = sink {
+        max = max.max(sk);
+    }
     let mut sum = 0f32;
     for s in scores.iter_mut() {
         *s = (*s - max).exp();
         sum += *s;
+    }
+    if let Some(sk) = sink {
+        sum += (sk - max).exp();
     }
     let inv = 1.0 / sum;
     if HD == 0 {
@@ -394,7 +420,12 @@ mod tests {
             ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
         for hd in [32usize, 48, 64, 128, 256] {
-            for (window, softcap) in [(None, None), (Some(5), Some(30.0f32))] {
+            let sinks = [0.5f32, -1.0];
+            for (window, softcap, sinks) in [
+                (None, None, None),
+                (Some(5), Some(30.0f32), None),
+                (Some(4), None, Some(&sinks[..])),
+            ] {
                 let (n_kv, t) = (2usize, 37usize);
                 let kv_row = n_kv * hd;
                 let k: Vec<f32> = (0..t * kv_row).map(|_| next()).collect();
@@ -407,7 +438,9 @@ mod tests {
                     scale: 1.0 / (hd as f32).sqrt(),
                     sliding_window: window,
                     softcap,
+                    sinks,
                 };
+                let sink = sinks.map(|s| s[1]);
                 for pos in [0usize, 3, 36] {
                     let mut s = vec![0f32; t];
                     let mut got = vec![f32::NAN; hd];
@@ -417,9 +450,9 @@ mod tests {
                         row_len: kv_row,
                         col: hd,
                     };
-                    head_attention(&q, kv, pos, &params, &mut s, &mut got);
+                    head_attention(&q, kv, pos, &params, sink, &mut s, &mut got);
                     let mut want = vec![f32::NAN; hd];
-                    head_attention_impl::<0>(&q, kv, pos, &params, &mut s, &mut want);
+                    head_attention_impl::<0>(&q, kv, pos, &params, sink, &mut s, &mut want);
                     let (g, w): (Vec<u32>, Vec<u32>) = (
                         got.iter().map(|x| x.to_bits()).collect(),
                         want.iter().map(|x| x.to_bits()).collect(),

@@ -36,7 +36,7 @@ fn positions_per_block(group: usize) -> usize {
 ///
 /// Same semantics as the row-at-a-time path (scale, soft-cap, causal mask `j ≤ p`, sliding
 /// window `p − j < w`, max-subtracted f32 softmax over the visible keys only, zero output for a
-/// row that sees no key); only the summation order differs (sgemm dot products, per-tile sums
+/// row that sees no key, a head's sink logit added to the denominator at the end); only the summation order differs (sgemm dot products, per-tile sums
 /// rescaled by `exp(m_old − m_new)`, normalisation after the weighted sum), and `exp` of the
 /// max-subtracted scores is a polynomial ([`exp_poly`], ≈ 2 ulp), so results agree with it to
 /// about 1e-6 of the row's largest |output| (tested at 1e-5), not bit for bit. Results do not depend
@@ -176,7 +176,7 @@ struct Block<'a> {
     t0: usize,
     /// The kv head.
     g: usize,
-    params: &'a AttentionParams,
+    params: &'a AttentionParams<'a>,
 }
 
 impl Block<'_> {
@@ -298,7 +298,18 @@ impl Block<'_> {
 
         for (r, a) in acc.chunks_exact(hd).enumerate() {
             let (tt, hi) = (r / group, r % group);
-            let inv = if sums[r] > 0.0 { 1.0 / sums[r] } else { 0.0 };
+            // A sink joins the denominator: Σ exp(s − m) + exp(sink − m), rescaled to the
+            // larger max (acc / sum is invariant under the common factor).
+            let (mut acc_scale, mut sum) = (1.0f32, sums[r]);
+            if let Some(sinks) = p.sinks {
+                let sink = sinks[self.g * group + hi];
+                if sums[r] > 0.0 {
+                    let m = maxes[r].max(sink);
+                    acc_scale = (maxes[r] - m).exp();
+                    sum = sums[r] * acc_scale + (sink - m).exp();
+                }
+            }
+            let inv = if sum > 0.0 { acc_scale / sum } else { 0.0 };
             // SAFETY: row t0+tt, head g·group+hi of `out` belongs to this task (see `# Safety`).
             let o = std::slice::from_raw_parts_mut(
                 out.add((self.t0 + tt) * q_row + (self.g * group + hi) * hd),
@@ -362,6 +373,8 @@ mod tests {
                     _ => Some(17),
                 };
                 let softcap = (case % 3 == 1).then_some(5.0f32);
+                // Sinks on some cases, around the scores' size (some dominate the softmax).
+                let sink_vals = random(&mut rng, n_kv * ratio, 4.0);
                 let p = AttentionParams {
                     n_q_heads: n_kv * ratio,
                     n_kv_heads: n_kv,
@@ -373,6 +386,7 @@ mod tests {
                     },
                     sliding_window: window,
                     softcap,
+                    sinks: (case % 5 < 2).then_some(&sink_vals[..]),
                 };
                 let t_kv = start + t;
                 let q = random(&mut rng, t * p.n_q_heads * hd, 2.0);
@@ -400,6 +414,7 @@ mod tests {
                 scale: 0.125,
                 sliding_window: window,
                 softcap: None,
+                sinks: None,
             };
             compare(&q, &k, &v, &pos, t_kv, &p);
         }
@@ -411,6 +426,7 @@ mod tests {
             scale: 0.125,
             sliding_window: Some(0),
             softcap: None,
+            sinks: None,
         };
         let mut got = vec![f32::NAN; q.len()];
         attention(&q, &k, &v, &pos, t_kv, &p, &mut got);
@@ -447,6 +463,7 @@ mod tests {
             scale: 0.125,
             sliding_window: None,
             softcap: None,
+            sinks: None,
         };
         let q = random(&mut rng, t * n_q * hd, 2.0);
         let k = random(&mut rng, t * n_kv * hd, 1.0);

@@ -39,7 +39,7 @@ pub struct PlanLayer<'a> {
     pub down: MatData<'a>,
     pub intermediate_size: usize,
     /// Heads, head_dim, scale, sliding window, soft-cap.
-    pub attention: AttentionParams,
+    pub attention: AttentionParams<'a>,
     /// `None`: no rotary embedding in this layer.
     pub rope: Option<RopeConfig>,
     pub activation: Activation,

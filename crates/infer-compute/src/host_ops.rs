@@ -264,7 +264,8 @@ pub(crate) fn scale_softcap(x: &mut [f32], divisor: f32, softcap: Option<f32>) {
 
 /// The shapes of an [`crate::ComputeBackend::attend`] step, shared by every backend: heads that
 /// divide, `q`/`k`/`v` of the batch's rows, slots in batch order, each cache with room for its
-/// new rows (K and V caches of one length). Errors: [`ComputeError::ShapeMismatch`].
+/// new rows (K and V caches of one length), one sink per query head when there are sinks.
+/// Errors: [`ComputeError::ShapeMismatch`].
 pub(crate) fn check_attend(
     a: &crate::Attend<'_, '_>,
     p: &AttentionParams,
@@ -276,6 +277,14 @@ pub(crate) fn check_attend(
             got: p.n_kv_heads,
             unit: "kv heads",
         });
+    }
+    if let Some(s) = p.sinks {
+        check(
+            "attention sinks (one per query head)",
+            s.len(),
+            p.n_q_heads,
+            "values",
+        )?;
     }
     let (qd, kvd) = (p.n_q_heads * p.head_dim, p.n_kv_heads * p.head_dim);
     let rows: usize = a.seqs.iter().map(|s| s.rows).sum();

@@ -1,5 +1,5 @@
-//! Rotary position embeddings (RoPE): inverse frequencies as HF transformers'
-//! `ROPE_INIT_FUNCTIONS` compute them, and the rotation in the `rotate_half` (GPT-NeoX/Llama)
+//! Rotary position embeddings (RoPE): inverse frequencies (and YaRN's cos/sin factor) as HF
+//! transformers' `ROPE_INIT_FUNCTIONS` compute them, and the rotation in the `rotate_half` (GPT-NeoX/Llama)
 //! or interleaved (GPT-J) pairing, optionally on only the first `rotary_dim` dims of each head.
 
 use crate::scratch;
@@ -20,6 +20,17 @@ pub enum RopeScaling {
         low_freq_factor: f64,
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
+    },
+    /// `rope_type = "yarn"` (`_compute_yarn_parameters`, transformers 5): see
+    /// [`RopeConfig::inv_freq`]; cos and sin are multiplied by `attention_factor`.
+    Yarn {
+        factor: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+        /// Floor/ceil the correction range (HF `truncate`).
+        truncate: bool,
     },
 }
 
@@ -49,7 +60,11 @@ impl RopeConfig {
     /// `high = orig / high_freq_factor`: `wavelen > low` → `inv_freq / factor`;
     /// `wavelen < high` → unchanged; otherwise, with
     /// `s = (orig / wavelen − low_freq_factor) / (high_freq_factor − low_freq_factor)`,
-    /// `(1 − s) · inv_freq / factor + s · inv_freq`.
+    /// `(1 − s) · inv_freq / factor + s · inv_freq`. YaRN: with
+    /// `d(r) = rotary_dim · ln(orig / (2π·r)) / (2 ln base)`, `low = d(beta_fast)`,
+    /// `high = d(beta_slow)` (floored/ceiled when `truncate`), clamped to `[0, rotary_dim − 1]`
+    /// (`high += 0.001` when equal), and the ramp `r_i = clamp((i − low) / (high − low), 0, 1)`:
+    /// `inv_freq / factor · r_i + inv_freq · (1 − r_i)`.
     ///
     /// Panics if `rotary_dim` is odd or larger than `head_dim`.
     pub fn inv_freq(&self) -> Vec<f64> {
@@ -90,6 +105,45 @@ impl RopeConfig {
                     }
                 }))
             }
+            RopeScaling::Yarn {
+                factor,
+                beta_fast,
+                beta_slow,
+                original_max_position_embeddings,
+                truncate,
+                ..
+            } => {
+                let orig = original_max_position_embeddings as f64;
+                let correction_dim = |rotations: f64| {
+                    dim * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * self.base.ln())
+                };
+                let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+                if truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let low = low.max(0.0);
+                let mut high = high.min(dim - 1.0);
+                if low == high {
+                    high += 0.001; // HF: prevent a zero-width ramp
+                }
+                out.extend(default.enumerate().map(|(i, f)| {
+                    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolation = 1.0 - ramp;
+                    f / factor * (1.0 - extrapolation) + f * extrapolation
+                }))
+            }
+        }
+    }
+
+    /// Multiplier of cos and sin: YaRN's `attention_factor`, 1 for the other scalings.
+    pub fn attention_factor(&self) -> f64 {
+        match self.scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
         }
     }
 
@@ -129,7 +183,7 @@ impl Rope {
                 .zip(sin.chunks_exact_mut(half))
                 .enumerate()
             {
-                fill_cos_sin(&inv_freq, pos, c, s);
+                fill_cos_sin(&inv_freq, cfg.attention_factor(), pos, c, s);
             }
         }
         Rope {
@@ -227,7 +281,7 @@ fn rotate_rows(
                 let r = pos * half..(pos + 1) * half;
                 (&cos[r.clone()], &sin[r])
             } else {
-                fill_cos_sin(inv_freq, pos, cbuf, sbuf);
+                fill_cos_sin(inv_freq, cfg.attention_factor(), pos, cbuf, sbuf);
                 (&cbuf[..], &sbuf[..])
             };
             for head in xr.chunks_exact_mut(hd) {
@@ -237,11 +291,13 @@ fn rotate_rows(
     });
 }
 
-fn fill_cos_sin(inv_freq: &[f64], pos: usize, c: &mut [f32], s: &mut [f32]) {
+/// cos and sin of `pos · inv_freq[i]`, times `mscale` (YaRN's attention factor; HF multiplies
+/// the cos/sin tables by it).
+fn fill_cos_sin(inv_freq: &[f64], mscale: f64, pos: usize, c: &mut [f32], s: &mut [f32]) {
     for ((ci, si), &f) in c.iter_mut().zip(s.iter_mut()).zip(inv_freq) {
         let angle = pos as f64 * f;
-        *ci = angle.cos() as f32;
-        *si = angle.sin() as f32;
+        *ci = (angle.cos() * mscale) as f32;
+        *si = (angle.sin() * mscale) as f32;
     }
 }
 

@@ -13,7 +13,7 @@ fn params(
     hd: usize,
     window: Option<usize>,
     cap: Option<f32>,
-) -> AttentionParams {
+) -> AttentionParams<'static> {
     AttentionParams {
         n_q_heads: n_q,
         n_kv_heads: n_kv,
@@ -21,10 +21,12 @@ fn params(
         scale: 1.0 / (hd as f32).sqrt(),
         sliding_window: window,
         softcap: cap,
+        sinks: None,
     }
 }
 
-/// HF eager attention in f64: full score row, additive −∞ mask, softmax, weighted sum.
+/// HF eager attention in f64: full score row, additive −∞ mask, the head's sink logit appended
+/// (gpt-oss), softmax, the sink dropped, weighted sum.
 fn naive(
     q: &[f32],
     k: &[f32],
@@ -57,14 +59,20 @@ fn naive(
                     }
                 })
                 .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sink = p.sinks.map(|s| s[h] as f64);
+            let m = s
+                .iter()
+                .cloned()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             let sum: f64 = s
                 .iter_mut()
                 .map(|x| {
                     *x = (*x - m).exp();
                     *x
                 })
-                .sum();
+                .sum::<f64>()
+                + sink.map_or(0.0, |k| (k - m).exp());
             for (j, w) in s.iter().enumerate() {
                 for i in 0..hd {
                     out[t * nq * hd + h * hd + i] += w / sum * v[j * nkv * hd + g * hd + i] as f64;
@@ -176,6 +184,52 @@ fn prefill_matches_row_by_row_decode() {
         let mut chunk = vec![0f32; 7 * qr];
         attention(&q[(t - 7) * qr..], &k, &v, &pos[t - 7..], t, &p, &mut chunk);
         assert_eq!(&prefill[(t - 7) * qr..], &chunk[..]);
+    }
+}
+
+/// Attention sinks (gpt-oss): prefill (blocked) and decode (row path) against the f64
+/// reference within 2e-6, with sinks from far below to far above the scores, GQA and a window.
+#[test]
+fn sinks_match_naive_reference() {
+    let mut rng = StdRng::seed_from_u64(77);
+    for &(nq, nkv, hd, w) in &[(4usize, 2usize, 16usize, None), (6, 3, 8, Some(4))] {
+        let sinks: Vec<f32> = (0..nq).map(|h| [-8.0, 0.0, 0.7, 6.0][h % 4]).collect();
+        let mut p = params(nq, nkv, hd, w, None);
+        p.sinks = Some(&sinks);
+        let t = 33;
+        let q: Vec<f32> = random(&mut rng, t * nq * hd)
+            .iter()
+            .map(|v| v * 3.0)
+            .collect();
+        let k = random(&mut rng, t * nkv * hd);
+        let v = random(&mut rng, t * nkv * hd);
+        let pos: Vec<usize> = (0..t).collect();
+        let want = naive(&q, &k, &v, &pos, t, &p);
+        let mut out = vec![f32::NAN; q.len()];
+        attention(&q, &k, &v, &pos, t, &p, &mut out);
+        check(
+            &out,
+            &want,
+            &format!("sinks prefill {nq}/{nkv}/{hd} w={w:?}"),
+        );
+        attention_reference(&q, &k, &v, &pos, t, &p, &mut out);
+        check(&out, &want, &format!("sinks rows {nq}/{nkv}/{hd} w={w:?}"));
+        // Without sinks the result differs (the sinks are not ignored).
+        let mut plain = vec![0f32; q.len()];
+        attention(
+            &q,
+            &k,
+            &v,
+            &pos,
+            t,
+            &params(nq, nkv, hd, w, None),
+            &mut plain,
+        );
+        let diff = plain
+            .iter()
+            .zip(&out)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(diff > 1e-2, "sinks changed nothing ({diff})");
     }
 }
 

@@ -394,6 +394,7 @@ fn zero_layer_plan<'a>(
             scale: 0.125,
             sliding_window: None,
             softcap: None,
+            sinks: None,
         },
         rope: None,
         activation: Activation::Silu,

@@ -140,3 +140,48 @@ fn softmax_and_softcap() {
     scale_inplace(&mut v, 2.0);
     assert_eq!(v, vec![3.0, 2.0]);
 }
+
+/// gpt-oss's clamped SwiGLU (HF `GptOssExperts`, limit 7, alpha 1.702) against the formula in
+/// f64: gate clamped above at the limit, up to ±limit, `(up + 1) · gate · σ(alpha · gate)`;
+/// worked values where each clamp bites, then random pairs within 1e-6 relative.
+#[test]
+fn clamped_swiglu_matches_hf_formula() {
+    let reference = |g: f32, u: f32| -> f64 {
+        let g = (g as f64).min(7.0);
+        let u = (u as f64).clamp(-7.0, 7.0);
+        (u + 1.0) * g / (1.0 + (-1.702 * g).exp())
+    };
+    // gate 9 → 7 (σ(11.914) ≈ 1), up 9 → 7: ≈ 8 · 7 = 56; up −9 → −7: ≈ −42.
+    assert_close(
+        clamped_swiglu(9.0, 9.0, 7.0, 1.702),
+        55.99962502642654,
+        1e-6,
+        "both clamped",
+    );
+    assert_close(
+        clamped_swiglu(9.0, -9.0, 7.0, 1.702),
+        -41.99971876981991,
+        1e-6,
+        "up clamped below",
+    );
+    // Negative gates are not clamped below: gate −9, up 0 → −9·σ(−15.318) ≈ −2.0e-6.
+    assert_close(
+        clamped_swiglu(-9.0, 0.0, 7.0, 1.702),
+        reference(-9.0, 0.0),
+        1e-6,
+        "gate < 0",
+    );
+    assert_eq!(clamped_swiglu(0.0, 3.0, 7.0, 1.702), 0.0);
+    let mut rng = StdRng::seed_from_u64(5);
+    for (g, u) in random(&mut rng, 500, 12.0)
+        .into_iter()
+        .zip(random(&mut rng, 500, 12.0))
+    {
+        assert_close(
+            clamped_swiglu(g, u, 7.0, 1.702),
+            reference(g, u),
+            1e-6,
+            "random",
+        );
+    }
+}

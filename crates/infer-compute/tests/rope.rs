@@ -77,6 +77,47 @@ fn llama3_inv_freq_matches_hf_formula() {
     assert_rel(&got[1..3], &[0.0794030091792082, 0.004700753866357992]);
 }
 
+/// YaRN as gpt-oss configures it (head_dim 16, theta 1.5e5, factor 32, beta_fast 32, beta_slow 1,
+/// original context 4096), `truncate` false and true. Values from HF's
+/// `_compute_yarn_parameters` (transformers 5) transcribed to Python float64: correction range
+/// 2.0232..4.3495 (truncated: 2..5), dims below it kept, above it divided by 32.
+#[test]
+fn yarn_inv_freq_matches_hf_formula() {
+    let yarn = |truncate| RopeScaling::Yarn {
+        factor: 32.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        original_max_position_embeddings: 4096,
+        attention_factor: 0.1 * 32f64.ln() + 1.0,
+        truncate,
+    };
+    let got = cfg(16, 16, 150_000.0, yarn(false), false).inv_freq();
+    assert_rel(
+        &got,
+        &[
+            1.0,
+            0.2254180002028708,
+            0.050813274815461475,
+            0.006794959489732219,
+            0.00045648391922324086,
+            1.818833668168956e-05,
+            4.0999784818029795e-06,
+            9.242089502428301e-07,
+        ],
+    );
+    let got = cfg(16, 16, 150_000.0, yarn(true), false).inv_freq();
+    assert_rel(&got[3..5], &[0.0077554660575303615, 0.0009144544011878624]);
+    // cos/sin carry the attention factor: position 0 scales every rotated value by it.
+    let c = cfg(16, 16, 150_000.0, yarn(false), false);
+    assert!((c.attention_factor() - 1.3465735902799727).abs() < 1e-15);
+    let mut x: Vec<f32> = (0..16).map(|i| i as f32 - 7.5).collect();
+    apply_rope(&mut x, 1, &[0], &c);
+    for (i, v) in x.iter().enumerate() {
+        let want = (i as f32 - 7.5) * 1.3465736;
+        assert!((v - want).abs() < 1e-5, "dim {i}: {v} vs {want}");
+    }
+}
+
 #[test]
 fn position_zero_is_identity() {
     for interleaved in [false, true] {

@@ -38,6 +38,12 @@ impl Model<'_> {
             if g.qk_norm_whole_projection {
                 return Err(at("whole-projection q/k norm"));
             }
+            if l.attn_sinks.is_some() {
+                return Err(at("attention sinks"));
+            }
+            if g.rope.is_some_and(|r| r.attention_factor() != 1.0) {
+                return Err(at("YaRN RoPE (scaled cos/sin)"));
+            }
             let Ffn::Dense(d) = &l.ffn else {
                 return Err(at("walk or MoE FFN"));
             };

@@ -470,7 +470,7 @@ impl Model<'_> {
             b.rope(&mut s.q, g.num_q_heads, &s.positions, rope)?;
             b.rope(&mut s.k, g.num_kv_heads, &s.positions, rope)?;
         }
-        attend(b, p.seqs, s, l, g)?;
+        attend(b, p.seqs, s, l, g, layer.attn_sinks.as_deref())?;
         project(backend, &layer.wo, &s.attn, t, &mut s.attn_out)?;
         if let Some(n) = &layer.post_attn_norm {
             maybe_norm(b, Some(n), g, &s.attn_out, &mut s.tmp)?;
@@ -610,9 +610,11 @@ fn dense_ffn(
     }
     project(backend, &d.down, up, t, out)
 }
-/// Mixture of experts, per token: softmax router, top-k experts weighted by their probability
-/// (renormalised when `norm_topk_prob`; ties → lower expert index), plus the shared expert
-/// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`).
+/// Mixture of experts, per token: softmax router (logits plus the router bias, gpt-oss), top-k
+/// experts weighted by their probability (renormalised when `norm_topk_prob`, which equals
+/// gpt-oss's softmax over the top-k logits; ties → lower expert index), plus the shared expert
+/// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`,
+/// `GptOssTopKRouter`).
 fn moe_ffn(
     backend: &dyn ComputeBackend,
     m: &MoeFfn<'_>,
@@ -631,6 +633,9 @@ fn moe_ffn(
         .zip(router.chunks_exact_mut(n))
         .enumerate()
     {
+        if let Some(b) = &m.router_bias {
+            probs.iter_mut().zip(b.iter()).for_each(|(p, b)| *p += b);
+        }
         ops::softmax_inplace(probs);
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
@@ -664,13 +669,15 @@ fn moe_ffn(
 }
 
 /// Store each sequence's new K/V rows of layer `l` in its cache and run its query rows
-/// against its cache, into `s.attn` `[R, q_dim]` (one [`ComputeBackend::attend`] for the batch).
+/// against its cache, into `s.attn` `[R, q_dim]` (one [`ComputeBackend::attend`] for the batch),
+/// with the layer's attention sinks if it has them.
 fn attend(
     backend: &dyn ComputeBackend,
     seqs: &mut [BatchSeq<'_>],
     s: &mut Scratch,
     l: usize,
     g: &crate::LayerGeometry,
+    sinks: Option<&[f32]>,
 ) -> Result<(), InferenceError> {
     let mut slots: smallvec::SmallVec<[KvSlot<'_>; 4]> = seqs
         .iter_mut()
@@ -693,7 +700,11 @@ fn attend(
         v: &s.v,
         seqs: &mut slots,
     };
-    backend.attend(&mut a, &g.attention, &mut s.attn)?;
+    let params = infer_compute::AttentionParams {
+        sinks,
+        ..g.attention
+    };
+    backend.attend(&mut a, &params, &mut s.attn)?;
     Ok(())
 }
 

@@ -18,10 +18,14 @@ pub struct LayerGeometry {
     pub head_dim: usize,
     pub num_q_heads: usize,
     pub num_kv_heads: usize,
-    /// RoPE tables (base, rotary dim, scaling) of this layer; `None` for learned positions.
+    /// RoPE tables (base, rotary dim, scaling) of this layer; `None` for learned positions
+    /// and for layers without positional encoding (Cohere-2's global layers).
     pub rope: Option<RopeConfig>,
-    /// Attention scale, sliding window and soft-cap of this layer.
-    pub attention: AttentionParams,
+    /// The model adds learned position embeddings (GPT-2) instead of rotating.
+    pub learned_positions: bool,
+    /// Attention scale, sliding window and soft-cap of this layer (its `sinks` are `None`:
+    /// they are weights, [`FullPipelineLayer::attn_sinks`], joined at the attention call).
+    pub attention: AttentionParams<'static>,
     pub eps: f32,
     pub norm_type: NormType,
     /// Added to RMSNorm weights (Gemma's `1 + w`).
@@ -32,6 +36,12 @@ pub struct LayerGeometry {
     pub residual_multiplier: f32,
     pub ffn_type: FfnType,
     pub activation: Activation,
+    /// The experts' clamped SwiGLU `(limit, alpha)` instead of `act(gate) · up` (gpt-oss,
+    /// `infer_compute::ops::clamped_swiglu`).
+    pub clamped_swiglu: Option<(f32, f32)>,
+    /// The layer's attention has sinks (gpt-oss; the weights are
+    /// [`FullPipelineLayer::attn_sinks`]).
+    pub attention_sinks: bool,
 }
 
 impl LayerGeometry {
@@ -364,19 +374,23 @@ pub struct WalkFfn<'a> {
     pub up: FloatRows<'a>,
     pub down: FloatRows<'a>,
     pub down_layout: DownLayout,
+    /// `[intermediate]` (gpt-oss experts).
+    pub gate_bias: Option<Cow<'a, [f32]>>,
     pub up_bias: Option<Cow<'a, [f32]>>,
     pub down_bias: Option<Cow<'a, [f32]>>,
     /// Sparse top-K walk of this layer (`--walk-k`); `None`: all features (exact).
     pub sparse: Option<crate::walk::SparseWalk<'a>>,
 }
 
-/// Mixture-of-experts FFN (Mixtral, Qwen2-MoE): softmax router over experts, the top
+/// Mixture-of-experts FFN (Mixtral, Qwen2-MoE, gpt-oss): softmax router over experts, the top
 /// `top_k` experts weighted by their router probability (renormalised when `norm_topk_prob`),
 /// plus an always-on shared expert scaled by `sigmoid(x · shared_gate)` (Qwen2-MoE).
 #[derive(Clone, Debug)]
 pub struct MoeFfn<'a> {
     /// `[num_experts, hidden]`.
     pub router: Cow<'a, [f32]>,
+    /// `[num_experts]`, added to the router logits (gpt-oss).
+    pub router_bias: Option<Cow<'a, [f32]>>,
     pub experts: Vec<WalkFfn<'a>>,
     pub top_k: usize,
     pub norm_topk_prob: bool,
@@ -418,6 +432,9 @@ pub struct FullPipelineLayer<'a> {
     pub wk: Linear<'a>,
     pub wv: Linear<'a>,
     pub wo: Linear<'a>,
+    /// Attention sinks `[num_q_heads]` (gpt-oss), joined to the layer's attention parameters
+    /// at the attention call.
+    pub attn_sinks: Option<Cow<'a, [f32]>>,
     pub ffn: Ffn<'a>,
 }
 

@@ -188,6 +188,21 @@ fn compute_scaling(s: Option<RopeScaling>) -> ComputeRopeScaling {
             high_freq_factor,
             original_max_position_embeddings,
         },
+        Some(RopeScaling::Yarn {
+            factor,
+            beta_fast,
+            beta_slow,
+            original_max_position_embeddings,
+            attention_factor,
+            truncate,
+        }) => ComputeRopeScaling::Yarn {
+            factor,
+            beta_fast,
+            beta_slow,
+            original_max_position_embeddings,
+            attention_factor,
+            truncate,
+        },
     }
 }
 
@@ -196,7 +211,7 @@ pub fn layer_geometry(arch: &dyn ModelArchitecture, l: usize) -> LayerGeometry {
     let head_dim = arch.head_dim_for_layer(l);
     // The formula the config check validated (even, ≥ 2, ≤ head_dim for RoPE families).
     let rotary_dim = infer_models::config::rotary_dim(head_dim, arch.rotary_fraction_for_layer(l));
-    let rope = (!arch.has_learned_positions()).then(|| RopeConfig {
+    let rope = arch.has_rope_for_layer(l).then(|| RopeConfig {
         head_dim,
         rotary_dim,
         base: arch.rope_base_for_layer(l),
@@ -210,6 +225,7 @@ pub fn layer_geometry(arch: &dyn ModelArchitecture, l: usize) -> LayerGeometry {
         num_q_heads: arch.num_q_heads_for_layer(l),
         num_kv_heads: arch.num_kv_heads_for_layer(l),
         rope,
+        learned_positions: arch.has_learned_positions(),
         attention: AttentionParams {
             n_q_heads: arch.num_q_heads_for_layer(l),
             n_kv_heads: arch.num_kv_heads_for_layer(l),
@@ -217,6 +233,8 @@ pub fn layer_geometry(arch: &dyn ModelArchitecture, l: usize) -> LayerGeometry {
             scale: arch.attention_scale_for_layer(l) as f32,
             sliding_window: arch.sliding_window_for_layer(l),
             softcap: arch.attn_logit_softcap().map(|c| c as f32),
+            // The layer's sink weights join at the attention call (`forward::attend`).
+            sinks: None,
         },
         eps: arch.norm_eps() as f32,
         norm_type: arch.norm_type(),
@@ -226,6 +244,10 @@ pub fn layer_geometry(arch: &dyn ModelArchitecture, l: usize) -> LayerGeometry {
         residual_multiplier: arch.residual_multiplier(),
         ffn_type: arch.ffn_type(),
         activation: arch.activation(),
+        clamped_swiglu: arch
+            .clamped_swiglu()
+            .map(|(limit, alpha)| (limit as f32, alpha as f32)),
+        attention_sinks: arch.attn_sinks_key(l).is_some(),
     }
 }
 
@@ -358,13 +380,24 @@ pub fn describe_geometry(g: &LayerGeometry) -> String {
                 ComputeRopeScaling::None => String::new(),
                 ComputeRopeScaling::Linear { factor } => format!(", linear scaling ×{factor}"),
                 ComputeRopeScaling::Llama3 { factor, .. } => format!(", llama3 scaling ×{factor}"),
+                ComputeRopeScaling::Yarn {
+                    factor,
+                    attention_factor,
+                    ..
+                } => format!(", YaRN scaling ×{factor} (cos/sin ×{attention_factor:.4})"),
+            };
+            let pairs = if r.interleaved {
+                " (interleaved pairs)"
+            } else {
+                ""
             };
             format!(
-                "RoPE base {} rotary {}/{}{scaling}",
+                "RoPE base {} rotary {}/{}{pairs}{scaling}",
                 r.base, r.rotary_dim, r.head_dim
             )
         }
-        None => "learned positions".into(),
+        None if g.learned_positions => "learned positions".into(),
+        None => "no RoPE".into(),
     };
     let norm: &str = match (g.norm_type, g.norm_offset) {
         (infer_models::NormType::RmsNorm, o) if o != 0.0 => "RMSNorm (1 + w)",
@@ -384,8 +417,17 @@ pub fn describe_geometry(g: &LayerGeometry) -> String {
         .attention
         .softcap
         .map_or(String::new(), |c| format!(", soft-cap {c}"));
+    let sinks = if g.attention_sinks {
+        ", attention sinks"
+    } else {
+        ""
+    };
+    let ffn = match g.clamped_swiglu {
+        Some((limit, alpha)) => format!("{ffn}, clamped SwiGLU (limit {limit}, alpha {alpha})"),
+        None => ffn,
+    };
     format!(
-        "{window}, {} q / {} kv heads × {}, {rope}, scale {:.5}{softcap}; {norm}; {ffn}{residual}",
+        "{window}, {} q / {} kv heads × {}, {rope}, scale {:.5}{softcap}{sinks}; {norm}; {ffn}{residual}",
         g.num_q_heads, g.num_kv_heads, g.head_dim, g.attention.scale
     )
 }
@@ -658,6 +700,10 @@ fn build_layer<'a>(
         wk,
         wv,
         wo,
+        attn_sinks: arch
+            .attn_sinks_key(l)
+            .map(|k| required(v, &k, g.num_q_heads))
+            .transpose()?,
         ffn,
         geometry: g,
     })
@@ -693,6 +739,10 @@ fn walk_ffn<'a>(
             inter * hidden,
         )?,
         down_layout: DownLayout::FeatureMajor,
+        gate_bias: arch
+            .ffn_gate_bias_key(l)
+            .map(|k| required(v, &k, inter))
+            .transpose()?,
         up_bias: arch
             .ffn_up_bias_key(l)
             .map(|k| required(v, &k, inter))
@@ -746,6 +796,10 @@ fn walk_ffn_quantized<'a>(
         up: table("up", ub, uf, inter, hidden)?,
         down: table("down", db, df, hidden, inter)?,
         down_layout: DownLayout::Linear,
+        gate_bias: arch
+            .ffn_gate_bias_key(l)
+            .map(|k| required(v, &k, inter))
+            .transpose()?,
         up_bias: arch
             .ffn_up_bias_key(l)
             .map(|k| required(v, &k, inter))
@@ -760,15 +814,25 @@ fn walk_ffn_quantized<'a>(
 
 /// A gated expert stored as HF Linear matrices (gate/up `[inter, hidden]`, down `[hidden,
 /// inter]`): from the float tier, or per expert from the quantized FFN tier `tier` (rows
-/// dequantized by the products, as the walk FFN over quantized rows).
+/// dequantized by the products, as the walk FFN over quantized rows), with the (gate, up, down)
+/// biases `bias_keys` names (f32, gpt-oss).
 fn expert<'a>(
     v: &'a Vindex,
     keys: [String; 3],
+    bias_keys: Option<[String; 3]>,
     inter: usize,
     hidden: usize,
     tier: Option<Tier>,
 ) -> Result<WalkFfn<'a>, InferenceError> {
     let [gate, up, down] = keys;
+    let [gate_bias, up_bias, down_bias] = match bias_keys {
+        Some([g, u, d]) => [
+            Some(required(v, &g, inter)?),
+            Some(required(v, &u, inter)?),
+            Some(required(v, &d, hidden)?),
+        ],
+        None => [None, None, None],
+    };
     let table = |key: &str, rows: usize, cols: usize| -> Result<FloatRows<'a>, InferenceError> {
         let Some(t) = tier else {
             return required_rows(v, key, rows * cols);
@@ -785,8 +849,9 @@ fn expert<'a>(
         up: table(&up, inter, hidden)?,
         down: table(&down, hidden, inter)?,
         down_layout: DownLayout::Linear,
-        up_bias: None,
-        down_bias: None,
+        gate_bias,
+        up_bias,
+        down_bias,
         sparse: None,
     })
 }
@@ -812,6 +877,7 @@ fn moe_ffn<'a>(
                     arch.expert_up_key(l, e),
                     arch.expert_down_key(l, e),
                 ],
+                arch.expert_bias_keys(l, e),
                 inter,
                 hidden,
                 tier,
@@ -822,11 +888,15 @@ fn moe_ffn<'a>(
         arch.shared_expert_keys(l),
         arch.shared_expert_intermediate_size(),
     ) {
-        (Some(keys), Some(si)) => Some(expert(v, keys, si, hidden, tier)?),
+        (Some(keys), Some(si)) => Some(expert(v, keys, None, si, hidden, tier)?),
         _ => None,
     };
     Ok(MoeFfn {
         router: required(v, &router_key, n * hidden)?,
+        router_bias: arch
+            .moe_router_bias_key(l)
+            .map(|k| required(v, &k, n))
+            .transpose()?,
         experts,
         top_k: arch.num_experts_per_tok(),
         norm_topk_prob: arch.norm_topk_prob(),

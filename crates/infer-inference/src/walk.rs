@@ -94,6 +94,11 @@ impl<'a> Model<'a> {
                     )))
                 }
             };
+            if w.gate_bias.is_some() || g.clamped_swiglu.is_some() {
+                return Err(InferenceError::Plan(format!(
+                    "--walk-k: layer {l}'s FFN has a gate bias or a clamped SwiGLU, which the sparse walk does not implement"
+                )));
+            }
             let gate_q4 = match select {
                 Selection::F32 => None,
                 Selection::Q4 => Some(gate_q4(v, l, w, g)?),
@@ -149,8 +154,9 @@ pub(crate) fn activation_fn(a: Activation) -> fn(f32) -> f32 {
 }
 
 /// Walk FFN over all features (exact), as matrix products on `x` `[T, hidden]`:
-/// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]` (in `bufs.up`; `bufs.gate` is scratch, `bufs.idx`
-/// unused), then `out = A · D` `[T, hidden]` (D feature-major `[inter, hidden]`, or `A · Dᵀ`
+/// `A = act(X·Gᵀ) ⊙ (X·Uᵀ)` `[T, inter]` (biases added to both products when present; the
+/// layer's clamped SwiGLU of both instead when it has one, gpt-oss) (in `bufs.up`; `bufs.gate`
+/// is scratch, `bufs.idx` unused), then `out = A · D` `[T, hidden]` (D feature-major `[inter, hidden]`, or `A · Dᵀ`
 /// for a Linear-layout down). f16 tables are multiplied in place ([`crate::layer::FloatRows`]).
 pub(crate) fn walk_ffn(
     backend: &dyn ComputeBackend,
@@ -175,9 +181,21 @@ pub(crate) fn walk_ffn(
         (FfnType::Gated, Some(gate_w)) => {
             let gate = fit(gate, t * inter);
             gate_w.matmul_transb(backend, x, t, h, inter, gate)?;
-            up.iter_mut()
-                .zip(gate.iter())
-                .for_each(|(u, gv)| *u *= act(*gv));
+            if let Some(b) = &w.gate_bias {
+                for row in gate.chunks_exact_mut(inter) {
+                    row.iter_mut().zip(b.iter()).for_each(|(a, b)| *a += b);
+                }
+            }
+            match g.clamped_swiglu {
+                Some((limit, alpha)) => up
+                    .iter_mut()
+                    .zip(gate.iter())
+                    .for_each(|(u, gv)| *u = ops::clamped_swiglu(*gv, *u, limit, alpha)),
+                None => up
+                    .iter_mut()
+                    .zip(gate.iter())
+                    .for_each(|(u, gv)| *u *= act(*gv)),
+            }
         }
         _ => up.iter_mut().for_each(|u| *u = act(*u)),
     }

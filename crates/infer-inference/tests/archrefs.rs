@@ -125,9 +125,18 @@ fn check_case(case: &str) {
     // The f32 tier plus the default quantized tier (q4k), which is reported at the end.
     let (dir, vpath) = archrefs_q4k(case, tmp.path());
     let vindex = Vindex::open(&vpath).expect("open vindex");
-    let model = Model::from_vindex_with(&vindex, &FLOAT).expect("model");
-    let backend = CpuBackend::new();
     let r = StFile::open(&dir.join("reference.safetensors"));
+    check_float_path(case, &vindex, &r);
+    report_quantized(case, &vindex, &r);
+    check_quantized_only(case, tmp.path(), &r);
+}
+
+/// The float tier of `vindex` against the reference `r`: every hidden state and the logits of
+/// both sequences within `TOL × std`, KV-cache decode (half prefilled, then one token at a
+/// time) at every position, and the greedy continuation `generated`.
+fn check_float_path(case: &str, vindex: &Vindex, r: &StFile) {
+    let model = Model::from_vindex_with(vindex, &FLOAT).expect("model");
+    let backend = CpuBackend::new();
     let ids_shape = r.shape("input_ids");
     let (batch, t) = (ids_shape[0], ids_shape[1]);
     let ids = r.i64_as_u32("input_ids");
@@ -222,8 +231,6 @@ fn check_case(case: &str) {
             .forward(&backend, &[got], &mut cache, Logits::Last)
             .expect("decode");
     }
-    report_quantized(case, &vindex, &r);
-    check_quantized_only(case, tmp.path(), &r);
 }
 
 #[test]
@@ -241,6 +248,87 @@ fn gemma3_matches_hf() {
 #[test]
 fn qwen3_moe_matches_hf() {
     check_case("qwen3-moe");
+}
+
+/// Cohere-2 (`../shared/archrefs-next/cohere2`): parallel attention + FFN from one bias-free
+/// LayerNorm, interleaved RoPE on the three sliding layers (window 8), a global layer without
+/// RoPE, tied embeddings, `logit_scale` 0.25.
+#[test]
+fn cohere2_matches_hf() {
+    check_case("cohere2");
+}
+
+/// Cohere-2 through GGUF: the HF checkpoint written as a llama.cpp `cohere2` GGUF (the metadata
+/// `infer export` writes: `cohere2.logit_scale`, `attention.layer_norm_epsilon`,
+/// `attention.sliding_window`, the pattern of 4 implied; llama.cpp's tensor names, dims
+/// fastest-first, f32), extracted and run: the same checks against HF as the safetensors path,
+/// and the GGUF's config equals the HF one in every forward-affecting field.
+#[test]
+fn cohere2_from_gguf_matches_hf() {
+    use infer_models::gguf::{model_metadata, GgufHeader, GgufTensorInfo, GgufWriter};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = archrefs_case_dir("cohere2");
+    let src = infer_models::open_source(&dir).expect("open cohere2");
+    let mut metadata = model_metadata(&src.config, "cohere2").expect("cohere2 GGUF metadata");
+    // No vocabulary (the archrefs checkpoints have none): llama.cpp's `none` tokenizer model.
+    metadata.push((
+        "tokenizer.ggml.model".into(),
+        infer_models::gguf::GgufValue::String("none".into()),
+    ));
+    let align = 32usize;
+    let (mut tensors, mut data, mut offset) = (Vec::new(), Vec::new(), 0usize);
+    for info in src.tensors.tensors() {
+        let name = infer_models::names::hf_to_gguf_name("cohere2", &info.name)
+            .unwrap_or_else(|| panic!("no GGUF name for {}", info.name));
+        let t = src.tensors.read_f32(&info.name).expect("read");
+        let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        tensors.push(GgufTensorInfo {
+            name,
+            dims: info.shape.iter().rev().copied().collect(),
+            format: infer_quant::QuantFormat::F32,
+            offset,
+            n_bytes: bytes.len(),
+        });
+        offset = (offset + bytes.len()).div_ceil(align) * align;
+        data.push(bytes);
+    }
+    let path = tmp.path().join("cohere2.gguf");
+    let header = GgufHeader {
+        version: 3,
+        metadata,
+        tensors,
+        alignment: align,
+    };
+    let mut w = GgufWriter::new(std::fs::File::create(&path).unwrap(), &header, &path).unwrap();
+    for d in &data {
+        w.write_data(d).unwrap();
+    }
+    w.finish().unwrap();
+
+    let vpath = extract_with(
+        &path,
+        tmp.path(),
+        "cohere2-gguf",
+        "f32",
+        None,
+        infer_vindex::QuantTiers::Q4K,
+    );
+    let vindex = Vindex::open(&vpath).expect("open vindex");
+    let mut want = src.config.clone();
+    // GGUF without a tokenizer holds no token ids (they do not change the forward pass).
+    (want.bos_token_id, want.eos_token_ids, want.pad_token_id) = (None, vec![], None);
+    assert_eq!(vindex.config(), &want, "cohere2 config through GGUF");
+    let r = StFile::open(&dir.join("reference.safetensors"));
+    check_float_path("cohere2 (GGUF)", &vindex, &r);
+    report_quantized("cohere2 (GGUF)", &vindex, &r);
+}
+
+/// gpt-oss (`../shared/archrefs-next/gpt-oss`): attention sinks, q/k/v/o biases, alternating
+/// sliding (window 8) / full layers, YaRN RoPE (factor 32, not truncated), MoE of 4 experts
+/// top-2 with a biased router, biased experts and the clamped SwiGLU (limit 7).
+#[test]
+fn gpt_oss_matches_hf() {
+    check_case("gpt-oss");
 }
 
 /// Every case folder under archrefs (a newly added folder of the same shape is picked up).

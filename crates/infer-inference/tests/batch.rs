@@ -196,6 +196,16 @@ fn mixed_batches_match_single_sequences_on_every_archrefs_family() {
     assert!(failed.is_empty(), "batched forward differs on: {failed:?}");
 }
 
+/// The families of `../shared/archrefs-next` (Qwen3-MoE, gpt-oss with attention sinks and
+/// YaRN, Cohere-2 with its NoPE global layer), as the archrefs families above.
+#[test]
+fn mixed_batches_match_single_sequences_on_archrefs_next() {
+    for case in ["qwen3-moe", "gpt-oss", "cohere2"] {
+        check_case(case);
+        println!("batch {case}: ok");
+    }
+}
+
 /// The longest prompt's `input_ids` of a real model's reference (`reference/NAME/index.json`).
 fn reference_ids(name: &str) -> Vec<u32> {
     let path = shared_dir().join("reference").join(name).join("index.json");

@@ -315,6 +315,18 @@ fn gemma3_on_cuda_matches_hf_and_cpu() {
     check_case("gemma3", &gpu());
 }
 
+/// The families of `../shared/archrefs-next`: Qwen3-MoE, gpt-oss (attention sinks and YaRN in
+/// the device kernels, MoE on the host), Cohere-2 (interleaved RoPE on the sliding layers only).
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn archrefs_next_cases_on_cuda() {
+    let gpu = gpu();
+    for case in ["qwen3-moe", "gpt-oss", "cohere2"] {
+        check_case(case, &gpu);
+        println!("cuda archrefs {case}: ok");
+    }
+}
+
 /// Every other archrefs case folder (all 19 in all).
 #[test]
 #[ignore = "needs a CUDA device: scripts/gpu-check.sh"]

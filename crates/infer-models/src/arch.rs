@@ -54,6 +54,27 @@ pub enum TensorTransform {
     /// Phi-3 `mlp.gate_up_proj`: rows `[gate; up]` (each `intermediate_size` rows) → the gate
     /// and up keys.
     SplitGateUp,
+    /// gpt-oss fused experts (canonical key `model.layers.{l}.mlp.experts.{gate_up_proj,
+    /// gate_up_proj_bias, down_proj, down_proj_bias}`, HF `GptOssExperts`) → per expert `e` the
+    /// Linear-layout keys `mlp.experts.{e}.{gate,up,down}_proj.{weight,bias}`, see
+    /// [`ExpertsPart`].
+    SplitExperts(ExpertsPart),
+}
+
+/// Which fused gpt-oss expert tensor a [`TensorTransform::SplitExperts`] splits (HF
+/// `GptOssExperts`: `gate_up = x @ gate_up_proj[e] + gate_up_proj_bias[e]`, gate the even
+/// columns, up the odd ones; `out = glu @ down_proj[e] + down_proj_bias[e]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertsPart {
+    /// `gate_up_proj` `[E, hidden, 2·inter]`, columns alternating gate, up → per expert the
+    /// gate and up weights `[inter, hidden]` (transposed).
+    GateUp,
+    /// `gate_up_proj_bias` `[E, 2·inter]` → per expert the gate and up biases `[inter]`.
+    GateUpBias,
+    /// `down_proj` `[E, inter, hidden]` → per expert the down weight `[hidden, inter]`.
+    Down,
+    /// `down_proj_bias` `[E, hidden]` → per expert the down bias `[hidden]`.
+    DownBias,
 }
 
 /// Row layout of a fused q/k/v projection.
@@ -115,6 +136,11 @@ pub trait ModelArchitecture: Send + Sync {
     /// Learned absolute position embeddings (GPT-2) instead of RoPE.
     fn has_learned_positions(&self) -> bool {
         false
+    }
+    /// RoPE rotates q and k in this layer (false for learned positions, and for Cohere-2's
+    /// global layers, which have no positional encoding).
+    fn has_rope_for_layer(&self, _layer: usize) -> bool {
+        !self.has_learned_positions()
     }
     /// Multiplier on QKᵀ before softmax (`head_dim^-0.5`, Gemma `query_pre_attn_scalar^-0.5`,
     /// Granite `attention_multiplier`).
@@ -178,9 +204,15 @@ pub trait ModelArchitecture: Send + Sync {
     fn residual_multiplier(&self) -> f32 {
         1.0
     }
-    /// Logits are divided by this (Granite `logits_scaling`).
+    /// Logits are divided by this (Granite `logits_scaling`; Cohere-2 `1 / logit_scale`).
     fn logits_divisor(&self) -> f32 {
         1.0
+    }
+    /// The experts' clamped SwiGLU `(limit, alpha)` (gpt-oss `swiglu_limit`, `swiglu_alpha`):
+    /// `(min(up, limit).max(−limit) + 1) · g · sigmoid(alpha · g)` with `g = min(gate, limit)`
+    /// instead of `act(gate) · up`. `None`: the plain gated activation.
+    fn clamped_swiglu(&self) -> Option<(f64, f64)> {
+        None
     }
     /// Weight key of a per-layer output scalar, if the family has one (none of the 19 do yet).
     fn layer_scalar_key(&self, _layer: usize) -> Option<String> {
@@ -267,6 +299,10 @@ pub trait ModelArchitecture: Send + Sync {
     fn attn_o_bias_key(&self, _layer: usize) -> Option<String> {
         None
     }
+    /// Attention sinks `[num_q_heads]` (gpt-oss `self_attn.sinks`), if the family has them.
+    fn attn_sinks_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
     /// q norm weight (per head `[head_dim]`, or whole projection for OLMo-2).
     fn q_norm_key(&self, _layer: usize) -> Option<String> {
         None
@@ -333,6 +369,14 @@ pub trait ModelArchitecture: Send + Sync {
         (self.num_experts_for_layer(layer) > 0)
             .then(|| format!("model.layers.{layer}.mlp.gate.weight"))
     }
+    /// Router bias `[num_experts]` added to the router logits (gpt-oss), if any.
+    fn moe_router_bias_key(&self, _layer: usize) -> Option<String> {
+        None
+    }
+    /// Expert `e`'s gate, up (`[moe_intermediate]`) and down (`[hidden]`) biases (gpt-oss).
+    fn expert_bias_keys(&self, _layer: usize, _expert: usize) -> Option<[String; 3]> {
+        None
+    }
     /// Expert `e` gate/up `[moe_intermediate, hidden]`, down `[hidden, moe_intermediate]`.
     fn expert_gate_key(&self, layer: usize, expert: usize) -> String {
         format!("model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight")
@@ -394,4 +438,6 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "mixtral",
     "qwen2_moe",
     "qwen3_moe",
+    "cohere2",
+    "gpt_oss",
 ];

@@ -35,6 +35,20 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// YaRN (HF `_compute_yarn_parameters`, transformers 5): frequencies blended between
+    /// `inv_freq / factor` and `inv_freq` over the correction range of `beta_fast`..`beta_slow`
+    /// rotations within `original_max_position_embeddings`, and cos/sin multiplied by
+    /// `attention_factor` (default `0.1 · ln(factor) + 1`).
+    Yarn {
+        factor: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        original_max_position_embeddings: usize,
+        /// The cos/sin multiplier (HF `attention_factor`, resolved at parse time).
+        attention_factor: f64,
+        /// Floor/ceil the correction range (HF `truncate`, default true; gpt-oss: false).
+        truncate: bool,
+    },
 }
 
 /// Attention kind of one layer (HF `layer_types`).
@@ -103,6 +117,16 @@ pub struct ModelConfig {
     pub moe_intermediate_size: Option<usize>,
     pub shared_expert_intermediate_size: Option<usize>,
     pub norm_topk_prob: bool,
+    /// Cohere-2 `logit_scale`: the logits are multiplied by it.
+    #[serde(default)]
+    pub logit_scale: Option<f64>,
+    /// gpt-oss clamped SwiGLU of the experts (`swiglu_limit`, default 7): gate clamped above
+    /// at the limit, up to `[-limit, limit]`.
+    #[serde(default)]
+    pub swiglu_limit: Option<f64>,
+    /// gpt-oss SwiGLU sigmoid gain (`swiglu_alpha`, default 1.702).
+    #[serde(default)]
+    pub swiglu_alpha: Option<f64>,
     pub bos_token_id: Option<u32>,
     /// End-of-sequence ids (HF `eos_token_id` may be an int or a list).
     pub eos_token_ids: Vec<u32>,
@@ -307,12 +331,12 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
 
     let hidden_act = parse_activation(c, mt)?;
     check_unsupported_options(c, mt)?;
-    let rope = rope::parse_rope(c, mt)?;
+    let rope = rope::parse_rope(c, mt, max_position_embeddings)?;
     let (sliding_window, layer_types) = parse_layer_kinds(c, mt, num_hidden_layers)?;
 
     let tie_default = matches!(
         mt,
-        "gemma" | "gemma2" | "gemma3_text" | "starcoder2" | "gpt2"
+        "gemma" | "gemma2" | "gemma3_text" | "starcoder2" | "gpt2" | "cohere2"
     );
     let tie_word_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(tie_default);
 
@@ -325,6 +349,8 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         }
         "phi" | "gpt2" => (true, true),
         "gpt_neox" => (c.opt_bool("attention_bias")?.unwrap_or(true), true),
+        // HF `GptOssConfig.attention_bias` defaults to true; the experts always carry biases.
+        "gpt_oss" => (c.opt_bool("attention_bias")?.unwrap_or(true), false),
         "mistral" | "mixtral" | "phi3" => (false, false),
         _ => (
             c.opt_bool("attention_bias")?.unwrap_or(false),
@@ -359,7 +385,7 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
 
     let use_parallel_residual = match mt {
         "gpt_neox" => c.opt_bool("use_parallel_residual")?.unwrap_or(true),
-        "phi" => true,
+        "phi" | "cohere2" => true,
         _ => false,
     };
 
@@ -400,7 +426,28 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
                 c.opt_bool("norm_topk_prob")?.unwrap_or(false),
             )
         }
+        // HF `GptOssConfig`: the top-k router logits are softmaxed among themselves, which is
+        // the renormalised top-k of the full softmax (`norm_topk_prob`).
+        "gpt_oss" => (
+            c.opt_usize("num_local_experts")?.unwrap_or(128),
+            c.opt_usize("num_experts_per_tok")?.unwrap_or(4),
+            None,
+            None,
+            true,
+        ),
         _ => (0, 0, None, None, false),
+    };
+    let gpt_oss = |key: &str, default: f64| -> Result<Option<f64>, ModelError> {
+        Ok(if mt == "gpt_oss" {
+            Some(c.opt_f64(key)?.unwrap_or(default))
+        } else {
+            None
+        })
+    };
+    let logit_scale = if mt == "cohere2" {
+        Some(c.opt_f64("logit_scale")?.unwrap_or(0.0625))
+    } else {
+        None
     };
 
     let cfg = ModelConfig {
@@ -437,6 +484,9 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
         moe_intermediate_size,
         shared_expert_intermediate_size: shared,
         norm_topk_prob,
+        logit_scale,
+        swiglu_limit: gpt_oss("swiglu_limit", 7.0)?,
+        swiglu_alpha: gpt_oss("swiglu_alpha", 1.702)?,
         bos_token_id: c.opt_u32("bos_token_id")?,
         eos_token_ids: c.u32_or_list("eos_token_id")?,
         pad_token_id: c.opt_u32("pad_token_id")?,
@@ -520,10 +570,10 @@ fn check_qwen2_moe_sparse_layout(c: &Obj) -> Result<(), ModelError> {
 /// Sliding-window size and per-layer attention kinds.
 ///
 /// Window: `sliding_window` (`null`/0 → none); Qwen families need `use_sliding_window`; class
-/// defaults when absent: Mistral, Gemma-2/3 4096. Kinds: `layer_types` when present; otherwise
-/// Gemma-2 alternates starting with sliding (HF v4 `not layer_idx % 2`), Gemma-3 slides except
-/// every `sliding_window_pattern`-th layer (v4; layer i full iff (i+1) % pattern == 0, default
-/// 6), Qwen slides from `max_window_layers` on, Mistral/Mixtral/Phi-3/StarCoder2 slide on every
+/// defaults when absent: Mistral, Gemma-2/3, Cohere-2 4096, gpt-oss 128. Kinds: `layer_types`
+/// when present; otherwise Gemma-2 and gpt-oss alternate starting with sliding (HF v4
+/// `not layer_idx % 2`), Gemma-3 and Cohere-2 slide except every `sliding_window_pattern`-th
+/// layer (layer i full iff (i+1) % pattern == 0, default 6 and 4), Qwen slides from `max_window_layers` on, Mistral/Mixtral/Phi-3/StarCoder2 slide on every
 /// layer. Families without sliding attention (Llama, Gemma, GPT-2, …) ignore the window.
 /// When no window results, every layer is [`LayerKind::Full`].
 fn parse_layer_kinds(
@@ -533,10 +583,10 @@ fn parse_layer_kinds(
 ) -> Result<(Option<usize>, Vec<LayerKind>), ModelError> {
     let qwen = matches!(mt, "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe");
     let window = match mt {
-        "mistral" | "gemma2" | "gemma3_text" if !c.has("sliding_window") => Some(4096),
-        "mistral" | "mixtral" | "phi3" | "starcoder2" | "gemma2" | "gemma3_text" => {
-            c.opt_usize("sliding_window")?
-        }
+        "mistral" | "gemma2" | "gemma3_text" | "cohere2" if !c.has("sliding_window") => Some(4096),
+        "gpt_oss" if !c.has("sliding_window") => Some(128),
+        "mistral" | "mixtral" | "phi3" | "starcoder2" | "gemma2" | "gemma3_text" | "cohere2"
+        | "gpt_oss" => c.opt_usize("sliding_window")?,
         _ if qwen => {
             if c.opt_bool("use_sliding_window")?.unwrap_or(false) {
                 c.opt_usize("sliding_window")?
@@ -573,7 +623,7 @@ fn parse_layer_kinds(
         kinds
     } else {
         match mt {
-            "gemma2" => (0..n_layers)
+            "gemma2" | "gpt_oss" => (0..n_layers)
                 .map(|i| {
                     if i % 2 == 0 {
                         LayerKind::Sliding
@@ -582,10 +632,11 @@ fn parse_layer_kinds(
                     }
                 })
                 .collect(),
-            "gemma3_text" => {
+            "gemma3_text" | "cohere2" => {
+                let default = if mt == "cohere2" { 4 } else { 6 };
                 let pattern = match c.opt_usize("sliding_window_pattern")? {
                     Some(p) => p,
-                    None => c.opt_usize("_sliding_window_pattern")?.unwrap_or(6),
+                    None => c.opt_usize("_sliding_window_pattern")?.unwrap_or(default),
                 };
                 if pattern == 0 {
                     return Err(c.bad("sliding_window_pattern", "must be positive"));

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use infer_models::arch::{QkvLayout, TensorTransform};
+use infer_models::arch::{ExpertsPart, QkvLayout, TensorTransform};
 use infer_models::hf::open_hf_folder;
 use infer_models::{
     architecture_for, Activation, FfnType, ModelArchitecture, ModelConfig, NormType, RopeScaling,
@@ -22,8 +22,18 @@ fn shared() -> PathBuf {
     p
 }
 
+/// The folder of an archrefs case: `archrefs/CASE`, else `archrefs-next/CASE`.
+fn case_dir(case: &str) -> std::path::PathBuf {
+    let first = shared().join("archrefs").join(case);
+    if first.is_dir() {
+        first
+    } else {
+        shared().join("archrefs-next").join(case)
+    }
+}
+
 fn arch(case: &str) -> Box<dyn ModelArchitecture> {
-    let cfg = ModelConfig::from_hf_file(&shared().join("archrefs").join(case).join("config.json"))
+    let cfg = ModelConfig::from_hf_file(&case_dir(case).join("config.json"))
         .unwrap_or_else(|e| panic!("{case}: {e}"));
     architecture_for(&cfg).unwrap_or_else(|e| panic!("{case}: {e}"))
 }
@@ -72,6 +82,10 @@ const FAMILIES: &[Row] = &[
     ("phi",              LN,  0.0, Standard, GeluTanh, true,  true,  false, false, false, false, false, false),
     ("mixtral",          RMS, 0.0, Gated,    Silu,     false, true,  false, true,  false, false, false, false),
     ("qwen2-moe",        RMS, 0.0, Gated,    Silu,     false, true,  false, true,  false, false, false, false),
+    // ../shared/archrefs-next
+    ("qwen3-moe",        RMS, 0.0, Gated,    Silu,     false, true,  false, true,  false, true,  false, false),
+    ("cohere2",          LN,  0.0, Gated,    Silu,     true,  true,  false, false, false, false, false, false),
+    ("gpt-oss",          RMS, 0.0, Gated,    Silu,     false, true,  false, true,  false, false, false, false),
 ];
 
 #[test]
@@ -91,7 +105,8 @@ fn family_answers_match_hf_semantics() {
         assert_eq!(a.has_qk_norm(), r.10, "{c} qk norm");
         assert_eq!(a.qk_norm_whole_projection(), r.11, "{c} qk whole");
         assert_eq!(a.has_learned_positions(), r.12, "{c} positions");
-        assert!(!a.has_v_norm() && !a.rope_interleaved(), "{c}");
+        assert!(!a.has_v_norm(), "{c}");
+        assert_eq!(a.rope_interleaved(), c == "cohere2", "{c} interleaved RoPE");
         // Keys agree with the flags.
         assert_eq!(a.pre_attn_norm_key(0).is_some(), r.6, "{c}");
         assert_eq!(a.post_attn_norm_key(0).is_some(), r.7, "{c}");
@@ -218,7 +233,7 @@ fn gemma3_per_layer_answers() {
 
 /// Canonical tensors of a checkpoint: canonical name → shape, after the source transforms.
 fn canonical_tensors(case: &str, a: &dyn ModelArchitecture) -> BTreeMap<String, Vec<usize>> {
-    let src = open_hf_folder(&shared().join("archrefs").join(case)).unwrap();
+    let src = open_hf_folder(&case_dir(case)).unwrap();
     let c = a.config();
     let (h, kv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     let mut out = BTreeMap::new();
@@ -265,6 +280,24 @@ fn canonical_tensors(case: &str, a: &dyn ModelArchitecture) -> BTreeMap<String, 
                 let half = vec![c.intermediate_size, s[1]];
                 put(name.replacen("gate_up_proj", "gate_proj", 1), half.clone());
                 put(name.replacen("gate_up_proj", "up_proj", 1), half);
+            }
+            TensorTransform::SplitExperts(part) => {
+                let base = name.rsplit_once("experts.").unwrap().0.to_string();
+                for e in 0..s[0] {
+                    let at = |p: &str| format!("{base}experts.{e}.{p}");
+                    match part {
+                        ExpertsPart::GateUp => {
+                            put(at("gate_proj.weight"), vec![s[2] / 2, s[1]]);
+                            put(at("up_proj.weight"), vec![s[2] / 2, s[1]]);
+                        }
+                        ExpertsPart::GateUpBias => {
+                            put(at("gate_proj.bias"), vec![s[1] / 2]);
+                            put(at("up_proj.bias"), vec![s[1] / 2]);
+                        }
+                        ExpertsPart::Down => put(at("down_proj.weight"), vec![s[2], s[1]]),
+                        ExpertsPart::DownBias => put(at("down_proj.bias"), vec![s[1]]),
+                    }
+                }
             }
         }
     }
@@ -322,6 +355,7 @@ fn canonical_keys_cover_every_archref_tensor() {
                 (a.attn_k_bias_key(l), kv * hd),
                 (a.attn_v_bias_key(l), kv * hd),
                 (a.attn_o_bias_key(l), hid),
+                (a.attn_sinks_key(l), h),
             ] {
                 if let Some(k) = k {
                     add(k, vec![n]);
@@ -364,10 +398,18 @@ fn canonical_keys_cover_every_archref_tensor() {
                 }
             } else {
                 add(a.moe_router_key(l).unwrap(), vec![experts, hid]);
+                if let Some(k) = a.moe_router_bias_key(l) {
+                    add(k, vec![experts]);
+                }
                 for e in 0..experts {
                     add(a.expert_gate_key(l, e), vec![inter, hid]);
                     add(a.expert_up_key(l, e), vec![inter, hid]);
                     add(a.expert_down_key(l, e), vec![hid, inter]);
+                    if let Some([g, u, d]) = a.expert_bias_keys(l, e) {
+                        add(g, vec![inter]);
+                        add(u, vec![inter]);
+                        add(d, vec![hid]);
+                    }
                 }
                 if let Some([g, u, d]) = a.shared_expert_keys(l) {
                     let s = a.shared_expert_intermediate_size().unwrap();

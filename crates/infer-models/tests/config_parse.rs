@@ -403,9 +403,24 @@ fn family_key_spellings_and_defaults() {
 
     // Unsupported RoPE type → BadField naming it.
     let mut y = base.clone();
-    y["rope_parameters"] = json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4});
+    y["rope_parameters"] = json!({"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4});
     assert!(matches!(parse(&y),
         Err(ModelError::BadField { field, .. }) if field == "rope_parameters.rope_type"));
+    // YaRN with only a factor: HF `_compute_yarn_parameters` defaults (beta 32/1, the original
+    // context = max_position_embeddings, attention factor 0.1·ln(factor) + 1, truncated).
+    y["rope_parameters"] = json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4});
+    let c = parse(&y).unwrap();
+    assert_eq!(
+        c.rope_scaling,
+        Some(RopeScaling::Yarn {
+            factor: 4.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: c.max_position_embeddings,
+            attention_factor: 0.1 * 4f64.ln() + 1.0,
+            truncate: true,
+        })
+    );
 
     // Unknown activation → BadField.
     let mut a = base.clone();
@@ -431,4 +446,96 @@ fn from_hf_file_errors_name_the_file() {
     std::fs::write(&missing, "{not json").unwrap();
     assert!(matches!(ModelConfig::from_hf_file(&missing),
         Err(ModelError::Json { path, .. }) if path == missing));
+}
+
+/// The two families of `../shared/archrefs-next` added with gpt-oss and Cohere-2: every value
+/// their forward pass reads, from the transformers 5 `config.json` (defaults where absent).
+#[test]
+fn gpt_oss_and_cohere2_configs() {
+    use LayerKind::{Full as F, Sliding as S};
+    let read = |case: &str| {
+        ModelConfig::from_hf_file(
+            &shared()
+                .join("archrefs-next")
+                .join(case)
+                .join("config.json"),
+        )
+        .unwrap()
+    };
+    let g = read("gpt-oss");
+    assert_eq!(g.model_type, "gpt_oss");
+    assert_eq!(g.rope_theta, 150_000.0);
+    assert_eq!(
+        g.rope_scaling,
+        Some(RopeScaling::Yarn {
+            factor: 32.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: 4096,
+            attention_factor: 0.1 * 32f64.ln() + 1.0,
+            truncate: false,
+        })
+    );
+    assert_eq!(
+        (g.sliding_window, g.layer_types.clone()),
+        (Some(8), vec![S, F, S, F])
+    );
+    assert_eq!(
+        (g.num_experts, g.num_experts_per_tok, g.norm_topk_prob),
+        (4, 2, true)
+    );
+    assert_eq!((g.swiglu_limit, g.swiglu_alpha), (Some(7.0), Some(1.702)));
+    assert!(g.attention_bias && !g.tie_word_embeddings && !g.use_parallel_residual);
+    assert_eq!((g.norm_eps, g.logit_scale), (1e-5, None));
+    let a = architecture_for(&g).unwrap();
+    assert_eq!(
+        a.attn_sinks_key(1).as_deref(),
+        Some("model.layers.1.self_attn.sinks")
+    );
+    assert_eq!(
+        a.moe_router_bias_key(0).as_deref(),
+        Some("model.layers.0.mlp.gate.bias")
+    );
+    assert_eq!(a.clamped_swiglu(), Some((7.0, 1.702)));
+
+    let c = read("cohere2");
+    assert_eq!(c.model_type, "cohere2");
+    assert_eq!(
+        (c.sliding_window, c.layer_types.clone()),
+        (Some(8), vec![S, S, S, F])
+    );
+    assert_eq!(c.logit_scale, Some(0.25));
+    assert!(c.tie_word_embeddings && c.use_parallel_residual && !c.attention_bias);
+    assert_eq!(
+        (c.norm_eps, c.rope_theta, c.rope_scaling.clone()),
+        (1e-5, 1e4, None)
+    );
+    let a = architecture_for(&c).unwrap();
+    assert_eq!(a.logits_divisor(), 4.0);
+    assert!(a.rope_interleaved());
+    let roped: Vec<bool> = (0..4).map(|l| a.has_rope_for_layer(l)).collect();
+    assert_eq!(roped, [true, true, true, false]);
+    assert_eq!(a.norm_bias_key("model.norm.weight"), None);
+
+    // Without layer_types: Cohere-2's sliding_window_pattern (default 4), gpt-oss alternating.
+    let mut j = load_json(&shared().join("archrefs-next/cohere2/config.json"));
+    j.as_object_mut().unwrap().remove("layer_types");
+    j["num_hidden_layers"] = json!(8);
+    j["sliding_window_pattern"] = json!(2);
+    assert_eq!(parse(&j).unwrap().layer_types, vec![S, F, S, F, S, F, S, F]);
+    j.as_object_mut().unwrap().remove("sliding_window_pattern");
+    assert_eq!(parse(&j).unwrap().layer_types, vec![S, S, S, F, S, S, S, F]);
+    j["logit_scale"] = json!(0.0);
+    assert!(architecture_for(&parse(&j).unwrap()).is_err());
+    let mut j = load_json(&shared().join("archrefs-next/gpt-oss/config.json"));
+    j.as_object_mut().unwrap().remove("layer_types");
+    j.as_object_mut().unwrap().remove("rope_parameters");
+    let d = parse(&j).unwrap();
+    assert_eq!(d.layer_types, vec![S, F, S, F]);
+    assert_eq!(
+        d.rope_scaling, g.rope_scaling,
+        "the GptOssConfig default YaRN"
+    );
+    j["swiglu_limit"] = json!(-1.0);
+    assert!(architecture_for(&parse(&j).unwrap()).is_err());
 }

@@ -1,8 +1,9 @@
 //! Extract-time tensor transforms ([`TensorTransform`], decided per family by
 //! `ModelArchitecture::source_transform`): GPT-2 Conv1D transposes, and splitting fused q/k/v
-//! (`qkv_proj`) and gate/up (`gate_up_proj`) projections into the canonical separate keys.
+//! (`qkv_proj`) and gate/up (`gate_up_proj`) projections into the canonical separate keys, and
+//! gpt-oss's fused expert tensors into per-expert Linear matrices and biases.
 
-use infer_models::arch::{QkvLayout, TensorTransform};
+use infer_models::arch::{ExpertsPart, QkvLayout, TensorTransform};
 use infer_models::ModelConfig;
 
 /// One output tensor of a transform: canonical key and shape.
@@ -86,6 +87,50 @@ pub fn plan_outputs(
             };
             Ok(vec![mk("gate_proj")?, mk("up_proj")?])
         }
+        TensorTransform::SplitExperts(part) => {
+            let fused = match part {
+                ExpertsPart::GateUp => "gate_up_proj",
+                ExpertsPart::GateUpBias => "gate_up_proj_bias",
+                ExpertsPart::Down => "down_proj",
+                ExpertsPart::DownBias => "down_proj_bias",
+            };
+            let prefix = key
+                .strip_suffix(&format!("experts.{fused}"))
+                .ok_or_else(|| format!("'{key}': expected a '…experts.{fused}' key"))?;
+            let bad = || format!("'{key}': fused experts of shape {shape:?}");
+            let (experts, shapes): (usize, Vec<(&str, Vec<usize>)>) = match (part, shape) {
+                (ExpertsPart::GateUp, &[e, h, two_i]) if two_i % 2 == 0 => (
+                    e,
+                    vec![
+                        ("gate_proj.weight", vec![two_i / 2, h]),
+                        ("up_proj.weight", vec![two_i / 2, h]),
+                    ],
+                ),
+                (ExpertsPart::GateUpBias, &[e, two_i]) if two_i % 2 == 0 => (
+                    e,
+                    vec![
+                        ("gate_proj.bias", vec![two_i / 2]),
+                        ("up_proj.bias", vec![two_i / 2]),
+                    ],
+                ),
+                (ExpertsPart::Down, &[e, i, h]) => (e, vec![("down_proj.weight", vec![h, i])]),
+                (ExpertsPart::DownBias, &[e, h]) => (e, vec![("down_proj.bias", vec![h])]),
+                _ => return Err(bad()),
+            };
+            if experts != cfg.num_experts {
+                return Err(format!(
+                    "'{key}': {experts} experts, config has num_experts {}",
+                    cfg.num_experts
+                ));
+            }
+            Ok((0..experts)
+                .flat_map(|e| {
+                    shapes
+                        .iter()
+                        .map(move |(p, sh)| out(format!("{prefix}experts.{e}.{p}"), sh.clone()))
+                })
+                .collect())
+        }
     }
 }
 
@@ -148,7 +193,88 @@ pub fn apply(
             let (g, u) = data.split_at(data.len() / 2);
             vec![g.to_vec(), u.to_vec()]
         }
+        (TensorTransform::SplitExperts(part), _) => split_experts(&data, shape, part),
     }
+}
+
+/// [`apply`] of [`TensorTransform::SplitExperts`]: per expert, in [`plan_outputs`]' order,
+/// gate and up (the even and odd columns of `gate_up_proj[e]` `[hidden, 2·inter]`, transposed to
+/// `[inter, hidden]`; biases: the even and odd entries) or down (`down_proj[e]` `[inter, hidden]`
+/// transposed to `[hidden, inter]`; bias as is). A shape [`plan_outputs`] refuses gives nothing.
+fn split_experts(data: &[f32], shape: &[usize], part: ExpertsPart) -> Vec<Vec<f32>> {
+    match (part, shape) {
+        (ExpertsPart::GateUp, &[e, h, two_i]) => {
+            let i = two_i / 2;
+            let mut out = Vec::with_capacity(2 * e);
+            for m in data.chunks_exact(h * two_i).take(e) {
+                for parity in 0..2 {
+                    let mut w = vec![0f32; i * h];
+                    for (row, src) in m.chunks_exact(two_i).enumerate() {
+                        for f in 0..i {
+                            w[f * h + row] = src[2 * f + parity];
+                        }
+                    }
+                    out.push(w);
+                }
+            }
+            out
+        }
+        (ExpertsPart::GateUpBias, &[_, two_i]) => data
+            .chunks_exact(two_i)
+            .flat_map(|b| (0..2).map(move |p| b.iter().skip(p).step_by(2).copied().collect()))
+            .collect(),
+        (ExpertsPart::Down, &[_, i, h]) => data
+            .chunks_exact(i * h)
+            .map(|m| transpose(m, i, h))
+            .collect(),
+        (ExpertsPart::DownBias, &[_, h]) => data.chunks_exact(h).map(<[f32]>::to_vec).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The inverse of [`split_experts`] (any element type).
+fn join_experts<T: Copy + Default>(
+    parts: &[Vec<T>],
+    shape: &[usize],
+    part: ExpertsPart,
+) -> Result<Vec<T>, String> {
+    let total: usize = shape.iter().product();
+    let mut out = vec![T::default(); total];
+    match (part, shape) {
+        (ExpertsPart::GateUp, &[e, h, two_i]) if parts.len() == 2 * e => {
+            let i = two_i / 2;
+            for (k, w) in parts.iter().enumerate() {
+                let (ex, parity) = (k / 2, k % 2);
+                for f in 0..i {
+                    for row in 0..h {
+                        out[ex * h * two_i + row * two_i + 2 * f + parity] = w[f * h + row];
+                    }
+                }
+            }
+        }
+        (ExpertsPart::GateUpBias, &[e, two_i]) if parts.len() == 2 * e => {
+            for (k, b) in parts.iter().enumerate() {
+                let (ex, parity) = (k / 2, k % 2);
+                for (f, &v) in b.iter().enumerate() {
+                    out[ex * two_i + 2 * f + parity] = v;
+                }
+            }
+        }
+        (ExpertsPart::Down, &[e, i, h]) if parts.len() == e => {
+            for (ex, w) in parts.iter().enumerate() {
+                let m = transpose_any(w, h, i);
+                out[ex * i * h..(ex + 1) * i * h].copy_from_slice(&m);
+            }
+        }
+        (ExpertsPart::DownBias, &[e, _]) if parts.len() == e => out = parts.concat(),
+        _ => {
+            return Err(format!(
+                "{} parts do not make fused experts of shape {shape:?} ({part:?})",
+                parts.len()
+            ))
+        }
+    }
+    Ok(out)
 }
 
 /// Row-major transpose of `[rows, cols]` to `[cols, rows]` for any element type (f32, f16).
@@ -177,6 +303,13 @@ pub fn unapply<T: Copy + Default>(
         TensorTransform::AsIs | TensorTransform::Transpose => 1,
         TensorTransform::SplitQkv(_) => 3,
         TensorTransform::SplitGateUp => 2,
+        TensorTransform::SplitExperts(part) => {
+            let e = shape.first().copied().unwrap_or(0);
+            match part {
+                ExpertsPart::GateUp | ExpertsPart::GateUpBias => 2 * e,
+                ExpertsPart::Down | ExpertsPart::DownBias => e,
+            }
+        }
     };
     let total: usize = parts.iter().map(Vec::len).sum();
     if parts.len() != want_parts || total != shape.iter().product::<usize>() {
@@ -186,6 +319,7 @@ pub fn unapply<T: Copy + Default>(
         ));
     }
     Ok(match (t, shape) {
+        (TensorTransform::SplitExperts(part), _) => join_experts(parts, shape, part)?,
         (TensorTransform::Transpose, [r, c]) => transpose_any(&parts[0], *c, *r),
         (TensorTransform::AsIs | TensorTransform::Transpose, _) => parts[0].clone(),
         (TensorTransform::SplitGateUp, _)
@@ -287,6 +421,65 @@ mod tests {
         }
         let c = cfg(2, 2, 4);
         assert!(unapply(&c, &[vec![0.0f32; 3]], &[2, 2], TensorTransform::AsIs).is_err());
+    }
+
+    /// gpt-oss fused experts: expert e's gate/up are the even/odd columns of
+    /// `gate_up_proj[e]` transposed, down is `down_proj[e]` transposed, biases split the same
+    /// way; `unapply` puts every part back.
+    #[test]
+    fn split_experts_layout_and_inverse() {
+        let json = serde_json::json!({
+            "model_type": "gpt_oss", "hidden_size": 4, "intermediate_size": 3,
+            "num_hidden_layers": 1, "num_attention_heads": 1, "head_dim": 4, "vocab_size": 4,
+            "num_local_experts": 2, "num_experts_per_tok": 1,
+        });
+        let c = ModelConfig::from_hf_json(std::path::Path::new("t.json"), &json).unwrap();
+        let (e, h, i) = (2usize, 4usize, 3usize);
+        let base = "model.layers.0.mlp.experts.";
+        for (part, shape, fused) in [
+            (ExpertsPart::GateUp, vec![e, h, 2 * i], "gate_up_proj"),
+            (ExpertsPart::GateUpBias, vec![e, 2 * i], "gate_up_proj_bias"),
+            (ExpertsPart::Down, vec![e, i, h], "down_proj"),
+            (ExpertsPart::DownBias, vec![e, h], "down_proj_bias"),
+        ] {
+            let t = TensorTransform::SplitExperts(part);
+            let n: usize = shape.iter().product();
+            let data: Vec<f32> = (0..n).map(|x| x as f32).collect();
+            let specs = plan_outputs(&c, &format!("{base}{fused}"), &shape, t).unwrap();
+            let parts = apply(&c, data.clone(), &shape, t);
+            assert_eq!(specs.len(), parts.len(), "{part:?}");
+            for (s, p) in specs.iter().zip(&parts) {
+                assert_eq!(
+                    s.shape.iter().product::<usize>(),
+                    p.len(),
+                    "{part:?} {}",
+                    s.key
+                );
+            }
+            assert_eq!(unapply(&c, &parts, &shape, t).unwrap(), data, "{part:?}");
+            if part == ExpertsPart::GateUp {
+                assert_eq!(specs[3].key, format!("{base}1.up_proj.weight"));
+                assert_eq!(specs[3].shape, vec![i, h]);
+                // Expert 1's up row f, column r is gate_up_proj[1][r][2f + 1].
+                for f in 0..i {
+                    for r in 0..h {
+                        assert_eq!(parts[3][f * h + r], data[h * 2 * i + r * 2 * i + 2 * f + 1]);
+                    }
+                }
+            }
+            if part == ExpertsPart::Down {
+                assert_eq!(specs[1].key, format!("{base}1.down_proj.weight"));
+                // Expert 1 down [h=2][f=1] is down_proj[1][f=1][h=2].
+                assert_eq!(parts[1][2 * i + 1], data[i * h + h + 2]);
+            }
+        }
+        let bad = plan_outputs(
+            &c,
+            &format!("{base}down_proj"),
+            &[3, i, h],
+            TensorTransform::SplitExperts(ExpertsPart::Down),
+        );
+        assert!(bad.unwrap_err().contains("3 experts"));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Round trip of every architecture reference checkpoint (shared/archrefs, HF safetensors f32):
+//! Round trip of every architecture reference checkpoint (shared/archrefs and archrefs-next, HF
+//! safetensors f32):
 //! extract (f32 and f16 tiers), open, and compare every tensor with the source.
 
 mod common;
@@ -24,11 +25,18 @@ fn cases() -> Vec<String> {
     v
 }
 
+/// The families of `../shared/archrefs-next` (same layout), added after the 19.
+const NEXT: &[&str] = &["qwen3-moe", "gpt-oss", "cohere2"];
+
 fn roundtrip(dtype: Dtype) {
     let root = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    for case in cases() {
-        let src_path = shared_dir().join("archrefs").join(&case);
+    let all = cases()
+        .into_iter()
+        .map(|c| ("archrefs", c))
+        .chain(NEXT.iter().map(|c| ("archrefs-next", c.to_string())));
+    for (folder, case) in all {
+        let src_path = shared_dir().join(folder).join(&case);
         let src = infer_models::open_source(&src_path)
             .unwrap_or_else(|e| panic!("{case}: open source: {e}"));
         let target = root.path().join(format!("{case}-{dtype}.vindex"));

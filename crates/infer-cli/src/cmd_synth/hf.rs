@@ -5,7 +5,7 @@
 //! looks up), mapped back to the family's checkpoint names where they differ (StarCoder2 `c_fc`,
 //! Mixtral `block_sparse_moe`, phi `dense`/`fc1`/`fc2`); every mapped name is checked to map
 //! forward to its key again. Families that store fused or transposed tensors (gpt2, gpt_neox,
-//! phi3) are refused.
+//! phi3, gpt_oss's fused experts) are refused.
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
@@ -50,7 +50,7 @@ impl StDtype {
 pub type TensorShapes = BTreeMap<String, Vec<usize>>;
 
 /// Families whose checkpoints store fused or transposed tensors this writer does not produce.
-const UNSUPPORTED: &[&str] = &["gpt2", "gpt_neox", "phi3"];
+const UNSUPPORTED: &[&str] = &["gpt2", "gpt_neox", "phi3", "gpt_oss"];
 
 /// Checkpoint name of a canonical key for families that rename modules.
 fn checkpoint_name(family: &str, key: &str) -> String {

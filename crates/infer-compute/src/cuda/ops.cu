@@ -46,9 +46,10 @@ extern "C" __global__ void t_norm(const float* x, const float* w, const float* b
 
 // RoPE in place on x [rows, n_heads * hd]: block blockIdx.x = row * n_heads + head rotates the
 // first rot dims of its head for position pos[row] (pairs (i, i + rot/2), or (2i, 2i + 1) when
-// interleaved) by the angles pos * inv_freq[i].
+// interleaved) by the angles pos * inv_freq[i], cos and sin times mscale (YaRN's attention
+// factor, else 1).
 extern "C" __global__ void t_rope(float* x, const int* pos, const double* inv_freq, int n_heads,
-                                  int hd, int rot, int interleaved) {
+                                  int hd, int rot, int interleaved, double mscale) {
     pdl_trigger();
     pdl_wait();
     long long row = blockIdx.x / n_heads;
@@ -56,7 +57,7 @@ extern "C" __global__ void t_rope(float* x, const int* pos, const double* inv_fr
     int half = rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double ang = (double)pos[row] * inv_freq[i];
-        float c = (float)cos(ang), s = (float)sin(ang);
+        float c = (float)(cos(ang) * mscale), s = (float)(sin(ang) * mscale);
         int ia = interleaved ? 2 * i : i;
         int ib = interleaved ? 2 * i + 1 : i + half;
         float a = h[ia], b = h[ib];
@@ -85,10 +86,11 @@ extern "C" __global__ void t_kv_store(const float* k, const float* v, const long
 // (info as t_kv_store; keys 0..pos, or pos - window + 1..pos when window > 0, none when
 // window < 0): ATTN_WARPS warps take every ATTN_WARPS-th key, each keeping a running maximum m,
 // sum l and S register values per lane (dims lane, lane + 32, ...; S * 32 >= hd); the warps'
-// partial results meet in shared memory at the end.
+// partial results meet in shared memory at the end. sinks (null: none) holds one logit per
+// query head that joins the softmax denominator (gpt-oss attention sinks).
 template <int S>
 __device__ void attn_row(const float* q, const long long* info, float* out, int nq, int nkv,
-                         int hd, float scale, int window, float cap) {
+                         int hd, float scale, int window, float cap, const float* sinks) {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][S * 32];
     int h = blockIdx.x;
@@ -143,7 +145,8 @@ __device__ void attn_row(const float* q, const long long* info, float* out, int 
     __syncthreads();
     float mx = NEG_INF;
     for (int t = 0; t < ATTN_WARPS; t++) mx = fmaxf(mx, sm_m[t]);
-    float total = 0.0f;
+    if (sinks) mx = fmaxf(mx, sinks[h]);
+    float total = sinks ? expf(sinks[h] - mx) : 0.0f;
     float f[ATTN_WARPS];
     for (int t = 0; t < ATTN_WARPS; t++) {
         f[t] = sm_m[t] == NEG_INF ? 0.0f : expf(sm_m[t] - mx);
@@ -159,13 +162,14 @@ __device__ void attn_row(const float* q, const long long* info, float* out, int 
 }
 
 extern "C" __global__ void t_attention(const float* q, const long long* info, float* out, int nq,
-                                       int nkv, int hd, float scale, int window, float cap) {
+                                       int nkv, int hd, float scale, int window, float cap,
+                                       const float* sinks) {
     pdl_trigger();
     pdl_wait();
-    if (hd <= 64) attn_row<2>(q, info, out, nq, nkv, hd, scale, window, cap);
-    else if (hd <= 128) attn_row<4>(q, info, out, nq, nkv, hd, scale, window, cap);
-    else if (hd <= 256) attn_row<8>(q, info, out, nq, nkv, hd, scale, window, cap);
-    else attn_row<16>(q, info, out, nq, nkv, hd, scale, window, cap);
+    if (hd <= 64) attn_row<2>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
+    else if (hd <= 128) attn_row<4>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
+    else if (hd <= 256) attn_row<8>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
+    else attn_row<16>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
 }
 
 // up[i] = act(gate[i]) * up[i] (gate given) or x[i] = act(x[i]) (gate null); act_fn of

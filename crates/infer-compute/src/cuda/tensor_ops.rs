@@ -669,6 +669,7 @@ pub(super) fn rope(
         i(to_i32("head_dim", cfg.head_dim)?),
         i(to_i32("rotary_dim", cfg.rotary_dim)?),
         i(cfg.interleaved as i32),
+        cfg.attention_factor().to_bits(),
     ];
     go(
         &mut st.rec,
@@ -726,6 +727,10 @@ pub(super) fn attend(
         Some(0) => -1,
         Some(w) => to_i32("sliding window", w)?,
     };
+    let sinks = match p.sinks {
+        Some(s) => cached(st, as_bytes(s))?,
+        None => 0,
+    };
     let cfg = LaunchConfig {
         grid_dim: (p.n_q_heads as u32, rows as u32, 1),
         block_dim: (ATTN_THREADS, 1, 1),
@@ -741,6 +746,7 @@ pub(super) fn attend(
         f(p.scale),
         i(window),
         f(p.softcap.unwrap_or(0.0)),
+        sinks,
     ];
     go(&mut st.rec, &st.dev.k.t_attention, cfg, &mut a)
 }

@@ -23,6 +23,16 @@ pub fn gelu(x: f32) -> f32 {
     (0.5 * x * erfc(-x * std::f64::consts::FRAC_1_SQRT_2)) as f32
 }
 
+/// gpt-oss's clamped SwiGLU of one (gate, up) pair, evaluated in f64 and rounded once (HF
+/// `modeling_gpt_oss.py` `GptOssExperts.forward`): `g = min(gate, limit)`,
+/// `u = clamp(up, −limit, limit)`, `(u + 1) · g · σ(alpha · g)`.
+pub fn clamped_swiglu(gate: f32, up: f32, limit: f32, alpha: f32) -> f32 {
+    let (limit, alpha) = (limit as f64, alpha as f64);
+    let g = (gate as f64).min(limit);
+    let u = (up as f64).clamp(-limit, limit);
+    ((u + 1.0) * g / (1.0 + (-alpha * g).exp())) as f32
+}
+
 /// An FFN activation, chosen per model from its config (`hidden_act`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {

@@ -11,7 +11,7 @@ pub(crate) use fast_act::exp_poly;
 mod norm;
 
 pub use crate::cpu::dot;
-pub use activation::{gelu, gelu_tanh, silu, Activation};
+pub use activation::{clamped_swiglu, gelu, gelu_tanh, silu, Activation};
 pub use elementwise::{add_inplace, scale_inplace, softcap, softcap_inplace, softmax_inplace};
 pub use erf::{erf, erfc};
 pub use fast_act::{act_fast_inplace, gated_mul_fast};

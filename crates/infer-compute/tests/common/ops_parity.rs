@@ -125,24 +125,52 @@ fn check_norms(b: &dyn ComputeBackend, rng: &mut StdRng) {
 }
 
 fn check_rope(b: &dyn ComputeBackend, rng: &mut StdRng) {
-    for &(heads, head_dim, rotary_dim, interleaved) in &[
-        (1, 2, 2, false),
-        (3, 64, 64, false),
-        (2, 44, 28, false),
-        (4, 16, 16, true),
+    // YaRN of gpt-oss (factor 32 over an original 4096 positions, no truncation): frequencies
+    // and cos/sin factor by HF `_compute_yarn_parameters`, worked out here independently.
+    let yarn = RopeScaling::Yarn {
+        factor: 32.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        original_max_position_embeddings: 4096,
+        attention_factor: 0.1 * 32f64.ln() + 1.0,
+        truncate: false,
+    };
+    let yarn_inv = |rot: usize, i: usize| {
+        let d = rot as f64;
+        let corr =
+            |r: f64| d * (4096.0 / (r * 2.0 * std::f64::consts::PI)).ln() / (2.0 * 1e4f64.ln());
+        let (lo, hi) = (corr(32.0).max(0.0), corr(1.0).min(d - 1.0));
+        let ramp = ((i as f64 - lo) / (hi - lo)).clamp(0.0, 1.0);
+        let f = 1.0 / 1e4f64.powf(2.0 * i as f64 / d);
+        f / 32.0 * ramp + f * (1.0 - ramp)
+    };
+    for &(heads, head_dim, rotary_dim, interleaved, scaling) in &[
+        (1, 2, 2, false, RopeScaling::None),
+        (3, 64, 64, false, RopeScaling::None),
+        (2, 44, 28, false, RopeScaling::None),
+        (4, 16, 16, true, RopeScaling::None),
+        (3, 64, 64, false, yarn),
     ] {
         let positions = [0usize, 5, 6, 17, 3, 1000];
         let cfg = RopeConfig {
             head_dim,
             rotary_dim,
             base: 10000.0,
-            scaling: RopeScaling::None,
+            scaling,
             interleaved,
         };
         let x = randv(rng, positions.len() * heads * head_dim);
+        let is_yarn = scaling != RopeScaling::None;
         let inv: Vec<f64> = (0..rotary_dim / 2)
-            .map(|i| 1.0 / 10000f64.powf(2.0 * i as f64 / rotary_dim as f64))
+            .map(|i| {
+                if is_yarn {
+                    yarn_inv(rotary_dim, i)
+                } else {
+                    1.0 / 10000f64.powf(2.0 * i as f64 / rotary_dim as f64)
+                }
+            })
             .collect();
+        let mscale = if is_yarn { 0.1 * 32f64.ln() + 1.0 } else { 1.0 };
         let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         for (r, &pos) in positions.iter().enumerate() {
             for h in 0..heads {
@@ -154,6 +182,7 @@ fn check_rope(b: &dyn ComputeBackend, rng: &mut StdRng) {
                         (base + i, base + i + rotary_dim / 2)
                     };
                     let (s, co) = (pos as f64 * f).sin_cos();
+                    let (s, co) = (s * mscale, co * mscale);
                     let (xa, xc) = (x[a] as f64, x[c] as f64);
                     want[a] = xa * co - xc * s;
                     want[c] = xc * co + xa * s;
@@ -163,7 +192,8 @@ fn check_rope(b: &dyn ComputeBackend, rng: &mut StdRng) {
         let mut gt = up(b, &x);
         b.rope(&mut gt, heads, &positions, &cfg).expect("rope");
         let got = down(b, &gt);
-        let what = format!("rope heads {heads} head_dim {head_dim} rotary {rotary_dim}");
+        let what =
+            format!("rope heads {heads} head_dim {head_dim} rotary {rotary_dim} {scaling:?}");
         // sin/cos of large angles in f32 tables: absolute error grows with the position.
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
             assert!(
@@ -209,9 +239,14 @@ fn ref_attention(q: &[f32], k: &[f32], v: &[f32], start: usize, p: &AttentionPar
                     }
                 })
                 .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sink = p.sinks.map(|s| s[h] as f64);
+            let m = scores
+                .iter()
+                .cloned()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let z: f64 = e.iter().sum();
+            let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |k| (k - m).exp());
             let o = &mut out[(r * nq + h) * hd..(r * nq + h + 1) * hd];
             for (&j, w) in visible.iter().zip(&e) {
                 let vj = &v[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
@@ -252,8 +287,13 @@ fn check_attention(b: &dyn ComputeBackend, rng: &mut StdRng) {
             vec![(299, 1), (0, 17), (40, 1)],
         ),
         (8, 8, 64, None, None, vec![(100, 1); 5]),
+        // With attention sinks (the last two cases).
+        (4, 2, 16, Some(8), None, vec![(10, 1), (0, 9)]),
+        (8, 2, 64, None, None, vec![(30, 10), (5, 1)]),
     ];
-    for (nq, nkv, hd, window, softcap, seqs) in cases {
+    let sink_cases = cases.len() - 2;
+    for (ci, (nq, nkv, hd, window, softcap, seqs)) in cases.iter().enumerate() {
+        let sinks: Vec<f32> = (0..*nq).map(|h| [-3.0, 0.0, 0.5, 4.0][h % 4]).collect();
         let p = AttentionParams {
             n_q_heads: *nq,
             n_kv_heads: *nkv,
@@ -261,6 +301,7 @@ fn check_attention(b: &dyn ComputeBackend, rng: &mut StdRng) {
             scale: 1.0 / (*hd as f32).sqrt(),
             sliding_window: *window,
             softcap: *softcap,
+            sinks: (ci >= sink_cases).then_some(&sinks[..]),
         };
         let (qd, kvd) = (nq * hd, nkv * hd);
         let rows: usize = seqs.iter().map(|s| s.1).sum();

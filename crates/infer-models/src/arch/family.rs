@@ -26,6 +26,12 @@ pub enum Family {
     /// Qwen3 attention (per-head q/k RMSNorm) + many-expert top-k MoE (`norm_topk_prob`), no
     /// shared expert (HF `Qwen3MoeForCausalLM`).
     Qwen3Moe,
+    /// Parallel attention + gated FFN from one bias-free LayerNorm, interleaved RoPE on the
+    /// sliding layers only, `logit_scale` on the logits (HF `Cohere2ForCausalLM`).
+    Cohere2,
+    /// Attention sinks, biases, YaRN, alternating sliding/full layers; MoE with a biased
+    /// router, biased experts and a clamped SwiGLU (HF `GptOssForCausalLM`).
+    GptOss,
 }
 
 impl Family {
@@ -49,6 +55,8 @@ impl Family {
             "mixtral" => Family::Mixtral,
             "qwen2_moe" => Family::Qwen2Moe,
             "qwen3_moe" => Family::Qwen3Moe,
+            "cohere2" => Family::Cohere2,
+            "gpt_oss" => Family::GptOss,
             _ => return None,
         })
     }
@@ -118,6 +126,20 @@ impl FamilyArch {
         }
         if family == Family::Granite && cfg.attention_multiplier.is_none() {
             return Err("granite: attention_multiplier is required".into());
+        }
+        if family == Family::Cohere2 && !cfg.logit_scale.is_some_and(|s| s.is_finite() && s != 0.0)
+        {
+            return Err(format!(
+                "cohere2: logit_scale {:?} must be a non-zero number",
+                cfg.logit_scale
+            ));
+        }
+        let positive = |v: Option<f64>| v.is_some_and(|v| v.is_finite() && v > 0.0);
+        if family == Family::GptOss && !(positive(cfg.swiglu_limit) && positive(cfg.swiglu_alpha)) {
+            return Err(format!(
+                "gpt_oss: swiglu_limit {:?} and swiglu_alpha {:?} must be positive numbers",
+                cfg.swiglu_limit, cfg.swiglu_alpha
+            ));
         }
         if cfg.num_attention_heads == 0 || cfg.num_key_value_heads == 0 || cfg.head_dim == 0 {
             return Err(format!("{}: zero heads or head_dim", cfg.model_type));
@@ -192,6 +214,21 @@ impl ModelArchitecture for FamilyArch {
         self.family == Family::Gpt2
     }
 
+    /// Cohere-2 rotates only on sliding layers (HF `Cohere2Attention`: `apply_rotary_pos_emb`
+    /// when `sliding_window` is set); GPT-2 never.
+    fn has_rope_for_layer(&self, layer: usize) -> bool {
+        match self.family {
+            Family::Gpt2 => false,
+            Family::Cohere2 => self.cfg.layer_types[layer] == LayerKind::Sliding,
+            _ => true,
+        }
+    }
+
+    /// Cohere-2 rotates pairs `(2i, 2i + 1)` (HF `modeling_cohere2.py` `rotate_half`).
+    fn rope_interleaved(&self) -> bool {
+        self.family == Family::Cohere2
+    }
+
     /// `head_dim^-0.5`; Gemma-2/3 `query_pre_attn_scalar^-0.5`; Granite `attention_multiplier`.
     fn attention_scale_for_layer(&self, layer: usize) -> f64 {
         match self.family {
@@ -211,11 +248,21 @@ impl ModelArchitecture for FamilyArch {
     }
 
     fn norm_type(&self) -> NormType {
-        if self.family.is_layernorm() {
+        if self.family.is_layernorm() || self.family == Family::Cohere2 {
             NormType::LayerNorm
         } else {
             NormType::RmsNorm
         }
+    }
+
+    /// LayerNorm families' `.bias`; none for Cohere-2 (HF `Cohere2LayerNorm` has no bias).
+    fn norm_bias_key(&self, norm_weight_key: &str) -> Option<String> {
+        if self.norm_type() != NormType::LayerNorm || self.family == Family::Cohere2 {
+            return None;
+        }
+        norm_weight_key
+            .strip_suffix(".weight")
+            .map(|stem| format!("{stem}.bias"))
     }
 
     fn norm_weight_offset(&self) -> f32 {
@@ -234,9 +281,10 @@ impl ModelArchitecture for FamilyArch {
         self.family.has_post_norms()
     }
 
-    /// False for OLMo-2 (post-norm only) and phi (attention and MLP share `input_layernorm`).
+    /// False for OLMo-2 (post-norm only), phi and Cohere-2 (attention and MLP share
+    /// `input_layernorm`).
     fn has_pre_ffn_norm(&self) -> bool {
-        !matches!(self.family, Family::Olmo2 | Family::Phi)
+        !matches!(self.family, Family::Olmo2 | Family::Phi | Family::Cohere2)
     }
 
     fn has_post_ffn_norm(&self) -> bool {
@@ -254,10 +302,10 @@ impl ModelArchitecture for FamilyArch {
         self.family == Family::Olmo2
     }
 
-    /// phi: always; GPT-NeoX: `use_parallel_residual`.
+    /// phi, Cohere-2: always; GPT-NeoX: `use_parallel_residual`.
     fn parallel_residual(&self) -> bool {
         match self.family {
-            Family::Phi => true,
+            Family::Phi | Family::Cohere2 => true,
             Family::GptNeox => self.cfg.use_parallel_residual,
             _ => false,
         }
@@ -288,8 +336,19 @@ impl ModelArchitecture for FamilyArch {
         self.cfg.residual_multiplier.unwrap_or(1.0) as f32
     }
 
+    /// Granite `logits_scaling`; Cohere-2 `1 / logit_scale` (HF multiplies by `logit_scale`).
     fn logits_divisor(&self) -> f32 {
-        self.cfg.logits_scaling.unwrap_or(1.0) as f32
+        match (self.family, self.cfg.logit_scale) {
+            (Family::Cohere2, Some(s)) => (1.0 / s) as f32,
+            _ => self.cfg.logits_scaling.unwrap_or(1.0) as f32,
+        }
+    }
+
+    fn clamped_swiglu(&self) -> Option<(f64, f64)> {
+        match (self.family, self.cfg.swiglu_limit, self.cfg.swiglu_alpha) {
+            (Family::GptOss, Some(limit), Some(alpha)) => Some((limit, alpha)),
+            _ => None,
+        }
     }
 
     fn canonical_name(&self, hf_name: &str) -> Option<String> {
@@ -332,6 +391,22 @@ impl ModelArchitecture for FamilyArch {
         }
     }
 
+    fn attn_sinks_key(&self, layer: usize) -> Option<String> {
+        (self.family == Family::GptOss).then(|| self.layer(layer, "self_attn.sinks"))
+    }
+
+    fn moe_router_bias_key(&self, layer: usize) -> Option<String> {
+        (self.family == Family::GptOss && self.num_experts_for_layer(layer) > 0)
+            .then(|| self.layer(layer, "mlp.gate.bias"))
+    }
+
+    fn expert_bias_keys(&self, layer: usize, expert: usize) -> Option<[String; 3]> {
+        (self.family == Family::GptOss).then(|| {
+            ["gate_proj", "up_proj", "down_proj"]
+                .map(|p| self.layer(layer, &format!("mlp.experts.{expert}.{p}.bias")))
+        })
+    }
+
     fn q_norm_key(&self, layer: usize) -> Option<String> {
         self.has_qk_norm()
             .then(|| self.layer(layer, "self_attn.q_norm.weight"))
@@ -354,7 +429,7 @@ impl ModelArchitecture for FamilyArch {
 
     fn pre_ffn_norm_key(&self, layer: usize) -> Option<String> {
         match self.family {
-            Family::Olmo2 | Family::Phi => None,
+            Family::Olmo2 | Family::Phi | Family::Cohere2 => None,
             Family::Gemma2 | Family::Gemma3 => {
                 Some(self.layer(layer, "pre_feedforward_layernorm.weight"))
             }

@@ -7,7 +7,7 @@
 //! extract time); MoE `…mlp.gate` (router), `…mlp.experts.{e}.{gate,up,down}_proj`,
 //! `…mlp.shared_expert.*`, `…mlp.shared_expert_gate`; GPT-2 `model.embed_positions.weight`.
 
-use super::{Family, QkvLayout, TensorTransform};
+use super::{ExpertsPart, Family, QkvLayout, TensorTransform};
 
 /// Buffers that are not weights (rotary caches, causal-mask buffers of old checkpoints).
 fn is_buffer(name: &str) -> bool {
@@ -143,6 +143,15 @@ pub(super) fn canonical_name(family: Family, hf_name: &str) -> Option<String> {
             }
             None => name.into(),
         },
+        Family::GptOss => match layer_parts(name, "model.layers.") {
+            Some((l, rest)) => {
+                format!(
+                    "model.layers.{l}.{}",
+                    rename(rest, &[("mlp.router.", "mlp.gate.")])
+                )
+            }
+            None => name.into(),
+        },
         Family::Gemma3 => {
             // Multimodal Gemma-3 checkpoints: v4 `language_model.model.*`, v5
             // `model.language_model.*`; the vision tower and projector are dropped.
@@ -262,6 +271,23 @@ pub(super) fn source_name(family: Family, canonical: &str) -> String {
             };
             format!("model.layers.{l}.{rest}")
         }),
+        Family::GptOss => layer_parts(canonical, "model.layers.").map(|(l, rest)| {
+            let rest = if let Some(t) = rest.strip_prefix("mlp.gate.") {
+                format!("mlp.router.{t}")
+            } else if let Some((_, r)) = layer_parts(rest, "mlp.experts.") {
+                let fused = match r {
+                    "gate_proj.weight" | "up_proj.weight" => "gate_up_proj",
+                    "gate_proj.bias" | "up_proj.bias" => "gate_up_proj_bias",
+                    "down_proj.weight" => "down_proj",
+                    "down_proj.bias" => "down_proj_bias",
+                    other => other,
+                };
+                format!("mlp.experts.{fused}")
+            } else {
+                rest.to_string()
+            };
+            format!("model.layers.{l}.{rest}")
+        }),
         _ => None,
     };
     named.unwrap_or_else(|| canonical.to_string())
@@ -290,6 +316,16 @@ pub(super) fn source_transform(family: Family, hf_name: &str) -> TensorTransform
             TensorTransform::SplitQkv(QkvLayout::Concat)
         }
         Family::Phi3 if hf_name.contains("mlp.gate_up_proj.") => TensorTransform::SplitGateUp,
+        Family::GptOss => {
+            let part = match hf_name.rsplit_once("mlp.experts.").map(|(_, t)| t) {
+                Some("gate_up_proj") => ExpertsPart::GateUp,
+                Some("gate_up_proj_bias") => ExpertsPart::GateUpBias,
+                Some("down_proj") => ExpertsPart::Down,
+                Some("down_proj_bias") => ExpertsPart::DownBias,
+                _ => return TensorTransform::AsIs,
+            };
+            TensorTransform::SplitExperts(part)
+        }
         _ => TensorTransform::AsIs,
     }
 }
@@ -341,6 +377,8 @@ mod tests {
             Family::Gpt2,
             Family::Mixtral,
             Family::Qwen2Moe,
+            Family::Cohere2,
+            Family::GptOss,
         ];
         for f in families {
             for k in keys {
@@ -352,6 +390,7 @@ mod tests {
                     && matches!(f, Family::Phi3 | Family::GptNeox | Family::Gpt2);
                 let fused_ffn = matches!(f, Family::Phi3)
                     && (k.contains("mlp.gate_proj.") || k.contains("mlp.up_proj."));
+                let fused_experts = f == Family::GptOss && k.contains(".mlp.experts.");
                 if fused {
                     assert!(
                         back.contains(".self_attn.qkv_proj."),
@@ -361,6 +400,11 @@ mod tests {
                     assert!(
                         back.contains(".mlp.gate_up_proj."),
                         "{f:?} {k} → {hf} → {back}"
+                    );
+                } else if fused_experts {
+                    assert!(
+                        matches!(source_transform(f, &hf), TensorTransform::SplitExperts(_)),
+                        "{f:?} {k} → {hf}"
                     );
                 } else {
                     assert_eq!(back, k, "{f:?}: {k} → {hf}");
@@ -381,6 +425,14 @@ mod tests {
         assert_eq!(
             source_name(Family::GptNeox, "lm_head.weight"),
             "embed_out.weight"
+        );
+        assert_eq!(
+            source_name(Family::GptOss, "model.layers.0.mlp.experts.1.up_proj.bias"),
+            "model.layers.0.mlp.experts.gate_up_proj_bias"
+        );
+        assert_eq!(
+            source_name(Family::GptOss, "model.layers.3.mlp.gate.bias"),
+            "model.layers.3.mlp.router.bias"
         );
     }
 }

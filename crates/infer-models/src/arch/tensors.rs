@@ -57,6 +57,9 @@ pub fn expected_tensors(a: &dyn ModelArchitecture) -> Vec<ExpectedTensor> {
         add(a.attn_k_key(l), vec![kv, h], true);
         add(a.attn_v_key(l), vec![kv, h], true);
         add(a.attn_o_key(l), vec![h, q], true);
+        if let Some(k) = a.attn_sinks_key(l) {
+            add(k, vec![a.num_q_heads_for_layer(l)], true);
+        }
         for (k, n) in [
             (a.attn_q_bias_key(l), q),
             (a.attn_k_bias_key(l), kv),
@@ -84,10 +87,18 @@ pub fn expected_tensors(a: &dyn ModelArchitecture) -> Vec<ExpectedTensor> {
             if let Some(k) = a.moe_router_key(l) {
                 add(k, vec![experts, h], true);
             }
+            if let Some(k) = a.moe_router_bias_key(l) {
+                add(k, vec![experts], true);
+            }
             for e in 0..experts {
                 add(a.expert_gate_key(l, e), vec![i, h], true);
                 add(a.expert_up_key(l, e), vec![i, h], true);
                 add(a.expert_down_key(l, e), vec![h, i], true);
+                if let Some([g, u, d]) = a.expert_bias_keys(l, e) {
+                    add(g, vec![i], true);
+                    add(u, vec![i], true);
+                    add(d, vec![h], true);
+                }
             }
             if let (Some([g, u, d]), Some(si)) =
                 (a.shared_expert_keys(l), a.shared_expert_intermediate_size())

@@ -27,6 +27,8 @@ fn architecture(model_type: &str) -> &'static str {
         "mixtral" => "MixtralForCausalLM",
         "qwen2_moe" => "Qwen2MoeForCausalLM",
         "qwen3_moe" => "Qwen3MoeForCausalLM",
+        "cohere2" => "Cohere2ForCausalLM",
+        "gpt_oss" => "GptOssForCausalLM",
         _ => "AutoModelForCausalLM",
     }
 }
@@ -103,7 +105,7 @@ impl ModelConfig {
         put("vocab_size", json!(self.vocab_size));
         let eps_key = match mt {
             "gpt2" => "layer_norm_epsilon",
-            "gpt_neox" | "phi" => "layer_norm_eps",
+            "gpt_neox" | "phi" | "cohere2" => "layer_norm_eps",
             "starcoder2" => "norm_epsilon",
             _ => "rms_norm_eps",
         };
@@ -148,6 +150,19 @@ impl ModelConfig {
                     "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
                     "original_max_position_embeddings": original_max_position_embeddings,
                 }),
+                Some(RopeScaling::Yarn {
+                    factor,
+                    beta_fast,
+                    beta_slow,
+                    original_max_position_embeddings,
+                    attention_factor,
+                    truncate,
+                }) => json!({
+                    "rope_type": "yarn", "factor": factor,
+                    "beta_fast": beta_fast, "beta_slow": beta_slow,
+                    "original_max_position_embeddings": original_max_position_embeddings,
+                    "attention_factor": attention_factor, "truncate": truncate,
+                }),
             },
         );
 
@@ -167,7 +182,8 @@ impl ModelConfig {
                     put("layer_types", layer_types(&self.layer_types));
                 }
             }
-            "mistral" | "mixtral" | "phi3" | "starcoder2" | "gemma2" | "gemma3_text" | "gemma3" => {
+            "mistral" | "mixtral" | "phi3" | "starcoder2" | "gemma2" | "gemma3_text" | "gemma3"
+            | "cohere2" | "gpt_oss" => {
                 put("sliding_window", opt(window));
                 if window.is_some() {
                     put("layer_types", layer_types(&self.layer_types));
@@ -208,8 +224,15 @@ impl ModelConfig {
         if mt == "gpt_neox" {
             put("use_parallel_residual", json!(self.use_parallel_residual));
         }
+        if mt == "cohere2" {
+            put("logit_scale", opt(self.logit_scale));
+        }
+        if mt == "gpt_oss" {
+            put("swiglu_limit", opt(self.swiglu_limit));
+            put("swiglu_alpha", opt(self.swiglu_alpha));
+        }
         match mt {
-            "mixtral" => {
+            "mixtral" | "gpt_oss" => {
                 put("num_local_experts", json!(self.num_experts));
                 put("num_experts_per_tok", json!(self.num_experts_per_tok));
             }

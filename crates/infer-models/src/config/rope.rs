@@ -14,10 +14,11 @@ pub(crate) struct RopeSettings {
 }
 
 /// HF defaults per family (config classes of transformers): base 1e4 except Mixtral and the
-/// Gemma-3 global layers (1e6); partial rotary 0.5 for phi, 0.25 for gpt_neox, else 1.0.
+/// Gemma-3 global layers (1e6) and gpt-oss (1.5e5); partial rotary 0.5 for phi, 0.25 for gpt_neox, else 1.0.
 fn defaults(model_type: &str) -> (f64, f64) {
     let theta = match model_type {
         "mixtral" | "gemma3_text" => 1e6,
+        "gpt_oss" => 150_000.0,
         _ => 1e4,
     };
     let prf = match model_type {
@@ -28,10 +29,17 @@ fn defaults(model_type: &str) -> (f64, f64) {
     (theta, prf)
 }
 
-/// Parse the RoPE settings of `cfg` (the top-level config object).
-/// Errors: an unsupported `rope_type` (only `default`, `linear`, `llama3` are implemented),
-/// a scaling on Gemma-3 sliding layers, or a missing scaling parameter (named in full).
-pub(crate) fn parse_rope(cfg: &Obj, model_type: &str) -> Result<RopeSettings, ModelError> {
+/// Parse the RoPE settings of `cfg` (the top-level config object); `max_positions` is the
+/// config's context (YaRN's `original_max_position_embeddings` when absent).
+/// Errors: an unsupported `rope_type` (only `default`, `linear`, `llama3`, `yarn` are
+/// implemented), a scaling on Gemma-3 sliding layers, or a missing scaling parameter (named in
+/// full).
+pub(crate) fn parse_rope(
+    cfg: &Obj,
+    model_type: &str,
+    max_positions: usize,
+) -> Result<RopeSettings, ModelError> {
+    let parse_scaling = |o: &Obj| parse_scaling(o, max_positions);
     let (default_theta, default_prf) = defaults(model_type);
     let is_gemma3 = model_type == "gemma3_text";
     let top_prf = cfg.opt_f64_any(&["partial_rotary_factor", "rotary_pct"])?;
@@ -90,6 +98,16 @@ pub(crate) fn parse_rope(cfg: &Obj, model_type: &str) -> Result<RopeSettings, Mo
     // v4 layout.
     let scaling = match cfg.opt_obj("rope_scaling")? {
         Some(rs) => parse_scaling(&rs)?,
+        // HF `GptOssConfig` without RoPE parameters: YaRN ×32 over 4096 positions, beta 32/1,
+        // not truncated.
+        None if model_type == "gpt_oss" => Some(RopeScaling::Yarn {
+            factor: 32.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: 4096,
+            attention_factor: 0.1 * 32f64.ln() + 1.0,
+            truncate: false,
+        }),
         None => None,
     };
     Ok(RopeSettings {
@@ -103,8 +121,14 @@ pub(crate) fn parse_rope(cfg: &Obj, model_type: &str) -> Result<RopeSettings, Mo
 }
 
 /// One scaling object (`rope_scaling` of v4, or a `rope_parameters` object of v5): the kind is
-/// `rope_type` (or v4's older `type`); `default`/absent → no scaling.
-fn parse_scaling(o: &Obj) -> Result<Option<RopeScaling>, ModelError> {
+/// `rope_type` (or v4's older `type`); `default`/absent → no scaling. YaRN follows HF
+/// `_compute_yarn_parameters` (transformers 5): `factor` (else `max_positions /
+/// original_max_position_embeddings`), `original_max_position_embeddings` (else
+/// `max_positions`), `beta_fast`/`beta_slow` (32/1 when absent or 0), `attention_factor`
+/// (else `get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)` when both are set,
+/// else `get_mscale(factor)`, `get_mscale(s, m) = 0.1·m·ln(s) + 1` for `s > 1`, 1 otherwise),
+/// `truncate` (default true).
+fn parse_scaling(o: &Obj, max_positions: usize) -> Result<Option<RopeScaling>, ModelError> {
     let key = if o.get("rope_type").is_some() {
         "rope_type"
     } else {
@@ -122,9 +146,53 @@ fn parse_scaling(o: &Obj) -> Result<Option<RopeScaling>, ModelError> {
             high_freq_factor: o.req_f64("high_freq_factor")?,
             original_max_position_embeddings: o.req_usize("original_max_position_embeddings")?,
         })),
+        Some("yarn") => {
+            let original = o
+                .opt_usize("original_max_position_embeddings")?
+                .unwrap_or(max_positions);
+            if original == 0 {
+                return Err(o.bad("original_max_position_embeddings", "must be positive"));
+            }
+            let factor = o
+                .opt_f64("factor")?
+                .unwrap_or(max_positions as f64 / original as f64);
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err(o.bad("factor", format!("{factor} is not a positive number")));
+            }
+            let mscale = |scale: f64, m: f64| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * scale.ln() + 1.0
+                }
+            };
+            let attention_factor = match o.opt_f64("attention_factor")? {
+                Some(a) => a,
+                None => match (o.opt_f64("mscale")?, o.opt_f64("mscale_all_dim")?) {
+                    (Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
+                        mscale(factor, m) / mscale(factor, a)
+                    }
+                    _ => mscale(factor, 1.0),
+                },
+            };
+            // HF `beta_fast or 32`: 0 and null take the default too.
+            let beta = |k: &str, d: f64| -> Result<f64, ModelError> {
+                Ok(o.opt_f64(k)?.filter(|&b| b != 0.0).unwrap_or(d))
+            };
+            Ok(Some(RopeScaling::Yarn {
+                factor,
+                beta_fast: beta("beta_fast", 32.0)?,
+                beta_slow: beta("beta_slow", 1.0)?,
+                original_max_position_embeddings: original,
+                attention_factor,
+                truncate: o.opt_bool("truncate")?.unwrap_or(true),
+            }))
+        }
         Some(other) => Err(o.bad(
             key,
-            format!("RoPE type '{other}' is not supported (supported: default, linear, llama3)"),
+            format!(
+                "RoPE type '{other}' is not supported (supported: default, linear, llama3, yarn)"
+            ),
         )),
     }
 }

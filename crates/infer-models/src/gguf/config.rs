@@ -5,7 +5,8 @@
 //! `{arch}.feed_forward_length`, `{arch}.context_length`, `{arch}.attention.head_count`,
 //! `.head_count_kv`, `.key_length`, `.layer_norm_rms_epsilon`, `.sliding_window`,
 //! `{arch}.rope.freq_base`, `.dimension_count`, `.scaling.type`, `.scaling.factor`,
-//! `.freq_base_swa` and `{arch}.attention.sliding_window_pattern` (Gemma-2/3), and
+//! `.freq_base_swa` and `{arch}.attention.sliding_window_pattern` (Gemma-2/3, Cohere-2),
+//! `{arch}.logit_scale` (Cohere-2), and
 //! `tokenizer.ggml.{bos,eos,padding}_token_id` (the end-of-generation ids are EOS then
 //! `eot_token_id` and `eom_token_id`, as llama.cpp's `special_eog_ids`). What GGUF does not store comes from the family
 //! defaults in `family.rs`.
@@ -93,7 +94,7 @@ impl Meta<'_> {
 /// Build the typed config of a GGUF model from its metadata and tensor shapes.
 ///
 /// - `model_type` from `general.architecture` (`gemma3` → `gemma3_text`); supported: llama,
-///   qwen2, qwen3, phi3, starcoder2, gemma, gemma2, gemma3.
+///   qwen2, qwen3, phi3, starcoder2, gemma, gemma2, cohere2, gemma3.
 /// - `head_dim` = `attention.key_length`, else `embedding_length / head_count`;
 ///   `num_key_value_heads` = `head_count_kv`, else `head_count`.
 /// - `vocab_size` = rows of `token_embd.weight` (else length of `tokenizer.ggml.tokens`).
@@ -310,12 +311,23 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         attention_multiplier: None,
         residual_multiplier: None,
         logits_scaling: None,
-        use_parallel_residual: false,
+        // Cohere-2's parallel block is its architecture's, not a key.
+        use_parallel_residual: fam.model_type == "cohere2",
         num_experts: 0,
         num_experts_per_tok: 0,
         moe_intermediate_size: None,
         shared_expert_intermediate_size: None,
         norm_topk_prob: false,
+        logit_scale: if fam.model_type == "cohere2" {
+            Some(
+                m.opt_f64("logit_scale")?
+                    .ok_or_else(|| m.missing("logit_scale"))?,
+            )
+        } else {
+            None
+        },
+        swiglu_limit: None,
+        swiglu_alpha: None,
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids: eos,
         pad_token_id: m.token_id("tokenizer.ggml.padding_token_id")?,

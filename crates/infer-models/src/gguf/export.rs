@@ -143,9 +143,12 @@ pub fn model_metadata(cfg: &ModelConfig, name: &str) -> Result<Vec<(String, Gguf
         Some(RopeScaling::Llama3 { .. }) => {
             return Err("Llama-3 RoPE scaling is stored by llama.cpp as a rope_freqs tensor, which infer's GGUF reader does not read; export with --safetensors".into())
         }
+        Some(RopeScaling::Yarn { .. }) => {
+            return Err("YaRN RoPE scaling has no GGUF export here; export with --safetensors".into())
+        }
     }
 
-    // Sliding-window attention: only the Gemma-2/3 graphs of llama.cpp run it.
+    // Sliding-window attention: only the Gemma-2/3 and Cohere-2 graphs of llama.cpp run it.
     let sliding: Vec<bool> = cfg
         .layer_types
         .iter()
@@ -187,6 +190,14 @@ pub fn model_metadata(cfg: &ModelConfig, name: &str) -> Result<Vec<(String, Gguf
                 cfg.query_pre_attn_scalar
             ));
         }
+    }
+    if let Some(scale) = cfg.logit_scale {
+        if arch != "cohere2" {
+            return Err(format!(
+                "logit_scale {scale}: llama.cpp applies it only for cohere2; export with --safetensors"
+            ));
+        }
+        md.push((k("logit_scale"), GgufValue::F32(scale as f32)));
     }
     if let Some(c) = cfg.attn_logit_softcapping {
         if arch != "gemma2" {

@@ -93,6 +93,15 @@ pub(crate) const FAMILIES: &[Family] = &[
         scale_by_hidden_per_head_at_layers: Some(46),
         ..BASE
     },
+    // llama.cpp `LLM_ARCH_COHERE2`: `set_swa_pattern(4)`, RoPE on the sliding layers only, in
+    // adjacent pairs as HF (no Q/K permutation), LayerNorm epsilon, `logit_scale`.
+    Family {
+        gguf_arch: "cohere2",
+        model_type: "cohere2",
+        sliding_pattern: Some(4),
+        eps_key: "attention.layer_norm_epsilon",
+        ..BASE
+    },
     Family {
         gguf_arch: "gemma3",
         model_type: "gemma3_text",

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use half::f16;
-use infer_models::arch::{QkvLayout, TensorTransform};
+use infer_models::arch::{ExpertsPart, QkvLayout, TensorTransform};
 use infer_models::{
     ModelConfig, ModelError, ModelSource, SourceKind, Tensor, TensorInfo, TensorSource,
 };
@@ -328,6 +328,63 @@ pub fn assert_roundtrip(src: &ModelSource, v: &Vindex) -> usize {
                 let joined: Vec<f32> = g.0.iter().chain(&u.0).copied().collect();
                 assert_values(&what, &joined, g.2, &t.data, want_f16);
                 stored += 2;
+            }
+            TensorTransform::SplitExperts(part) => {
+                // gpt-oss: expert e's stored Linear matrices / biases put back into the fused
+                // `[E, hidden, 2·inter]` (gate even, up odd columns) / `[E, inter, hidden]`
+                // layouts, or the biases `[E, 2·inter]` / `[E, hidden]`.
+                let (e, fmt_of) = (info.shape[0], |k: &str| fetch(v, k, &[0, 0]));
+                let base = key.rsplit_once("experts.").expect("fused experts key").0;
+                let mut joined = vec![0f32; t.data.len()];
+                let mut fmt = QuantFormat::F32;
+                for ex in 0..e {
+                    let at = |p: &str| format!("{base}experts.{ex}.{p}");
+                    match (part, &info.shape[..]) {
+                        (ExpertsPart::GateUp, &[_, h, two_i]) => {
+                            for (parity, p) in
+                                ["gate_proj.weight", "up_proj.weight"].iter().enumerate()
+                            {
+                                let (w, shape, f) = fmt_of(&at(p));
+                                assert_eq!(shape, vec![two_i / 2, h], "{what}: {p}");
+                                fmt = f;
+                                for f in 0..two_i / 2 {
+                                    for r in 0..h {
+                                        joined[ex * h * two_i + r * two_i + 2 * f + parity] =
+                                            w[f * h + r];
+                                    }
+                                }
+                            }
+                        }
+                        (ExpertsPart::GateUpBias, &[_, two_i]) => {
+                            for (parity, p) in ["gate_proj.bias", "up_proj.bias"].iter().enumerate()
+                            {
+                                let (b, _, _) = fmt_of(&at(p));
+                                for (f, &x) in b.iter().enumerate() {
+                                    joined[ex * two_i + 2 * f + parity] = x;
+                                }
+                            }
+                        }
+                        (ExpertsPart::Down, &[_, i, h]) => {
+                            let (w, shape, f) = fmt_of(&at("down_proj.weight"));
+                            assert_eq!(shape, vec![h, i], "{what}: down");
+                            fmt = f;
+                            let back = transpose(&w, h, i);
+                            joined[ex * i * h..(ex + 1) * i * h].copy_from_slice(&back);
+                        }
+                        (ExpertsPart::DownBias, &[_, h]) => {
+                            let (b, _, _) = fmt_of(&at("down_proj.bias"));
+                            joined[ex * h..(ex + 1) * h].copy_from_slice(&b);
+                        }
+                        _ => panic!("{what}: fused experts of shape {:?}", info.shape),
+                    }
+                }
+                // The per-expert biases are 1-D (f32 in every tier), the matrices follow it.
+                let matrices = matches!(part, ExpertsPart::GateUp | ExpertsPart::Down);
+                assert_values(&what, &joined, fmt, &t.data, f16_tier && matrices);
+                stored += match part {
+                    ExpertsPart::GateUp | ExpertsPart::GateUpBias => 2 * e,
+                    ExpertsPart::Down | ExpertsPart::DownBias => e,
+                };
             }
         }
         n += 1;

@@ -281,6 +281,13 @@ impl<'b> CudaDecoder<'b> {
                     a.n_q_heads, a.n_kv_heads
                 )));
             }
+            // The fused kernels have neither attention sinks nor scaled cos/sin (YaRN): such
+            // models run the tensor operations instead.
+            if a.sinks.is_some() || l.rope.is_some_and(|r| r.attention_factor() != 1.0) {
+                return Err(dev_err(
+                    "decode: attention sinks or YaRN RoPE (the fused decoder has neither)",
+                ));
+            }
             let (qd, kvd, inter) = (a.n_q_heads * hd, a.n_kv_heads * hd, l.intermediate_size);
             let (rot, interleaved, inv_freq) = match &l.rope {
                 Some(r) => {
