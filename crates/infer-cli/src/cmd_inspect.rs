@@ -71,6 +71,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         )?;
     }
     writeln!(out, "tied embeddings: {}", c.tie_word_embeddings)?;
+    if let Some(s) = c.logit_scale {
+        writeln!(out, "logit scale:   {s}")?;
+    }
     writeln!(out, "per-layer plan:")?;
     out.push_str(&infer_inference::model::layer_plan(arch.as_ref()));
     writeln!(out, "config:        {}", serde_json::to_string(c)?)?;

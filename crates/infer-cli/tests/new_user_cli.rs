@@ -554,6 +554,56 @@ fn inspect_groups_equal_layers_and_reads_header_only_ggufs() {
     );
 }
 
+/// `inspect` of the gpt-oss and Cohere-2 checkpoints (`../shared/archrefs-next`) names each
+/// family's block: gpt-oss's sinks, YaRN and clamped SwiGLU on alternating sliding/global
+/// layers; Cohere-2's interleaved RoPE on its sliding layers, the global layer without RoPE,
+/// the parallel residual and `logit_scale`.
+#[test]
+fn inspect_describes_gpt_oss_and_cohere2() {
+    let next = common::shared_dir().join("archrefs-next");
+    let plan = |case: &str| -> (String, Vec<String>) {
+        let o = infer(&["inspect", s(&next.join(case))]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let plan = out
+            .lines()
+            .skip_while(|l| *l != "per-layer plan:")
+            .skip(1)
+            .take_while(|l| l.starts_with("layer"))
+            .map(str::to_string)
+            .collect();
+        (out, plan)
+    };
+    let (out, p) = plan("gpt-oss");
+    assert!(out.contains("architecture:  gpt_oss"), "{out}");
+    assert_eq!(p.len(), 2, "{out}");
+    assert!(p[0].starts_with("layers 0, 2: sliding window 8"), "{out}");
+    assert!(p[1].starts_with("layers 1, 3: global attention"), "{out}");
+    for l in &p {
+        for needle in [
+            "YaRN scaling ×32 (cos/sin ×1.3466)",
+            "attention sinks",
+            "clamped SwiGLU (limit 7, alpha 1.702)",
+        ] {
+            assert!(l.contains(needle), "{needle}: {l}");
+        }
+    }
+    let (out, p) = plan("cohere2");
+    assert!(out.contains("architecture:  cohere2"), "{out}");
+    assert!(out.contains("logit scale:   0.25"), "{out}");
+    assert_eq!(p.len(), 2, "{out}");
+    assert!(
+        p[0].starts_with("layers 0-2: sliding window 8")
+            && p[0].contains("(interleaved pairs)")
+            && p[0].contains("LayerNorm; gated FFN (Silu), parallel residual"),
+        "{out}"
+    );
+    assert!(
+        p[1].starts_with("layer 3: global attention") && p[1].contains("no RoPE"),
+        "{out}"
+    );
+}
+
 /// `logits` shows each top token's text (`" Paris"`), not its byte-level vocabulary string
 /// (`ĠParis`).
 #[test]
