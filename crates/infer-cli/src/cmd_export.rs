@@ -115,7 +115,8 @@ pub(crate) fn join_order(
                 (ExpertsPart::GateUpBias, [i]) => vec![e, 2 * i],
                 (ExpertsPart::Down, [h, i]) => vec![e, *i, *h],
                 (ExpertsPart::DownBias, [h]) => vec![e, *h],
-                _ => bail!("HF tensor '{hf_name}': expert part of shape {first:?}"),
+                // Stacked experts are a GGUF layout, never an HF tensor `source_name` gives.
+                _ => bail!("HF tensor '{hf_name}': expert part of shape {first:?} ({part:?})"),
             }
         }
     };

@@ -258,33 +258,31 @@ fn cohere2_matches_hf() {
     check_case("cohere2");
 }
 
-/// Cohere-2 through GGUF: the HF checkpoint written as a llama.cpp `cohere2` GGUF (the metadata
-/// `infer export` writes: `cohere2.logit_scale`, `attention.layer_norm_epsilon`,
-/// `attention.sliding_window`, the pattern of 4 implied; llama.cpp's tensor names, dims
-/// fastest-first, f32), extracted and run: the same checks against HF as the safetensors path,
-/// and the GGUF's config equals the HF one in every forward-affecting field.
-#[test]
-fn cohere2_from_gguf_matches_hf() {
-    use infer_models::gguf::{model_metadata, GgufHeader, GgufTensorInfo, GgufWriter};
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = archrefs_case_dir("cohere2");
-    let src = infer_models::open_source(&dir).expect("open cohere2");
-    let mut metadata = model_metadata(&src.config, "cohere2").expect("cohere2 GGUF metadata");
-    // No vocabulary (the archrefs checkpoints have none): llama.cpp's `none` tokenizer model.
+/// Write an f32 GGUF of llama.cpp architecture `arch` at `path`: `metadata` (plus llama.cpp's
+/// `none` vocabulary: the archrefs checkpoints have none) and `tensors` given by HF name and
+/// HF (row-major) shape, stored under llama.cpp's names (`infer_models::names`) with dims
+/// fastest-first.
+fn write_f32_gguf(
+    path: &std::path::Path,
+    arch: &str,
+    mut metadata: Vec<(String, infer_models::gguf::GgufValue)>,
+    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+) {
+    use infer_models::gguf::{GgufHeader, GgufTensorInfo, GgufValue, GgufWriter};
     metadata.push((
         "tokenizer.ggml.model".into(),
-        infer_models::gguf::GgufValue::String("none".into()),
+        GgufValue::String("none".into()),
     ));
     let align = 32usize;
-    let (mut tensors, mut data, mut offset) = (Vec::new(), Vec::new(), 0usize);
-    for info in src.tensors.tensors() {
-        let name = infer_models::names::hf_to_gguf_name("cohere2", &info.name)
-            .unwrap_or_else(|| panic!("no GGUF name for {}", info.name));
-        let t = src.tensors.read_f32(&info.name).expect("read");
-        let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        tensors.push(GgufTensorInfo {
+    let (mut infos, mut data, mut offset) = (Vec::new(), Vec::new(), 0usize);
+    for (hf, shape, values) in tensors {
+        let name = infer_models::names::hf_to_gguf_name(arch, &hf)
+            .unwrap_or_else(|| panic!("no GGUF name for {hf}"));
+        assert_eq!(values.len(), shape.iter().product::<usize>(), "{hf}");
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        infos.push(GgufTensorInfo {
             name,
-            dims: info.shape.iter().rev().copied().collect(),
+            dims: shape.iter().rev().copied().collect(),
             format: infer_quant::QuantFormat::F32,
             offset,
             n_bytes: bytes.len(),
@@ -292,35 +290,168 @@ fn cohere2_from_gguf_matches_hf() {
         offset = (offset + bytes.len()).div_ceil(align) * align;
         data.push(bytes);
     }
-    let path = tmp.path().join("cohere2.gguf");
     let header = GgufHeader {
         version: 3,
         metadata,
-        tensors,
+        tensors: infos,
         alignment: align,
     };
-    let mut w = GgufWriter::new(std::fs::File::create(&path).unwrap(), &header, &path).unwrap();
+    let mut w = GgufWriter::new(std::fs::File::create(path).unwrap(), &header, path).unwrap();
     for d in &data {
         w.write_data(d).unwrap();
     }
     w.finish().unwrap();
+}
 
+/// Extract the GGUF at `path` (f32 and q4k tiers) and check it against the HF reference of
+/// archrefs case `case`: its config equals the checkpoint's in every field GGUF holds (the
+/// token ids aside: no vocabulary), and the float path as [`check_case`] checks it.
+fn check_gguf(case: &str, path: &std::path::Path, dir: &std::path::Path) {
+    let src = infer_models::open_source(&archrefs_case_dir(case)).expect("open case");
     let vpath = extract_with(
-        &path,
-        tmp.path(),
-        "cohere2-gguf",
+        path,
+        dir,
+        &format!("{case}-gguf"),
         "f32",
         None,
         infer_vindex::QuantTiers::Q4K,
     );
     let vindex = Vindex::open(&vpath).expect("open vindex");
     let mut want = src.config.clone();
-    // GGUF without a tokenizer holds no token ids (they do not change the forward pass).
     (want.bos_token_id, want.eos_token_ids, want.pad_token_id) = (None, vec![], None);
-    assert_eq!(vindex.config(), &want, "cohere2 config through GGUF");
-    let r = StFile::open(&dir.join("reference.safetensors"));
-    check_float_path("cohere2 (GGUF)", &vindex, &r);
-    report_quantized("cohere2 (GGUF)", &vindex, &r);
+    assert_eq!(vindex.config(), &want, "{case} config through GGUF");
+    let r = StFile::open(&archrefs_case_dir(case).join("reference.safetensors"));
+    let label = format!("{case} (GGUF)");
+    check_float_path(&label, &vindex, &r);
+    report_quantized(&label, &vindex, &r);
+}
+
+/// The HF tensors of archrefs case `case` (name, shape, values).
+fn hf_tensors(case: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let src = infer_models::open_source(&archrefs_case_dir(case)).expect("open case");
+    src.tensors
+        .tensors()
+        .iter()
+        .map(|i| {
+            let t = src.tensors.read_f32(&i.name).expect("read");
+            (i.name.clone(), t.shape, t.data)
+        })
+        .collect()
+}
+
+/// Cohere-2 through GGUF: the HF checkpoint written as a llama.cpp `cohere2` GGUF (the metadata
+/// `infer export` writes: `cohere2.logit_scale`, `attention.layer_norm_epsilon`,
+/// `attention.sliding_window`, the pattern of 4 implied; llama.cpp's tensor names, f32),
+/// extracted and run: the same checks against HF as the safetensors path.
+#[test]
+fn cohere2_from_gguf_matches_hf() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = infer_models::open_source(&archrefs_case_dir("cohere2")).expect("open cohere2");
+    let metadata =
+        infer_models::gguf::model_metadata(&src.config, "cohere2").expect("cohere2 GGUF metadata");
+    let path = tmp.path().join("cohere2.gguf");
+    write_f32_gguf(&path, "cohere2", metadata, hf_tensors("cohere2"));
+    check_gguf("cohere2", &path, tmp.path());
+}
+
+/// gpt-oss through GGUF, laid out as llama.cpp's `convert_hf_to_gguf.py` writes a checkpoint
+/// whose experts are not MXFP4: `gpt-oss.*` keys (experts, YaRN `rope.scaling.*`, sliding
+/// window; pattern 2 implied), `attn_sinks`, `post_attention_norm`, `ffn_gate_inp` (+ bias),
+/// and each projection's experts stacked as `ffn_{gate,up,down}_exps` (gate and up the even and
+/// odd columns of `gate_up_proj`, transposed to `[E, inter, hidden]`; down transposed to
+/// `[E, hidden, inter]`) with their biases. Extracted and run against HF as the safetensors
+/// path. (Real gpt-oss GGUFs store these experts as MXFP4, which infer does not read.)
+#[test]
+fn gpt_oss_from_gguf_matches_hf() {
+    use infer_models::gguf::GgufValue;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = infer_models::open_source(&archrefs_case_dir("gpt-oss"))
+        .expect("open gpt-oss")
+        .config;
+    let Some(infer_models::RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        ..
+    }) = c.rope_scaling
+    else {
+        panic!("gpt-oss: no YaRN");
+    };
+    let u = |k: &str, v: usize| (format!("gpt-oss.{k}"), GgufValue::U32(v as u32));
+    let f = |k: &str, v: f64| (format!("gpt-oss.{k}"), GgufValue::F32(v as f32));
+    let metadata = vec![
+        (
+            "general.architecture".to_string(),
+            GgufValue::String("gpt-oss".into()),
+        ),
+        u("block_count", c.num_hidden_layers),
+        u("context_length", c.max_position_embeddings),
+        u("embedding_length", c.hidden_size),
+        u("feed_forward_length", c.intermediate_size),
+        u("attention.head_count", c.num_attention_heads),
+        u("attention.head_count_kv", c.num_key_value_heads),
+        f("rope.freq_base", c.rope_theta),
+        f("attention.layer_norm_rms_epsilon", c.norm_eps),
+        u("expert_count", c.num_experts),
+        u("expert_used_count", c.num_experts_per_tok),
+        u("attention.key_length", c.head_dim),
+        u("attention.value_length", c.head_dim),
+        (
+            "gpt-oss.rope.scaling.type".into(),
+            GgufValue::String("yarn".into()),
+        ),
+        f("rope.scaling.factor", factor),
+        u(
+            "rope.scaling.original_context_length",
+            original_max_position_embeddings,
+        ),
+        u("attention.sliding_window", c.sliding_window.unwrap()),
+        u("expert_feed_forward_length", c.intermediate_size),
+    ];
+    let mut tensors = Vec::new();
+    let stem_down = |n: &str| n.replace("down_proj", "stacked_down_proj");
+    for (name, shape, d) in hf_tensors("gpt-oss") {
+        let stem = |p: &str| name.replace("gate_up_proj", &format!("stacked_{p}"));
+        match (name.rsplit_once("mlp.experts.").map(|x| x.1), &shape[..]) {
+            (Some("gate_up_proj"), &[e, h, two_i]) => {
+                let i = two_i / 2;
+                for (parity, p) in ["gate_proj", "up_proj"].iter().enumerate() {
+                    let mut out = vec![0f32; e * i * h];
+                    for ex in 0..e {
+                        for fe in 0..i {
+                            for r in 0..h {
+                                out[(ex * i + fe) * h + r] =
+                                    d[(ex * h + r) * two_i + 2 * fe + parity];
+                            }
+                        }
+                    }
+                    tensors.push((stem(p), vec![e, i, h], out));
+                }
+            }
+            (Some("gate_up_proj_bias"), &[e, two_i]) => {
+                for (parity, p) in ["gate_proj_bias", "up_proj_bias"].iter().enumerate() {
+                    let out = d.iter().skip(parity).step_by(2).copied().collect();
+                    let n = name.replace("gate_up_proj_bias", &format!("stacked_{p}"));
+                    tensors.push((n, vec![e, two_i / 2], out));
+                }
+            }
+            (Some("down_proj"), &[e, i, h]) => {
+                let mut out = vec![0f32; e * h * i];
+                for ex in 0..e {
+                    for fe in 0..i {
+                        for r in 0..h {
+                            out[(ex * h + r) * i + fe] = d[(ex * i + fe) * h + r];
+                        }
+                    }
+                }
+                tensors.push((stem_down(&name), vec![e, h, i], out));
+            }
+            (Some("down_proj_bias"), _) => tensors.push((stem_down(&name), shape, d)),
+            _ => tensors.push((name, shape, d)),
+        }
+    }
+    let path = tmp.path().join("gpt-oss.gguf");
+    write_f32_gguf(&path, "gpt-oss", metadata, tensors);
+    check_gguf("gpt-oss", &path, tmp.path());
 }
 
 /// gpt-oss (`../shared/archrefs-next/gpt-oss`): attention sinks, q/k/v/o biases, alternating

@@ -75,6 +75,13 @@ pub enum ExpertsPart {
     Down,
     /// `down_proj_bias` `[E, hidden]` → per expert the down bias `[hidden]`.
     DownBias,
+    /// One projection's experts stacked as llama.cpp stores them (GGUF `ffn_{gate,up,down}_exps`,
+    /// read under the names `mlp.experts.stacked_{gate,up,down}_proj`): `[E, rows, cols]` of HF
+    /// Linear matrices → per expert the `{proj}.weight` `[rows, cols]`.
+    Stacked,
+    /// Their biases (`mlp.experts.stacked_{proj}_bias`, GGUF `ffn_{…}_exps.bias`) `[E, n]` →
+    /// per expert the `{proj}.bias` `[n]`.
+    StackedBias,
 }
 
 /// Row layout of a fused q/k/v projection.

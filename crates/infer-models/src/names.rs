@@ -64,12 +64,37 @@ fn layer_specific(arch: &str) -> &'static [(&'static str, &'static str)] {
             ("ffn_up", "mlp.gate_up_proj"),
             ("ffn_down", "mlp.down_proj"),
         ],
+        // gpt-oss: the pre-FFN norm is `post_attention_norm`, the router `ffn_gate_inp` (the
+        // sinks and stacked experts are in [`bare_specific`]).
+        "gpt-oss" => &[
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("ffn_gate_inp", "mlp.router"),
+        ],
         // llama, qwen2, qwen3, gemma (v1), …: `ffn_norm` is HF's `post_attention_layernorm`.
         _ => &[
             ("ffn_norm", "post_attention_layernorm"),
             ("ffn_up", "mlp.up_proj"),
             ("ffn_down", "mlp.down_proj"),
         ],
+    }
+}
+
+/// Per-layer stems whose HF tensors have no `.weight` suffix (GGUF stem, HF name under
+/// `model.layers.N`): the `.weight` tensor maps to the bare name, the `.bias` one to the name
+/// plus `_bias` (HF's own spelling for gpt-oss's expert biases). gpt-oss: the attention sinks
+/// (`self_attn.sinks`), and the experts stacked per projection as llama.cpp stores them
+/// (`ffn_{gate,up,down}_exps`, `[E, rows, cols]` of HF Linear matrices), which have no HF name
+/// (HF fuses gate and up and stores down transposed): `mlp.experts.stacked_{gate,up,down}_proj`,
+/// split per expert at extract time.
+fn bare_specific(arch: &str) -> &'static [(&'static str, &'static str)] {
+    match arch {
+        "gpt-oss" => &[
+            ("attn_sinks", "self_attn.sinks"),
+            ("ffn_gate_exps", "mlp.experts.stacked_gate_proj"),
+            ("ffn_up_exps", "mlp.experts.stacked_up_proj"),
+            ("ffn_down_exps", "mlp.experts.stacked_down_proj"),
+        ],
+        _ => &[],
     }
 }
 
@@ -101,6 +126,10 @@ pub fn gguf_to_hf_name(arch: &str, gguf_name: &str) -> MappedName {
     let Ok(layer) = layer.parse::<usize>() else {
         return MappedName::Unknown;
     };
+    if let Some((_, hf)) = bare_specific(arch).iter().find(|(g, _)| *g == layer_stem) {
+        let bias = if suffix == "bias" { "_bias" } else { "" };
+        return MappedName::Hf(format!("model.layers.{layer}.{hf}{bias}"));
+    }
     LAYER_COMMON
         .iter()
         .chain(layer_specific(arch))
@@ -112,6 +141,18 @@ pub fn gguf_to_hf_name(arch: &str, gguf_name: &str) -> MappedName {
 
 /// Inverse of [`gguf_to_hf_name`]: the GGUF name of an HF tensor name, `None` when unmapped.
 pub fn hf_to_gguf_name(arch: &str, hf_name: &str) -> Option<String> {
+    if let Some((layer, rest)) = hf_name
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split_once('.'))
+    {
+        let (module, suffix) = match rest.strip_suffix("_bias") {
+            Some(m) => (m, "bias"),
+            None => (rest, "weight"),
+        };
+        if let Some((g, _)) = bare_specific(arch).iter().find(|(_, h)| *h == module) {
+            return Some(format!("blk.{layer}.{g}.{suffix}"));
+        }
+    }
     let (module, suffix) = split_suffix(hf_name)?;
     if let Some((g, _)) = GLOBAL.iter().find(|(_, h)| *h == module) {
         return Some(format!("{g}.{suffix}"));
@@ -169,6 +210,34 @@ mod tests {
             MappedName::Unknown
         );
         assert_eq!(gguf_to_hf_name("llama", "output"), MappedName::Unknown);
+    }
+
+    /// gpt-oss: sinks and stacked experts have bare HF names (`_bias` for biases).
+    #[test]
+    fn gpt_oss_names() {
+        for (g, h) in [
+            ("blk.2.attn_sinks.weight", "model.layers.2.self_attn.sinks"),
+            (
+                "blk.2.ffn_gate_exps.weight",
+                "model.layers.2.mlp.experts.stacked_gate_proj",
+            ),
+            (
+                "blk.2.ffn_down_exps.bias",
+                "model.layers.2.mlp.experts.stacked_down_proj_bias",
+            ),
+            ("blk.2.ffn_gate_inp.bias", "model.layers.2.mlp.router.bias"),
+            (
+                "blk.2.post_attention_norm.weight",
+                "model.layers.2.post_attention_layernorm.weight",
+            ),
+        ] {
+            assert_eq!(gguf_to_hf_name("gpt-oss", g), hf(h), "{g}");
+            assert_eq!(hf_to_gguf_name("gpt-oss", h).as_deref(), Some(g), "{h}");
+        }
+        assert_eq!(
+            gguf_to_hf_name("llama", "blk.0.attn_sinks.weight"),
+            MappedName::Unknown
+        );
     }
 
     #[test]

@@ -296,6 +296,9 @@ fn canonical_tensors(case: &str, a: &dyn ModelArchitecture) -> BTreeMap<String, 
                         }
                         ExpertsPart::Down => put(at("down_proj.weight"), vec![s[2], s[1]]),
                         ExpertsPart::DownBias => put(at("down_proj.bias"), vec![s[1]]),
+                        ExpertsPart::Stacked | ExpertsPart::StackedBias => {
+                            panic!("{case}: stacked experts come only from GGUF ({name})")
+                        }
                     }
                 }
             }

@@ -170,6 +170,10 @@ fn bad_values_and_tensor_infos() {
     assert_bad(&w.buf, "general.alignment");
     assert_bad(&one_tensor(0, 99, &[8]).buf, "unknown ggml type 99");
     assert_bad(
+        &one_tensor(0, 39, &[32]).buf,
+        "unknown ggml type 39 (MXFP4, gpt-oss's expert format",
+    );
+    assert_bad(
         &one_tensor(4, 0, &[8]).buf,
         "not a multiple of the alignment 32",
     );

@@ -88,17 +88,27 @@ pub fn plan_outputs(
             Ok(vec![mk("gate_proj")?, mk("up_proj")?])
         }
         TensorTransform::SplitExperts(part) => {
-            let fused = match part {
-                ExpertsPart::GateUp => "gate_up_proj",
-                ExpertsPart::GateUpBias => "gate_up_proj_bias",
-                ExpertsPart::Down => "down_proj",
-                ExpertsPart::DownBias => "down_proj_bias",
-            };
-            let prefix = key
-                .strip_suffix(&format!("experts.{fused}"))
-                .ok_or_else(|| format!("'{key}': expected a '…experts.{fused}' key"))?;
-            let bad = || format!("'{key}': fused experts of shape {shape:?}");
+            let (prefix, fused) = key
+                .rsplit_once("experts.")
+                .ok_or_else(|| format!("'{key}': expected a '…experts.NAME' key"))?;
+            let bad = || format!("'{key}': fused experts of shape {shape:?} ({part:?})");
+            // A stacked GGUF projection names its own: `stacked_gate_proj` → `gate_proj.weight`,
+            // `stacked_gate_proj_bias` → `gate_proj.bias`.
+            let proj = fused.strip_prefix("stacked_").unwrap_or("");
+            let stacked_weight = format!("{proj}.weight");
+            let stacked_bias = proj
+                .strip_suffix("_bias")
+                .map(|p| format!("{p}.bias"))
+                .unwrap_or_default();
             let (experts, shapes): (usize, Vec<(&str, Vec<usize>)>) = match (part, shape) {
+                (ExpertsPart::Stacked, &[e, r, c])
+                    if !proj.is_empty() && !proj.ends_with("_bias") =>
+                {
+                    (e, vec![(stacked_weight.as_str(), vec![r, c])])
+                }
+                (ExpertsPart::StackedBias, &[e, n]) if !stacked_bias.is_empty() => {
+                    (e, vec![(stacked_bias.as_str(), vec![n])])
+                }
                 (ExpertsPart::GateUp, &[e, h, two_i]) if two_i % 2 == 0 => (
                     e,
                     vec![
@@ -200,7 +210,7 @@ pub fn apply(
 /// [`apply`] of [`TensorTransform::SplitExperts`]: per expert, in [`plan_outputs`]' order,
 /// gate and up (the even and odd columns of `gate_up_proj[e]` `[hidden, 2·inter]`, transposed to
 /// `[inter, hidden]`; biases: the even and odd entries) or down (`down_proj[e]` `[inter, hidden]`
-/// transposed to `[hidden, inter]`; bias as is). A shape [`plan_outputs`] refuses gives nothing.
+/// transposed to `[hidden, inter]`; bias as is); a stacked projection's slices as they are. A shape [`plan_outputs`] refuses gives nothing.
 fn split_experts(data: &[f32], shape: &[usize], part: ExpertsPart) -> Vec<Vec<f32>> {
     match (part, shape) {
         (ExpertsPart::GateUp, &[e, h, two_i]) => {
@@ -227,7 +237,12 @@ fn split_experts(data: &[f32], shape: &[usize], part: ExpertsPart) -> Vec<Vec<f3
             .chunks_exact(i * h)
             .map(|m| transpose(m, i, h))
             .collect(),
-        (ExpertsPart::DownBias, &[_, h]) => data.chunks_exact(h).map(<[f32]>::to_vec).collect(),
+        (ExpertsPart::DownBias | ExpertsPart::StackedBias, &[_, h]) => {
+            data.chunks_exact(h).map(<[f32]>::to_vec).collect()
+        }
+        (ExpertsPart::Stacked, &[_, r, c]) => {
+            data.chunks_exact(r * c).map(<[f32]>::to_vec).collect()
+        }
         _ => Vec::new(),
     }
 }
@@ -266,7 +281,12 @@ fn join_experts<T: Copy + Default>(
                 out[ex * i * h..(ex + 1) * i * h].copy_from_slice(&m);
             }
         }
-        (ExpertsPart::DownBias, &[e, _]) if parts.len() == e => out = parts.concat(),
+        (ExpertsPart::DownBias | ExpertsPart::StackedBias, &[e, _])
+        | (ExpertsPart::Stacked, &[e, _, _])
+            if parts.len() == e =>
+        {
+            out = parts.concat()
+        }
         _ => {
             return Err(format!(
                 "{} parts do not make fused experts of shape {shape:?} ({part:?})",
@@ -307,7 +327,10 @@ pub fn unapply<T: Copy + Default>(
             let e = shape.first().copied().unwrap_or(0);
             match part {
                 ExpertsPart::GateUp | ExpertsPart::GateUpBias => 2 * e,
-                ExpertsPart::Down | ExpertsPart::DownBias => e,
+                ExpertsPart::Down
+                | ExpertsPart::DownBias
+                | ExpertsPart::Stacked
+                | ExpertsPart::StackedBias => e,
             }
         }
     };

@@ -322,6 +322,11 @@ pub(super) fn source_transform(family: Family, hf_name: &str) -> TensorTransform
                 Some("gate_up_proj_bias") => ExpertsPart::GateUpBias,
                 Some("down_proj") => ExpertsPart::Down,
                 Some("down_proj_bias") => ExpertsPart::DownBias,
+                // A GGUF's stacked experts (see `crate::names`).
+                Some(t) if t.starts_with("stacked_") && t.ends_with("_bias") => {
+                    ExpertsPart::StackedBias
+                }
+                Some(t) if t.starts_with("stacked_") => ExpertsPart::Stacked,
                 _ => return TensorTransform::AsIs,
             };
             TensorTransform::SplitExperts(part)

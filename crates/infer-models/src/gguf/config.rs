@@ -94,7 +94,7 @@ impl Meta<'_> {
 /// Build the typed config of a GGUF model from its metadata and tensor shapes.
 ///
 /// - `model_type` from `general.architecture` (`gemma3` → `gemma3_text`); supported: llama,
-///   qwen2, qwen3, phi3, starcoder2, gemma, gemma2, cohere2, gemma3.
+///   qwen2, qwen3, phi3, starcoder2, gemma, gemma2, cohere2, gpt-oss, gemma3.
 /// - `head_dim` = `attention.key_length`, else `embedding_length / head_count`;
 ///   `num_key_value_heads` = `head_count_kv`, else `head_count`.
 /// - `vocab_size` = rows of `token_embd.weight` (else length of `tokenizer.ggml.tokens`).
@@ -102,13 +102,15 @@ impl Meta<'_> {
 ///   layer-0 `attn_q.bias` / `ffn_up.bias` tensors exist.
 /// - Family defaults (see `family.rs`): `hidden_act`, Gemma sliding pattern and local RoPE base,
 ///   Gemma `query_pre_attn_scalar` = key_length (hidden/heads for the 27B variants, as
-///   llama.cpp does).
+///   llama.cpp does); gpt-oss's MoE (`expert_count`, `expert_used_count`, the experts' width
+///   `expert_feed_forward_length`, top-k renormalised, SwiGLU limit 7 / alpha 1.702) and YaRN
+///   without truncation.
 ///
 /// Errors: [`ModelError::UnknownArchitecture`] for another architecture;
 /// [`ModelError::MissingField`] for a required key that is absent or mistyped (named
 /// `{arch}.key`); [`ModelError::Unsupported`] for features this reader would otherwise get
-/// silently wrong: MoE (`expert_count` > 0), per-layer FFN widths, RoPE scaling other than
-/// linear, and RoPE frequency-factor tensors (`rope_freqs`: Llama-3 scaling, LongRoPE);
+/// silently wrong: MoE (`expert_count` > 0) outside gpt-oss, per-layer FFN widths, RoPE scaling
+/// other than linear and YaRN, and RoPE frequency-factor tensors (`rope_freqs`: Llama-3 scaling, LongRoPE);
 /// [`ModelError::BadField`] for `{arch}.context_length` = 0, a `{arch}.rope.dimension_count`
 /// that is 0, odd or above head_dim, or a non-positive `{arch}.rope.freq_base`.
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
@@ -126,10 +128,14 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     })?;
     let m = Meta { g, arch };
 
-    if let Some(n) = m.opt_usize("expert_count")?.filter(|&n| n > 0) {
+    let expert_count = m.opt_usize("expert_count")?.filter(|&n| n > 0);
+    if let (Some(n), false) = (expert_count, fam.gpt_oss_moe) {
         return Err(m.unsupported(format!(
             "mixture-of-experts GGUF ({arch}.expert_count = {n}) is not supported"
         )));
+    }
+    if fam.gpt_oss_moe && expert_count.is_none() {
+        return Err(m.missing("expert_count"));
     }
     if let Some(t) = g.tensor_infos().iter().find(|t| {
         ROPE_FACTOR_TENSORS
@@ -183,9 +189,36 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
                 .ok_or_else(|| m.missing("rope.scaling.factor"))?;
             Some(RopeScaling::Linear { factor })
         }
+        // llama.cpp's YaRN keys; the betas default to HF's 32 / 1, the cos/sin factor is HF's
+        // `0.1 · ln(factor) + 1`.
+        Some("yarn") => {
+            let factor = m
+                .opt_f64("rope.scaling.factor")?
+                .ok_or_else(|| m.missing("rope.scaling.factor"))?;
+            let original = m
+                .opt_usize("rope.scaling.original_context_length")?
+                .ok_or_else(|| m.missing("rope.scaling.original_context_length"))?;
+            if !(factor.is_finite() && factor > 0.0) || original == 0 {
+                return Err(m.unsupported(format!(
+                    "{arch}.rope.scaling: YaRN factor {factor} over {original} positions"
+                )));
+            }
+            Some(RopeScaling::Yarn {
+                factor,
+                beta_fast: m.opt_f64("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                beta_slow: m.opt_f64("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                original_max_position_embeddings: original,
+                attention_factor: if factor > 1.0 {
+                    0.1 * factor.ln() + 1.0
+                } else {
+                    1.0
+                },
+                truncate: fam.yarn_truncate,
+            })
+        }
         Some(other) => {
             return Err(m.unsupported(format!(
-                "{arch}.rope.scaling.type '{other}' is not supported (only linear)"
+                "{arch}.rope.scaling.type '{other}' is not supported (only linear and yarn)"
             )))
         }
     };
@@ -279,10 +312,17 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
             }
         }
     }
+    let intermediate_size = match fam.gpt_oss_moe {
+        true => match m.opt_usize("expert_feed_forward_length")? {
+            Some(n) => n,
+            None => m.req_usize("feed_forward_length")?,
+        },
+        false => m.req_usize("feed_forward_length")?,
+    };
     let cfg = ModelConfig {
         model_type: fam.model_type.to_string(),
         hidden_size: hidden,
-        intermediate_size: m.req_usize("feed_forward_length")?,
+        intermediate_size,
         num_hidden_layers: n_layers,
         num_attention_heads: n_heads,
         num_key_value_heads: n_kv,
@@ -313,11 +353,14 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         logits_scaling: None,
         // Cohere-2's parallel block is its architecture's, not a key.
         use_parallel_residual: fam.model_type == "cohere2",
-        num_experts: 0,
-        num_experts_per_tok: 0,
+        num_experts: expert_count.unwrap_or(0),
+        num_experts_per_tok: match expert_count {
+            Some(_) => m.req_usize("expert_used_count")?,
+            None => 0,
+        },
         moe_intermediate_size: None,
         shared_expert_intermediate_size: None,
-        norm_topk_prob: false,
+        norm_topk_prob: fam.gpt_oss_moe,
         logit_scale: if fam.model_type == "cohere2" {
             Some(
                 m.opt_f64("logit_scale")?
@@ -326,8 +369,8 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         } else {
             None
         },
-        swiglu_limit: None,
-        swiglu_alpha: None,
+        swiglu_limit: fam.gpt_oss_moe.then_some(7.0),
+        swiglu_alpha: fam.gpt_oss_moe.then_some(1.702),
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids: eos,
         pad_token_id: m.token_id("tokenizer.ggml.padding_token_id")?,

@@ -30,7 +30,8 @@ pub struct ExportFamily {
 }
 
 /// The GGUF family of HF `model_type`, `None` for a family infer's GGUF reader does not cover
-/// (`mistral` is written as llama.cpp's `llama`, as its converter does).
+/// or that has no export here (gpt-oss: its stacked experts are read, not written; `mistral`
+/// is written as llama.cpp's `llama`, as its converter does).
 pub fn export_family(model_type: &str) -> Option<ExportFamily> {
     let mt = match model_type {
         "mistral" => "llama",
@@ -39,7 +40,7 @@ pub fn export_family(model_type: &str) -> Option<ExportFamily> {
     };
     let f: &Family = super::family::FAMILIES
         .iter()
-        .find(|f| f.model_type == mt)?;
+        .find(|f| f.model_type == mt && !f.gpt_oss_moe)?;
     Some(ExportFamily {
         gguf_arch: f.gguf_arch,
         qk_permuted: f.qk_permuted,
@@ -51,6 +52,7 @@ pub fn export_family(model_type: &str) -> Option<ExportFamily> {
 pub fn exportable_model_types() -> String {
     let mut v: Vec<&str> = super::family::FAMILIES
         .iter()
+        .filter(|f| !f.gpt_oss_moe)
         .map(|f| f.model_type)
         .collect();
     v.insert(1, "mistral");

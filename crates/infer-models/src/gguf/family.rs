@@ -31,6 +31,14 @@ pub(crate) struct Family {
     /// Metadata key suffix of the norm epsilon (`attention.layer_norm_rms_epsilon` for RMSNorm
     /// families, `attention.layer_norm_epsilon` for LayerNorm ones).
     pub eps_key: &'static str,
+    /// Mixture of experts as gpt-oss stores it (`expert_count`, `expert_used_count`,
+    /// `expert_feed_forward_length`; stacked `ffn_*_exps`; softmax over the top-k logits; the
+    /// clamped SwiGLU of HF `GptOssConfig`'s defaults, limit 7 and alpha 1.702, which GGUF
+    /// does not store). `false`: an `expert_count` is refused.
+    pub gpt_oss_moe: bool,
+    /// YaRN's correction range is floored/ceiled (HF `truncate`, not stored in GGUF): true
+    /// except for gpt-oss, whose checkpoints set it false.
+    pub yarn_truncate: bool,
 }
 
 const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
@@ -46,6 +54,8 @@ const BASE: Family = Family {
     query_pre_attn_scalar: false,
     scale_by_hidden_per_head_at_layers: None,
     eps_key: RMS_EPS,
+    gpt_oss_moe: false,
+    yarn_truncate: true,
 };
 
 /// Supported GGUF architectures.
@@ -100,6 +110,16 @@ pub(crate) const FAMILIES: &[Family] = &[
         model_type: "cohere2",
         sliding_pattern: Some(4),
         eps_key: "attention.layer_norm_epsilon",
+        ..BASE
+    },
+    // llama.cpp `LLM_ARCH_OPENAI_MOE` ("gpt-oss"): `set_swa_pattern(2)`, NeoX RoPE (no Q/K
+    // permutation), YaRN from `rope.scaling.*`, attention sinks `attn_sinks`.
+    Family {
+        gguf_arch: "gpt-oss",
+        model_type: "gpt_oss",
+        sliding_pattern: Some(2),
+        gpt_oss_moe: true,
+        yarn_truncate: false,
         ..BASE
     },
     Family {

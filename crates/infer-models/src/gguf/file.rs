@@ -321,8 +321,15 @@ fn read_tensor_info(
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or_else(|| bad(path, format!("{what}: dims {dims:?} overflow")))?;
     let type_id = c.u32(&what)?;
-    let format = QuantFormat::from_ggml_type_id(type_id)
-        .map_err(|_| bad(path, format!("{what}: unknown ggml type {type_id}")))?;
+    let format = QuantFormat::from_ggml_type_id(type_id).map_err(|_| {
+        // ggml's MXFP4 (`GGML_TYPE_MXFP4`): the expert weights of every released gpt-oss GGUF.
+        let known = if type_id == 39 {
+            " (MXFP4, gpt-oss's expert format, which infer does not read)"
+        } else {
+            ""
+        };
+        bad(path, format!("{what}: unknown ggml type {type_id}{known}"))
+    })?;
     if dims[0] % format.block_elems() != 0 {
         return Err(bad(
             path,

@@ -375,15 +375,32 @@ pub fn assert_roundtrip(src: &ModelSource, v: &Vindex) -> usize {
                             let (b, _, _) = fmt_of(&at("down_proj.bias"));
                             joined[ex * h..(ex + 1) * h].copy_from_slice(&b);
                         }
+                        // A GGUF's stacked experts: expert e's slice as is.
+                        (ExpertsPart::Stacked, &[_, r, c]) => {
+                            let proj = key.rsplit_once("experts.stacked_").unwrap().1;
+                            let (w, shape, f) = fmt_of(&at(&format!("{proj}.weight")));
+                            assert_eq!(shape, vec![r, c], "{what}");
+                            fmt = f;
+                            joined[ex * r * c..(ex + 1) * r * c].copy_from_slice(&w);
+                        }
+                        (ExpertsPart::StackedBias, &[_, n]) => {
+                            let proj = key.rsplit_once("experts.stacked_").unwrap().1;
+                            let proj = proj.strip_suffix("_bias").unwrap();
+                            let (b, _, _) = fmt_of(&at(&format!("{proj}.bias")));
+                            joined[ex * n..(ex + 1) * n].copy_from_slice(&b);
+                        }
                         _ => panic!("{what}: fused experts of shape {:?}", info.shape),
                     }
                 }
                 // The per-expert biases are 1-D (f32 in every tier), the matrices follow it.
-                let matrices = matches!(part, ExpertsPart::GateUp | ExpertsPart::Down);
+                let matrices = matches!(
+                    part,
+                    ExpertsPart::GateUp | ExpertsPart::Down | ExpertsPart::Stacked
+                );
                 assert_values(&what, &joined, fmt, &t.data, f16_tier && matrices);
                 stored += match part {
                     ExpertsPart::GateUp | ExpertsPart::GateUpBias => 2 * e,
-                    ExpertsPart::Down | ExpertsPart::DownBias => e,
+                    _ => e,
                 };
             }
         }
