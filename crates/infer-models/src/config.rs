@@ -11,6 +11,7 @@ pub mod limits;
 mod rope;
 pub(crate) mod validate;
 
+pub(crate) use rope::yarn_mscale;
 pub use validate::rotary_dim;
 
 use std::path::Path;

@@ -105,7 +105,7 @@ pub(crate) fn parse_rope(
             beta_fast: 32.0,
             beta_slow: 1.0,
             original_max_position_embeddings: 4096,
-            attention_factor: 0.1 * 32f64.ln() + 1.0,
+            attention_factor: yarn_mscale(32.0, 1.0),
             truncate: false,
         }),
         None => None,
@@ -118,6 +118,16 @@ pub(crate) fn parse_rope(
         scaling,
         partial_rotary_factor: top_prf.unwrap_or(default_prf),
     })
+}
+
+/// YaRN's cos/sin multiplier for a context `scale` (the factor) and `m` (`mscale`): HF
+/// `get_mscale` of `modeling_rope_utils.py`, `0.1 · m · ln(scale) + 1` for `scale > 1`, else 1.
+pub(crate) fn yarn_mscale(scale: f64, m: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * scale.ln() + 1.0
+    }
 }
 
 /// One scaling object (`rope_scaling` of v4, or a `rope_parameters` object of v5): the kind is
@@ -159,20 +169,13 @@ fn parse_scaling(o: &Obj, max_positions: usize) -> Result<Option<RopeScaling>, M
             if !(factor.is_finite() && factor > 0.0) {
                 return Err(o.bad("factor", format!("{factor} is not a positive number")));
             }
-            let mscale = |scale: f64, m: f64| {
-                if scale <= 1.0 {
-                    1.0
-                } else {
-                    0.1 * m * scale.ln() + 1.0
-                }
-            };
             let attention_factor = match o.opt_f64("attention_factor")? {
                 Some(a) => a,
                 None => match (o.opt_f64("mscale")?, o.opt_f64("mscale_all_dim")?) {
                     (Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
-                        mscale(factor, m) / mscale(factor, a)
+                        yarn_mscale(factor, m) / yarn_mscale(factor, a)
                     }
-                    _ => mscale(factor, 1.0),
+                    _ => yarn_mscale(factor, 1.0),
                 },
             };
             // HF `beta_fast or 32`: 0 and null take the default too.

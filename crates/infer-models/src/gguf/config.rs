@@ -15,6 +15,7 @@ use super::family::{family, supported, Family};
 use super::{GgufArray, GgufFile, GgufValue};
 use crate::config::limits::{MAX_COUNT, MAX_WIDTH};
 use crate::config::validate::{check_config, CheckedFields};
+use crate::config::yarn_mscale;
 use crate::names::ROPE_FACTOR_TENSORS;
 use crate::{LayerKind, ModelConfig, ModelError, RopeScaling};
 
@@ -208,11 +209,7 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
                 beta_fast: m.opt_f64("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
                 beta_slow: m.opt_f64("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
                 original_max_position_embeddings: original,
-                attention_factor: if factor > 1.0 {
-                    0.1 * factor.ln() + 1.0
-                } else {
-                    1.0
-                },
+                attention_factor: yarn_mscale(factor, 1.0),
                 truncate: fam.yarn_truncate,
             })
         }
