@@ -31,4 +31,7 @@ pub enum InferenceError {
     NonFiniteLogits,
     #[error("empty input: nothing to run")]
     EmptyInput,
+    /// A log-probability file (`--kl-divergence-base`) that cannot be written or read.
+    #[error("{path}: {what}")]
+    LogProbFile { path: String, what: String },
 }

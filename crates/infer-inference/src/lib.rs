@@ -8,6 +8,7 @@ pub mod device_decode;
 pub mod error;
 pub mod forward;
 pub mod generate;
+pub mod kl_divergence;
 pub mod kv_cache;
 pub mod layer;
 pub mod model;

@@ -22,17 +22,31 @@ fn nll(logits: &[f32], target: usize) -> f64 {
     -(logits[target] as f64 - max - sum.ln())
 }
 
+/// One scored window, handed to [`perplexity`]'s observer after it ran.
+pub struct ScoredWindow<'a> {
+    /// Window number (0-based) and the number of windows.
+    pub index: usize,
+    pub windows: usize,
+    /// The window's tokens as they came from the text (before the BOS replacement), `ctx`.
+    pub tokens: &'a [u32],
+    /// Logits of the scored positions `ctx/2 .. ctx-2`: `[ctx - 1 - ctx/2, vocab]` row-major.
+    pub logits: &'a [f32],
+    /// PPL over every position scored so far, this window included.
+    pub running_ppl: f64,
+}
+
 /// Non-overlapping windows of `ctx` tokens; in each, positions `ctx/2 .. ctx-2` predict the next
 /// token (the second half, as llama-perplexity scores); with `bos`, each window's first token is
-/// replaced by it. `on_window(i, n, running_ppl)` reports progress. Errors: fewer tokens than
-/// one window (`EmptyInput`), or a forward error.
+/// replaced by it. `on_window` sees each window's scored logits (progress, or a
+/// [`crate::kl_divergence`] base file) and may stop the run with an error. Errors: fewer tokens
+/// than one window (`EmptyInput`), a forward error, or the observer's error.
 pub fn perplexity(
     model: &Model<'_>,
     backend: &dyn ComputeBackend,
     tokens: &[u32],
     ctx: usize,
     bos: Option<u32>,
-    mut on_window: impl FnMut(usize, usize, f64),
+    mut on_window: impl FnMut(&ScoredWindow<'_>) -> Result<(), InferenceError>,
 ) -> Result<Perplexity, InferenceError> {
     let windows = if ctx >= 4 { tokens.len() / ctx } else { 0 };
     if windows == 0 {
@@ -41,7 +55,8 @@ pub fn perplexity(
     let vocab = model.vocab_size;
     let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
     for w in 0..windows {
-        let mut window = tokens[w * ctx..(w + 1) * ctx].to_vec();
+        let text = &tokens[w * ctx..(w + 1) * ctx];
+        let mut window = text.to_vec();
         if let Some(b) = bos {
             window[0] = b;
         }
@@ -53,7 +68,13 @@ pub fn perplexity(
             sum2 += v * v;
             count += 1;
         }
-        on_window(w, windows, (sum / count as f64).exp());
+        on_window(&ScoredWindow {
+            index: w,
+            windows,
+            tokens: text,
+            logits: &logits[ctx / 2 * vocab..(ctx - 1) * vocab],
+            running_ppl: (sum / count as f64).exp(),
+        })?;
     }
     let mean = sum / count as f64;
     let ppl = mean.exp();

@@ -317,7 +317,7 @@ fn check_perplexity(m: &RealModel) {
         &tokens,
         512,
         bos,
-        |_, _, _| {},
+        |_| Ok(()),
     )
     .expect("perplexity");
     println!(
