@@ -73,8 +73,18 @@ pub fn check_tokenizer(source: &ModelSource, text: &str, origin: &Path) -> Resul
         path: origin.to_path_buf(),
         msg,
     };
-    let tok =
-        Tokenizer::from_json(text).map_err(|e| bad(format!("not a usable tokenizer: {e}")))?;
+    let tok = Tokenizer::from_json(text).map_err(|e| {
+        // Say whether the document is not JSON at all or JSON of another shape; the parser's
+        // own message points inside a tokenizer.json's structure.
+        let why = match serde_json::from_str::<serde_json::Value>(text) {
+            Err(_) => format!("not JSON ({e})"),
+            Ok(v) if v.get("model").is_none() => {
+                "JSON without the `model` object of a Hugging Face tokenizer.json".to_string()
+            }
+            Ok(_) => e.to_string(),
+        };
+        bad(format!("not a usable tokenizer: {why}"))
+    })?;
     let rows = source.config.vocab_size;
     let bound = tok.id_bound();
     if bound == 0 {

@@ -47,7 +47,8 @@ fn bug5_junk_tokenizer_json_is_refused() {
     assert!(matches!(e, VindexError::BadTokenizer { .. }), "{e}");
     let msg = e.to_string();
     assert!(
-        msg.starts_with(&junk.display().to_string()) && msg.contains("not a usable tokenizer"),
+        msg.starts_with(&junk.display().to_string())
+            && msg.contains("not a usable tokenizer: JSON without the `model` object"),
         "{msg}"
     );
 }
