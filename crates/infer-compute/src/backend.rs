@@ -4,7 +4,8 @@
 
 use crate::ops::Activation;
 use crate::{
-    Argmax, AttentionParams, ComputeError, FloatTable, Matrix, Proj, RopeConfig, Tensor, TensorProj,
+    Argmax, AttentionParams, ComputeError, FloatTable, Matrix, Proj, ResidualNorm, RopeAttend,
+    RopeConfig, Tensor, TensorProj,
 };
 use half::f16;
 
@@ -343,6 +344,22 @@ pub trait ComputeBackend: Send + Sync {
         crate::host_ops::attend(a, params, out)
     }
 
+    /// One layer's attention with the query/key preparation: [`norm_inplace`](Self::norm_inplace)
+    /// of `a.q` and `a.k` by their norms (when given), [`rope`](Self::rope) of both at
+    /// `a.positions`, then [`attend`](Self::attend) (KV store and attention) into `out` (fit to
+    /// `[R, n_q_heads · head_dim]`). `a.q`, `a.k` hold unspecified values afterwards. A device
+    /// backend may run it as one kernel (the CUDA backend does for decode rows: one new row per
+    /// sequence, per-head norms). Errors: as the three operations; device failures. The
+    /// default: the three operations in turn ([`rope_attend_composed`]).
+    fn rope_attend(
+        &self,
+        a: &mut RopeAttend<'_, '_>,
+        params: &AttentionParams,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        rope_attend_composed(self, a, params, out)
+    }
+
     /// Gated FFN combination `up[i] = act(gate[i]) · up[i]`
     /// ([`crate::ops::gated_mul_fast`]'s numerics). Errors: lengths differ; device failures.
     fn gated_activation(
@@ -368,6 +385,24 @@ pub trait ComputeBackend: Send + Sync {
     /// `residual_multiplier`). Errors: lengths differ; device failures.
     fn add_scaled(&self, x: &mut Tensor, y: &Tensor, alpha: f32) -> Result<(), ComputeError> {
         crate::host_ops::add_scaled(host_mut("add_scaled", x)?, host("add_scaled", y)?, alpha)
+    }
+
+    /// The residual step of a pre-norm block and the norm after it, fused: `branch` passed
+    /// through `rn.post` when given (in place: `branch` holds unspecified values afterwards),
+    /// `x += rn.alpha · branch`, then `out = rn.next(x)` (every row of `x`, `[R, width]`;
+    /// `out` fit to `x`'s shape). A device backend may run it as one kernel and keep `out`
+    /// ready for the next product (the CUDA backend quantizes it for its activation formats).
+    /// Errors: lengths differ, `x` not whole rows of the norms' width; device failures. The
+    /// default: [`norm_inplace`](Self::norm_inplace), [`add_scaled`](Self::add_scaled) and
+    /// [`norm`](Self::norm) in turn ([`add_norm_composed`]).
+    fn add_norm(
+        &self,
+        x: &mut Tensor,
+        branch: &mut Tensor,
+        rn: &ResidualNorm<'_>,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        add_norm_composed(self, x, branch, rn, out)
     }
 
     /// Embedding lookup: row `ids[r]` of `table` (`[rows, width]`) times `scale`, widened to
@@ -403,6 +438,41 @@ pub trait ComputeBackend: Send + Sync {
         crate::host_ops::argmax(logits)
     }
 
+    /// The greedy choice of every row of `logits` (`[R, width]`, a tensor of this backend),
+    /// as [`argmax`](Self::argmax) per row, into `out` (resized to `R`): only the choices leave
+    /// a device backend, not the logits. Errors: `width` 0 or `logits` not whole rows; device
+    /// failures. The default: the host values (a download for a device tensor) row by row.
+    fn argmax_rows(
+        &self,
+        logits: &Tensor,
+        width: usize,
+        out: &mut Vec<Argmax>,
+    ) -> Result<(), ComputeError> {
+        if width == 0 || !logits.len().is_multiple_of(width) {
+            return Err(ComputeError::ShapeMismatch {
+                what: "argmax rows (whole rows of the width)",
+                expected: width.max(1),
+                got: logits.len(),
+                unit: "values",
+            });
+        }
+        let owned;
+        let values = match logits.host() {
+            Some(v) => v,
+            None => {
+                let mut v = vec![0.0; logits.len()];
+                self.download(logits, &mut v)?;
+                owned = v;
+                &owned[..]
+            }
+        };
+        out.clear();
+        for row in values.chunks_exact(width) {
+            out.push(self.argmax(row)?);
+        }
+        Ok(())
+    }
+
     /// A device-resident whole-token decoder for `plan` (the seed's `decode_token`): weights,
     /// KV cache and activations stay on the device and one token costs one upload of its id and
     /// one download of the logits. `Ok(None)` (the default, and the CPU backend): no such
@@ -415,6 +485,49 @@ pub trait ComputeBackend: Send + Sync {
         let _ = plan;
         Ok(None)
     }
+}
+
+/// [`ComputeBackend::rope_attend`] as its three operations on `b`: the q/k norms in place,
+/// RoPE of both, then [`ComputeBackend::attend`]. Errors: as those operations.
+pub fn rope_attend_composed<B: ComputeBackend + ?Sized>(
+    b: &B,
+    a: &mut RopeAttend<'_, '_>,
+    params: &AttentionParams,
+    out: &mut Tensor,
+) -> Result<(), ComputeError> {
+    if let Some(n) = &a.q_norm {
+        b.norm_inplace(n, a.q)?;
+    }
+    if let Some(n) = &a.k_norm {
+        b.norm_inplace(n, a.k)?;
+    }
+    if let Some(rope) = a.rope {
+        b.rope(a.q, params.n_q_heads, a.positions, rope)?;
+        b.rope(a.k, params.n_kv_heads, a.positions, rope)?;
+    }
+    let mut at = crate::Attend {
+        q: a.q,
+        k: a.k,
+        v: a.v,
+        seqs: a.seqs,
+    };
+    b.attend(&mut at, params, out)
+}
+
+/// [`ComputeBackend::add_norm`] as its operations on `b`: the post norm of `branch` in place,
+/// the residual add, the next norm. Errors: as those operations.
+pub fn add_norm_composed<B: ComputeBackend + ?Sized>(
+    b: &B,
+    x: &mut Tensor,
+    branch: &mut Tensor,
+    rn: &ResidualNorm<'_>,
+    out: &mut Tensor,
+) -> Result<(), ComputeError> {
+    if let Some(p) = &rn.post {
+        b.norm_inplace(p, branch)?;
+    }
+    b.add_scaled(x, branch, rn.alpha)?;
+    b.norm(&rn.next, x, out)
 }
 
 /// The values of a host tensor, or [`ComputeError::NotOnHost`] naming `op`.

@@ -26,13 +26,15 @@ mod tensor;
 pub mod vec_dot;
 
 pub use attention::{attention, attention_reference, AttentionParams};
-pub use backend::{host, host_mut, ComputeBackend};
+pub use backend::{add_norm_composed, host, host_mut, rope_attend_composed, ComputeBackend};
 pub use cpu::{axpy_f16, dot_f16, CpuBackend};
 pub use decode_plan::{DecodePlan, PlanLayer, TokenDecoder};
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;
 pub use matrix::{MatData, Matrix, Proj, TensorProj};
-pub use op_args::{Argmax, Attend, AttentionInput, FloatTable, KvSlot, Norm, NormKind};
+pub use op_args::{
+    Argmax, Attend, AttentionInput, FloatTable, KvSlot, Norm, NormKind, ResidualNorm, RopeAttend,
+};
 pub use rope::{apply_rope, Rope, RopeConfig, RopeScaling};
 pub use tensor::{DeviceBuffer, HostVec, Tensor};
 pub use vec_dot::Isa;

@@ -107,3 +107,44 @@ pub struct Attend<'a, 's> {
     /// The sequences, their rows in batch order.
     pub seqs: &'a mut [KvSlot<'s>],
 }
+
+/// The residual step of a pre-norm block fused with the norm that follows it
+/// ([`crate::ComputeBackend::add_norm`]): `x += alpha · post(branch)`, then `out = next(x)`.
+#[derive(Clone, Copy, Debug)]
+pub struct ResidualNorm<'a> {
+    /// The branch's own norm before the residual add (Gemma-2/3's post-attention and post-FFN
+    /// norms); `None`: the branch is added as it is.
+    pub post: Option<Norm<'a>>,
+    /// Residual multiplier (1 for most models, Granite's `residual_multiplier`).
+    pub alpha: f32,
+    /// The norm of the updated stream: the next sub-block's input norm (pre-FFN, the next
+    /// layer's pre-attention norm, or the final norm).
+    pub next: Norm<'a>,
+}
+
+/// One layer's attention step with the q/k preparation fused in
+/// ([`crate::ComputeBackend::rope_attend`]): per-head RMSNorm of the new query and key rows
+/// (Qwen3, Gemma-3, OLMo-2's whole projection), RoPE at each row's position, then the KV store
+/// and attention of [`Attend`]. `q` and `k` hold unspecified values afterwards (a backend
+/// may normalise and rotate them in place, or not at all when it fuses the steps).
+#[derive(Debug)]
+pub struct RopeAttend<'a, 's> {
+    /// `[R, n_q_heads · head_dim]` query rows as projected (before norm and RoPE).
+    pub q: &'a mut crate::Tensor,
+    /// `[R, n_kv_heads · head_dim]` key rows as projected.
+    pub k: &'a mut crate::Tensor,
+    /// `[R, n_kv_heads · head_dim]` value rows.
+    pub v: &'a crate::Tensor,
+    /// The query norm; its width is the row width it normalises (`head_dim` per head, or the
+    /// whole projection for OLMo-2). `None`: no query norm.
+    pub q_norm: Option<Norm<'a>>,
+    /// The key norm, as `q_norm`.
+    pub k_norm: Option<Norm<'a>>,
+    /// RoPE of this layer; `None`: no positional rotation (e.g. Cohere-2's global layers).
+    pub rope: Option<&'a crate::RopeConfig>,
+    /// Absolute position of every row (`R` values), for RoPE; equal to each slot's
+    /// `start..start + rows`.
+    pub positions: &'a [usize],
+    /// The sequences, their rows in batch order.
+    pub seqs: &'a mut [KvSlot<'s>],
+}

@@ -321,6 +321,10 @@ impl<'m, 'a> TokenRunner<'m, 'a> {
                 return Ok(a.token);
             }
         }
+        if self.device.is_none() {
+            // The forward pass chooses where the logits are.
+            return self.model.forward_greedy(self.backend, &[token], cache);
+        }
         self.forward_into(&[token], cache, Logits::Last, logits)?;
         if logits.iter().any(|v| !v.is_finite()) {
             return Err(InferenceError::NonFiniteLogits);

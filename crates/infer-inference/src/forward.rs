@@ -1,6 +1,8 @@
 //! The forward pass — one loop for prefill (many tokens) and decode (one token).
 
-use infer_compute::{ops, Attend, ComputeBackend, KvSlot, Tensor, TensorProj};
+use infer_compute::{
+    ops, Argmax, ComputeBackend, KvSlot, ResidualNorm, RopeAttend, Tensor, TensorProj,
+};
 use infer_models::{Activation, FfnType, NormType};
 
 use crate::layer::{DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights};
@@ -28,6 +30,21 @@ enum Capture<'c> {
     Hidden(&'c mut HiddenStates),
     /// The last position's FFN input (after the pre-FFN norm) of each layer, `[hidden]` each.
     FfnInputs(&'c mut Vec<Vec<f32>>),
+}
+
+/// What a forward pass hands back: the logits on the host, or only the greedy choice of each
+/// sequence (chosen where the logits are: [`ComputeBackend::argmax_rows`]).
+enum Output<'o> {
+    Logits(&'o mut Vec<f32>),
+    Greedy(&'o mut Vec<Argmax>),
+}
+
+/// The norm that follows a block: the next layer's pre-attention norm (with that layer's
+/// geometry) or the final norm; `norm: None` for a next layer without one (a copy).
+#[derive(Clone, Copy)]
+struct NextNorm<'n, 'w> {
+    norm: Option<&'n NormWeights<'w>>,
+    g: &'n crate::LayerGeometry,
 }
 
 /// One sequence's part of a [`Model::forward_batch`] step.
@@ -160,7 +177,41 @@ impl Model<'_> {
         which: Logits,
         logits: &mut Vec<f32>,
     ) -> Result<(), InferenceError> {
-        self.forward_inner(backend, tokens, cache, which, Capture::Nothing, logits)
+        self.forward_inner(
+            backend,
+            tokens,
+            cache,
+            which,
+            Capture::Nothing,
+            Output::Logits(logits),
+        )
+    }
+
+    /// Run `tokens` at positions `cache.len()..` (as [`Model::forward`]) and return the greedy
+    /// next token: the largest logit of the last position, ties to the smaller id
+    /// ([`crate::sampling::argmax`]). The choice is made where the logits are
+    /// ([`ComputeBackend::argmax_rows`]: on a device backend only the token id is copied
+    /// back). Errors as [`Model::forward`], and [`InferenceError::NonFiniteLogits`] when a
+    /// logit is NaN or infinite (the cache has advanced past `tokens` by then).
+    pub fn forward_greedy(
+        &self,
+        backend: &dyn ComputeBackend,
+        tokens: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<u32, InferenceError> {
+        let mut chosen = Vec::with_capacity(1);
+        self.forward_inner(
+            backend,
+            tokens,
+            cache,
+            Logits::Last,
+            Capture::Nothing,
+            Output::Greedy(&mut chosen),
+        )?;
+        match chosen.first() {
+            Some(a) if a.all_finite => Ok(a.token),
+            _ => Err(InferenceError::NonFiniteLogits),
+        }
     }
 
     /// Prefill: run the whole prompt as one batch (every layer, matrix-matrix products) and
@@ -201,7 +252,7 @@ impl Model<'_> {
             cache,
             which,
             Capture::Hidden(&mut hidden),
-            &mut logits,
+            Output::Logits(&mut logits),
         )?;
         Ok((logits, hidden))
     }
@@ -225,7 +276,7 @@ impl Model<'_> {
             cache,
             Logits::Last,
             Capture::FfnInputs(&mut inputs),
-            &mut logits,
+            Output::Logits(&mut logits),
         )?;
         Ok((logits, inputs))
     }
@@ -259,7 +310,7 @@ impl Model<'_> {
             s: &mut bufs.scratch,
             capture: Capture::Nothing,
         };
-        in_pool(|| self.forward_body(&mut pass, logits))
+        in_pool(|| self.forward_body(&mut pass, Output::Logits(logits)))
     }
 
     /// A pass of one sequence through [`Model::forward_body`] with the cache's own scratch
@@ -271,7 +322,7 @@ impl Model<'_> {
         cache: &mut KvCache,
         which: Logits,
         capture: Capture<'_>,
-        logits: &mut Vec<f32>,
+        out: Output<'_>,
     ) -> Result<(), InferenceError> {
         // The scratch buffers leave the cache for the pass (a move, no allocation) so that
         // the cache can be written while they are borrowed; they are put back even on error.
@@ -287,17 +338,17 @@ impl Model<'_> {
             s: &mut s,
             capture,
         };
-        let r = in_pool(|| self.forward_body(&mut pass, logits));
+        let r = in_pool(|| self.forward_body(&mut pass, out));
         seqs[0].cache.scratch = s;
         r
     }
 
     /// The forward pass of a batch: embeddings, every layer, final norm and output projection
-    /// of the rows whose logits are asked for.
+    /// of the rows whose logits are asked for; the logits (or the greedy choices) into `out`.
     fn forward_body(
         &self,
         p: &mut Pass<'_, '_, '_>,
-        logits: &mut Vec<f32>,
+        out: Output<'_>,
     ) -> Result<(), InferenceError> {
         let h = self.hidden_size;
         let b = p.backend;
@@ -310,71 +361,67 @@ impl Model<'_> {
         if let Capture::Hidden(hs) = &mut p.capture {
             hs.push(to_host(b, &p.s.x)?);
         }
+        let Some(first) = self.layers.first() else {
+            return Err(InferenceError::EmptyInput);
+        };
+        let g0 = &first.geometry;
+        // The first layer's input norm; every layer leaves the norm after it (the next layer's,
+        // or the final norm) in `s.normed`, fused with its residual add.
+        let s = &mut *p.s;
+        maybe_norm(b, first.pre_attn_norm.as_ref(), g0, &s.x, &mut s.normed)?;
         for (l, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(p, layer, l)?;
-            let s = &*p.s;
-            let t = s.positions.len();
-            match &mut p.capture {
-                Capture::Nothing => {}
-                Capture::Hidden(hs) => hs.push(to_host(b, &s.x)?),
-                Capture::FfnInputs(inputs) => {
-                    // Where `layer_forward` left this layer's FFN input.
-                    let ffn_in = if layer.geometry.parallel_residual && layer.pre_ffn_norm.is_none()
-                    {
-                        &s.normed
-                    } else {
-                        &s.ffn_in
-                    };
-                    inputs.push(to_host(b, ffn_in)?[(t - 1) * h..t * h].to_vec());
-                }
+            let next = match self.layers.get(l + 1) {
+                Some(n) => NextNorm {
+                    norm: n.pre_attn_norm.as_ref(),
+                    g: &n.geometry,
+                },
+                None => NextNorm {
+                    norm: Some(&self.final_norm),
+                    g: g0,
+                },
+            };
+            self.layer_forward(p, layer, l, next)?;
+            if let Capture::Hidden(hs) = &mut p.capture {
+                hs.push(to_host(b, &p.s.x)?);
             }
         }
         for seq in p.seqs.iter_mut() {
             seq.cache.advance(seq.tokens.len());
         }
 
-        // The rows whose logits are asked for: all of them (read in place) or gathered into
-        // `last`.
+        // `s.normed` holds the final norm of every row; the rows whose logits are asked for:
+        // all of them (read in place) or gathered into `last`.
         let s = &mut *p.s;
         let all = p.seqs.iter().all(|q| q.logits == Logits::All);
-        let rows: &Tensor = if all {
-            &s.x
-        } else {
-            let picked = &mut s.picked;
-            picked.clear();
-            for (q, span) in p.seqs.iter().zip(&s.spans) {
-                match q.logits {
-                    Logits::All => picked.extend(span.row0..span.row0 + span.rows),
-                    Logits::Last => picked.push(span.row0 + span.rows - 1),
-                }
+        let picked = &mut s.picked;
+        picked.clear();
+        for (q, span) in p.seqs.iter().zip(&s.spans) {
+            match q.logits {
+                Logits::All => picked.extend(span.row0..span.row0 + span.rows),
+                Logits::Last => picked.push(span.row0 + span.rows - 1),
             }
-            b.copy_rows(&s.x, h, picked, &mut s.last)?;
+        }
+        let every_row = picked.len() == s.positions.len();
+        let rows: &Tensor = if every_row {
+            // Every row (all logits, or decode steps of one token each): no gather.
+            &s.normed
+        } else {
+            b.copy_rows(&s.normed, h, picked, &mut s.last)?;
             &s.last
         };
         let n_rows = rows.len() / h;
-        let g0 = &self.layers[0].geometry;
-        b.norm(
-            &self.final_norm.view(norm_kind(g0), g0.eps),
-            rows,
-            &mut s.normed,
-        )?;
         if let Capture::Hidden(hs) = &mut p.capture {
             if all {
                 if let Some(last) = hs.last_mut() {
-                    *last = to_host(b, &s.normed)?;
+                    *last = to_host(b, rows)?;
                 }
             }
         }
         match &self.lm_head {
-            Some(w) => b.project(
-                &w.matrix(self.vocab_size, h),
-                &s.normed,
-                n_rows,
-                &mut s.logits,
-            )?,
+            Some(w) => b.project(&w.matrix(self.vocab_size, h), rows, n_rows, &mut s.logits)?,
             None => b.project(
                 &self.embeddings.matrix(self.vocab_size, h),
-                &s.normed,
+                rows,
                 n_rows,
                 &mut s.logits,
             )?,
@@ -387,6 +434,13 @@ impl Model<'_> {
         if div != 1.0 || cap.is_some() {
             b.scale_softcap(&mut s.logits, div, cap)?;
         }
+        let logits = match out {
+            Output::Greedy(chosen) => {
+                b.argmax_rows(&s.logits, self.vocab_size, chosen)?;
+                return Ok(());
+            }
+            Output::Logits(logits) => logits,
+        };
         // Host logits: swapped out of a host tensor (no copy), downloaded from a device one.
         if s.logits.is_host() {
             if let Some(mut v) = s.logits.host_vec_mut() {
@@ -434,50 +488,36 @@ impl Model<'_> {
     }
 
     /// One block on the residual stream `s.x` `[R, hidden]` (the rows of every sequence of
-    /// the batch) at positions `s.positions`.
+    /// the batch) at positions `s.positions`, its input norm already in `s.normed`; leaves
+    /// `next` of the updated stream in `s.normed`.
     fn layer_forward(
         &self,
         p: &mut Pass<'_, '_, '_>,
         layer: &FullPipelineLayer<'_>,
         l: usize,
+        next: NextNorm<'_, '_>,
     ) -> Result<(), InferenceError> {
-        let backend = p.backend;
+        let b = p.backend;
         let s = &mut *p.s;
         let g = &layer.geometry;
         let t = s.positions.len();
-        let b = backend;
-        maybe_norm(b, layer.pre_attn_norm.as_ref(), g, &s.x, &mut s.normed)?;
+        let h = self.hidden_size;
 
         // Attention: projections, q/k norms, RoPE, cache, attention, output projection.
         project_many(
-            backend,
+            b,
             [&layer.wq, &layer.wk, &layer.wv],
             &s.normed,
             t,
             [&mut s.q, &mut s.k, &mut s.v],
         )?;
-        // q/k RMSNorm: the weight's length is the row width (head_dim per head, or the whole
-        // projection for OLMo-2), so one row-wise norm covers both.
-        for (n, x) in [(&layer.q_norm, &mut s.q), (&layer.k_norm, &mut s.k)] {
-            if let Some(n) = n {
-                let rms = infer_compute::NormKind::Rms {
-                    offset: g.norm_offset,
-                };
-                b.norm_inplace(&n.view(rms, g.eps), x)?;
-            }
-        }
-        if let Some(rope) = &g.rope {
-            b.rope(&mut s.q, g.num_q_heads, &s.positions, rope)?;
-            b.rope(&mut s.k, g.num_kv_heads, &s.positions, rope)?;
-        }
-        attend(b, p.seqs, s, l, g, layer.attn_sinks.as_deref())?;
-        project(backend, &layer.wo, &s.attn, t, &mut s.attn_out)?;
-        if let Some(n) = &layer.post_attn_norm {
-            maybe_norm(b, Some(n), g, &s.attn_out, &mut s.tmp)?;
-            std::mem::swap(&mut s.attn_out, &mut s.tmp);
-        }
+        attend(b, p.seqs, s, l, layer)?;
+        project(b, &layer.wo, &s.attn, t, &mut s.attn_out)?;
 
         if g.parallel_residual {
+            if let Some(n) = &layer.post_attn_norm {
+                b.norm_inplace(&n.view(norm_kind(g), g.eps), &mut s.attn_out)?;
+            }
             // x + attn(norm1(x)) + ffn(norm2(x)); phi shares the first norm.
             let ffn_in = match &layer.pre_ffn_norm {
                 Some(n) => {
@@ -486,21 +526,75 @@ impl Model<'_> {
                 }
                 None => &s.normed,
             };
+            if let Capture::FfnInputs(inputs) = &mut p.capture {
+                inputs.push(to_host(b, ffn_in)?[(t - 1) * h..t * h].to_vec());
+            }
             ffn(b, &layer.ffn, ffn_in, t, g, &mut s.ffn, &mut s.ffn_out)?;
             b.add_scaled(&mut s.attn_out, &s.ffn_out, 1.0)?;
-            b.add_scaled(&mut s.x, &s.attn_out, g.residual_multiplier)?;
-            return Ok(());
+            return residual(b, &mut s.x, &mut s.attn_out, None, g, next, &mut s.normed);
         }
-        b.add_scaled(&mut s.x, &s.attn_out, g.residual_multiplier)?;
-        maybe_norm(b, layer.pre_ffn_norm.as_ref(), g, &s.x, &mut s.ffn_in)?;
+        let pre_ffn = NextNorm {
+            norm: layer.pre_ffn_norm.as_ref(),
+            g,
+        };
+        let post_attn = layer.post_attn_norm.as_ref();
+        residual(
+            b,
+            &mut s.x,
+            &mut s.attn_out,
+            post_attn,
+            g,
+            pre_ffn,
+            &mut s.ffn_in,
+        )?;
+        if let Capture::FfnInputs(inputs) = &mut p.capture {
+            inputs.push(to_host(b, &s.ffn_in)?[(t - 1) * h..t * h].to_vec());
+        }
         ffn(b, &layer.ffn, &s.ffn_in, t, g, &mut s.ffn, &mut s.ffn_out)?;
-        if let Some(n) = &layer.post_ffn_norm {
-            maybe_norm(b, Some(n), g, &s.ffn_out, &mut s.tmp)?;
-            std::mem::swap(&mut s.ffn_out, &mut s.tmp);
-        }
-        b.add_scaled(&mut s.x, &s.ffn_out, g.residual_multiplier)?;
-        Ok(())
+        let post_ffn = layer.post_ffn_norm.as_ref();
+        residual(
+            b,
+            &mut s.x,
+            &mut s.ffn_out,
+            post_ffn,
+            g,
+            next,
+            &mut s.normed,
+        )
     }
+}
+
+/// The residual step of layer geometry `g`: `x += residual_multiplier · post(branch)` (`post`:
+/// the branch's own norm, in place), then `out = next(x)`, or a copy of `x` when the next
+/// sub-block has no input norm. One [`ComputeBackend::add_norm`] when there is a next norm.
+fn residual(
+    backend: &dyn ComputeBackend,
+    x: &mut Tensor,
+    branch: &mut Tensor,
+    post: Option<&NormWeights<'_>>,
+    g: &crate::LayerGeometry,
+    next: NextNorm<'_, '_>,
+    out: &mut Tensor,
+) -> Result<(), InferenceError> {
+    let post = post.map(|n| n.view(norm_kind(g), g.eps));
+    match next.norm {
+        Some(n) => {
+            let rn = ResidualNorm {
+                post,
+                alpha: g.residual_multiplier,
+                next: n.view(norm_kind(next.g), next.g.eps),
+            };
+            backend.add_norm(x, branch, &rn, out)?;
+        }
+        None => {
+            if let Some(p) = &post {
+                backend.norm_inplace(p, branch)?;
+            }
+            backend.add_scaled(x, branch, g.residual_multiplier)?;
+            maybe_norm(backend, None, next.g, x, out)?;
+        }
+    }
+    Ok(())
 }
 
 /// Host copies for the parts of a step that run on the host (walk FFN, MoE): for a device
@@ -668,17 +762,18 @@ fn moe_ffn(
     Ok(out)
 }
 
-/// Store each sequence's new K/V rows of layer `l` in its cache and run its query rows
-/// against its cache, into `s.attn` `[R, q_dim]` (one [`ComputeBackend::attend`] for the batch),
-/// with the layer's attention sinks if it has them.
+/// Layer `l`'s attention step for the batch (one [`ComputeBackend::rope_attend`]): the q/k
+/// norms and RoPE of the new rows `s.q`, `s.k`, then each sequence stores its new K/V rows in
+/// its cache and its query rows attend over it, into `s.attn` `[R, q_dim]`, with the layer's
+/// attention sinks if it has them.
 fn attend(
     backend: &dyn ComputeBackend,
     seqs: &mut [BatchSeq<'_>],
     s: &mut Scratch,
     l: usize,
-    g: &crate::LayerGeometry,
-    sinks: Option<&[f32]>,
+    layer: &FullPipelineLayer<'_>,
 ) -> Result<(), InferenceError> {
+    let g = &layer.geometry;
     let mut slots: smallvec::SmallVec<[KvSlot<'_>; 4]> = seqs
         .iter_mut()
         .zip(&s.spans)
@@ -694,17 +789,26 @@ fn attend(
             }
         })
         .collect();
-    let mut a = Attend {
-        q: &s.q,
-        k: &s.k,
+    // q/k RMSNorm: the weight's length is the row width (head_dim per head, or the whole
+    // projection for OLMo-2), so one row-wise norm covers both.
+    let rms = infer_compute::NormKind::Rms {
+        offset: g.norm_offset,
+    };
+    let mut a = RopeAttend {
+        q: &mut s.q,
+        k: &mut s.k,
         v: &s.v,
+        q_norm: layer.q_norm.as_ref().map(|n| n.view(rms, g.eps)),
+        k_norm: layer.k_norm.as_ref().map(|n| n.view(rms, g.eps)),
+        rope: g.rope.as_ref(),
+        positions: &s.positions,
         seqs: &mut slots,
     };
     let params = infer_compute::AttentionParams {
-        sinks,
+        sinks: layer.attn_sinks.as_deref(),
         ..g.attention
     };
-    backend.attend(&mut a, &params, &mut s.attn)?;
+    backend.rope_attend(&mut a, &params, &mut s.attn)?;
     Ok(())
 }
 

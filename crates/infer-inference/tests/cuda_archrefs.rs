@@ -144,6 +144,25 @@ fn device_greedy_ids(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -
         .collect()
 }
 
+/// The forward pass's greedy choices ([`Model::forward_greedy`]: argmax where the logits are,
+/// on the device for CUDA): `seq[..t/2]` prefilled, then each token of `seq[t/2..]`; entry i
+/// matches chunk i + 1 of [`decode_logits`].
+fn forward_greedy_ids(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -> Vec<u32> {
+    let t = seq.len();
+    let mut cache = model.new_cache(t);
+    model
+        .forward(backend, &seq[..t / 2], &mut cache, Logits::Last)
+        .expect("prefill");
+    seq[t / 2..]
+        .iter()
+        .map(|&tok| {
+            model
+                .forward_greedy(backend, &[tok], &mut cache)
+                .expect("greedy step")
+        })
+        .collect()
+}
+
 /// Sequence `seq` as calls of these lengths: a quarter, single tokens to the half, two tokens,
 /// single tokens to the end. Returns each call's last logits, `[calls, vocab]`.
 fn chunked_logits(
@@ -273,6 +292,18 @@ fn check_case(case: &str, gpu: &CudaBackend) {
     let gpu_ids: Vec<u32> = g.chunks_exact(vocab).map(argmax).collect();
     let (compared, skipped) = check_greedy(case, "quantized greedy token", &gpu_ids, &c, vocab, sq);
     println!("cuda archrefs {case}: quantized greedy tokens equal at {compared} positions ({skipped} below margin)");
+    // The forward pass's device argmax on its decode steps (the greedy choices of `cd`).
+    let ids_fwd = forward_greedy_ids(&model, gpu, &ids[..t]);
+    let (compared, skipped) = check_greedy(
+        case,
+        "forward-pass device argmax",
+        &ids_fwd,
+        &cd[vocab..],
+        vocab,
+        sq,
+    );
+    assert!(compared > 0, "{case}: no decode step above the margin");
+    println!("cuda archrefs {case}: forward-pass device argmax equal at {compared} steps ({skipped} below margin)");
 
     // The device-resident decoder where the model has a decode plan.
     match model.decode_plan(t) {

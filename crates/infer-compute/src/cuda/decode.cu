@@ -128,10 +128,11 @@ extern "C" __global__ void __launch_bounds__(RN_THREADS)
 }
 
 // RMSNorm (when nw) and RoPE (when inv_freq) of one head held in shared memory row[0:hd], by the
-// whole block; ends synchronised. rot / 2 <= 2 * blockDim.x (checked on the host).
+// whole block; ends synchronised. rot / 2 <= 2 * blockDim.x (checked on the host). cos and sin
+// are multiplied by mscale (YaRN's attention factor; 1 otherwise), as t_rope.
 __device__ void head_norm_rope(float* row, const float* nw, const double* inv_freq, int pos,
                                int hd, int rot, int interleaved, float eps, float off,
-                               double* sh) {
+                               double mscale, double* sh) {
     if (nw) {
         double ss = 0.0;
         for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += (double)row[d] * (double)row[d];
@@ -147,7 +148,7 @@ __device__ void head_norm_rope(float* row, const float* nw, const double* inv_fr
         int cnt = 0;
         for (int i = threadIdx.x; i < half && cnt < 4; i += blockDim.x) {
             double ang = (double)pos * inv_freq[i];
-            float c = (float)cos(ang), s = (float)sin(ang);
+            float c = (float)(cos(ang) * mscale), s = (float)(sin(ang) * mscale);
             int ia = interleaved ? 2 * i : i;
             int ib = interleaved ? 2 * i + 1 : i + half;
             float a = row[ia], b = row[ib];
@@ -219,8 +220,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         ks[d] = k[(long long)g * hd + d];
     }
     __syncthreads();
-    head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, shd);
-    head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, shd);
+    head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
+    head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
     const float* vcur = v + (long long)g * hd;
     if (h % grp == 0) {
         long long o = (long long)pos * kvd + (long long)g * hd;

@@ -81,6 +81,11 @@ pub(super) struct Kernels {
     pub t_scale_softcap: CudaFunction,
     pub t_copy_rows: CudaFunction,
     pub t_embed: CudaFunction,
+    pub t_add_norm: CudaFunction,
+    pub t_rope_attend: CudaFunction,
+    pub t_act_quant: CudaFunction,
+    pub t_argmax_clear: CudaFunction,
+    pub t_argmax_rows: CudaFunction,
 }
 
 /// One device: its context, the stream every call runs on, and the compiled kernels.
@@ -184,6 +189,11 @@ impl Device {
             t_scale_softcap: f("t_scale_softcap")?,
             t_copy_rows: f("t_copy_rows")?,
             t_embed: f("t_embed")?,
+            t_add_norm: f("t_add_norm")?,
+            t_rope_attend: f("t_rope_attend")?,
+            t_act_quant: f("t_act_quant")?,
+            t_argmax_clear: f("t_argmax_clear")?,
+            t_argmax_rows: f("t_argmax_rows")?,
         };
         // A stream of its own (not the legacy default stream, which cannot be captured into
         // a CUDA graph: the forward pass's steps are, see `step.rs`).

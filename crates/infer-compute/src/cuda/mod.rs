@@ -41,8 +41,8 @@ use half::f16;
 use crate::backend::check_product;
 use crate::ops::Activation;
 use crate::{
-    Attend, AttentionParams, ComputeBackend, ComputeError, DecodePlan, FloatTable, MatData, Matrix,
-    Norm, Proj, RopeConfig, Tensor, TensorProj, TokenDecoder,
+    Argmax, Attend, AttentionParams, ComputeBackend, ComputeError, DecodePlan, FloatTable, MatData,
+    Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, Tensor, TensorProj, TokenDecoder,
 };
 use cache::{Scratch, WeightCache};
 use device::Device;
@@ -64,6 +64,11 @@ struct State {
     rec: step::Recorder,
     /// Incremented by [`CudaBackend::clear_weight_cache`]: decoders made before refuse to run.
     generation: u64,
+    /// Activations a fused operation quantized for the next product, set by that operation
+    /// (`pq_next`) and seen by the one tensor operation after it (`pq`): see
+    /// [`tensor_ops::PreQuant`].
+    pq_next: Option<tensor_ops::PreQuant>,
+    pq: Option<tensor_ops::PreQuant>,
 }
 
 /// [`ComputeBackend`] on one CUDA device. See the [module docs](self) for numerics and caching.
@@ -95,6 +100,8 @@ impl CudaBackend {
                 ops,
                 rec,
                 generation: 0,
+                pq_next: None,
+                pq: None,
             }),
             name,
         })
@@ -110,6 +117,9 @@ impl CudaBackend {
     /// products and the decoder, which launch directly on the stream. Errors: a failed launch.
     fn synced(&self) -> Result<MutexGuard<'_, State>, ComputeError> {
         let mut st = self.lock();
+        // These products overwrite the activation buffers: nothing stays pre-quantized.
+        st.pq_next = None;
+        st.pq = None;
         let State { rec, dev, .. } = &mut *st;
         rec.flush(&dev.stream)?;
         Ok(st)
@@ -117,14 +127,19 @@ impl CudaBackend {
 
     /// Run tensor operation `f` (recorded, launched with its step: `step.rs`); when it fails,
     /// the step's pending launches are dropped unlaunched, so a failed step writes nothing.
+    /// What the operation before quantized for a product is visible to `f` only (`State::pq`).
     fn tensor_op<R>(
         &self,
         f: impl FnOnce(&mut State) -> Result<R, ComputeError>,
     ) -> Result<R, ComputeError> {
         let mut st = self.lock();
+        st.pq = st.pq_next.take();
         let r = f(&mut st);
+        st.pq = None;
         if r.is_err() {
             st.rec.discard();
+            st.pq_next = None;
+            return r;
         }
         r
     }
@@ -163,9 +178,18 @@ impl ComputeBackend for CudaBackend {
 
     fn launch_report(&self) -> Option<String> {
         let s = self.step_stats();
+        let per = |ns: u64| ns as f64 / 1e3 / s.replayed.max(1) as f64;
         Some(format!(
-            "forward-pass steps on {}: {} CUDA graph replays, {} captured, {} launched kernel by kernel",
-            self.name, s.replayed, s.captured, s.eager
+            "forward-pass steps on {}: {} CUDA graph replays, {} captured, {} launched kernel by \
+             kernel; per replay {:.1} µs recording and {:.1} µs launching on the host, {:.1} µs \
+             waiting for the device",
+            self.name,
+            s.replayed,
+            s.captured,
+            s.eager,
+            per(s.record_ns),
+            per(s.launch_ns),
+            per(s.wait_ns)
         ))
     }
 
@@ -340,6 +364,40 @@ impl ComputeBackend for CudaBackend {
         out: &mut Tensor,
     ) -> Result<(), ComputeError> {
         self.tensor_op(|st| tensor_ops::attend(st, a, params, out))
+    }
+
+    fn rope_attend(
+        &self,
+        a: &mut RopeAttend<'_, '_>,
+        params: &AttentionParams,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        if self.tensor_op(|st| tensor_ops::rope_attend(st, a, params, out))? {
+            return Ok(());
+        }
+        crate::rope_attend_composed(self, a, params, out)
+    }
+
+    fn add_norm(
+        &self,
+        x: &mut Tensor,
+        branch: &mut Tensor,
+        rn: &ResidualNorm<'_>,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        if self.tensor_op(|st| tensor_ops::add_norm(st, x, branch, rn, out))? {
+            return Ok(());
+        }
+        crate::add_norm_composed(self, x, branch, rn, out)
+    }
+
+    fn argmax_rows(
+        &self,
+        logits: &Tensor,
+        width: usize,
+        out: &mut Vec<Argmax>,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::argmax_rows(st, logits, width, out))
     }
 
     fn gated_activation(

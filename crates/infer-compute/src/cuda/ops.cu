@@ -234,3 +234,228 @@ extern "C" __global__ void t_embed(const void* E, const int* ids, float* out, in
         o[i] = v * scale;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fused operations of the forward pass (tensor_ops.rs: add_norm, rope_attend, the activation
+// with quantization, argmax_rows). A fused kernel may also quantize its output for the next
+// product (q32/d32: 32-value blocks with f16-rounded scales, ggml quantize_row_q8_0_ref; qk/dk/
+// bsk: Q8_K), so the product reads it without a quantize launch; null pointers: not wanted.
+// ---------------------------------------------------------------------------------------------
+
+// Row blockIdx.x of width n (one block of RN_THREADS threads per row): residual_norm_block of
+// decode.cu, x += mult * post(branch) (post_w null: the branch as it is), out = rmsnorm(x) *
+// (norm_w + off2), and out quantized per row (block indices continue across rows, as the
+// quantizers' flat layout of [rows, n]).
+extern "C" __global__ void __launch_bounds__(RN_THREADS)
+    t_add_norm(float* x, const float* branch, const float* post_w, float mult,
+               const float* norm_w, float* out, int n, float eps, float off, float eps2,
+               float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ double sh[32];
+    long long r = blockIdx.x;
+    long long o = r * n;
+    residual_norm_block(x + o, branch + o, post_w, mult, norm_w, out + o, n, eps, off, eps2, off2,
+                        q32 ? q32 + o : 0, q32 ? d32 + r * (n / 32) : 0, qk ? qk + o : 0,
+                        qk ? dk + r * (n / 256) : 0, qk ? bsk + r * (n / 256) * 16 : 0, sh);
+}
+
+// Decode attention of row r = blockIdx.y (one new row of its sequence), query head h =
+// blockIdx.x, kv head g = h / (nq / nkv), ATTN_WARPS warps: the q head and k head g of the row
+// are normalised per head (q_norm / k_norm, null: none) and rotated (inv_freq, null: no RoPE;
+// cos/sin times mscale) in shared memory; the first query head of each group stores K and V of
+// position pos in the caches (info as t_kv_store); then attn_row's online softmax over keys
+// lo..pos, reading this row's own key and value (j = pos) from shared memory and v, so no block
+// waits for another's store. sinks as t_attention. The head's output is quantized for the o
+// product when given (the host passes q32 / qk only when hd is a multiple of 32 / 256).
+template <int S>
+__device__ void rope_attn_row(const float* q, const float* k, const float* v,
+                              const long long* info, const float* q_norm, const float* k_norm,
+                              const double* inv_freq, float* out, int nq, int nkv, int hd,
+                              int rot, int interleaved, float eps, float off, double mscale,
+                              float scale, int window, float cap, const float* sinks, i8* q32,
+                              float* d32, i8* qk, float* dk, int* bsk) {
+    __shared__ double shd[32];
+    __shared__ __align__(16) float qs[S * 32];
+    __shared__ __align__(16) float ks[S * 32];
+    __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
+    __shared__ float sm_acc[ATTN_WARPS][S * 32];
+    int h = blockIdx.x;
+    long long r = blockIdx.y;
+    int grp = nq / nkv;
+    int g = h / grp;
+    int kvd = nkv * hd;
+    float* kc = (float*)info[3 * r];
+    float* vc = (float*)info[3 * r + 1];
+    int pos = (int)info[3 * r + 2];
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        qs[d] = q[(r * nq + h) * hd + d];
+        ks[d] = k[r * kvd + (long long)g * hd + d];
+    }
+    __syncthreads();
+    head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, mscale, shd);
+    head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, mscale, shd);
+    const float* vcur = v + r * kvd + (long long)g * hd;
+    if (h % grp == 0) {
+        long long o = (long long)pos * kvd + (long long)g * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            kc[o + d] = ks[d];
+            vc[o + d] = vcur[d];
+        }
+    }
+    int lo = 0;
+    if (window > 0) lo = max(0, pos - window + 1);
+    if (window < 0) lo = pos + 1;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* kbase = kc + (long long)g * hd;
+    const float* vbase = vc + (long long)g * hd;
+    float qv[S], acc[S];
+#pragma unroll
+    for (int i = 0; i < S; i++) {
+        int d = i * 32 + lane;
+        qv[i] = d < hd ? qs[d] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    for (int j = lo + w; j <= pos; j += ATTN_WARPS) {
+        const float* kr = j == pos ? ks : kbase + (long long)j * kvd;
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < S; i++) {
+            int d = i * 32 + lane;
+            if (d < hd) dot += qv[i] * kr[d];
+        }
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL, dot, o);
+        float s = dot * scale;
+        if (cap > 0.0f) s = cap * tanhf(s / cap);
+        float mn = fmaxf(m, s);
+        float corr = expf(m - mn);  // 0 on the first key (m = -inf)
+        float p = expf(s - mn);
+        l = l * corr + p;
+        const float* vr = j == pos ? vcur : vbase + (long long)j * kvd;
+#pragma unroll
+        for (int i = 0; i < S; i++) {
+            int d = i * 32 + lane;
+            acc[i] = acc[i] * corr + (d < hd ? p * vr[d] : 0.0f);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sm_m[w] = m;
+        sm_l[w] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < S; i++) sm_acc[w][i * 32 + lane] = acc[i];
+    __syncthreads();
+    float mx = NEG_INF;
+    for (int t = 0; t < ATTN_WARPS; t++) mx = fmaxf(mx, sm_m[t]);
+    if (sinks) mx = fmaxf(mx, sinks[h]);
+    float total = sinks ? expf(sinks[h] - mx) : 0.0f;
+    float f[ATTN_WARPS];
+    for (int t = 0; t < ATTN_WARPS; t++) {
+        f[t] = sm_m[t] == NEG_INF ? 0.0f : expf(sm_m[t] - mx);
+        total += sm_l[t] * f[t];
+    }
+    float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    float* o = out + (r * nq + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int t = 0; t < ATTN_WARPS; t++) a += sm_acc[t][d] * f[t];
+        qs[d] = a * inv;
+        o[d] = a * inv;
+    }
+    if (!q32 && !qk) return;
+    __syncthreads();
+    long long head = r * nq + h;
+    if (q32)
+        for (int b = w; b < hd / 32; b += ATTN_WARPS)
+            quant_block_32(qs + b * 32, q32, d32, (int)(head * (hd / 32) + b), lane, 1);
+    if (qk)
+        for (int b = w; b < hd / 256; b += ATTN_WARPS)
+            quant_block_k(qs + b * 256, qk, dk, bsk, (int)(head * (hd / 256) + b), lane);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
+    t_rope_attend(const float* q, const float* k, const float* v, const long long* info,
+                  const float* q_norm, const float* k_norm, const double* inv_freq, float* out,
+                  int nq, int nkv, int hd, int rot, int interleaved, float eps, float off,
+                  double mscale, float scale, int window, float cap, const float* sinks, i8* q32,
+                  float* d32, i8* qk, float* dk, int* bsk) {
+    pdl_trigger();
+    pdl_wait();
+#define RA_ARGS q, k, v, info, q_norm, k_norm, inv_freq, out, nq, nkv, hd, rot, interleaved, eps, \
+                off, mscale, scale, window, cap, sinks, q32, d32, qk, dk, bsk
+    if (hd <= 64) rope_attn_row<2>(RA_ARGS);
+    else if (hd <= 128) rope_attn_row<4>(RA_ARGS);
+    else if (hd <= 256) rope_attn_row<8>(RA_ARGS);
+    else rope_attn_row<16>(RA_ARGS);
+#undef RA_ARGS
+}
+
+// up[i] = act(gate[i]) * up[i] (gate null: act(up[i])) over n values, one warp per chunk, and
+// the result quantized for the next product: with qk (n % 256 == 0) 256-value chunks, Q8_K
+// from registers, then (q32 given) the chunk's eight 32-value blocks re-read after the warp's
+// writes; without qk 32-value chunks quantized to q32 (when given).
+extern "C" __global__ void t_act_quant(const float* gate, float* up, long long n, int act,
+                                       i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
+    pdl_trigger();
+    pdl_wait();
+    long long c = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (qk) {
+        if (c * 256 >= n) return;
+        act_chunk(gate, up, (int)n, act, qk, dk, bsk, 1, (int)c, lane);
+        if (!q32) return;
+        __syncwarp();
+        for (int b = 0; b < 8; b++)
+            quant_reg_32(up[c * 256 + b * 32 + lane], q32, d32, (int)(c * 8 + b), lane, 1);
+        return;
+    }
+    if (c * 32 >= n) return;
+    act_chunk(gate, up, (int)n, act, q32, d32, 0, 0, (int)c, lane);
+}
+
+// best[2 r], best[2 r + 1] = 0 for r < rows (before t_argmax_rows).
+extern "C" __global__ void t_argmax_clear(unsigned long long* best, int rows) {
+    pdl_trigger();
+    pdl_wait();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < 2 * rows) best[i] = 0;
+}
+
+// dec_argmax of row blockIdx.y of logits [rows, n] into best[2 r .. 2 r + 1] (cleared by
+// t_argmax_clear): the packed (value, id) key of the largest finite logit, ties to the smaller
+// id, and the non-finite flag.
+extern "C" __global__ void t_argmax_rows(const float* logits, int n, unsigned long long* best) {
+    __shared__ unsigned long long sk[32];
+    pdl_trigger();
+    pdl_wait();
+    const float* row = logits + (long long)blockIdx.y * n;
+    unsigned long long* out = best + 2 * blockIdx.y;
+    unsigned long long key = 0;
+    int bad = 0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = row[i] + 0.0f;
+        if (!isfinite(v)) {
+            bad = 1;
+            continue;
+        }
+        u32 b = __float_as_uint(v);
+        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+        unsigned long long kk = ((unsigned long long)b << 32) | (0xffffffffu - (u32)i);
+        key = kk > key ? kk : key;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned long long kk = __shfl_xor_sync(FULL, key, o);
+        key = kk > key ? kk : key;
+    }
+    bad = __any_sync(FULL, bad);
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (lane == 0) sk[w] = key;
+    if (lane == 0 && bad) atomicOr(out + 1, 1ull);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < nw; i++) key = sk[i] > key ? sk[i] : key;
+        if (key) atomicMax(out, key);
+    }
+}

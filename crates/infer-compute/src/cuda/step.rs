@@ -37,7 +37,6 @@ const MAX_CANDIDATES: usize = 16;
 const ARENA_ALIGN: usize = 16;
 /// The arena's first device capacity (bytes); it doubles when a step needs more.
 const ARENA_START: usize = 64 << 10;
-
 /// One recorded kernel launch; its arguments are `args[arg0..arg0 + nargs]` of the list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Cmd {
@@ -84,6 +83,8 @@ pub(super) struct Recorder {
     arena: Vec<u8>,
     arena_used: usize,
     arena_dev: CudaSlice<u8>,
+    /// When the host last launched a list or finished waiting for the device.
+    idle_since: std::time::Instant,
     /// Launches and graph replays so far (for tests and `--explain`).
     pub stats: StepStats,
 }
@@ -97,6 +98,20 @@ pub struct StepStats {
     pub captured: u64,
     /// Lists launched as a replay of a captured graph.
     pub replayed: u64,
+    /// Host time spent recording the lists launched as replays (from the end of the previous
+    /// launch or wait to the launch), nanoseconds.
+    pub record_ns: u64,
+    /// Host time spent launching the replays (the arena copy and the graph launch), ns.
+    pub launch_ns: u64,
+    /// Host time spent waiting for the device's results (downloads), nanoseconds.
+    pub wait_ns: u64,
+}
+
+impl StepStats {
+    /// Lists launched in all.
+    pub fn lists(&self) -> u64 {
+        self.eager + self.captured + self.replayed
+    }
 }
 
 impl std::fmt::Debug for Recorder {
@@ -128,6 +143,7 @@ impl Recorder {
                 "allocate the step arena",
                 stream.alloc_zeros::<u8>(ARENA_START),
             )?,
+            idle_since: std::time::Instant::now(),
             stats: StepStats::default(),
         })
     }
@@ -207,7 +223,15 @@ impl Recorder {
     /// graph of an equal list, capture one when the list was launched recently, or
     /// launch kernel by kernel. Errors: device failures (the pending list is dropped).
     pub(super) fn flush(&mut self, stream: &Arc<CudaStream>) -> Result<(), ComputeError> {
+        let t0 = std::time::Instant::now();
+        let replayed = self.stats.replayed;
         let r = self.launch_pending(stream);
+        let t1 = std::time::Instant::now();
+        if self.stats.replayed > replayed {
+            self.stats.record_ns += (t0 - self.idle_since).as_nanos() as u64;
+            self.stats.launch_ns += (t1 - t0).as_nanos() as u64;
+        }
+        self.idle_since = t1;
         self.arena_used = 0;
         self.keep.clear();
         self.keep_any.clear();
@@ -253,6 +277,24 @@ impl Recorder {
         self.candidates.insert(0, self.pending.clone());
         self.candidates.truncate(MAX_CANDIDATES);
         Ok(())
+    }
+}
+
+impl Recorder {
+    /// Wait for everything enqueued on `stream` (timed into [`StepStats::wait_ns`]). Errors: a
+    /// device failure of anything enqueued.
+    pub(super) fn wait(&mut self, stream: &Arc<CudaStream>) -> Result<(), ComputeError> {
+        self.timed_wait(|| drv("synchronize", stream.synchronize()))
+    }
+
+    /// Run `f`, a call that blocks until the device is done (a copy to the host, a
+    /// synchronisation), timed into [`StepStats::wait_ns`].
+    pub(super) fn timed_wait<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let t0 = std::time::Instant::now();
+        let r = f();
+        self.idle_since = std::time::Instant::now();
+        self.stats.wait_ns += (self.idle_since - t0).as_nanos() as u64;
+        r
     }
 }
 

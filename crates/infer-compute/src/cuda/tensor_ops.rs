@@ -20,8 +20,8 @@ use super::State;
 use crate::host_ops::check;
 use crate::ops::Activation;
 use crate::{
-    Attend, AttentionParams, ComputeError, DeviceBuffer, FloatTable, MatData, Matrix, Norm,
-    NormKind, RopeConfig, Tensor, TensorProj,
+    Argmax, Attend, AttentionParams, ComputeError, DeviceBuffer, FloatTable, MatData, Matrix, Norm,
+    NormKind, ResidualNorm, RopeAttend, RopeConfig, Tensor, TensorProj,
 };
 
 /// Threads of the row-wise kernels of `ops.cu` (`OPS_THREADS`).
@@ -32,6 +32,23 @@ const ATTN_THREADS: u32 = 128;
 const MAX_HEAD_DIM: usize = 512;
 /// Up to this many activation rows, float products use the warp-per-row kernel (as float.rs).
 const ROWDOT_MAX_M: usize = 8;
+/// Threads of `t_add_norm` (`RN_THREADS` in decode.cu).
+const RN_THREADS: u32 = 1024;
+/// Largest rotary half `head_norm_rope` handles with `ATTN_THREADS` threads (two pairs each).
+const MAX_ROT_HALF: usize = 2 * ATTN_THREADS as usize;
+
+/// Activations already quantized for the next product by the kernel that wrote them (a fused
+/// operation: `add_norm`, `rope_attend`, the activation): `n` values at device address `x`, in
+/// the Q8_K buffers (`kq`) and/or the 32-value buffers with f16 scales (`b32`, the ggml
+/// formats' Q8_0). Valid for the one tensor operation after the one that set it
+/// (`CudaBackend::tensor_op`), where [`quantize`] skips its launch when it matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PreQuant {
+    x: u64,
+    n: usize,
+    kq: bool,
+    b32: bool,
+}
 
 /// A tensor's device memory.
 pub(super) struct DevBuf(Arc<CudaSlice<f32>>);
@@ -54,10 +71,12 @@ impl DeviceBuffer for DevBuf {
     }
 }
 
-/// RoPE's inverse frequencies per configuration, on the device.
+/// RoPE's inverse frequencies per configuration and the greedy choices, on the device.
 #[derive(Debug, Default)]
 pub(super) struct OpScratch {
     inv_freq: Vec<(RopeConfig, CudaSlice<f64>)>,
+    /// `argmax_rows`' packed (value, id) keys and non-finite flags, two words per row.
+    best: Option<CudaSlice<u64>>,
 }
 
 fn ptr<T>(s: &CudaSlice<T>, st: &Arc<CudaStream>) -> u64 {
@@ -220,8 +239,11 @@ pub(super) fn download(st: &mut State, src: &Tensor, dst: &mut [f32]) -> Result<
         ));
     };
     let view = b.0.slice(0..src.len());
-    drv("copy to the host", st.dev.stream.memcpy_dtoh(&view, dst))?;
-    drv("synchronize", st.dev.stream.synchronize())
+    let stream = &st.dev.stream;
+    st.rec.timed_wait(|| {
+        drv("copy to the host", stream.memcpy_dtoh(&view, dst))?;
+        drv("synchronize", stream.synchronize())
+    })
 }
 
 pub(super) fn read_at(
@@ -242,7 +264,7 @@ pub(super) fn read_at(
     };
     let view = b.0.slice(r);
     drv("copy to the host", st.dev.stream.memcpy_dtoh(&view, dst))?;
-    drv("synchronize", st.dev.stream.synchronize())
+    st.rec.wait(&st.dev.stream)
 }
 
 pub(super) fn write_at(
@@ -353,10 +375,17 @@ fn quantize(
     m: usize,
     cols: usize,
 ) -> Result<(), ComputeError> {
-    let State { dev, s, rec, .. } = st;
-    let stream = &dev.stream;
     let n = m * cols;
     let kq = is_kq(format);
+    if let Some(p) = st.pq {
+        // Quantized by the kernel that wrote `x` (ggml formats only: the seed's Q8 keeps f32
+        // scales).
+        if p.x == x && p.n == n && (if kq { p.kq } else { format.is_some() && p.b32 }) {
+            return Ok(());
+        }
+    }
+    let State { dev, s, rec, .. } = st;
+    let stream = &dev.stream;
     let nblocks = n / if kq { 256 } else { 32 };
     let nb = int("activation blocks", nblocks)?;
     let a = if kq { &mut s.kq } else { &mut s.b32 };
@@ -467,6 +496,9 @@ pub(super) fn project_many(
 ) -> Result<(), ComputeError> {
     for p in projs.iter() {
         check_product(&p.w, x, m)?;
+    }
+    if projs.is_empty() {
+        return Ok(());
     }
     let all_blocks = projs
         .iter()
@@ -648,19 +680,7 @@ pub(super) fn rope(
         .map(|&p| to_i32("position", p))
         .collect::<Result<_, _>>()?;
     let pp = upload_ints(st, &pos)?;
-    let fp = {
-        let State { dev, ops, .. } = st;
-        let k = match ops.inv_freq.iter().position(|(c, _)| c == cfg) {
-            Some(k) => k,
-            None => {
-                let inv = cfg.inv_freq();
-                let buf = drv("upload RoPE frequencies", dev.stream.clone_htod(&inv))?;
-                ops.inv_freq.push((*cfg, buf));
-                ops.inv_freq.len() - 1
-            }
-        };
-        ptr(&ops.inv_freq[k].1, &dev.stream)
-    };
+    let fp = inv_freq_ptr(st, cfg)?;
     let mut a = [
         xp,
         pp,
@@ -772,13 +792,35 @@ pub(super) fn activation(
         }
         None => 0,
     };
+    let n = up.len();
+    let (kq, b32) = (n.is_multiple_of(256), n.is_multiple_of(32));
+    if !b32 || n == 0 {
+        let mut a = [gp, tp(st, up, "activation")?, n as u64, i(act_code(act))];
+        return go(&mut st.rec, &st.dev.k.t_act, flat(n), &mut a);
+    }
+    // With the quantization for the next product (the down projection): one warp per chunk.
+    let t = quant_targets(st, n, kq, b32)?;
+    let upp = tp(st, up, "activation")?;
     let mut a = [
         gp,
-        tp(st, up, "activation")?,
-        up.len() as u64,
+        upp,
+        n as u64,
         i(act_code(act)),
+        t[0],
+        t[1],
+        t[2],
+        t[3],
+        t[4],
     ];
-    go(&mut st.rec, &st.dev.k.t_act, flat(up.len()), &mut a)
+    let chunks = n / if kq { 256 } else { 32 };
+    go(
+        &mut st.rec,
+        &st.dev.k.t_act_quant,
+        warp_grid(chunks),
+        &mut a,
+    )?;
+    st.pq_next = Some(PreQuant { x: upp, n, kq, b32 });
+    Ok(())
 }
 
 pub(super) fn add_scaled(
@@ -874,4 +916,334 @@ pub(super) fn embed(
         per_row(ids.len(), OPS_THREADS),
         &mut a,
     )
+}
+
+/// Device pointers `[q32, d32, qk, dk, bsk]` of the activation buffers, sized for `n` values,
+/// for the families wanted (`kq`: Q8_K, `b32`: 32-value blocks), 0 for the others.
+fn quant_targets(st: &mut State, n: usize, kq: bool, b32: bool) -> Result<[u64; 5], ComputeError> {
+    let State { dev, s, rec, .. } = st;
+    let stream = &dev.stream;
+    let mut keep = |old: Option<Box<dyn Any + Send>>| {
+        if let Some(old) = old {
+            rec.keep_any(old);
+        }
+    };
+    let mut t = [0u64; 5];
+    if b32 {
+        keep(s.b32.aq.at_least_keep(stream, n)?);
+        keep(s.b32.ad.at_least_keep(stream, n / 32)?);
+        t[0] = ptr(s.b32.aq.get(), stream);
+        t[1] = ptr(s.b32.ad.get(), stream);
+    }
+    if kq {
+        keep(s.kq.aq.at_least_keep(stream, n)?);
+        keep(s.kq.ad.at_least_keep(stream, n / 256)?);
+        keep(s.kq.bsums.at_least_keep(stream, n / 256 * 16)?);
+        t[2] = ptr(s.kq.aq.get(), stream);
+        t[3] = ptr(s.kq.ad.get(), stream);
+        t[4] = ptr(s.kq.bsums.get(), stream);
+    }
+    Ok(t)
+}
+
+/// An RMSNorm without bias: (weight pointer, eps, offset); `None` for any other norm.
+fn rms_parts(st: &mut State, n: &Norm<'_>) -> Result<Option<(u64, f32, f32)>, ComputeError> {
+    match (n.kind, n.bias) {
+        (NormKind::Rms { offset }, None) => {
+            Ok(Some((cached(st, as_bytes(n.weight))?, n.eps, offset)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// [`crate::ComputeBackend::add_norm`] as one `t_add_norm` launch (a block per row), its output
+/// quantized for the next product. `Ok(false)`: not fused (a LayerNorm or a norm bias), nothing
+/// recorded.
+pub(super) fn add_norm(
+    st: &mut State,
+    x: &mut Tensor,
+    branch: &Tensor,
+    rn: &ResidualNorm<'_>,
+    out: &mut Tensor,
+) -> Result<bool, ComputeError> {
+    check("residual branch", branch.len(), x.len(), "values")?;
+    crate::host_ops::check_norm(&rn.next, x.len())?;
+    let d = rn.next.weight.len();
+    if let Some(p) = &rn.post {
+        crate::host_ops::check_norm(p, x.len())?;
+        check("post norm width", p.weight.len(), d, "values")?;
+    }
+    let Some((nw, eps2, off2)) = rms_parts(st, &rn.next)? else {
+        return Ok(false);
+    };
+    let (pw, eps, off) = match &rn.post {
+        Some(p) => match rms_parts(st, p)? {
+            Some(v) => v,
+            None => return Ok(false),
+        },
+        None => (0, 0.0, 0.0),
+    };
+    fit(st, out, x.len())?;
+    if x.is_empty() {
+        return Ok(true);
+    }
+    let n = x.len();
+    let (kq, b32) = (d.is_multiple_of(256), d.is_multiple_of(32));
+    let t = quant_targets(st, n, kq, b32)?;
+    let (xp, bp, op) = (
+        tp(st, x, "add_norm")?,
+        tp(st, branch, "add_norm")?,
+        tp(st, out, "add_norm")?,
+    );
+    let mut a = [
+        xp,
+        bp,
+        pw,
+        f(rn.alpha),
+        nw,
+        op,
+        i(to_i32("norm width", d)?),
+        f(eps),
+        f(off),
+        f(eps2),
+        f(off2),
+        t[0],
+        t[1],
+        t[2],
+        t[3],
+        t[4],
+    ];
+    go(
+        &mut st.rec,
+        &st.dev.k.t_add_norm,
+        per_row(n / d, RN_THREADS),
+        &mut a,
+    )?;
+    st.pq_next = Some(PreQuant { x: op, n, kq, b32 });
+    Ok(true)
+}
+
+/// The device copy of RoPE's inverse frequencies for `cfg`.
+fn inv_freq_ptr(st: &mut State, cfg: &RopeConfig) -> Result<u64, ComputeError> {
+    let State { dev, ops, .. } = st;
+    let k = match ops.inv_freq.iter().position(|(c, _)| c == cfg) {
+        Some(k) => k,
+        None => {
+            let inv = cfg.inv_freq();
+            let buf = drv("upload RoPE frequencies", dev.stream.clone_htod(&inv))?;
+            ops.inv_freq.push((*cfg, buf));
+            ops.inv_freq.len() - 1
+        }
+    };
+    Ok(ptr(&ops.inv_freq[k].1, &dev.stream))
+}
+
+/// [`crate::ComputeBackend::rope_attend`] as one `t_rope_attend` launch (a block per row and
+/// query head) when every sequence brings one new row (decode) and the q/k norms are per-head
+/// RMSNorms of equal eps and offset; its output quantized for the o product. `Ok(false)`: not
+/// fused, nothing recorded.
+pub(super) fn rope_attend(
+    st: &mut State,
+    a: &mut RopeAttend<'_, '_>,
+    p: &AttentionParams,
+    out: &mut Tensor,
+) -> Result<bool, ComputeError> {
+    let hd = p.head_dim;
+    let per_head = |n: &Option<Norm<'_>>| {
+        n.as_ref().is_none_or(|n| {
+            n.weight.len() == hd && n.bias.is_none() && matches!(n.kind, NormKind::Rms { .. })
+        })
+    };
+    let same = match (&a.q_norm, &a.k_norm) {
+        (Some(q), Some(k)) => q.eps == k.eps && q.kind == k.kind,
+        _ => true,
+    };
+    let rope_ok = a
+        .rope
+        .is_none_or(|r| r.head_dim == hd && r.rotary_dim / 2 <= MAX_ROT_HALF);
+    if !(a.seqs.iter().all(|s| s.rows == 1)
+        && per_head(&a.q_norm)
+        && per_head(&a.k_norm)
+        && same
+        && rope_ok
+        && hd <= MAX_HEAD_DIM)
+    {
+        return Ok(false);
+    }
+    {
+        let at = Attend {
+            q: a.q,
+            k: a.k,
+            v: a.v,
+            seqs: a.seqs,
+        };
+        crate::host_ops::check_attend(&at, p)?;
+    }
+    check(
+        "rope_attend positions",
+        a.positions.len(),
+        a.seqs.len(),
+        "rows",
+    )?;
+    let rows = a.seqs.len();
+    fit(st, out, a.q.len())?;
+    if rows == 0 {
+        return Ok(true);
+    }
+    let mut info = Vec::with_capacity(rows * 3);
+    for s in a.seqs.iter() {
+        let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
+        info.extend([kc as i64, vc as i64, s.start as i64]);
+    }
+    let ip = st.rec.stage(&st.dev.stream, as_bytes(&info))?;
+    let (mut eps, mut off) = (0.0, 0.0);
+    let mut norm_ptr = |st: &mut State, n: &Option<Norm<'_>>| -> Result<u64, ComputeError> {
+        match n {
+            Some(n) => {
+                let (w, e, o) = rms_parts(st, n)?.unwrap_or((0, 0.0, 0.0));
+                (eps, off) = (e, o);
+                Ok(w)
+            }
+            None => Ok(0),
+        }
+    };
+    let qn = norm_ptr(st, &a.q_norm)?;
+    let kn = norm_ptr(st, &a.k_norm)?;
+    let (inv, rot, interleaved, mscale) = match a.rope {
+        Some(r) if r.rotary_dim > 0 => (
+            inv_freq_ptr(st, r)?,
+            r.rotary_dim,
+            r.interleaved,
+            r.attention_factor(),
+        ),
+        _ => (0, 0, false, 1.0),
+    };
+    let window = match p.sliding_window {
+        None => 0,
+        Some(0) => -1,
+        Some(w) => to_i32("sliding window", w)?,
+    };
+    let sinks = match p.sinks {
+        Some(s) => cached(st, as_bytes(s))?,
+        None => 0,
+    };
+    let n = a.q.len();
+    let (kq, b32) = (hd.is_multiple_of(256), hd.is_multiple_of(32));
+    let t = quant_targets(st, n, kq, b32)?;
+    let (qp, kp, vp, op) = (
+        tp(st, a.q, "rope_attend")?,
+        tp(st, a.k, "rope_attend")?,
+        tp(st, a.v, "rope_attend")?,
+        tp(st, out, "rope_attend")?,
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (p.n_q_heads as u32, rows as u32, 1),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut args = [
+        qp,
+        kp,
+        vp,
+        ip,
+        qn,
+        kn,
+        inv,
+        op,
+        i(to_i32("q heads", p.n_q_heads)?),
+        i(to_i32("kv heads", p.n_kv_heads)?),
+        i(to_i32("head_dim", hd)?),
+        i(to_i32("rotary dim", rot)?),
+        i(interleaved as i32),
+        f(eps),
+        f(off),
+        mscale.to_bits(),
+        f(p.scale),
+        i(window),
+        f(p.softcap.unwrap_or(0.0)),
+        sinks,
+        t[0],
+        t[1],
+        t[2],
+        t[3],
+        t[4],
+    ];
+    go(&mut st.rec, &st.dev.k.t_rope_attend, cfg, &mut args)?;
+    st.pq_next = Some(PreQuant { x: op, n, kq, b32 });
+    Ok(true)
+}
+
+/// The greedy choice of each row of `logits` (`[R, width]`): `t_argmax_clear` and
+/// `t_argmax_rows` into a device buffer, then its `2 R` words copied back (this syncs the
+/// step).
+pub(super) fn argmax_rows(
+    st: &mut State,
+    logits: &Tensor,
+    width: usize,
+    out: &mut Vec<Argmax>,
+) -> Result<(), ComputeError> {
+    if width == 0 || !logits.len().is_multiple_of(width) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "argmax rows (whole rows of the width)",
+            expected: width.max(1),
+            got: logits.len(),
+            unit: "values",
+        });
+    }
+    let rows = logits.len() / width;
+    out.clear();
+    if rows == 0 {
+        return Ok(());
+    }
+    {
+        let State { dev, ops, rec, .. } = &mut *st;
+        if ops.best.as_ref().is_none_or(|b| b.len() < 2 * rows) {
+            let buf = drv(
+                "allocate the argmax buffer",
+                dev.stream.alloc_zeros::<u64>(2 * rows),
+            )?;
+            if let Some(old) = ops.best.replace(buf) {
+                rec.keep_any(Box::new(old));
+            }
+        }
+    }
+    let bp = match &st.ops.best {
+        Some(b) => ptr(b, &st.dev.stream),
+        None => return Err(dev_err("argmax buffer missing")),
+    };
+    let rows_i = to_i32("argmax rows", rows)?;
+    let mut a = [bp, i(rows_i)];
+    go(
+        &mut st.rec,
+        &st.dev.k.t_argmax_clear,
+        flat(2 * rows),
+        &mut a,
+    )?;
+    let lp = tp(st, logits, "argmax_rows")?;
+    let cfg = LaunchConfig {
+        grid_dim: (width.div_ceil(256 * 8).min(1024) as u32, rows as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut a = [lp, i(to_i32("vocab", width)?), bp];
+    go(&mut st.rec, &st.dev.k.t_argmax_rows, cfg, &mut a)?;
+    st.rec.flush(&st.dev.stream)?;
+    let mut best = vec![0u64; 2 * rows];
+    let Some(buf) = &st.ops.best else {
+        return Err(dev_err("argmax buffer missing"));
+    };
+    let stream = &st.dev.stream;
+    st.rec.timed_wait(|| {
+        drv(
+            "copy the greedy tokens to the host",
+            stream.memcpy_dtoh(&buf.slice(0..2 * rows), &mut best),
+        )?;
+        drv("synchronize", stream.synchronize())
+    })?;
+    out.extend(best.chunks_exact(2).map(|b| Argmax {
+        // The low 32 bits hold 0xffffffff - id (t_argmax_rows).
+        token: u32::MAX - (b[0] & 0xffff_ffff) as u32,
+        all_finite: b[1] == 0,
+    }));
+    Ok(())
 }

@@ -12,7 +12,7 @@ use half::f16;
 use infer_compute::ops::Activation;
 use infer_compute::{
     Attend, AttentionParams, ComputeBackend, FloatTable, KvSlot, MatData, Matrix, Norm, NormKind,
-    QuantFormat, RopeConfig, RopeScaling, Tensor, TensorProj,
+    QuantFormat, ResidualNorm, RopeAttend, RopeConfig, RopeScaling, Tensor, TensorProj,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -640,4 +640,427 @@ pub fn check_backend_ops(b: &dyn ComputeBackend) {
     check_rows_bias_softcap(b, &mut rng);
     check_elementwise(b, &mut rng);
     check_embed_argmax(b, &mut rng);
+    check_add_norm(b, &mut rng);
+    check_rope_attend(b, &mut rng);
+    check_act_then_product(b, &mut rng);
+    check_argmax_rows(b, &mut rng);
+}
+
+/// Quantized products of `x` (`m × cols`, a tensor just written by a fused operation, which a
+/// device backend may have quantized for them) equal the host-slice products of its values
+/// within 1e-5 of the largest output (the tolerance of [`check_products`]).
+fn check_products_of(b: &dyn ComputeBackend, rng: &mut StdRng, what: &str, x: &Tensor, m: usize) {
+    let cols = x.len() / m;
+    let rows = 24;
+    let w = randv(rng, rows * cols);
+    let formats: Vec<QuantFormat> = [QuantFormat::Q4_K, QuantFormat::Q8_0]
+        .into_iter()
+        .filter(|f| cols.is_multiple_of(f.block_elems()))
+        .collect();
+    let bytes: Vec<Vec<u8>> = formats
+        .iter()
+        .map(|&f| infer_quant::quantize(f, &w, cols, None).expect("quantize"))
+        .collect();
+    let mats: Vec<Matrix<'_>> = formats
+        .iter()
+        .zip(&bytes)
+        .map(|(&format, bytes)| Matrix {
+            data: MatData::Blocks { format, bytes },
+            rows,
+            cols,
+        })
+        .collect();
+    let mut ys: Vec<Tensor> = mats.iter().map(|_| Tensor::default()).collect();
+    let mut projs: Vec<TensorProj<'_>> = mats
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(&w, y)| TensorProj { w, y })
+        .collect();
+    // Right after the fused operation (no operation in between).
+    b.project_many(x, m, &mut projs).expect("project_many");
+    let xh = down(b, x);
+    for (mat, y) in mats.iter().zip(&ys) {
+        let mut host = vec![0.0; m * rows];
+        b.linear(mat, &xh, m, &mut host).expect("linear");
+        let got = down(b, y);
+        let scale = host.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+        let format = match mat.data {
+            MatData::Blocks { format, .. } => format,
+            _ => unreachable!("quantized matrices only"),
+        };
+        for (i, (&g, &h)) in got.iter().zip(&host).enumerate() {
+            assert!(
+                (g - h).abs() <= 1e-5 * scale,
+                "{what}: {format:?} product element {i}: got {g}, host {h}"
+            );
+        }
+    }
+}
+
+/// `add_norm`: `x += alpha · post(branch)`, `out = next(x)` against [`ref_norm`] (RMS with and
+/// without a post norm, Gemma's offset, a LayerNorm next norm, several rows), then the
+/// products of `out`.
+fn check_add_norm(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    let rms0 = NormKind::Rms { offset: 0.0 };
+    let rms1 = NormKind::Rms { offset: 1.0 };
+    for &(rows, d, post, kind, alpha) in &[
+        (1, 576, false, rms0, 1.0f32),
+        (3, 256, true, rms1, 0.5),
+        (2, 64, true, NormKind::Layer, 1.0),
+        (1, 1000, false, rms1, 1.0),
+        (4, 512, true, rms0, 0.22),
+    ] {
+        let x = randv(rng, rows * d);
+        let branch = randv(rng, rows * d);
+        let (pw, nw, nb) = (randv(rng, d), randv(rng, d), randv(rng, d));
+        let post_norm = Norm {
+            kind: if kind == NormKind::Layer { rms0 } else { kind },
+            weight: &pw,
+            bias: None,
+            eps: 1e-6,
+        };
+        let next = Norm {
+            kind,
+            weight: &nw,
+            bias: (kind == NormKind::Layer).then_some(&nb[..]),
+            eps: 1e-5,
+        };
+        let br: Vec<f64> = if post {
+            ref_norm(&branch, &pw, None, post_norm.kind, 1e-6)
+        } else {
+            branch.iter().map(|&v| v as f64).collect()
+        };
+        let x_want: Vec<f64> = x
+            .iter()
+            .zip(&br)
+            .map(|(&a, &c)| a as f64 + alpha as f64 * c)
+            .collect();
+        let x_f32: Vec<f32> = x_want.iter().map(|&v| v as f32).collect();
+        let out_want = ref_norm(&x_f32, &nw, next.bias, kind, 1e-5);
+        let rn = ResidualNorm {
+            post: post.then_some(post_norm),
+            alpha,
+            next,
+        };
+        let (mut xt, mut bt) = (up(b, &x), up(b, &branch));
+        let mut out = Tensor::default();
+        b.add_norm(&mut xt, &mut bt, &rn, &mut out)
+            .expect("add_norm");
+        let what = format!("add_norm [{rows}x{d}] post {post} {kind:?} alpha {alpha}");
+        check_products_of(b, rng, &what, &out, rows);
+        close(&format!("{what}: x"), &down(b, &xt), &x_want);
+        close(&format!("{what}: out"), &down(b, &out), &out_want);
+        let mut short = up(b, &branch[1..]);
+        assert!(
+            b.add_norm(&mut xt, &mut short, &rn, &mut out).is_err(),
+            "{what}: a branch of another length is an error"
+        );
+    }
+}
+
+/// Per-row reference of `rope_attend`'s preparation: rows of `x` (`[R, heads · hd]`) normalised
+/// by `norm` (over the norm's width) and rotated at `positions` (inverse frequencies `inv`,
+/// cos/sin times `mscale`), in f64.
+fn ref_norm_rope(
+    x: &[f32],
+    norm: Option<&Norm<'_>>,
+    positions: &[usize],
+    cfg: &RopeConfig,
+    inv: &[f64],
+    mscale: f64,
+) -> Vec<f64> {
+    let mut v: Vec<f64> = match norm {
+        Some(n) => ref_norm(x, n.weight, None, n.kind, n.eps),
+        None => x.iter().map(|&v| v as f64).collect(),
+    };
+    let width = x.len() / positions.len();
+    let hd = cfg.head_dim;
+    for (r, &pos) in positions.iter().enumerate() {
+        for h in 0..width / hd {
+            let base = r * width + h * hd;
+            for (i, f) in inv.iter().enumerate() {
+                let (a, c) = if cfg.interleaved {
+                    (base + 2 * i, base + 2 * i + 1)
+                } else {
+                    (base + i, base + i + cfg.rotary_dim / 2)
+                };
+                let (s, co) = (pos as f64 * f).sin_cos();
+                let (s, co) = (s * mscale, co * mscale);
+                let (xa, xc) = (v[a], v[c]);
+                v[a] = xa * co - xc * s;
+                v[c] = xc * co + xa * s;
+            }
+        }
+    }
+    v
+}
+
+/// A bias-free RMSNorm with Gemma's weight offset 1 and eps 1e-6.
+fn rms1_norm(w: &[f32]) -> Norm<'_> {
+    Norm {
+        kind: NormKind::Rms { offset: 1.0 },
+        weight: w,
+        bias: None,
+        eps: 1e-6,
+    }
+}
+
+/// (q heads, kv heads, head_dim, window, soft-cap, sinks, q/k norm: per head, whole
+/// projection or none (`Some(true)`, `Some(false)`, `None`), interleaved RoPE, the
+/// sequences as (cached positions, new rows)).
+type RopeAttnCase = (
+    usize,
+    usize,
+    usize,
+    Option<usize>,
+    Option<f32>,
+    bool,
+    Option<bool>,
+    bool,
+    Vec<(usize, usize)>,
+);
+
+/// `rope_attend`: q/k norms, RoPE and attention of decode rows (one new row per sequence: the
+/// fused path of a device backend) and of prompt rows, against f64 references within the RoPE
+/// check's 1e-4 (cos/sin are f32), the cache rows it stores, then the o products of its output.
+fn check_rope_attend(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    let cases: &[RopeAttnCase] = &[
+        (
+            4,
+            2,
+            64,
+            None,
+            None,
+            false,
+            Some(true),
+            false,
+            vec![(5, 1), (0, 1), (17, 1)],
+        ),
+        (
+            8,
+            1,
+            256,
+            Some(4),
+            Some(30.0),
+            false,
+            Some(true),
+            false,
+            vec![(10, 1)],
+        ),
+        (4, 2, 32, None, None, true, None, true, vec![(3, 1), (9, 1)]),
+        (
+            4,
+            4,
+            64,
+            Some(1),
+            None,
+            false,
+            Some(true),
+            false,
+            vec![(40, 1), (1, 1)],
+        ),
+        (
+            4,
+            2,
+            64,
+            None,
+            None,
+            false,
+            Some(true),
+            false,
+            vec![(2, 3), (0, 1)],
+        ),
+        (
+            2,
+            2,
+            16,
+            None,
+            None,
+            false,
+            Some(false),
+            false,
+            vec![(6, 1)],
+        ),
+    ];
+    for (nq, nkv, hd, window, softcap, with_sinks, qk, interleaved, seqs) in cases {
+        let (nq, nkv, hd) = (*nq, *nkv, *hd);
+        let sinks: Vec<f32> = (0..nq).map(|h| [-3.0, 0.0, 0.5, 4.0][h % 4]).collect();
+        let p = AttentionParams {
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            sliding_window: *window,
+            softcap: *softcap,
+            sinks: with_sinks.then_some(&sinks[..]),
+        };
+        // YaRN on the interleaved case (gpt-oss style scaled cos/sin), plain RoPE otherwise.
+        let scaling = if *interleaved {
+            RopeScaling::Yarn {
+                factor: 32.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: 4096,
+                attention_factor: 0.1 * 32f64.ln() + 1.0,
+                truncate: false,
+            }
+        } else {
+            RopeScaling::None
+        };
+        let cfg = RopeConfig {
+            head_dim: hd,
+            rotary_dim: if *interleaved { hd / 2 } else { hd },
+            base: 10000.0,
+            scaling,
+            interleaved: *interleaved,
+        };
+        let inv = cfg.inv_freq();
+        let mscale = cfg.attention_factor();
+        let (qd, kvd) = (nq * hd, nkv * hd);
+        let rows: usize = seqs.iter().map(|s| s.1).sum();
+        let positions: Vec<usize> = seqs.iter().flat_map(|&(st, n)| st..st + n).collect();
+        let (q, k, v) = (
+            randv(rng, rows * qd),
+            randv(rng, rows * kvd),
+            randv(rng, rows * kvd),
+        );
+        let (qw, kw) = match qk {
+            Some(false) => (randv(rng, qd), randv(rng, kvd)),
+            _ => (randv(rng, hd), randv(rng, hd)),
+        };
+        let (q_norm, k_norm) = match qk {
+            Some(_) => (Some(rms1_norm(&qw)), Some(rms1_norm(&kw))),
+            None => (None, None),
+        };
+        let qr = ref_norm_rope(&q, q_norm.as_ref(), &positions, &cfg, &inv, mscale);
+        let kr = ref_norm_rope(&k, k_norm.as_ref(), &positions, &cfg, &inv, mscale);
+        let caps: Vec<usize> = seqs.iter().map(|&(st, n)| st + n + 2).collect();
+        let prior: Vec<(Vec<f32>, Vec<f32>)> = caps
+            .iter()
+            .map(|&c| (randv(rng, c * kvd), randv(rng, c * kvd)))
+            .collect();
+        let mut want = Vec::with_capacity(q.len());
+        let mut row0 = 0;
+        for (&(start, n), (pk, pv)) in seqs.iter().zip(&prior) {
+            let mut kc = pk[..start * kvd].to_vec();
+            kc.extend(kr[row0 * kvd..(row0 + n) * kvd].iter().map(|&x| x as f32));
+            let mut vc = pv[..start * kvd].to_vec();
+            vc.extend_from_slice(&v[row0 * kvd..(row0 + n) * kvd]);
+            let qrows: Vec<f32> = qr[row0 * qd..(row0 + n) * qd]
+                .iter()
+                .map(|&x| x as f32)
+                .collect();
+            want.extend(ref_attention(&qrows, &kc, &vc, start, &p));
+            row0 += n;
+        }
+        let mut caches: Vec<(Tensor, Tensor)> = prior
+            .iter()
+            .map(|(pk, pv)| (up(b, pk), up(b, pv)))
+            .collect();
+        let (mut qt, mut kt, vt) = (up(b, &q), up(b, &k), up(b, &v));
+        let mut out = Tensor::default();
+        let mut row0 = 0;
+        let mut slots: Vec<KvSlot<'_>> = caches
+            .iter_mut()
+            .zip(seqs)
+            .map(|((kc, vc), &(start, n))| {
+                row0 += n;
+                KvSlot {
+                    k_cache: kc,
+                    v_cache: vc,
+                    row0: row0 - n,
+                    rows: n,
+                    start,
+                }
+            })
+            .collect();
+        let mut a = RopeAttend {
+            q: &mut qt,
+            k: &mut kt,
+            v: &vt,
+            q_norm,
+            k_norm,
+            rope: Some(&cfg),
+            positions: &positions,
+            seqs: &mut slots,
+        };
+        b.rope_attend(&mut a, &p, &mut out).expect("rope_attend");
+        let what = format!(
+            "rope_attend {nq}q/{nkv}kv×{hd} window {window:?} cap {softcap:?} sinks {with_sinks} \
+             qk norm {qk:?} interleaved {interleaved} seqs {seqs:?}"
+        );
+        check_products_of(b, rng, &what, &out, rows);
+        let near = |what: &str, got: &[f32], want: &[f64]| {
+            assert_eq!(got.len(), want.len(), "{what}: length");
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{what}: element {i}: got {g}, want {w}"
+                );
+            }
+        };
+        near(&what, &down(b, &out), &want);
+        let mut row0 = 0;
+        for ((kc, vc), (&(start, n), (pk, _))) in caches.iter().zip(seqs.iter().zip(&prior)) {
+            let (kh, vh) = (down(b, kc), down(b, vc));
+            assert_eq!(&kh[..start * kvd], &pk[..start * kvd], "{what}: keys kept");
+            near(
+                &format!("{what}: stored keys"),
+                &kh[start * kvd..(start + n) * kvd],
+                &kr[row0 * kvd..(row0 + n) * kvd],
+            );
+            assert_eq!(
+                &vh[start * kvd..(start + n) * kvd],
+                &v[row0 * kvd..(row0 + n) * kvd],
+                "{what}: values stored"
+            );
+            row0 += n;
+        }
+    }
+}
+
+/// The gated activation, then the down products of its output (which a device backend may
+/// have quantized with the activation).
+fn check_act_then_product(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    for &(m, n) in &[(1usize, 1536usize), (2, 256), (3, 96)] {
+        let gate = randv(rng, m * n);
+        let upv = randv(rng, m * n);
+        let want: Vec<f64> = gate
+            .iter()
+            .zip(&upv)
+            .map(|(&g, &u)| act_ref(Activation::Silu, g as f64) * u as f64)
+            .collect();
+        let mut got = up(b, &upv);
+        b.gated_activation(Activation::Silu, &up(b, &gate), &mut got)
+            .expect("gated");
+        let what = format!("gated SiLU [{m}x{n}] then products");
+        check_products_of(b, rng, &what, &got, m);
+        close(&what, &down(b, &got), &want);
+    }
+}
+
+/// `argmax_rows`: per row the largest finite logit, ties to the smaller id, non-finite rows
+/// flagged.
+fn check_argmax_rows(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    let width = 5003;
+    let mut logits = randv(rng, 3 * width);
+    logits[100] = 9.0;
+    logits[4000] = 9.0;
+    logits[width + 7] = 5.0;
+    logits[width + 8] = f32::NAN;
+    logits[2 * width + 5002] = 3.0;
+    logits[2 * width] = f32::NEG_INFINITY;
+    let t = up(b, &logits);
+    let mut got = Vec::new();
+    b.argmax_rows(&t, width, &mut got).expect("argmax_rows");
+    let got: Vec<(u32, bool)> = got.iter().map(|a| (a.token, a.all_finite)).collect();
+    assert_eq!(
+        got,
+        vec![(100, true), (7, false), (5002, false)],
+        "argmax_rows: ties to the smaller id, non-finite values flagged"
+    );
+    assert!(
+        b.argmax_rows(&t, width + 1, &mut Vec::new()).is_err(),
+        "argmax_rows: not whole rows is an error"
+    );
 }
