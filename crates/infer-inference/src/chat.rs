@@ -366,6 +366,38 @@ mod tests {
         );
     }
 
+    /// Found by the `chat_template` fuzz target (crash-6bac16d0f796…, FUZZING.md finding 6): a
+    /// backward slice of an empty value (`""[::-1]`, `A[::-1][::-2]`) panicked inside minijinja
+    /// 2.24 (index 0 of an empty vector). Empty backward slices now render empty, and the others
+    /// as Python slices them.
+    #[test]
+    fn fuzz_backward_slice_of_empty_value_does_not_panic() {
+        let data = include_bytes!(
+            "../../../fuzz/regressions/chat_template/crash-6bac16d0f79653c4d86f29a5277626af1e6943b0"
+        );
+        let _ = render_fuzz_input(data);
+        let cases = [
+            ("{{ ''[::-1] }}|", "|"),
+            ("{{ [][::-1] | length }}", "0"),
+            ("{{ [][::-2] | list | length }}", "0"),
+            ("{{ ([][::-1])[::-2] | list | length }}", "0"),
+            ("{{ 'abc'[0:2:-1] }}|", "|"),
+            ("{{ 'abc'[::-1] }}", "cba"),
+            ("{{ 'abcde'[3:0:-2] }}", "db"),
+            ("{{ [1, 2, 3][::-2] | join(',') }}", "3,1"),
+            ("{{ [1, 2, 3][-1:-5:-1] | join(',') }}", "3,2,1"),
+            (
+                "{% for m in messages[::-1] %}{{ m.content }};{% endfor %}",
+                "b;a;",
+            ),
+        ];
+        let messages = [Message::new("user", "a"), Message::new("assistant", "b")];
+        for (template, want) in cases {
+            let t = ChatTemplate::new(template, "<s>", "</s>").unwrap();
+            assert_eq!(t.render(&messages, false).unwrap(), want, "{template}");
+        }
+    }
+
     /// Found by the `chat_template` fuzz target (crash-9664177976c5…): a tag whose `%}` overlaps
     /// its `{%` (`{%}`) made the `{% generation %}` rewrite slice `[2..1]` and panic.
     #[test]

@@ -368,6 +368,20 @@ fn parked(k: usize) -> Result<Value, Error> {
     })
 }
 
+/// Replaces the parked value `k` (as [`parked`] numbers them), which `POP` then puts back on the
+/// VM stack in place of the original.
+fn set_parked(k: usize, v: Value) -> Result<(), Error> {
+    RENDER.with(|r| {
+        let mut r = r.borrow_mut();
+        let n = r.side.len();
+        let i = n.checked_sub(k + 1).ok_or_else(|| {
+            refuse("internal error: the template guard's side stack is empty".into())
+        })?;
+        r.side[i] = v;
+        Ok(())
+    })
+}
+
 fn push(v: Value) -> Value {
     RENDER.with(|r| r.borrow_mut().side.push(v));
     Value::UNDEFINED
@@ -442,14 +456,51 @@ fn index(a: Value) -> Result<Value, Error> {
     Ok(Value::UNDEFINED)
 }
 
-/// `a[i:j:k]`: linear in `a`.
+/// `a[i:j:k]`: linear in `a`. A backward slice (`k < 0`) whose result is empty — of an empty
+/// value, or with the stop past the start — becomes `a[0:0]` (the same empty result): minijinja
+/// 2.24's `range_step_backwards` yields index 0 of an empty value (`""[::-1]`, `[][::-2]`
+/// panic, fuzzing finding 6) and subtracts past zero when the stop exceeds the start.
 fn slice(a: Value) -> Result<Value, Error> {
-    if let Some(s) = a.as_str() {
+    let len = if let Some(s) = a.as_str() {
         charge(s.len().saturating_mul(SCAN_COST))?;
+        Some(s.chars().count())
     } else if is_sequence(&a) {
-        charge(items(&a)?.saturating_mul(VISIT_COST))?;
+        let n = items(&a)?;
+        charge(n.saturating_mul(VISIT_COST))?;
+        Some(n)
+    } else {
+        a.as_bytes().map(<[u8]>::len)
+    };
+    let step = parked(2)?;
+    if let (Some(len), Some(step)) = (len, step.as_i64()) {
+        if step < 0 && backward_slice_is_empty(len, parked(0)?.as_i64(), parked(1)?.as_i64()) {
+            set_parked(0, Value::from(0))?;
+            set_parked(1, Value::from(0))?;
+            set_parked(2, Value::from(1))?;
+        }
     }
     Ok(Value::UNDEFINED)
+}
+
+/// Whether `a[start:stop:k]` with `k < 0` over `len` items selects nothing (the bounds resolved
+/// as minijinja's `range_step_backwards` resolves them; a missing bound is `None`).
+fn backward_slice_is_empty(len: usize, start: Option<i64>, stop: Option<i64>) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let end = len as i64;
+    let start = match start {
+        None => end - 1,
+        Some(s) if s >= end => end - 1,
+        Some(s) if s >= 0 => s,
+        Some(s) => (end + s).max(0),
+    };
+    let stop = match stop {
+        None => 0,
+        Some(s) if s < 0 => (end + s).max(0),
+        Some(s) => s,
+    };
+    stop > start
 }
 
 /// `{% set ns.x = v %}`: `v` may hold no namespace (a cycle) and no opaque object (a loop
