@@ -119,6 +119,10 @@ impl LogProbWriter {
                 "a size exceeds the format's 32-bit fields",
             ));
         }
+        // Checked before any window runs (the file is only moved into place at the end).
+        if path.is_dir() {
+            return Err(file_error(path, "is a folder, not a file path"));
+        }
         let name = path
             .file_name()
             .ok_or_else(|| file_error(path, "not a file path"))?;
@@ -574,5 +578,11 @@ mod tests {
         std::fs::write(&path, &h).unwrap();
         let e = LogProbReader::open(&path).err().unwrap().to_string();
         assert!(e.contains("truncated"), "{e}");
+        // A folder as the base file to write: refused before anything runs.
+        let e = LogProbWriter::create(dir.path(), 8, 5, &[0; 8])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("is a folder"), "{e}");
     }
 }
