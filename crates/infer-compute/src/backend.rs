@@ -448,14 +448,7 @@ pub trait ComputeBackend: Send + Sync {
         width: usize,
         out: &mut Vec<Argmax>,
     ) -> Result<(), ComputeError> {
-        if width == 0 || !logits.len().is_multiple_of(width) {
-            return Err(ComputeError::ShapeMismatch {
-                what: "argmax rows (whole rows of the width)",
-                expected: width.max(1),
-                got: logits.len(),
-                unit: "values",
-            });
-        }
+        crate::host_ops::check_argmax_rows(logits.len(), width)?;
         let owned;
         let values = match logits.host() {
             Some(v) => v,

@@ -214,6 +214,20 @@ pub(crate) fn argmax(logits: &[f32]) -> Result<Argmax, ComputeError> {
     })
 }
 
+/// `Ok` when `len` values are whole rows of a non-zero `width` (the logits of `argmax_rows`),
+/// else a shape error.
+pub(crate) fn check_argmax_rows(len: usize, width: usize) -> Result<(), ComputeError> {
+    if width == 0 || !len.is_multiple_of(width) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "argmax rows (whole rows of the width)",
+            expected: width.max(1),
+            got: len,
+            unit: "values",
+        });
+    }
+    Ok(())
+}
+
 /// `offset..offset + n` when it lies within `len` values, else a shape error naming `what`.
 pub(crate) fn range(
     what: &'static str,

@@ -392,14 +392,12 @@ extern "C" __global__ void dec_logits_post(float* logits, int n, float div, floa
     logits[i] = v;
 }
 
-// The greedy token over logits[0:n]: best[0] = max over finite logits of (the value's bits
-// mapped to an unsigned order, -0 as +0) << 32 | (0xffffffff - i), so the largest value wins
-// and ties go to the smaller id (sampling::argmax); best[1] = 1 when some logit is NaN or
-// infinite. best[] is cleared by dec_embed_* at the start of the step. Any grid of whole warps.
-extern "C" __global__ void dec_argmax(const float* logits, int n, unsigned long long* best) {
+// The greedy token over logits[0:n], by the block's threads (any grid of whole warps): best[0]
+// = max over finite logits of (the value's bits mapped to an unsigned order, -0 as +0) << 32 |
+// (0xffffffff - i), so the largest value wins and ties go to the smaller id (sampling::argmax);
+// best[1] = 1 when some logit is NaN or infinite. best[] must be cleared before.
+__device__ void argmax_into(const float* logits, int n, unsigned long long* best) {
     __shared__ unsigned long long sk[32];
-    pdl_trigger();
-    pdl_wait();
     unsigned long long key = 0;
     int bad = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
@@ -426,4 +424,11 @@ extern "C" __global__ void dec_argmax(const float* logits, int n, unsigned long 
         for (int i = 1; i < nw; i++) key = sk[i] > key ? sk[i] : key;
         if (key) atomicMax(best, key);
     }
+}
+
+// argmax_into over the step's logits; best[] is cleared by dec_embed_* at the start of the step.
+extern "C" __global__ void dec_argmax(const float* logits, int n, unsigned long long* best) {
+    pdl_trigger();
+    pdl_wait();
+    argmax_into(logits, n, best);
 }

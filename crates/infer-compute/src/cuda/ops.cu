@@ -82,39 +82,33 @@ extern "C" __global__ void t_kv_store(const float* k, const float* v, const long
     }
 }
 
-// Causal attention of query row r = blockIdx.y, head h = blockIdx.x, over its sequence's cache
-// (info as t_kv_store; keys 0..pos, or pos - window + 1..pos when window > 0, none when
-// window < 0): ATTN_WARPS warps take every ATTN_WARPS-th key, each keeping a running maximum m,
-// sum l and S register values per lane (dims lane, lane + 32, ...; S * 32 >= hd); the warps'
-// partial results meet in shared memory at the end. sinks (null: none) holds one logit per
-// query head that joins the softmax denominator (gpt-oss attention sinks).
+// The online softmax of one query head (qh[0..hd)) over keys 0..pos of its sequence's cache
+// (pos - window + 1..pos when window > 0, none when window < 0; kc / vc: the head's kv column at
+// position 0, row stride kvd; key and value pos read from kcur / vcur instead when given): ATTN_WARPS warps take every ATTN_WARPS-th key, each keeping
+// a running maximum m, sum l and S register values per lane (dims lane, lane + 32, ...;
+// S * 32 >= hd); the warps' partial results meet in shared memory at the end. sink (null: none)
+// is one logit that joins the softmax denominator (gpt-oss attention sinks). The head's output
+// goes to o[0..hd), and to o2 too when given (o2 may be qh: it is read before the merge).
 template <int S>
-__device__ void attn_row(const float* q, const long long* info, float* out, int nq, int nkv,
-                         int hd, float scale, int window, float cap, const float* sinks) {
+__device__ void attend_head(const float* qh, const float* kc, const float* vc, const float* kcur,
+                            const float* vcur, int kvd, int hd, int window, int pos,
+                            float scale, float cap, const float* sink, float* o, float* o2) {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][S * 32];
-    int h = blockIdx.x;
-    long long r = blockIdx.y;
-    int g = h / (nq / nkv);
-    int kvd = nkv * hd;
-    const float* kc = (const float*)info[3 * r] + (long long)g * hd;
-    const float* vc = (const float*)info[3 * r + 1] + (long long)g * hd;
-    int pos = (int)info[3 * r + 2];
     int lo = 0;
     if (window > 0) lo = max(0, pos - window + 1);
     if (window < 0) lo = pos + 1;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const float* qr = q + (r * nq + h) * hd;
     float qv[S], acc[S];
 #pragma unroll
     for (int i = 0; i < S; i++) {
         int d = i * 32 + lane;
-        qv[i] = d < hd ? qr[d] : 0.0f;
+        qv[i] = d < hd ? qh[d] : 0.0f;
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
     for (int j = lo + w; j <= pos; j += ATTN_WARPS) {
-        const float* kr = kc + (long long)j * kvd;
+        const float* kr = j == pos && kcur ? kcur : kc + (long long)j * kvd;
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < S; i++) {
@@ -128,7 +122,7 @@ __device__ void attn_row(const float* q, const long long* info, float* out, int 
         float corr = expf(m - mn);  // 0 on the first key (m = -inf)
         float p = expf(s - mn);
         l = l * corr + p;
-        const float* vr = vc + (long long)j * kvd;
+        const float* vr = j == pos && vcur ? vcur : vc + (long long)j * kvd;
 #pragma unroll
         for (int i = 0; i < S; i++) {
             int d = i * 32 + lane;
@@ -145,20 +139,37 @@ __device__ void attn_row(const float* q, const long long* info, float* out, int 
     __syncthreads();
     float mx = NEG_INF;
     for (int t = 0; t < ATTN_WARPS; t++) mx = fmaxf(mx, sm_m[t]);
-    if (sinks) mx = fmaxf(mx, sinks[h]);
-    float total = sinks ? expf(sinks[h] - mx) : 0.0f;
+    if (sink) mx = fmaxf(mx, *sink);
+    float total = sink ? expf(*sink - mx) : 0.0f;
     float f[ATTN_WARPS];
     for (int t = 0; t < ATTN_WARPS; t++) {
         f[t] = sm_m[t] == NEG_INF ? 0.0f : expf(sm_m[t] - mx);
         total += sm_l[t] * f[t];
     }
     float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    float* o = out + (r * nq + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
         for (int t = 0; t < ATTN_WARPS; t++) a += sm_acc[t][d] * f[t];
         o[d] = a * inv;
+        if (o2) o2[d] = a * inv;
     }
+}
+
+// Causal attention of query row r = blockIdx.y, head h = blockIdx.x, over its sequence's cache
+// (info as t_kv_store), by attend_head. sinks (null: none) holds one logit per query head.
+template <int S>
+__device__ void attn_row(const float* q, const long long* info, float* out, int nq, int nkv,
+                         int hd, float scale, int window, float cap, const float* sinks) {
+    int h = blockIdx.x;
+    long long r = blockIdx.y;
+    int g = h / (nq / nkv);
+    int kvd = nkv * hd;
+    const float* kc = (const float*)info[3 * r] + (long long)g * hd;
+    const float* vc = (const float*)info[3 * r + 1] + (long long)g * hd;
+    int pos = (int)info[3 * r + 2];
+    long long head = (r * nq + h) * hd;
+    attend_head<S>(q + head, kc, vc, 0, 0, kvd, hd, window, pos, scale, cap,
+                   sinks ? sinks + h : 0, out + head, 0);
 }
 
 extern "C" __global__ void t_attention(const float* q, const long long* info, float* out, int nq,
@@ -264,9 +275,9 @@ extern "C" __global__ void __launch_bounds__(RN_THREADS)
 // blockIdx.x, kv head g = h / (nq / nkv), ATTN_WARPS warps: the q head and k head g of the row
 // are normalised per head (q_norm / k_norm, null: none) and rotated (inv_freq, null: no RoPE;
 // cos/sin times mscale) in shared memory; the first query head of each group stores K and V of
-// position pos in the caches (info as t_kv_store); then attn_row's online softmax over keys
-// lo..pos, reading this row's own key and value (j = pos) from shared memory and v, so no block
-// waits for another's store. sinks as t_attention. The head's output is quantized for the o
+// position pos in the caches (info as t_kv_store); then attend_head's online softmax, reading
+// this row's own key and value (j = pos) from shared memory and v, so no block waits for
+// another's store. sinks as t_attention. The head's output is quantized for the o
 // product when given (the host passes q32 / qk only when hd is a multiple of 32 / 256).
 template <int S>
 __device__ void rope_attn_row(const float* q, const float* k, const float* v,
@@ -278,8 +289,6 @@ __device__ void rope_attn_row(const float* q, const float* k, const float* v,
     __shared__ double shd[32];
     __shared__ __align__(16) float qs[S * 32];
     __shared__ __align__(16) float ks[S * 32];
-    __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
-    __shared__ float sm_acc[ATTN_WARPS][S * 32];
     int h = blockIdx.x;
     long long r = blockIdx.y;
     int grp = nq / nkv;
@@ -303,67 +312,9 @@ __device__ void rope_attn_row(const float* q, const float* k, const float* v,
             vc[o + d] = vcur[d];
         }
     }
-    int lo = 0;
-    if (window > 0) lo = max(0, pos - window + 1);
-    if (window < 0) lo = pos + 1;
+    attend_head<S>(qs, kc + (long long)g * hd, vc + (long long)g * hd, ks, vcur, kvd, hd, window,
+                   pos, scale, cap, sinks ? sinks + h : 0, out + (r * nq + h) * hd, qs);
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const float* kbase = kc + (long long)g * hd;
-    const float* vbase = vc + (long long)g * hd;
-    float qv[S], acc[S];
-#pragma unroll
-    for (int i = 0; i < S; i++) {
-        int d = i * 32 + lane;
-        qv[i] = d < hd ? qs[d] : 0.0f;
-        acc[i] = 0.0f;
-    }
-    float m = NEG_INF, l = 0.0f;
-    for (int j = lo + w; j <= pos; j += ATTN_WARPS) {
-        const float* kr = j == pos ? ks : kbase + (long long)j * kvd;
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < S; i++) {
-            int d = i * 32 + lane;
-            if (d < hd) dot += qv[i] * kr[d];
-        }
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL, dot, o);
-        float s = dot * scale;
-        if (cap > 0.0f) s = cap * tanhf(s / cap);
-        float mn = fmaxf(m, s);
-        float corr = expf(m - mn);  // 0 on the first key (m = -inf)
-        float p = expf(s - mn);
-        l = l * corr + p;
-        const float* vr = j == pos ? vcur : vbase + (long long)j * kvd;
-#pragma unroll
-        for (int i = 0; i < S; i++) {
-            int d = i * 32 + lane;
-            acc[i] = acc[i] * corr + (d < hd ? p * vr[d] : 0.0f);
-        }
-        m = mn;
-    }
-    if (lane == 0) {
-        sm_m[w] = m;
-        sm_l[w] = l;
-    }
-#pragma unroll
-    for (int i = 0; i < S; i++) sm_acc[w][i * 32 + lane] = acc[i];
-    __syncthreads();
-    float mx = NEG_INF;
-    for (int t = 0; t < ATTN_WARPS; t++) mx = fmaxf(mx, sm_m[t]);
-    if (sinks) mx = fmaxf(mx, sinks[h]);
-    float total = sinks ? expf(sinks[h] - mx) : 0.0f;
-    float f[ATTN_WARPS];
-    for (int t = 0; t < ATTN_WARPS; t++) {
-        f[t] = sm_m[t] == NEG_INF ? 0.0f : expf(sm_m[t] - mx);
-        total += sm_l[t] * f[t];
-    }
-    float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    float* o = out + (r * nq + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f;
-        for (int t = 0; t < ATTN_WARPS; t++) a += sm_acc[t][d] * f[t];
-        qs[d] = a * inv;
-        o[d] = a * inv;
-    }
     if (!q32 && !qk) return;
     __syncthreads();
     long long head = r * nq + h;
@@ -423,39 +374,11 @@ extern "C" __global__ void t_argmax_clear(unsigned long long* best, int rows) {
     if (i < 2 * rows) best[i] = 0;
 }
 
-// dec_argmax of row blockIdx.y of logits [rows, n] into best[2 r .. 2 r + 1] (cleared by
-// t_argmax_clear): the packed (value, id) key of the largest finite logit, ties to the smaller
-// id, and the non-finite flag.
+// argmax_into (decode.cu) of row blockIdx.y of logits [rows, n] into best[2 r .. 2 r + 1]
+// (cleared by t_argmax_clear): the packed (value, id) key of the largest finite logit, ties to
+// the smaller id, and the non-finite flag.
 extern "C" __global__ void t_argmax_rows(const float* logits, int n, unsigned long long* best) {
-    __shared__ unsigned long long sk[32];
     pdl_trigger();
     pdl_wait();
-    const float* row = logits + (long long)blockIdx.y * n;
-    unsigned long long* out = best + 2 * blockIdx.y;
-    unsigned long long key = 0;
-    int bad = 0;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        float v = row[i] + 0.0f;
-        if (!isfinite(v)) {
-            bad = 1;
-            continue;
-        }
-        u32 b = __float_as_uint(v);
-        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-        unsigned long long kk = ((unsigned long long)b << 32) | (0xffffffffu - (u32)i);
-        key = kk > key ? kk : key;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        unsigned long long kk = __shfl_xor_sync(FULL, key, o);
-        key = kk > key ? kk : key;
-    }
-    bad = __any_sync(FULL, bad);
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    if (lane == 0) sk[w] = key;
-    if (lane == 0 && bad) atomicOr(out + 1, 1ull);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < nw; i++) key = sk[i] > key ? sk[i] : key;
-        if (key) atomicMax(out, key);
-    }
+    argmax_into(logits + (long long)blockIdx.y * n, n, best + 2 * blockIdx.y);
 }

@@ -699,6 +699,32 @@ pub(super) fn rope(
     )
 }
 
+/// What `t_attention` and `t_rope_attend` take of `p` alike: the window code (0 none, -1 no
+/// keys, else the window's length), the attention sinks' device copy (0: none) and the launch
+/// (one block of `ATTN_THREADS` per query head and row). Errors: a window above `i32::MAX`;
+/// device failures.
+fn attention_launch(
+    st: &mut State,
+    p: &AttentionParams,
+    rows: usize,
+) -> Result<(i32, u64, LaunchConfig), ComputeError> {
+    let window = match p.sliding_window {
+        None => 0,
+        Some(0) => -1,
+        Some(w) => to_i32("sliding window", w)?,
+    };
+    let sinks = match p.sinks {
+        Some(s) => cached(st, as_bytes(s))?,
+        None => 0,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (p.n_q_heads as u32, rows as u32, 1),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((window, sinks, cfg))
+}
+
 pub(super) fn attend(
     st: &mut State,
     at: &mut Attend<'_, '_>,
@@ -742,20 +768,7 @@ pub(super) fn attend(
         per_row(rows, OPS_THREADS),
         &mut a,
     )?;
-    let window = match p.sliding_window {
-        None => 0,
-        Some(0) => -1,
-        Some(w) => to_i32("sliding window", w)?,
-    };
-    let sinks = match p.sinks {
-        Some(s) => cached(st, as_bytes(s))?,
-        None => 0,
-    };
-    let cfg = LaunchConfig {
-        grid_dim: (p.n_q_heads as u32, rows as u32, 1),
-        block_dim: (ATTN_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (window, sinks, cfg) = attention_launch(st, p, rows)?;
     let mut a = [
         qp,
         ip,
@@ -1118,15 +1131,7 @@ pub(super) fn rope_attend(
         ),
         _ => (0, 0, false, 1.0),
     };
-    let window = match p.sliding_window {
-        None => 0,
-        Some(0) => -1,
-        Some(w) => to_i32("sliding window", w)?,
-    };
-    let sinks = match p.sinks {
-        Some(s) => cached(st, as_bytes(s))?,
-        None => 0,
-    };
+    let (window, sinks, cfg) = attention_launch(st, p, rows)?;
     let n = a.q.len();
     let (kq, b32) = (hd.is_multiple_of(256), hd.is_multiple_of(32));
     let t = quant_targets(st, n, kq, b32)?;
@@ -1136,11 +1141,6 @@ pub(super) fn rope_attend(
         tp(st, a.v, "rope_attend")?,
         tp(st, out, "rope_attend")?,
     );
-    let cfg = LaunchConfig {
-        grid_dim: (p.n_q_heads as u32, rows as u32, 1),
-        block_dim: (ATTN_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let mut args = [
         qp,
         kp,
@@ -1182,14 +1182,7 @@ pub(super) fn argmax_rows(
     width: usize,
     out: &mut Vec<Argmax>,
 ) -> Result<(), ComputeError> {
-    if width == 0 || !logits.len().is_multiple_of(width) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "argmax rows (whole rows of the width)",
-            expected: width.max(1),
-            got: logits.len(),
-            unit: "values",
-        });
-    }
+    crate::host_ops::check_argmax_rows(logits.len(), width)?;
     let rows = logits.len() / width;
     out.clear();
     if rows == 0 {

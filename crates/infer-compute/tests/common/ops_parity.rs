@@ -335,21 +335,7 @@ fn check_attention(b: &dyn ComputeBackend, rng: &mut StdRng) {
             .collect();
         let (qt, kt, vt) = (up(b, &q), up(b, &k), up(b, &v));
         let mut out = Tensor::default();
-        let mut row0 = 0;
-        let mut slots: Vec<KvSlot<'_>> = caches
-            .iter_mut()
-            .zip(seqs)
-            .map(|((kc, vc), &(start, n))| {
-                row0 += n;
-                KvSlot {
-                    k_cache: kc,
-                    v_cache: vc,
-                    row0: row0 - n,
-                    rows: n,
-                    start,
-                }
-            })
-            .collect();
+        let mut slots = kv_slots(&mut caches, seqs);
         let mut a = Attend {
             q: &qt,
             k: &kt,
@@ -959,21 +945,7 @@ fn check_rope_attend(b: &dyn ComputeBackend, rng: &mut StdRng) {
             .collect();
         let (mut qt, mut kt, vt) = (up(b, &q), up(b, &k), up(b, &v));
         let mut out = Tensor::default();
-        let mut row0 = 0;
-        let mut slots: Vec<KvSlot<'_>> = caches
-            .iter_mut()
-            .zip(seqs)
-            .map(|((kc, vc), &(start, n))| {
-                row0 += n;
-                KvSlot {
-                    k_cache: kc,
-                    v_cache: vc,
-                    row0: row0 - n,
-                    rows: n,
-                    start,
-                }
-            })
-            .collect();
+        let mut slots = kv_slots(&mut caches, seqs);
         let mut a = RopeAttend {
             q: &mut qt,
             k: &mut kt,
@@ -1063,4 +1035,24 @@ fn check_argmax_rows(b: &dyn ComputeBackend, rng: &mut StdRng) {
         b.argmax_rows(&t, width + 1, &mut Vec::new()).is_err(),
         "argmax_rows: not whole rows is an error"
     );
+}
+
+/// One [`KvSlot`] per sequence of `seqs` (`(start, rows)`: its cache's length before the batch
+/// and its rows, laid end to end in the batch) over the matching pair of `caches`.
+fn kv_slots<'a>(caches: &'a mut [(Tensor, Tensor)], seqs: &[(usize, usize)]) -> Vec<KvSlot<'a>> {
+    let mut row0 = 0;
+    caches
+        .iter_mut()
+        .zip(seqs)
+        .map(|((kc, vc), &(start, n))| {
+            row0 += n;
+            KvSlot {
+                k_cache: kc,
+                v_cache: vc,
+                row0: row0 - n,
+                rows: n,
+                start,
+            }
+        })
+        .collect()
 }
