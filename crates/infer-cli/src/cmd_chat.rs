@@ -90,7 +90,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         eprint!("{}", model.explain());
     }
     let backend = args.sampling.device.backend()?;
-    let ctx = context_size(&model, args.sampling.ctx)?;
+    let ctx = context_size(model.arch.config(), args.sampling.ctx, "--ctx")?;
     let vindex_name = args.vindex.display().to_string();
     let template = chat_template(&l.vindex, &l.tokenizer)
         .with_context(|| format!("{vindex_name}: chat template"))?;

@@ -215,7 +215,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
     };
     staged.commit()?;
     eprintln!(
-        "wrote {} ({}, {} tensors, {:.1} MiB; {plan}) in {:.1} s",
+        "wrote {} ({}, {} tensors, {:.1} MiB; {}) in {:.1} s",
         args.output.display(),
         if args.safetensors {
             "Hugging Face folder"
@@ -224,6 +224,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
         },
         written.tensors,
         written.bytes as f64 / (1 << 20) as f64,
+        plan.describe(&v, &tensors),
         start.elapsed().as_secs_f64()
     );
     Ok(())

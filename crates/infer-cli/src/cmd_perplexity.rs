@@ -34,9 +34,14 @@ pub struct PerplexityArgs {
     pub ctx: Option<usize>,
     /// Also write the log-probabilities of every scored position to this file, in the format
     /// of `llama-perplexity --kl-divergence-base` (readable by llama.cpp and by
-    /// `--kl-divergence`). About 2 bytes × vocabulary per scored token.
+    /// `--kl-divergence`). About 2 bytes × vocabulary per scored token. A new path, or an
+    /// existing regular file with --force; written under a temp name and moved into place when
+    /// complete (removed on error, Ctrl-C or SIGTERM).
     #[arg(long, value_name = "BASE_FILE", conflicts_with = "kl_divergence")]
     pub kl_divergence_base: Option<PathBuf>,
+    /// Replace an existing --kl-divergence-base file.
+    #[arg(long, requires = "kl_divergence_base")]
+    pub force: bool,
     /// Compare with the base log-probabilities in this file (written by
     /// `--kl-divergence-base`, here or by llama-perplexity) on the file's tokens and window
     /// size: PPL of both, mean/median/99% KL divergence, Δp and same-top statistics.
@@ -49,6 +54,9 @@ pub struct PerplexityArgs {
 /// each window's first token. Prints PPL ± its standard error (llama.cpp's estimate), and with
 /// `--kl-divergence` the comparison with the base.
 pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
+    if let Some(out) = &args.kl_divergence_base {
+        crate::cmd_run::check_output_path("--kl-divergence-base", out, args.force)?;
+    }
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
     let tok = crate::cmd_run::load_tokenizer(&vindex, &args.vindex)?;
@@ -97,12 +105,22 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
                 bail!("{path}: token id {bad} is outside the vocabulary");
             }
             if let Some(ours) = &text_tokens {
-                let n = b.tokens.len();
-                if let Some(i) = (0..n).find(|&i| ours.get(i) != Some(&b.tokens[i])) {
+                let hint =
+                    "another tokenizer or text; leave out the text to score the base file's tokens";
+                if let Some(i) =
+                    (0..ours.len().min(b.tokens.len())).find(|&i| ours[i] != b.tokens[i])
+                {
                     bail!(
-                        "{path}: the text's token {i} is {:?} here, {} in the base file (another tokenizer or text; leave out the text to score the base file's tokens)",
-                        ours.get(i),
+                        "{path}: the text's token {i} is {} here, {} in the base file ({hint})",
+                        ours[i],
                         b.tokens[i]
+                    );
+                }
+                if ours.len() < b.tokens.len() {
+                    bail!(
+                        "{path}: the text has {} tokens, the base file {} ({hint})",
+                        ours.len(),
+                        b.tokens.len()
                     );
                 }
             }
@@ -121,7 +139,10 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
         );
     }
     let mut writer = match &args.kl_divergence_base {
-        Some(path) => Some(LogProbWriter::create(path, ctx, model.vocab_size, &tokens)?),
+        Some(path) => {
+            crate::cmd_vindex::install_interrupt_cleanup(path);
+            Some(LogProbWriter::create(path, ctx, model.vocab_size, &tokens)?)
+        }
         None => None,
     };
     let mut stats = KlStats::default();

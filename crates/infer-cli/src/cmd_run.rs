@@ -12,6 +12,7 @@ use infer_inference::forward::Logits;
 use infer_inference::{
     GenerateOptions, GenerationStats, Generator, Model, Sampler, SamplingParams, Tokenizer,
 };
+use infer_models::ModelConfig;
 use infer_vindex::Vindex;
 
 use crate::device_args::DeviceArgs;
@@ -202,7 +203,8 @@ pub(crate) struct Loaded {
     pub tokenizer: Tokenizer,
 }
 
-fn open_vindex(path: &std::path::Path) -> anyhow::Result<Vindex> {
+/// Open the vindex at `path`; errors say why it is not one (missing, a file, no index.json).
+pub(crate) fn open_vindex(path: &std::path::Path) -> anyhow::Result<Vindex> {
     Vindex::open(path).with_context(|| format!("opening vindex {}", path.display()))
 }
 
@@ -258,14 +260,20 @@ pub(crate) fn exit_if_interrupted(stats: &GenerationStats) {
     }
 }
 
-pub(crate) fn context_size(model: &Model<'_>, requested: Option<usize>) -> anyhow::Result<usize> {
-    let max = model.arch.config().max_position_embeddings.max(1);
+/// The context size: `requested` (given as the command's `flag`, `--ctx` or `--ctx-size`) or
+/// min(4096, the model's maximum). Errors name `flag`: 0, or more than the model's maximum.
+pub(crate) fn context_size(
+    config: &ModelConfig,
+    requested: Option<usize>,
+    flag: &str,
+) -> anyhow::Result<usize> {
+    let max = config.max_position_embeddings.max(1);
     let ctx = requested.unwrap_or(4096.min(max));
     if ctx == 0 {
-        bail!("--ctx must be at least 1");
+        bail!("{flag} must be at least 1");
     }
     if ctx > max {
-        bail!("--ctx {ctx} exceeds the model's maximum context {max}");
+        bail!("{flag} {ctx} exceeds the model's maximum context {max}");
     }
     Ok(ctx)
 }
@@ -349,7 +357,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprint!("{}", model.explain());
     }
     let backend = args.sampling.device.backend()?;
-    let ctx = context_size(&model, args.sampling.ctx)?;
+    let ctx = context_size(model.arch.config(), args.sampling.ctx, "--ctx")?;
     let prompt = l.tokenizer.encode(&args.prompt, true)?;
     if prompt.is_empty() {
         bail!("the prompt is empty: give some text to continue");
@@ -366,7 +374,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
 pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
-        check_output_path(out, args.force)?;
+        check_output_path("--out", out, args.force)?;
     }
     let vindex = open_vindex(&args.vindex)?;
     let model = build_model(&vindex, &args.vindex, &args.formats)?;
@@ -416,43 +424,69 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
     }
     crate::print_stdout(&text);
     if let Some(out) = &args.out {
+        crate::cmd_vindex::install_interrupt_cleanup(out);
         write_logits(out, &ids, &logits, vocab)?;
         eprintln!("wrote {}", out.display());
     }
     Ok(())
 }
 
-/// Fail before any work when `out` may not or cannot be written: it must be a new path or,
-/// with `force`, an existing regular file (never a directory, device, FIFO, socket or
-/// symlink: writing replaces the path by renaming over it), in an existing folder.
-fn check_output_path(out: &std::path::Path, force: bool) -> anyhow::Result<()> {
+/// Fail before any work when the output file `out` of option `flag` (`--out`,
+/// `--kl-divergence-base`) may not or cannot be written: it must be a new path or, with
+/// `force`, an existing regular file (never a directory, device, FIFO, socket or symlink:
+/// writing replaces the path by renaming over it), in an existing folder where a file can be
+/// created (probed with the temp file the write stages in, `.NAME.tmp-PID`, removed at once:
+/// a read-only or pseudo file system such as `/proc` fails here, not after the model ran).
+/// Errors start with `flag` and `out`.
+pub(crate) fn check_output_path(
+    flag: &str,
+    out: &std::path::Path,
+    force: bool,
+) -> anyhow::Result<()> {
     let shown = out.display();
     match std::fs::symlink_metadata(out) {
         Ok(m) if m.file_type().is_symlink() => {
-            bail!("--out {shown}: is a symbolic link; refusing to replace it (give the path it points to)")
+            bail!("{flag} {shown}: is a symbolic link; refusing to replace it (give the path it points to)")
         }
-        Ok(m) if m.is_dir() => bail!("--out {shown}: is a directory"),
+        Ok(m) if m.is_dir() => bail!("{flag} {shown}: is a folder, not a file"),
         Ok(m) if !m.is_file() => bail!(
-            "--out {shown}: is not a regular file (a device, FIFO or socket); refusing to replace it"
+            "{flag} {shown}: is not a regular file (a device, FIFO or socket); refusing to replace it"
         ),
-        Ok(_) if !force => bail!("--out {shown}: already exists (use --force to replace it)"),
+        Ok(_) if !force => bail!("{flag} {shown}: already exists (use --force to replace it)"),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => bail!("--out {shown}: {e}"),
+        Err(e) => bail!("{flag} {shown}: {e}"),
     }
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
+    let parent = crate::cmd_synth::space::output_dir(out);
     if !parent.is_dir() {
         let what = if parent.exists() {
-            "is not a folder"
+            "is not a directory"
         } else {
             "does not exist"
         };
-        bail!("--out {shown}: {} {what}", parent.display());
+        bail!(
+            "{flag} {shown}: output directory {} {what}",
+            parent.display()
+        );
     }
+    let Some(name) = out.file_name() else {
+        bail!("{flag} {shown}: not a file path");
+    };
+    let probe = parent.join(temp_name(&name.to_string_lossy()));
+    if let Err(e) = std::fs::File::create(&probe) {
+        bail!(
+            "{flag} {shown}: cannot create a file in {}: {e}",
+            parent.display()
+        );
+    }
+    let _ = std::fs::remove_file(&probe);
     Ok(())
+}
+
+/// This process's temp name for an output file named `name` (`.NAME.tmp-PID`, as `infer
+/// extract` stages; [`crate::cmd_vindex::install_interrupt_cleanup`] removes it).
+fn temp_name(name: &str) -> String {
+    infer_vindex::files::temp_dir_name(name, std::process::id())
 }
 
 fn write_logits(
@@ -479,17 +513,13 @@ fn write_logits(
         ),
     ];
     // A hidden temp file beside `out` (same file system), renamed over it when complete.
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned());
-    let tmp = out.with_file_name(format!(
-        ".{}.tmp-{}",
-        name.unwrap_or_default(),
-        std::process::id()
-    ));
+    let name = out.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = out.with_file_name(temp_name(&name));
     let written = safetensors::serialize_to_file(tensors, &None, &tmp)
         .map_err(|e| {
             anyhow::anyhow!(
                 "writing {}: {}",
-                tmp.display(),
+                out.display(),
                 infer_models::hf::safetensors_error_text(&e)
             )
         })

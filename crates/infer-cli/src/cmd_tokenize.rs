@@ -101,19 +101,30 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parse `1,2, 3` / `[1, 2, 3]` / `1 2 3`.
+/// Parse `1,2, 3` / `[1, 2, 3]` / `1 2 3`. Refused, quoting the bad part: an unbalanced
+/// bracket, an empty item (`1,,2`, a leading or trailing comma), anything not a `u32`, no ids.
 fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
-    let s = s.trim().trim_start_matches('[').trim_end_matches(']');
-    let ids = s
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter(|t| !t.is_empty())
-        .map(|t| {
-            t.parse::<u32>()
-                .with_context(|| format!("--ids: '{t}' is not a token id"))
-        })
-        .collect::<anyhow::Result<Vec<u32>>>()?;
-    if ids.is_empty() {
+    let t = s.trim();
+    let inner = match (t.strip_prefix('['), t.strip_suffix(']')) {
+        (Some(_), Some(_)) => &t[1..t.len() - 1],
+        (Some(_), _) => bail!("--ids: '{t}' opens '[' but does not close it with ']'"),
+        (None, Some(_)) => bail!("--ids: '{t}' closes ']' but does not open it with '['"),
+        (None, None) => t,
+    };
+    let mut ids = Vec::new();
+    if inner.trim().is_empty() {
         bail!("--ids: no token ids given");
+    }
+    for (i, item) in inner.split(',').enumerate() {
+        if item.trim().is_empty() {
+            bail!("--ids: item {} of '{inner}' is empty (two commas in a row, or a comma at the start or end)", i + 1);
+        }
+        for tok in item.split_whitespace() {
+            let id = tok
+                .parse::<u32>()
+                .with_context(|| format!("--ids: '{tok}' is not a token id"))?;
+            ids.push(id);
+        }
     }
     Ok(ids)
 }
@@ -141,5 +152,26 @@ mod tests {
         assert!(parse_ids("1,x").unwrap_err().to_string().contains("'x'"));
         assert!(parse_ids("-1").is_err());
         assert!(parse_ids("[]").is_err());
+    }
+
+    #[test]
+    fn malformed_id_lists_are_refused_quoting_the_bad_part() {
+        let err = |s: &str| parse_ids(s).unwrap_err().to_string();
+        assert_eq!(
+            err("1,,2"),
+            "--ids: item 2 of '1,,2' is empty (two commas in a row, or a comma at the start or end)"
+        );
+        assert!(err("1,2,").contains("item 3 of '1,2,' is empty"));
+        assert!(err("[,1]").contains("item 1 of ',1' is empty"));
+        assert_eq!(
+            err("[1, 2"),
+            "--ids: '[1, 2' opens '[' but does not close it with ']'"
+        );
+        assert_eq!(
+            err("1, 2]"),
+            "--ids: '1, 2]' closes ']' but does not open it with '['"
+        );
+        assert!(err("[[1]]").contains("'[1]' is not a token id"));
+        assert_eq!(parse_ids("[7]").unwrap(), vec![7]);
     }
 }

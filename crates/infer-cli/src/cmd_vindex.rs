@@ -21,8 +21,8 @@ pub struct ExtractArgs {
     /// for byte) and norms, biases and routers in f32.
     #[arg(long, value_parser = parse_float)]
     pub float: Option<FloatTier>,
-    /// Same as --float f32|f16 (kept for older scripts).
-    #[arg(long, value_parser = parse_dtype, conflicts_with = "float", hide = true)]
+    /// Same as --float f32|f16 (its older name, kept for older scripts).
+    #[arg(long, value_name = "f32|f16", value_parser = parse_dtype, conflicts_with = "float")]
     pub dtype: Option<Dtype>,
     /// Replace an existing output directory (only once the new vindex is complete). Only a
     /// vindex (a directory with index.json) or an empty directory is replaced; a file or any
@@ -155,8 +155,9 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// On Ctrl-C or SIGTERM, remove this process's temp build directory (or file: `infer synth`
-/// stages its output under the same name) before exiting with `128 + signal` (a SIGKILL
+/// On Ctrl-C or SIGTERM, remove this process's temp build directory (or file: `infer synth`,
+/// `infer export`, `logits --out` and `perplexity --kl-divergence-base` stage their output under
+/// the same name, `.NAME.tmp-PID`) and say so before exiting with `128 + signal` (a SIGKILL
 /// leaves it; the next build of the same target removes it).
 pub(crate) fn install_interrupt_cleanup(target: &std::path::Path) {
     let Some(name) = target.file_name().and_then(|n| n.to_str()) else {

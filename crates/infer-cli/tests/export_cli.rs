@@ -432,6 +432,13 @@ fn real_round_trip(model: &str, root: &Path) -> (PathBuf, PathBuf, PathBuf) {
         out.contains("GGUF") && out.contains("attention Q4K, FFN Q4K"),
         "{out}"
     );
+    // The output projection's stored format, never "Float" for a vindex without a float tier
+    // (both models tie it to their quantized embeddings).
+    let emb = open(&v1).embeddings().0.format();
+    assert!(
+        out.contains(&format!("output tied to the embeddings ({emb})")) && !out.contains("Float"),
+        "{out}"
+    );
     ok(&["extract", s(&g), "-o", s(&v2)]);
     (v1, g, v2)
 }
@@ -487,6 +494,7 @@ fn smollm2_q4k_gguf_round_trip_is_byte_identical() {
     let (v1, g, v2) = real_round_trip(SMOL, root.path());
     // 30 layers × (4 attention + 3 FFN) + the Q8_0 embeddings.
     assert_same_vindex(&v1, &v2, 30 * 7 + 1);
+    assert_eq!(open(&v1).embeddings().0.format().to_string(), "Q8_0");
     let h = infer_models::gguf::GgufHeader::read(&g).unwrap();
     let md: BTreeMap<&str, &infer_models::gguf::GgufValue> =
         h.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();

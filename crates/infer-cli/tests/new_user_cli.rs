@@ -111,6 +111,21 @@ fn logits_out_refuses_special_files_and_needs_force() {
         .unwrap()
         .file_type()
         .is_fifo());
+    // A folder that takes no files (/proc), or one that does not exist: refused before the
+    // model runs (no top-10 printed), naming --out's path and never the temp file.
+    for (out, want) in [
+        ("/proc/l.safetensors", "--out /proc/l.safetensors: cannot create a file in /proc"),
+        (
+            "/nonexistent-dir/l.safetensors",
+            "--out /nonexistent-dir/l.safetensors: output directory /nonexistent-dir does not exist",
+        ),
+    ] {
+        let o = logits(Path::new(out), false);
+        assert!(!o.status.success());
+        let t = text(&o);
+        assert!(t.contains(want) && !t.contains(".tmp-"), "{t}");
+        assert!(o.stdout.is_empty(), "{t}");
+    }
     // Nothing else was left in the folder (no temp files).
     let mut names: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()

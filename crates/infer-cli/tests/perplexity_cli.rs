@@ -61,6 +61,16 @@ fn kl_divergence_base_round_trip_and_refusals() {
     let bs = base.to_str().unwrap();
 
     let plain_f32 = ok(&[&["perplexity", vs, ts, "-c", "128"][..], &F32].concat());
+    // An existing file (here the text itself) is refused before anything runs, and left as
+    // it was; --force replaces one (as `logits --out`).
+    let e = fails(&["perplexity", vs, ts, "--kl-divergence-base", ts]);
+    assert!(
+        e.contains("--kl-divergence-base")
+            && e.contains("ppl.txt: already exists (use --force to replace it)"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&txt).unwrap().chars().count(), 2400);
+    std::fs::write(&base, b"an older base").unwrap();
     let written = ok(&[
         &[
             "perplexity",
@@ -70,6 +80,7 @@ fn kl_divergence_base_round_trip_and_refusals() {
             "128",
             "--kl-divergence-base",
             bs,
+            "--force",
         ][..],
         &F32,
     ]
@@ -133,7 +144,39 @@ fn kl_divergence_base_round_trip_and_refusals() {
     .unwrap();
     let os = other.to_str().unwrap();
     let e = fails(&[&["perplexity", vs, os, "--kl-divergence", bs][..], &F32].concat());
-    assert!(e.contains("f32.kld") && e.contains("token 0"), "{e}");
+    assert!(
+        e.contains("f32.kld: the text's token 0 is ") && e.contains(" in the base file"),
+        "{e}"
+    );
+    assert!(!e.contains("Some(") && !e.contains("None"), "{e}");
+    // A text whose tokens are a strict prefix of the base file's: the two lengths, no `None`.
+    let short = root.path().join("short.txt");
+    let lines: String = std::fs::read_to_string(&txt)
+        .unwrap()
+        .split_inclusive('\n')
+        .take(5)
+        .collect();
+    std::fs::write(&short, lines).unwrap();
+    let e = fails(&[
+        "perplexity",
+        vs,
+        short.to_str().unwrap(),
+        "--kl-divergence",
+        bs,
+    ]);
+    assert!(
+        e.contains("f32.kld: the text has ") && e.contains(" tokens, the base file "),
+        "{e}"
+    );
+    assert!(!e.contains("None"), "{e}");
+    // A folder as the base to read: said so.
+    let e = fails(&[
+        "perplexity",
+        vs,
+        "--kl-divergence",
+        root.path().to_str().unwrap(),
+    ]);
+    assert!(e.contains("is a folder, not a file"), "{e}");
     let cut = root.path().join("cut.kld");
     let bytes = std::fs::read(&base).unwrap();
     std::fs::write(&cut, &bytes[..bytes.len() - 1000]).unwrap();
@@ -152,7 +195,58 @@ fn kl_divergence_base_round_trip_and_refusals() {
         "--kl-divergence-base",
         missing.to_str().unwrap(),
     ]);
-    assert!(e.contains("x.kld"), "{e}");
+    assert!(
+        e.contains("x.kld: output directory") && e.contains("no/such/dir does not exist"),
+        "{e}"
+    );
+    assert!(!e.contains(".tmp-"), "{e}");
+    // A folder that takes no files (/proc): refused before the model runs, naming the path.
+    let e = fails(&["perplexity", vs, ts, "--kl-divergence-base", "/proc/b.kld"]);
+    assert!(
+        e.contains("--kl-divergence-base /proc/b.kld: cannot create a file in /proc"),
+        "{e}"
+    );
+    assert!(!e.contains(".tmp-") && !e.contains("running PPL"), "{e}");
+
+    // SIGTERM while the base is written: the temp file is removed and said so, exit 143,
+    // nothing at the target.
+    let long = root.path().join("long.txt");
+    std::fs::write(&long, &full).unwrap();
+    let killed = root.path().join("killed.kld");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["perplexity", vs, long.to_str().unwrap(), "-c", "128"])
+        .args(["--kl-divergence-base", killed.to_str().unwrap()])
+        .args(F32)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let temp_exists = || {
+        std::fs::read_dir(root.path()).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".killed.kld.tmp-")
+        })
+    };
+    let start = std::time::Instant::now();
+    while !temp_exists() {
+        assert!(start.elapsed().as_secs() < 60, "no temp file appeared");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "perplexity ended early"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // SAFETY: kill(2) on the child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("interrupted; removed ") && err.contains(".killed.kld.tmp-"),
+        "{err}"
+    );
+    assert!(!temp_exists() && !killed.exists());
     // Neither a text nor a base: a usage error.
     let e = fails(&["perplexity", vs]);
     assert!(e.contains("FILE") || e.contains("file"), "{e}");

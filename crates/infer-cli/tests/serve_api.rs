@@ -431,7 +431,10 @@ fn malformed_requests_get_4xx_cancellation_frees_and_the_server_still_serves() {
         .as_str()
         .unwrap_or_default()
         .to_string();
-    assert!(m.contains("--max-body"), "413 names the option: {m}");
+    assert!(
+        m.contains("larger than the server's --max-body limit of 65536 bytes"),
+        "413 names the option and its limit: {m}"
+    );
     // A whole number past u64 is out of range (not "not an integer").
     let r = srv.request(
         "POST",
@@ -701,4 +704,72 @@ fn n_choices_share_one_prefill() {
     );
     assert_eq!(texts(&v).len(), 4);
     assert_eq!(metric(&srv, "infer_kv_cache_used_positions"), 0.0);
+}
+
+/// `infer serve ARGS` with a deadline: its exit status and stderr, or a panic naming what it
+/// printed when it is still running (it listened instead of refusing).
+fn serve_refused(args: &[&str]) -> String {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .arg("serve")
+        .args(args)
+        .args(["--port", "0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{args:?} was accepted: {err}");
+    assert!(!err.contains("listening"), "{args:?} listened first: {err}");
+    err
+}
+
+/// Newcomer findings: `--max-body 0` was accepted; `--ctx-size 0` said `--ctx` and came after
+/// "listening on"; a missing vindex was "not a vindex folder". Every flag and the path are now
+/// checked before listening, each error naming the flag as typed (`--ctx` for run), and a
+/// missing path is reported as `infer run` reports it.
+#[test]
+fn bad_flags_and_paths_are_refused_before_listening() {
+    let vx = smol_vindex().to_str().unwrap();
+    for (args, want) in [
+        (
+            ["--max-body", "0"],
+            "error: --max-body 0: must be at least 1",
+        ),
+        (
+            ["--ctx-size", "0"],
+            "error: --ctx-size must be at least 1\n",
+        ),
+        (
+            ["--ctx-size", "9000"],
+            "error: --ctx-size 9000 exceeds the model's maximum context 8192",
+        ),
+    ] {
+        let err = serve_refused(&[&[vx][..], &args].concat());
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let o = common::infer(&["run", vx, "hi", "-c", "0"]);
+    assert!(!o.status.success());
+    assert!(
+        common::text(&o).contains("error: --ctx must be at least 1\n"),
+        "{}",
+        common::text(&o)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nonexist.vindex");
+    let missing = missing.to_str().unwrap();
+    let err = serve_refused(&[missing]);
+    let want = format!("error: opening vindex {missing}: {missing} does not exist");
+    assert!(err.contains(&want), "{err}");
+    let run = common::text(&common::infer(&["run", missing, "hi"]));
+    assert!(run.contains(&want), "run and serve say the same: {run}");
 }

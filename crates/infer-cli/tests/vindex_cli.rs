@@ -292,3 +292,26 @@ fn force_refuses_non_vindex_targets_and_not_a_vindex_errors() {
         assert!(text(&o).contains(&want), "{cmd}: {}", text(&o));
     }
 }
+
+/// Newcomer finding: README documents `--dtype f32|f16` as the older name of `--float`, but
+/// `infer extract --help` hid it; help and README now agree.
+#[test]
+fn extract_help_lists_dtype_as_the_older_name_of_float() {
+    let o = infer(&["extract", "--help"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let help = text(&o);
+    let line = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("--dtype"))
+        .unwrap_or_else(|| panic!("no --dtype in help: {help}"));
+    assert!(
+        line.contains("--dtype <f32|f16>") && line.contains("Same as --float f32|f16"),
+        "{line}"
+    );
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    assert!(
+        readme.contains("`--dtype f32|f16` is the same flag under its older name"),
+        "README and help agree"
+    );
+}

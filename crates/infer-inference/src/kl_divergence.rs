@@ -88,7 +88,10 @@ fn encode_row(logits: &[f32], out: &mut [u16]) {
 /// Writes a base file as `llama-perplexity --kl-divergence-base FILE` does (without
 /// `--kl-divergence`): the header at [`LogProbWriter::create`], then one
 /// [`LogProbWriter::write_window`] per window, then [`LogProbWriter::finish`]. The file is
-/// written to `PATH.tmp` and renamed at `finish`, so a failed run leaves nothing at `PATH`.
+/// written to `.NAME.tmp-PID` beside `PATH` (the staging name of `infer extract`,
+/// [`infer_vindex::files::temp_dir_name`], so the CLI's interrupt cleanup removes it) and
+/// renamed at `finish`, so a failed run leaves nothing at `PATH`. Errors name `PATH`, never the
+/// temp file.
 pub struct LogProbWriter {
     out: BufWriter<File>,
     path: PathBuf,
@@ -126,11 +129,12 @@ impl LogProbWriter {
         let name = path
             .file_name()
             .ok_or_else(|| file_error(path, "not a file path"))?;
-        let mut tmp_name = name.to_os_string();
-        tmp_name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
+        let tmp = path.with_file_name(infer_vindex::files::temp_dir_name(
+            &name.to_string_lossy(),
+            std::process::id(),
+        ));
         let file =
-            File::create(&tmp).map_err(|e| file_error(&tmp, format!("cannot create: {e}")))?;
+            File::create(&tmp).map_err(|e| file_error(path, format!("cannot create: {e}")))?;
         let mut w = LogProbWriter {
             out: BufWriter::with_capacity(1 << 20, file),
             path: path.to_path_buf(),
@@ -154,7 +158,7 @@ impl LogProbWriter {
 
     fn write_bytes(&mut self, b: &[u8]) -> Result<(), InferenceError> {
         let r = self.out.write_all(b);
-        r.map_err(|e| file_error(&self.tmp, format!("write failed: {e}")))
+        r.map_err(|e| file_error(&self.path, format!("write failed: {e}")))
     }
 
     /// Appends one window: `logits` holds the scored positions' rows,
@@ -189,7 +193,7 @@ impl LogProbWriter {
     /// Flushes and moves the file into place. Errors: [`InferenceError::LogProbFile`].
     pub fn finish(mut self) -> Result<(), InferenceError> {
         let r = self.out.flush();
-        r.map_err(|e| file_error(&self.tmp, format!("write failed: {e}")))?;
+        r.map_err(|e| file_error(&self.path, format!("write failed: {e}")))?;
         std::fs::rename(&self.tmp, &self.path)
             .map_err(|e| file_error(&self.path, format!("cannot move into place: {e}")))?;
         // Nothing left to remove on drop.
@@ -220,6 +224,8 @@ pub struct LogProbReader {
     /// The scored text's tokens, `n_chunk · n_ctx`.
     pub tokens: Vec<u32>,
     bytes: Vec<u8>,
+    /// The window [`LogProbReader::read_window`] reads next (for its messages).
+    chunk: usize,
 }
 
 impl LogProbReader {
@@ -229,10 +235,13 @@ impl LogProbReader {
     /// Errors: [`InferenceError::LogProbFile`] naming the file and what is wrong.
     pub fn open(path: &Path) -> Result<Self, InferenceError> {
         let file = File::open(path).map_err(|e| file_error(path, format!("cannot open: {e}")))?;
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| file_error(path, format!("cannot stat: {e}")))?
-            .len();
+            .map_err(|e| file_error(path, format!("cannot stat: {e}")))?;
+        if meta.is_dir() {
+            return Err(file_error(path, "is a folder, not a file"));
+        }
+        let len = meta.len();
         let mut input = BufReader::with_capacity(1 << 20, file);
         let mut head = [0u8; 20];
         input.read_exact(&mut head).map_err(|_| {
@@ -292,13 +301,15 @@ impl LogProbReader {
             n_chunk,
             tokens,
             bytes: Vec::new(),
+            chunk: 0,
         })
     }
 
     /// Reads the next window's rows into `out` (resized to
     /// `scored_per_window(n_ctx) · row_len(n_vocab)` values).
     ///
-    /// Errors: [`InferenceError::LogProbFile`] on a read error.
+    /// Errors: [`InferenceError::LogProbFile`] on a read error, or when a row's `scale` or
+    /// `min_log_prob` is not finite (naming the chunk, from 0, and the position in its window).
     pub fn read_window(&mut self, out: &mut Vec<u16>) -> Result<(), InferenceError> {
         let n = scored_per_window(self.n_ctx) * row_len(self.n_vocab);
         self.bytes.resize(2 * n, 0);
@@ -311,6 +322,23 @@ impl LogProbReader {
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]])),
         );
+        let first = self.n_ctx / 2;
+        for (i, row) in out.chunks_exact(row_len(self.n_vocab)).enumerate() {
+            for (what, at) in [("scale", 0), ("min_log_prob", 2)] {
+                let v = f32::from_le_bytes(bytes4(row[at], row[at + 1]));
+                if !v.is_finite() {
+                    return Err(file_error(
+                        &self.path,
+                        format!(
+                            "chunk {}, position {}: {what} is {v}, not a finite number (corrupt file)",
+                            self.chunk,
+                            first + i
+                        ),
+                    ));
+                }
+            }
+        }
+        self.chunk += 1;
         Ok(())
     }
 }
@@ -584,5 +612,61 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("is a folder"), "{e}");
+        // A folder as the base file to read: said so, not "shorter than the header".
+        let e = LogProbReader::open(dir.path()).err().unwrap().to_string();
+        assert!(e.contains("is a folder, not a file"), "{e}");
+        // The temp file is never what an error names.
+        let e = LogProbWriter::create(&dir.path().join("no/such/b.kld"), 8, 5, &[0; 8])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("b.kld: cannot create") && !e.contains(".tmp-"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn non_finite_scale_or_min_is_refused_by_chunk_and_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nan.kld");
+        let (n_ctx, n_vocab) = (8usize, 5usize);
+        let rows = scored_per_window(n_ctx);
+        let mut wr = LogProbWriter::create(&path, n_ctx, n_vocab, &[1; 16]).unwrap();
+        for _ in 0..2 {
+            wr.write_window(&vec![0.5; rows * n_vocab]).unwrap();
+        }
+        wr.finish().unwrap();
+        let clean = std::fs::read(&path).unwrap();
+        // Byte offset of value `at` (0: scale, 2: min_log_prob) of row `r` of chunk `c`.
+        let offset = |c: usize, r: usize, at: usize| {
+            20 + 2 * n_ctx * 4 + ((c * rows + r) * row_len(n_vocab) + at) * 2
+        };
+        for (c, r, at, v, want) in [
+            (0, 0, 0, f32::NAN, "chunk 0, position 4: scale is NaN"),
+            (
+                1,
+                2,
+                2,
+                f32::INFINITY,
+                "chunk 1, position 6: min_log_prob is inf",
+            ),
+        ] {
+            let mut bytes = clean.clone();
+            let o = offset(c, r, at);
+            bytes[o..o + 4].copy_from_slice(&v.to_le_bytes());
+            std::fs::write(&path, &bytes).unwrap();
+            let mut rd = LogProbReader::open(&path).unwrap();
+            let mut base = Vec::new();
+            let e = (0..2)
+                .map(|_| rd.read_window(&mut base))
+                .find_map(Result::err)
+                .unwrap()
+                .to_string();
+            assert!(
+                e.contains("nan.kld") && e.contains(want) && e.contains("not a finite number"),
+                "{e}"
+            );
+        }
     }
 }

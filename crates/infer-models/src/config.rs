@@ -232,27 +232,21 @@ fn parse_family(c: &Obj, model_type: &str) -> Result<ModelConfig, ModelError> {
     let gpt2 = mt == "gpt2";
     let gemma_family = matches!(mt, "gemma" | "gemma2" | "gemma3_text");
 
-    let hidden_size = c.req_usize_any(if gpt2 {
+    let hidden_size = c.req_positive_any(if gpt2 {
         &["n_embd", "hidden_size"]
     } else {
         &["hidden_size"]
     })?;
-    let num_hidden_layers = c.req_usize_any(if gpt2 {
+    let num_hidden_layers = c.req_positive_any(if gpt2 {
         &["n_layer", "num_hidden_layers"]
     } else {
         &["num_hidden_layers"]
     })?;
-    let num_attention_heads = c.req_usize_any(if gpt2 {
+    let num_attention_heads = c.req_positive_any(if gpt2 {
         &["n_head", "num_attention_heads"]
     } else {
         &["num_attention_heads"]
     })?;
-    if num_attention_heads == 0 || num_hidden_layers == 0 || hidden_size == 0 {
-        return Err(c.bad(
-            "num_attention_heads",
-            "hidden size, layer count and head count must be positive",
-        ));
-    }
     // Before anything is sized by them (the per-layer tables below, GPT-2's `4 * n_embd`).
     limits::check_sizes(
         c.path,

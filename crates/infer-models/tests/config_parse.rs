@@ -337,6 +337,27 @@ fn missing_required_field_is_named() {
     );
 }
 
+/// A zero size is blamed on the field that is 0 (it used to always name num_attention_heads).
+#[test]
+fn zero_size_names_the_zero_field() {
+    for (dir, key) in [
+        ("llama", "hidden_size"),
+        ("llama", "num_hidden_layers"),
+        ("llama", "num_attention_heads"),
+        ("gpt2", "n_embd"),
+        ("gpt2", "n_layer"),
+        ("gpt2", "n_head"),
+    ] {
+        let mut v = load_json(&shared().join("archrefs").join(dir).join("config.json"));
+        v[key] = json!(0);
+        let err = parse(&v).expect_err(key);
+        assert_eq!(
+            err.to_string(),
+            format!("test/config.json: config field '{key}': must be at least 1 (got 0)")
+        );
+    }
+}
+
 #[test]
 fn unknown_model_type_is_rejected() {
     let mut v = load_json(&shared().join("archrefs/llama/config.json"));

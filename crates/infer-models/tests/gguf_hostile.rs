@@ -408,8 +408,10 @@ fn duplicate_tensor_names_issue_6836() {
 }
 
 /// An empty key (https://github.com/ggml-org/llama.cpp/pull/24263: `GGML_ASSERT(!key.empty())`
-/// is compiled out of release builds) is refused; a zero dimension (the same PR: `INT64_MAX /
-/// 0` raised SIGFPE) is a zero-byte tensor, read without any division.
+/// is compiled out of release builds) is refused; so is a zero dimension (the same PR:
+/// `INT64_MAX / 0` raised SIGFPE), naming that tensor and its shape, not the offset of the
+/// tensor after it (a newcomer's report: a zeroed `blk.0.attn_norm.weight` was blamed on
+/// `blk.0.ffn_down.weight`).
 #[test]
 fn empty_key_and_zero_dimension_pr_24263() {
     let mut w = header(0, 1);
@@ -417,9 +419,21 @@ fn empty_key_and_zero_dimension_pr_24263() {
     refused(&w.buf, "metadata entry 0 at offset 24 has an empty key");
     let mut w = header(1, 1);
     arch(&mut w).tensor("t", &[0, 8], 0, 0).pad(32);
-    let f = w.file();
-    let g = GgufFile::open(f.path()).expect("a zero-element tensor is well-formed");
-    assert_eq!(g.tensor_bytes("t").unwrap().len(), 0);
+    refused(
+        &w.buf,
+        "tensor 't': shape [0, 8] has a zero dimension (a tensor needs at least one element)",
+    );
+    let mut w = header(2, 1);
+    arch(&mut w)
+        .tensor("blk.0.attn_norm.weight", &[0], 0, 0)
+        .tensor("blk.0.ffn_down.weight", &[8], 0, 32)
+        .pad(32);
+    w.bytes(&[0u8; 64]);
+    let msg = refused(
+        &w.buf,
+        "tensor 'blk.0.attn_norm.weight': shape [0] has a zero dimension",
+    );
+    assert!(!msg.contains("ffn_down"), "{msg}");
 }
 
 /// Keys and names are shown escaped and cut in messages: a crafted key cannot print terminal

@@ -272,7 +272,7 @@ fn header_that_lies_about_sizes_is_bad_safetensors() {
         open_hf_folder(tmp.path()),
         Err(ModelError::BadSafetensors { .. })
     ));
-    // shape × dtype size ≠ offsets span.
+    // shape × dtype size ≠ offsets span: the tensor is named.
     let header = br#"{"w":{"dtype":"F32","shape":[8],"data_offsets":[0,16]}}"#;
     let mut buf = (header.len() as u64).to_le_bytes().to_vec();
     buf.extend_from_slice(header);
@@ -280,7 +280,7 @@ fn header_that_lies_about_sizes_is_bad_safetensors() {
     std::fs::write(&file, buf).unwrap();
     assert!(matches!(
         open_hf_folder(tmp.path()),
-        Err(ModelError::BadSafetensors { .. })
+        Err(ModelError::BadTensor { name, .. }) if name == "w"
     ));
 }
 
@@ -412,7 +412,9 @@ fn tokenizer_and_chat_template_material() {
 }
 
 /// Issue 15: safetensors errors were shown as the crate's enum names
-/// (`InvalidHeaderDeserialization`, `TensorInvalidInfo`); they are now said in words.
+/// (`InvalidHeaderDeserialization`, `TensorInvalidInfo`); they are now said in words, and a bad
+/// entry (not an object, an unknown dtype, a malformed shape or offsets, offsets that do not
+/// hold shape × dtype size) names its tensor.
 #[test]
 fn safetensors_errors_are_said_in_words() {
     let tmp = tempfile::tempdir().unwrap();
@@ -425,11 +427,27 @@ fn safetensors_errors_are_said_in_words() {
         buf
     };
     for (bytes, want) in [
-        (with_header(br#"{"w": 5}"#, 0), "the header is not valid safetensors JSON"),
+        (
+            with_header(br#"{"w": 5}"#, 0),
+            "tensor 'w': the entry has no 'dtype' (expected {dtype, shape, data_offsets}, got 5)",
+        ),
         (
             with_header(br#"{"w":{"dtype":"F32","shape":[8],"data_offsets":[0,16]}}"#, 16),
-            "data_offsets do not hold its shape × dtype size",
+            "tensor 'w': data_offsets [0, 16] hold 16 bytes, but shape [8] of F32 needs 32",
         ),
+        (
+            with_header(br#"{"w":{"dtype":"Q99","shape":[4],"data_offsets":[0,16]}}"#, 16),
+            "tensor 'w': dtype \"Q99\" is not a safetensors dtype (infer reads F32, F16, BF16)",
+        ),
+        (
+            with_header(br#"{"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}}"#, 16),
+            "tensor 'w': shape [-4] is not a list of non-negative integers",
+        ),
+        (
+            with_header(br#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}}"#, 16),
+            "tensor 'w': data_offsets [16,0] are not [begin, end] with begin <= end",
+        ),
+        (with_header(br#"[1, 2]"#, 0), "the header is not valid safetensors JSON"),
         (
             with_header(
                 br#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}"#,
@@ -440,7 +458,7 @@ fn safetensors_errors_are_said_in_words() {
     ] {
         std::fs::write(&file, bytes).unwrap();
         match open_hf_folder(tmp.path()) {
-            Err(e @ ModelError::BadSafetensors { .. }) => {
+            Err(e @ (ModelError::BadSafetensors { .. } | ModelError::BadTensor { .. })) => {
                 let msg = e.to_string();
                 assert!(msg.contains(want), "{msg}");
                 assert!(msg.contains("model.safetensors"), "{msg}");
@@ -448,7 +466,7 @@ fn safetensors_errors_are_said_in_words() {
                     assert!(!msg.contains(name), "{msg}");
                 }
             }
-            other => panic!("expected BadSafetensors, got {:?}", other.err()),
+            other => panic!("expected BadSafetensors or BadTensor, got {:?}", other.err()),
         }
     }
 }

@@ -85,7 +85,12 @@ impl TempBuildDir {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|e| VindexError::io(&dir, e))?;
         }
-        std::fs::create_dir_all(&dir).map_err(|e| VindexError::io(&dir, e))?;
+        // Named by the target, not the hidden temp name (a pseudo or read-only file system such
+        // as /proc fails here).
+        std::fs::create_dir(&dir).map_err(|e| {
+            let what = format!("cannot create a folder in {}: {e}", parent.display());
+            VindexError::io(target, std::io::Error::new(e.kind(), what))
+        })?;
         Ok(TempBuildDir {
             dir,
             target: target.to_path_buf(),
@@ -289,5 +294,20 @@ mod tests {
         let tmp = t.path().to_path_buf();
         drop(t);
         assert!(!tmp.exists() && !target.exists());
+    }
+
+    #[test]
+    fn uncreatable_temp_dir_is_reported_under_the_target_name() {
+        // /proc takes no new folders: the error names the target and its folder, not the
+        // hidden `.x.vindex.tmp-PID`.
+        let e = TempBuildDir::create(Path::new("/proc/x.vindex"), false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.starts_with("/proc/x.vindex: cannot create a folder in /proc: ")
+                && !e.contains(".tmp-"),
+            "{e}"
+        );
     }
 }

@@ -78,12 +78,19 @@ pub struct Plan {
     pub lm_head: LmPick,
 }
 
-impl std::fmt::Display for Plan {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "attention {:?}, FFN {:?}, output {:?}",
-            self.attn, self.ffn, self.lm_head
+impl Plan {
+    /// The export's summary: the tiers of the attention and FFN matrices, and the stored format
+    /// of the output projection as written (`output Q6_K`), or when no output tensor is written
+    /// (a tied model), the format of the embeddings it reads (`output tied to the embeddings
+    /// (Q8_0)`). `tensors` is [`resolve`]'s list.
+    pub fn describe(&self, v: &Vindex, tensors: &[Tensor<'_>]) -> String {
+        let output = match tensors.iter().find(|t| t.key == "lm_head.weight") {
+            Some(t) => t.data.format().to_string(),
+            None => format!("tied to the embeddings ({})", v.embeddings().0.format()),
+        };
+        format!(
+            "attention {:?}, FFN {:?}, output {output}",
+            self.attn, self.ffn
         )
     }
 }
@@ -186,6 +193,20 @@ pub enum Data<'a> {
     },
     /// The q8 tier's int8 values `[out, in]` and f32 scales `[out, in/32]`.
     SplitQ8 { values: &'a [u8], scales: &'a [f32] },
+}
+
+impl Data<'_> {
+    /// The format the values are stored (and exported) in; the q8 tier's split values are
+    /// written as `Q8_0`.
+    pub fn format(&self) -> QuantFormat {
+        match self {
+            Data::F32(_) => QuantFormat::F32,
+            Data::F16(_) => QuantFormat::F16,
+            Data::FeatureMajor(s) => s.format(),
+            Data::Blocks { format, .. } => *format,
+            Data::SplitQ8 { .. } => QuantFormat::Q8_0,
+        }
+    }
 }
 
 /// One tensor to write: canonical key, HF Linear shape, stored data.

@@ -36,6 +36,8 @@ pub struct AppState {
     /// Set on SIGTERM: new generation requests get 503.
     pub draining: Arc<AtomicBool>,
     pub metrics: PrometheusHandle,
+    /// Largest request body in bytes (`--max-body`), named in the 413 message.
+    pub max_body: usize,
 }
 
 type St = State<Arc<AppState>>;
@@ -146,7 +148,7 @@ fn json_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
 /// `POST /tokenize {"content": TEXT, "add_special": false, "with_pieces": false}` →
 /// `{"tokens": [ids]}` (with pieces: `[{"id", "piece"}]`), as llama-server.
 async fn tokenize(State(st): St, body: Body) -> Result<Response, ApiError> {
-    let body = read(body)?;
+    let body = read(&st, body)?;
     let r = st.ready()?;
     let o = json_body(&body)?;
     let content = o
@@ -183,7 +185,7 @@ async fn tokenize(State(st): St, body: Body) -> Result<Response, ApiError> {
 
 /// `POST /detokenize {"tokens": [ids]}` → `{"content": TEXT}`.
 async fn detokenize(State(st): St, body: Body) -> Result<Response, ApiError> {
-    let body = read(body)?;
+    let body = read(&st, body)?;
     let r = st.ready()?;
     let o = json_body(&body)?;
     let ids: Vec<u32> = o
@@ -211,12 +213,14 @@ async fn detokenize(State(st): St, body: Body) -> Result<Response, ApiError> {
 /// OpenAI error.
 type Body = Result<Bytes, BytesRejection>;
 
-fn read(body: Body) -> Result<Bytes, ApiError> {
+fn read(st: &AppState, body: Body) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let message = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            "the request body is larger than the server's --max-body limit (bytes; start the \
-             server with a larger --max-body)"
-                .to_string()
+            format!(
+                "the request body is larger than the server's --max-body limit of {} bytes \
+                 (start the server with a larger --max-body)",
+                st.max_body
+            )
         } else {
             format!("the request body: {}", e.body_text())
         };
@@ -249,7 +253,7 @@ fn count_error(e: Endpoint, err: &ApiError) {
 }
 
 async fn answer(st: Arc<AppState>, body: Body, endpoint: Endpoint) -> Response {
-    match read(body).and_then(|body| start(&st, &body, endpoint)) {
+    match read(&st, body).and_then(|body| start(&st, &body, endpoint)) {
         Ok(s) if s.stream => stream(s.meta, s.rx).into_response(),
         Ok(s) => collect(s.meta, s.rx).await,
         Err(e) => {

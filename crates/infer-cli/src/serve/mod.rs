@@ -25,10 +25,11 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use crate::cmd_chat::chat_template;
-use crate::cmd_run::{build_model, context_size, eog_ids, load};
+use crate::cmd_run::{build_model, context_size, eog_ids, load_tokenizer, open_vindex};
 use crate::device_args::DeviceArgs;
 use crate::format_args::FormatArgs;
 use engine::{Engine, EngineConfig, Ready};
+use infer_vindex::Vindex;
 
 /// Arguments of `infer serve`.
 #[derive(Args)]
@@ -73,9 +74,13 @@ pub struct ServeArgs {
 /// Run `infer serve` until SIGTERM / SIGINT: then stop accepting, let running streams
 /// finish, exit 0.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    if !args.vindex.is_dir() {
-        bail!("{}: not a vindex folder", args.vindex.display());
+    // Every flag and the vindex are checked before listening: a server that is announced
+    // never exits over its command line.
+    if args.max_body == 0 {
+        bail!("--max-body 0: must be at least 1 (bytes per request body)");
     }
+    let vindex = open_vindex(&args.vindex)?;
+    let ctx = context_size(vindex.config(), args.ctx_size, "--ctx-size")?;
     let prom = metrics::install()?;
     let ready: Arc<OnceLock<Arc<Ready>>> = Arc::new(OnceLock::new());
     let (queue, jobs) = engine::queue(args.max_queue.max(1));
@@ -102,6 +107,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         parallel: args.parallel as usize,
         draining: draining.clone(),
         metrics: prom,
+        max_body: args.max_body,
     });
     let app = http::router(
         state,
@@ -111,7 +117,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let engine_stop = stop.clone();
     let engine_thread = std::thread::Builder::new()
         .name("infer-engine".into())
-        .spawn(move || -> anyhow::Result<()> { run_engine(&args, &ready, jobs, &engine_stop) })?;
+        .spawn(move || -> anyhow::Result<()> {
+            run_engine(&args, vindex, ctx, &ready, jobs, &engine_stop)
+        })?;
     // The engine failing to load ends the server (its error is reported below).
     let engine_done = Arc::new(tokio::sync::Notify::new());
     let result = rt.block_on(async {
@@ -167,20 +175,22 @@ async fn signal() {
     }
 }
 
-/// The engine thread: load the vindex, publish what the HTTP side needs, serve jobs.
+/// The engine thread: load the model from the opened `vindex`, publish what the HTTP side
+/// needs, serve jobs with `ctx` positions per sequence.
 fn run_engine(
     args: &ServeArgs,
+    vindex: Vindex,
+    ctx: usize,
     ready: &OnceLock<Arc<Ready>>,
     jobs: engine::QueueRx,
     stop: &AtomicBool,
 ) -> anyhow::Result<()> {
-    let l = load(&args.vindex)?;
-    let model = build_model(&l.vindex, &args.vindex, &args.formats)?;
+    let tokenizer = load_tokenizer(&vindex, &args.vindex)?;
+    let model = build_model(&vindex, &args.vindex, &args.formats)?;
     let backend = args.device.backend()?;
-    let ctx = context_size(&model, args.ctx_size)?;
-    let template = chat_template(&l.vindex, &l.tokenizer)
+    let template = chat_template(&vindex, &tokenizer)
         .with_context(|| format!("{}: chat template", args.vindex.display()))?;
-    let eog = eog_ids(&model, &l.tokenizer);
+    let eog = eog_ids(&model, &tokenizer);
     let model_id = args
         .vindex
         .canonicalize()
@@ -188,7 +198,7 @@ fn run_engine(
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| args.vindex.display().to_string());
     let r = Arc::new(Ready {
-        tokenizer: l.tokenizer,
+        tokenizer,
         template,
         model_id,
         vocab: model.vocab_size,

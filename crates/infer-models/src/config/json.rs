@@ -84,11 +84,14 @@ impl<'a> Obj<'a> {
         self.opt_usize(key)?.ok_or_else(|| self.missing(key))
     }
 
-    /// First present key of `keys` as a required integer; missing → names `keys[0]`.
-    pub fn req_usize_any(&self, keys: &[&str]) -> Result<usize, ModelError> {
+    /// First present key of `keys` as a required integer of at least 1; missing → names
+    /// `keys[0]`, 0 → names the key it was read from.
+    pub fn req_positive_any(&self, keys: &[&str]) -> Result<usize, ModelError> {
         for k in keys {
-            if let Some(v) = self.opt_usize(k)? {
-                return Ok(v);
+            match self.opt_usize(k)? {
+                Some(0) => return Err(self.bad(k, "must be at least 1 (got 0)")),
+                Some(v) => return Ok(v),
+                None => {}
             }
         }
         Err(self.missing(keys[0]))

@@ -297,7 +297,8 @@ fn check_data_ranges(path: &Path, file_len: usize, p: &Parsed) -> Result<(), Mod
     Ok(())
 }
 
-/// Read the rest of one tensor info (after its name) and check dims, type and offset.
+/// Read the rest of one tensor info (after its name) and check dims (1..=4, none zero), type
+/// and offset.
 fn read_tensor_info(
     c: &mut Cursor<'_>,
     path: &Path,
@@ -315,6 +316,16 @@ fn read_tensor_info(
     let mut dims = Vec::with_capacity(n_dims);
     for _ in 0..n_dims {
         dims.push(c.len(&what)?);
+    }
+    if dims.contains(&0) {
+        // llama.cpp reads these as zero-byte tensors; no model has one, and accepting it only
+        // moved the error to the next tensor's offset.
+        return Err(bad(
+            path,
+            format!(
+                "{what}: shape {dims:?} has a zero dimension (a tensor needs at least one element)"
+            ),
+        ));
     }
     let n_elements = dims
         .iter()

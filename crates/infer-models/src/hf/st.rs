@@ -2,8 +2,9 @@
 //!
 //! Format: 8-byte little-endian header length `n`, `n` bytes of JSON
 //! `{name: {dtype, shape, data_offsets: [begin, end]}}`, then the data section; offsets are
-//! relative to the data section (safetensors spec). The `safetensors` crate validates the header
-//! (offsets contiguous, sizes = shape × dtype size, data section exactly as long as declared).
+//! relative to the data section (safetensors spec). Each entry is first checked here so an error
+//! names its tensor; the `safetensors` crate then validates the header (offsets contiguous,
+//! sizes = shape × dtype size, data section exactly as long as declared).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -13,7 +14,9 @@ use half::{bf16, f16};
 use infer_quant::QuantFormat;
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
 
+use crate::text::shown;
 use crate::{ModelError, Tensor, TensorInfo, TensorSource};
 
 /// One memory-mapped safetensors file.
@@ -71,6 +74,71 @@ pub fn safetensors_error_text(e: &safetensors::SafeTensorError) -> String {
     }
 }
 
+/// Check each tensor entry of a safetensors header (`name → {dtype, shape, data_offsets}`)
+/// before the `safetensors` crate reads it, whose errors for a bad entry name no tensor.
+/// `bytes` is the whole file; a header that is not a JSON object at all is left to the crate.
+///
+/// Errors: [`ModelError::BadTensor`] naming the tensor when its entry is not an object, its
+/// dtype is not a safetensors dtype (named), its shape or data_offsets are malformed, or its
+/// data_offsets do not span shape × dtype size bytes.
+fn check_header_entries(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
+    let header = bytes
+        .get(..8)
+        .and_then(|n| usize::try_from(u64::from_le_bytes(n.try_into().ok()?)).ok())
+        .and_then(|n| bytes.get(8..8usize.checked_add(n)?));
+    let Some(Ok(Value::Object(map))) = header.map(serde_json::from_slice::<Value>) else {
+        return Ok(());
+    };
+    for (name, entry) in map.iter().filter(|(k, _)| *k != "__metadata__") {
+        let bad = |msg: String| ModelError::BadTensor {
+            path: path.to_path_buf(),
+            name: shown(name),
+            msg,
+        };
+        let field = |key: &str| {
+            entry.get(key).ok_or_else(|| {
+                bad(format!(
+                    "the entry has no '{key}' (expected {{dtype, shape, data_offsets}}, got {})",
+                    shown(&entry.to_string())
+                ))
+            })
+        };
+        let (dtype, shape, offsets) = (field("dtype")?, field("shape")?, field("data_offsets")?);
+        let dtype: Dtype = serde_json::from_value(dtype.clone()).map_err(|_| {
+            bad(format!(
+                "dtype {} is not a safetensors dtype (infer reads F32, F16, BF16)",
+                shown(&dtype.to_string())
+            ))
+        })?;
+        let shape: Vec<usize> = serde_json::from_value(shape.clone()).map_err(|_| {
+            bad(format!(
+                "shape {} is not a list of non-negative integers",
+                shown(&shape.to_string())
+            ))
+        })?;
+        let (begin, end): (usize, usize) = serde_json::from_value(offsets.clone())
+            .ok()
+            .filter(|(b, e)| b <= e)
+            .ok_or_else(|| {
+                bad(format!(
+                    "data_offsets {} are not [begin, end] with begin <= end",
+                    shown(&offsets.to_string())
+                ))
+            })?;
+        match shape.iter().try_fold(dtype.size(), |n, &d| n.checked_mul(d)) {
+            Some(n) if n == end - begin => {}
+            Some(n) => {
+                return Err(bad(format!(
+                    "data_offsets [{begin}, {end}] hold {} bytes, but shape {shape:?} of {dtype:?} needs {n}",
+                    end - begin
+                )))
+            }
+            None => return Err(bad(format!("shape {shape:?} of {dtype:?} overflows"))),
+        }
+    }
+    Ok(())
+}
+
 fn dtype_format(d: Dtype) -> Option<QuantFormat> {
     match d {
         Dtype::F32 => Some(QuantFormat::F32),
@@ -84,7 +152,8 @@ impl SafetensorsSource {
     /// Memory-map and validate `files` (each once). Tensors are listed file by file, in data
     /// order. Errors: [`ModelError::Io`] naming a missing/unreadable file,
     /// [`ModelError::BadSafetensors`] for a header that is invalid or lies about sizes,
-    /// [`ModelError::BadTensor`] for a dtype other than F32/F16/BF16 or a name found in two files.
+    /// [`ModelError::BadTensor`] for an entry with a bad dtype, shape or data_offsets, a dtype
+    /// other than F32/F16/BF16 or a name found in two files.
     pub fn open(files: &[PathBuf]) -> Result<Self, ModelError> {
         let mut src = SafetensorsSource {
             shards: Vec::new(),
@@ -107,6 +176,7 @@ impl SafetensorsSource {
         // SAFETY: the file is opened read-only and the map is never written; as with every
         // mmap-based reader, a concurrent truncation by another process is not defended against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        check_header_entries(path, &mmap)?;
         let (header_len, meta) =
             SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::BadSafetensors {
                 path: path.to_path_buf(),
