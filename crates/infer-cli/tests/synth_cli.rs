@@ -591,7 +591,7 @@ fn oversized_or_inconsistent_shapes_are_refused_cleanly() {
     write_header(&zero, vec![f32_tensor("blk.0.attn_q.weight", &[32, 0])]);
     fails(
         &["synth", "--like", s(&zero), "-o", s(&out)],
-        &[s(&zero), "'blk.0.attn_q.weight'", "zero-sized dimension"],
+        &[s(&zero), "'blk.0.attn_q.weight'", "has a zero dimension"],
     );
 
     let src = shared_dir().join("archrefs/llama/config.json");
