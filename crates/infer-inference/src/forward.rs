@@ -313,6 +313,31 @@ impl Model<'_> {
         in_pool(|| self.forward_body(&mut pass, Output::Logits(logits)))
     }
 
+    /// [`Model::forward_batch`] returning only the greedy choice of each sequence's last
+    /// row (every [`BatchSeq::logits`] is taken as [`Logits::Last`]): into `chosen`, one
+    /// [`Argmax`] per sequence in batch order — the largest logit, ties to the smaller id, and
+    /// whether every logit of the row was finite ([`crate::sampling::argmax`]). The choice is
+    /// made where the logits are ([`ComputeBackend::argmax_rows`]): a device backend copies
+    /// back the ids, not `[B, vocab]` logits. Errors as [`Model::forward_batch`].
+    pub fn forward_batch_greedy(
+        &self,
+        backend: &dyn ComputeBackend,
+        seqs: &mut [BatchSeq<'_>],
+        bufs: &mut BatchBuffers,
+        chosen: &mut Vec<Argmax>,
+    ) -> Result<(), InferenceError> {
+        for q in seqs.iter_mut() {
+            q.logits = Logits::Last;
+        }
+        let mut pass = Pass {
+            backend,
+            seqs,
+            s: &mut bufs.scratch,
+            capture: Capture::Nothing,
+        };
+        in_pool(|| self.forward_body(&mut pass, Output::Greedy(chosen)))
+    }
+
     /// A pass of one sequence through [`Model::forward_body`] with the cache's own scratch
     /// buffers.
     fn forward_inner(

@@ -58,10 +58,13 @@ fn alone(model: &Model<'_>, script: &Script, ctx: usize) -> (Vec<Vec<f32>>, Vec<
 
 /// Run every script in one batch per step: step `i` holds each sequence's chunk `i` (if any)
 /// and the decode tokens of sequences whose chunks are done (up to their `decode` count).
+/// `greedy`: through [`Model::forward_batch_greedy`], the decode tokens being its choices (no
+/// logits are returned then).
 fn batched(
     model: &Model<'_>,
     scripts: &[Script],
     ctx: usize,
+    greedy: bool,
 ) -> (Vec<Vec<Vec<f32>>>, Vec<Vec<u32>>) {
     let backend = CpuBackend::new();
     let vocab = model.vocab_size;
@@ -70,6 +73,9 @@ fn batched(
     let mut tokens: Vec<Vec<u32>> = scripts.iter().map(|_| Vec::new()).collect();
     let mut bufs = BatchBuffers::default();
     let mut logits = Vec::new();
+    let mut chosen = Vec::new();
+    // The greedy choice after each sequence's last step (greedy runs).
+    let mut next: Vec<Option<u32>> = vec![None; scripts.len()];
     let steps = scripts
         .iter()
         .map(|s| s.chunks.len() + s.decode)
@@ -83,12 +89,17 @@ fn batched(
                 if s.chunks[step].is_empty() {
                     continue;
                 }
-                let first = outs[i].is_empty();
+                let first = outs[i].is_empty() && next[i].is_none();
                 let which = if first { Logits::All } else { Logits::Last };
                 inputs.push((i, s.chunks[step].clone(), which));
             } else if tokens[i].len() < s.decode {
-                let last = outs[i].last().expect("prompt ran");
-                let tok = infer_inference::sampling::argmax(&last[last.len() - vocab..]);
+                let tok = match next[i] {
+                    Some(t) => t,
+                    None => {
+                        let last = outs[i].last().expect("prompt ran");
+                        infer_inference::sampling::argmax(&last[last.len() - vocab..])
+                    }
+                };
                 tokens[i].push(tok);
                 inputs.push((i, vec![tok], Logits::Last));
             }
@@ -109,6 +120,17 @@ fn batched(
                 cache,
                 logits: *which,
             });
+        }
+        if greedy {
+            model
+                .forward_batch_greedy(&backend, &mut seqs, &mut bufs, &mut chosen)
+                .expect("forward_batch_greedy");
+            assert_eq!(chosen.len(), inputs.len());
+            for ((i, _, _), a) in inputs.iter().zip(&chosen) {
+                assert!(a.all_finite);
+                next[*i] = Some(a.token);
+            }
+            continue;
         }
         let rows: Vec<usize> = seqs.iter().map(|q| q.logit_rows()).collect();
         model
@@ -151,7 +173,10 @@ fn scripts_for(ids: &[u32], decode: usize) -> Vec<Script> {
 
 /// Batched vs alone for `model`; `label` names the case in messages.
 fn check(label: &str, model: &Model<'_>, scripts: &[Script], ctx: usize) {
-    let (b_out, b_tok) = batched(model, scripts, ctx);
+    let (b_out, b_tok) = batched(model, scripts, ctx, false);
+    // The greedy batch chooses the tokens the logits' argmax chose.
+    let (_, g_tok) = batched(model, scripts, ctx, true);
+    assert_eq!(g_tok, b_tok, "{label}: forward_batch_greedy's tokens");
     for (i, script) in scripts.iter().enumerate() {
         let (a_out, a_tok) = alone(model, script, ctx);
         assert_eq!(a_out.len(), b_out[i].len(), "{label} seq {i}: step count");

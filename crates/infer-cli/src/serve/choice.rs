@@ -72,6 +72,19 @@ impl ChoiceSampler {
         *self.counts.entry(tok).or_default() += 1;
         tok
     }
+
+    /// True when [`ChoiceSampler::pick`] is the argmax of the raw logits (temperature 0, no
+    /// penalties or biases), so the engine may let the backend choose where the logits are.
+    pub fn is_greedy(&self) -> bool {
+        self.greedy
+    }
+
+    /// Record `tok`, chosen outside [`ChoiceSampler::pick`] (the backend's greedy choice), as
+    /// `pick` records its own; returns it.
+    pub fn chose(&mut self, tok: u32) -> u32 {
+        *self.counts.entry(tok).or_default() += 1;
+        tok
+    }
 }
 
 /// Log-probabilities of `chosen` and the `k` most likely tokens of `logits`.

@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use infer_compute::ComputeBackend;
+use infer_compute::{Argmax, ComputeBackend};
 use infer_inference::chat::ChatTemplate;
 use infer_inference::forward::{BatchBuffers, BatchSeq, Logits};
 use infer_inference::{KvCache, Model, Tokenizer};
@@ -431,7 +431,7 @@ impl<'t> Engine<'_, '_, 't> {
             return Err(e);
         }
         for f in &mut followers {
-            self.sample(f, row, now, len);
+            self.sample(f, Next::Row(row), now, len);
         }
         Ok(followers)
     }
@@ -479,6 +479,14 @@ impl<'t> Engine<'_, '_, 't> {
                 None => unreachable!("each slot runs one sequence"),
             })
             .collect();
+        // When no sequence of the step needs its logits row (greedy, no logprobs, no `n > 1`
+        // choices waiting for the prompt's row), the choices are made where the logits are:
+        // on a device only B token ids come back instead of `[B, vocab]` logits.
+        let greedy = plan.iter().all(|(i, _)| {
+            let s = &seqs[*i];
+            s.sampler.is_greedy() && s.logprobs.is_none() && s.followers.is_empty()
+        });
+        let mut chosen = Vec::new();
         let t0 = Instant::now();
         let result = {
             let mut batch: Vec<BatchSeq<'_>> = caches
@@ -490,8 +498,13 @@ impl<'t> Engine<'_, '_, 't> {
                     logits: Logits::Last,
                 })
                 .collect();
-            self.model
-                .forward_batch(self.backend, &mut batch, bufs, logits)
+            if greedy {
+                self.model
+                    .forward_batch_greedy(self.backend, &mut batch, bufs, &mut chosen)
+            } else {
+                self.model
+                    .forward_batch(self.backend, &mut batch, bufs, logits)
+            }
         };
         for ((i, _), c) in plan.iter().zip(caches) {
             slots[seqs[*i].slot].cache = Some(c);
@@ -527,8 +540,12 @@ impl<'t> Engine<'_, '_, 't> {
                     continue;
                 }
             }
-            let row = &logits[k * vocab..(k + 1) * vocab];
             let cache_len = slots[s.slot].cache.as_ref().map_or(0, KvCache::len);
+            if greedy {
+                self.sample(s, Next::Greedy(chosen[k]), now, cache_len);
+                continue;
+            }
+            let row = &logits[k * vocab..(k + 1) * vocab];
             // The other choices start from this prompt (unless its logits are unusable: then
             // the request fails in `sample`, and they end with it).
             if !s.followers.is_empty() && row.iter().all(|v| v.is_finite()) {
@@ -541,21 +558,29 @@ impl<'t> Engine<'_, '_, 't> {
                     }
                 }
             }
-            self.sample(s, row, now, cache_len);
+            self.sample(s, Next::Row(row), now, cache_len);
         }
         seqs.extend(released);
     }
 
-    /// Sample the next token of `s` from its logits `row` and release its text.
-    fn sample(&self, s: &mut Seq<'t>, row: &[f32], now: Instant, cache_len: usize) {
-        if row.iter().any(|v| !v.is_finite()) {
+    /// Sample the next token of `s` (from its logits row, or the greedy choice made where the
+    /// logits are) and release its text.
+    fn sample(&self, s: &mut Seq<'t>, next: Next<'_>, now: Instant, cache_len: usize) {
+        let finite = match next {
+            Next::Row(row) => row.iter().all(|v| v.is_finite()),
+            Next::Greedy(a) => a.all_finite,
+        };
+        if !finite {
             let _ = s
                 .events
                 .send(Event::Failed("the model produced non-finite logits".into()));
             s.done = true;
             return;
         }
-        let tok = s.sampler.pick(row, &s.history);
+        let tok = match next {
+            Next::Row(row) => s.sampler.pick(row, &s.history),
+            Next::Greedy(a) => s.sampler.chose(a.token),
+        };
         s.history.push(tok);
         s.generated += 1;
         s.next = None;
@@ -570,7 +595,7 @@ impl<'t> Engine<'_, '_, 't> {
             s.finish(Finish::Stop, tail);
             return;
         }
-        if let Some(k) = s.logprobs {
+        if let (Some(k), Next::Row(row)) = (s.logprobs, next) {
             s.pending_logprobs
                 .push(logprobs(self.tokenizer, row, tok, k));
         }
@@ -614,6 +639,14 @@ impl<'t> Engine<'_, '_, 't> {
             .sum();
         metrics::gauge!(m::KV_USED).set(used as f64);
     }
+}
+
+/// What a step hands [`Engine::sample`] for one sequence: its logits row `[vocab]`, or the
+/// greedy choice made where the logits are (`Model::forward_batch_greedy`).
+#[derive(Clone, Copy)]
+enum Next<'r> {
+    Row(&'r [f32]),
+    Greedy(Argmax),
 }
 
 /// Slot `a` to read and slot `b` to write (`a != b`).
