@@ -8,7 +8,6 @@ use anyhow::{bail, Context};
 use clap::Args;
 use infer_inference::kl_divergence::{scored_per_window, KlStats, LogProbReader, LogProbWriter};
 use infer_inference::perplexity::{perplexity, ScoredWindow};
-use infer_vindex::Vindex;
 
 use crate::device_args::DeviceArgs;
 use crate::format_args::FormatArgs;
@@ -57,8 +56,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.kl_divergence_base {
         crate::cmd_run::check_output_path("--kl-divergence-base", out, args.force)?;
     }
-    let vindex = Vindex::open(&args.vindex)
-        .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
+    let vindex = crate::cmd_run::open_vindex(&args.vindex)?;
     let tok = crate::cmd_run::load_tokenizer(&vindex, &args.vindex)?;
     let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
     // The BOS the tokenizer adds (if any) is the first token of an encoded empty string.

@@ -304,13 +304,7 @@ impl Model<'_> {
         bufs: &mut BatchBuffers,
         logits: &mut Vec<f32>,
     ) -> Result<(), InferenceError> {
-        let mut pass = Pass {
-            backend,
-            seqs,
-            s: &mut bufs.scratch,
-            capture: Capture::Nothing,
-        };
-        in_pool(|| self.forward_body(&mut pass, Output::Logits(logits)))
+        self.batch_pass(backend, seqs, bufs, Output::Logits(logits))
     }
 
     /// [`Model::forward_batch`] returning only the greedy choice of each sequence's last
@@ -329,13 +323,24 @@ impl Model<'_> {
         for q in seqs.iter_mut() {
             q.logits = Logits::Last;
         }
+        self.batch_pass(backend, seqs, bufs, Output::Greedy(chosen))
+    }
+
+    /// A batch through [`Model::forward_body`] with the batch's scratch buffers.
+    fn batch_pass(
+        &self,
+        backend: &dyn ComputeBackend,
+        seqs: &mut [BatchSeq<'_>],
+        bufs: &mut BatchBuffers,
+        out: Output<'_>,
+    ) -> Result<(), InferenceError> {
         let mut pass = Pass {
             backend,
             seqs,
             s: &mut bufs.scratch,
             capture: Capture::Nothing,
         };
-        in_pool(|| self.forward_body(&mut pass, Output::Greedy(chosen)))
+        in_pool(|| self.forward_body(&mut pass, out))
     }
 
     /// A pass of one sequence through [`Model::forward_body`] with the cache's own scratch

@@ -55,13 +55,12 @@ fn log_sum_exp(logits: &[f32]) -> (f32, f32) {
 /// Encodes one row of logits into `out` (`row_len(logits.len())` values), llama.cpp's
 /// `log_softmax(n_vocab, logits, log_prob, tok)`.
 fn encode_row(logits: &[f32], out: &mut [u16]) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let (max, lse) = log_sum_exp(logits);
     let min = logits
         .iter()
         .copied()
         .fold(f32::INFINITY, f32::min)
         .max(max - 16.0);
-    let (_, lse) = log_sum_exp(logits);
     let min_log_prob = min - max - lse;
     let scale = (max - min) / 65535.0;
     let (head, q) = out.split_at_mut(4);

@@ -2,9 +2,9 @@
 //!
 //! Format: 8-byte little-endian header length `n`, `n` bytes of JSON
 //! `{name: {dtype, shape, data_offsets: [begin, end]}}`, then the data section; offsets are
-//! relative to the data section (safetensors spec). Each entry is first checked here so an error
-//! names its tensor; the `safetensors` crate then validates the header (offsets contiguous,
-//! sizes = shape × dtype size, data section exactly as long as declared).
+//! relative to the data section (safetensors spec). The `safetensors` crate validates the header
+//! (offsets contiguous, sizes = shape × dtype size, data section exactly as long as declared);
+//! a header it refuses is checked again here entry by entry, so the error names the tensor.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -75,8 +75,8 @@ pub fn safetensors_error_text(e: &safetensors::SafeTensorError) -> String {
 }
 
 /// Check each tensor entry of a safetensors header (`name → {dtype, shape, data_offsets}`)
-/// before the `safetensors` crate reads it, whose errors for a bad entry name no tensor.
-/// `bytes` is the whole file; a header that is not a JSON object at all is left to the crate.
+/// that the `safetensors` crate refused, whose errors for a bad entry name no tensor. `bytes`
+/// is the whole file; a header that is not a JSON object at all is left to the crate.
 ///
 /// Errors: [`ModelError::BadTensor`] naming the tensor when its entry is not an object, its
 /// dtype is not a safetensors dtype (named), its shape or data_offsets are malformed, or its
@@ -176,12 +176,16 @@ impl SafetensorsSource {
         // SAFETY: the file is opened read-only and the map is never written; as with every
         // mmap-based reader, a concurrent truncation by another process is not defended against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        check_header_entries(path, &mmap)?;
-        let (header_len, meta) =
-            SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::BadSafetensors {
-                path: path.to_path_buf(),
-                msg: safetensors_error_text(&e),
-            })?;
+        // A header the crate refuses is read again entry by entry, for an error that names
+        // the tensor (the crate's does not).
+        let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| {
+            check_header_entries(path, &mmap)
+                .err()
+                .unwrap_or_else(|| ModelError::BadSafetensors {
+                    path: path.to_path_buf(),
+                    msg: safetensors_error_text(&e),
+                })
+        })?;
         let data_start = 8 + header_len;
         let shard = self.shards.len();
         let mut entries: Vec<(String, &safetensors::tensor::TensorInfo)> =
