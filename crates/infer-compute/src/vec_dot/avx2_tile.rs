@@ -1,23 +1,21 @@
-//! AVX2 / AVX-512 VNNI tile kernels for the Q8_0-activation family (Q4_0, Q5_0, Q8_0 weights and
-//! the seed's split Q8 format): one weight row against up to [`TILE`] activation rows at once,
-//! so each weight block is unpacked (nibbles, fifth bits, scale) once per tile instead of once
-//! per activation row — the structure of llamafile's `tinyBLAS_Q0_AVX` (ggml
-//! `llamafile/sgemm.cpp`) with a 1 × N tile.
+//! AVX2 tile kernels for the Q8_0-activation family (Q4_0, Q5_0, Q8_0 weights and the seed's
+//! split Q8 format): one weight row against up to [`TILE`] activation rows at once, so each
+//! weight block is unpacked (nibbles, fifth bits, scale) once per tile instead of once per
+//! activation row — the structure of llamafile's `tinyBLAS_Q0_AVX` (ggml `llamafile/sgemm.cpp`)
+//! with a 1 × N tile. A CPU with AVX-512 VNNI takes [`super::vnni_gemm`] instead (see
+//! [`rows_times_acts`]).
 //!
 //! Activations are pre-split ([`super::Q8Rows`]): int8 quants contiguous per row and the block
 //! scales as f32. Per block the integer dot is ggml's `mul_sum_i8_pairs_float` (exact), scaled by
 //! `d_w · d_a` and accumulated with one FMA; even and odd blocks go to two accumulators (two FMA
 //! chains), added at the end. The arithmetic of one (weight row, activation row) pair does not
-//! depend on the tile size nor on AVX2 vs VNNI, so a mat-vec and any row of a mat-mat give
-//! bit-identical results.
+//! depend on the tile size, so a mat-vec and any row of a mat-mat give bit-identical results.
 
 use infer_quant::{q4_0, q5_0, q8_0};
 use std::arch::x86_64::*;
 
 /// Activation rows per tile (AVX2: 16 vector registers).
 pub(crate) const TILE: usize = 4;
-/// Activation rows per tile of the AVX-512 VNNI kernel (32 vector registers).
-const TILE_VNNI: usize = 8;
 
 /// Weight formats with a tile kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,25 +70,6 @@ unsafe fn unpack(fmt: Q0, xb: *const u8, wd: *const f32) -> (__m256, __m256i) {
         Q0::Q8_0 | Q0::Q8S => _mm256_loadu_si256(xb.add(q8_0::QS_OFFSET) as *const __m256i),
     };
     (d, q)
-}
-
-/// [`unpack`] with AVX-512BW masks: Q5_0's fifth bits are loaded straight into a mask register
-/// and select `nibble` or `nibble − 16` per byte (3 operations instead of ggml's 7-operation
-/// `bytes_from_bits_32` + `andnot` + `or`); same quants.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-unsafe fn unpack_bw(fmt: Q0, xb: *const u8, wd: *const f32) -> (__m256, __m256i) {
-    match fmt {
-        Q0::Q5_0 => {
-            let d = _mm_cvtph_ps(_mm_cvtsi32_si128((xb as *const i32).read_unaligned()));
-            let d = _mm256_broadcastss_ps(d);
-            let nib = bytes_from_nibbles_32(xb.add(q5_0::QS_OFFSET));
-            let hi = _cvtu32_mask32((xb.add(q5_0::QH_OFFSET) as *const u32).read_unaligned());
-            let low = _mm256_sub_epi8(nib, _mm256_set1_epi8(16));
-            (d, _mm256_mask_blend_epi8(hi, low, nib))
-        }
-        _ => unpack(fmt, xb, wd),
-    }
 }
 
 /// ggml `bytes_from_nibbles_32`.
@@ -196,66 +175,6 @@ unsafe fn tile<const F: u8, const N: usize>(
     out
 }
 
-/// [`tile`] with AVX-512 VNNI on 256-bit vectors (`vpdpbusd` for `maddubs` + `madd`, mask-based
-/// Q5_0 unpacking, 32 vector registers so the accumulators of 8 rows stay in registers).
-/// `vpdpbusd` of `|w|` and `sign(a, w)` sums the same four byte products per i32 lane as ggml's
-/// `mul_sum_i8_pairs_float` (no i16 saturation: |w| ≤ 127), so every result is bit-identical to
-/// [`tile`].
-///
-/// # Safety
-/// As [`tile`], plus AVX512F/VL/BW/VNNI must be available ([`vnni_available`]).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn tile_vnni<const F: u8, const N: usize>(
-    nb: usize,
-    w: *const u8,
-    wd: *const f32,
-    qs: [*const i8; N],
-    d: [*const f32; N],
-) -> [f32; N] {
-    let fmt = q0_from_tag(F);
-    let bb = block_bytes(fmt);
-    let mut acc0 = [_mm256_setzero_ps(); N];
-    let mut acc1 = [_mm256_setzero_ps(); N];
-    let blk = |acc: __m256, dw: __m256, ax: __m256i, qx: __m256i, qy: *const i8, da: f32| {
-        let y = _mm256_loadu_si256(qy as *const __m256i);
-        let sy = _mm256_sign_epi8(y, qx);
-        let s = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
-        _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(da)), s, acc)
-    };
-    let mut ib = 0;
-    while ib + 1 < nb {
-        let (dw0, qx0) = unpack_bw(fmt, w.add(ib * bb), wd.wrapping_add(ib));
-        let ax0 = _mm256_sign_epi8(qx0, qx0);
-        let (dw1, qx1) = unpack_bw(fmt, w.add((ib + 1) * bb), wd.wrapping_add(ib + 1));
-        let ax1 = _mm256_sign_epi8(qx1, qx1);
-        for j in 0..N {
-            acc0[j] = blk(acc0[j], dw0, ax0, qx0, qs[j].add(ib * 32), *d[j].add(ib));
-            acc1[j] = blk(
-                acc1[j],
-                dw1,
-                ax1,
-                qx1,
-                qs[j].add((ib + 1) * 32),
-                *d[j].add(ib + 1),
-            );
-        }
-        ib += 2;
-    }
-    if ib < nb {
-        let (dw0, qx0) = unpack_bw(fmt, w.add(ib * bb), wd.wrapping_add(ib));
-        let ax0 = _mm256_sign_epi8(qx0, qx0);
-        for j in 0..N {
-            acc0[j] = blk(acc0[j], dw0, ax0, qx0, qs[j].add(ib * 32), *d[j].add(ib));
-        }
-    }
-    let mut out = [0f32; N];
-    for j in 0..N {
-        out[j] = hsum_float_8(_mm256_add_ps(acc0[j], acc1[j]));
-    }
-    out
-}
-
 /// True when this CPU has AVX512F/VL/BW/VNNI (checked once).
 pub(crate) fn vnni_available() -> bool {
     use std::sync::OnceLock;
@@ -343,7 +262,8 @@ pub(crate) unsafe fn rows_times_acts_q8s(
     rows_dispatch(Q0::Q8S, values, cols, scales.as_ptr(), acts, out)
 }
 
-/// Picks the row loop for `fmt` and the CPU (VNNI or AVX2).
+/// Picks the row loop for `fmt` and the CPU: [`super::vnni_gemm`] with AVX-512 VNNI, else the
+/// AVX2 tiles.
 ///
 /// # Safety
 /// As [`rows_times_acts`]; `wd` holds the rows' f32 scales for [`Q0::Q8S`].
@@ -355,15 +275,14 @@ unsafe fn rows_dispatch(
     acts: &super::Q8Rows,
     out: super::OutMat,
 ) {
-    match (fmt, vnni_available()) {
-        (Q0::Q4_0, true) => rows_vnni::<F4_0>(ws, row_bytes, wd, acts, out),
-        (Q0::Q5_0, true) => rows_vnni::<F5_0>(ws, row_bytes, wd, acts, out),
-        (Q0::Q8_0, true) => rows_vnni::<F8_0>(ws, row_bytes, wd, acts, out),
-        (Q0::Q8S, true) => rows_vnni::<F8S>(ws, row_bytes, wd, acts, out),
-        (Q0::Q4_0, false) => rows_avx2::<F4_0>(ws, row_bytes, wd, acts, out),
-        (Q0::Q5_0, false) => rows_avx2::<F5_0>(ws, row_bytes, wd, acts, out),
-        (Q0::Q8_0, false) => rows_avx2::<F8_0>(ws, row_bytes, wd, acts, out),
-        (Q0::Q8S, false) => rows_avx2::<F8S>(ws, row_bytes, wd, acts, out),
+    if vnni_available() {
+        return super::vnni_gemm::rows_times_acts(fmt, ws, row_bytes, wd, acts, out);
+    }
+    match fmt {
+        Q0::Q4_0 => rows_avx2::<F4_0>(ws, row_bytes, wd, acts, out),
+        Q0::Q5_0 => rows_avx2::<F5_0>(ws, row_bytes, wd, acts, out),
+        Q0::Q8_0 => rows_avx2::<F8_0>(ws, row_bytes, wd, acts, out),
+        Q0::Q8S => rows_avx2::<F8S>(ws, row_bytes, wd, acts, out),
     }
 }
 
@@ -416,12 +335,6 @@ macro_rules! rows_fn {
 }
 
 rows_fn!(rows_avx2, tile, TILE, "avx2,fma,f16c");
-rows_fn!(
-    rows_vnni,
-    tile_vnni,
-    TILE_VNNI,
-    "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
-);
 
 #[cfg(test)]
 mod tests {
@@ -437,33 +350,13 @@ mod tests {
         }
     }
 
-    /// Runs `tile` (N = 4) and `tile_vnni` (N = 8 and N = 1) of tag `F` on the same data.
-    ///
-    /// # Safety
-    /// AVX2 and VNNI available; buffers sized for `nb` blocks.
-    unsafe fn run<const F: u8>(
-        nb: usize,
-        w: &[u8],
-        wd: &[f32],
-        qp: [*const i8; 8],
-        dp: [*const f32; 8],
-    ) -> ([f32; 4], [f32; 8], f32) {
-        let q4: [*const i8; 4] = std::array::from_fn(|j| qp[j]);
-        let d4: [*const f32; 4] = std::array::from_fn(|j| dp[j]);
-        (
-            tile::<F, 4>(nb, w.as_ptr(), wd.as_ptr(), q4, d4),
-            tile_vnni::<F, 8>(nb, w.as_ptr(), wd.as_ptr(), qp, dp),
-            tile_vnni::<F, 1>(nb, w.as_ptr(), wd.as_ptr(), [qp[5]], [dp[5]])[0],
-        )
-    }
-
-    /// The VNNI tile kernel equals the AVX2 one bit for bit, for every format, tile width and
+    /// The AVX2 tile kernel of width 4 equals width 1 bit for bit, for every format and
     /// remainder, on random weight bytes (quants avoid −128, as ggml's quantizers do) and random
     /// activation quants and scales.
     #[test]
-    fn vnni_tile_equals_avx2_tile_bit_for_bit() {
-        if !vnni_available() {
-            eprintln!("no AVX-512 VNNI on this CPU: nothing to compare");
+    fn tile_widths_give_the_same_bits() {
+        if !crate::vec_dot::avx2_available() {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
             return;
         }
         let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
@@ -482,28 +375,41 @@ mod tests {
                     };
                 }
                 let wd: Vec<f32> = (0..nb).map(|_| (next() % 1000) as f32 * 1e-4).collect();
-                let qs: Vec<Vec<i8>> = (0..8)
+                let qs: Vec<Vec<i8>> = (0..4)
                     .map(|_| (0..nb * 32).map(|_| (next() % 255) as i8).collect())
                     .collect();
-                let d: Vec<Vec<f32>> = (0..8)
+                let d: Vec<Vec<f32>> = (0..4)
                     .map(|_| (0..nb).map(|_| (next() % 1000) as f32 * 1e-4).collect())
                     .collect();
-                let qp: [*const i8; 8] = std::array::from_fn(|j| qs[j].as_ptr());
-                let dp: [*const f32; 8] = std::array::from_fn(|j| d[j].as_ptr());
-                // SAFETY: AVX2 and VNNI detected; buffers hold nb blocks / nb·32 quants.
-                let (a, b, c) = unsafe {
+                let qp: [*const i8; 4] = std::array::from_fn(|j| qs[j].as_ptr());
+                let dp: [*const f32; 4] = std::array::from_fn(|j| d[j].as_ptr());
+                // SAFETY: AVX2 detected; buffers hold nb blocks / nb·32 quants.
+                let (four, one) = unsafe {
+                    let (w, wd) = (w.as_ptr(), wd.as_ptr());
                     match fmt {
-                        Q0::Q4_0 => run::<F4_0>(nb, &w, &wd, qp, dp),
-                        Q0::Q5_0 => run::<F5_0>(nb, &w, &wd, qp, dp),
-                        Q0::Q8_0 => run::<F8_0>(nb, &w, &wd, qp, dp),
-                        Q0::Q8S => run::<F8S>(nb, &w, &wd, qp, dp),
+                        Q0::Q4_0 => (
+                            tile::<F4_0, 4>(nb, w, wd, qp, dp),
+                            tile::<F4_0, 1>(nb, w, wd, [qp[3]], [dp[3]]),
+                        ),
+                        Q0::Q5_0 => (
+                            tile::<F5_0, 4>(nb, w, wd, qp, dp),
+                            tile::<F5_0, 1>(nb, w, wd, [qp[3]], [dp[3]]),
+                        ),
+                        Q0::Q8_0 => (
+                            tile::<F8_0, 4>(nb, w, wd, qp, dp),
+                            tile::<F8_0, 1>(nb, w, wd, [qp[3]], [dp[3]]),
+                        ),
+                        Q0::Q8S => (
+                            tile::<F8S, 4>(nb, w, wd, qp, dp),
+                            tile::<F8S, 1>(nb, w, wd, [qp[3]], [dp[3]]),
+                        ),
                     }
                 };
-                for j in 0..4 {
-                    assert_eq!(a[j].to_bits(), b[j].to_bits(), "{fmt:?} nb={nb} row {j}");
-                }
-                assert_eq!(c.to_bits(), b[5].to_bits(), "{fmt:?} nb={nb} row 5 (N = 1)");
-                assert!(a.iter().all(|v| v.is_finite()), "{fmt:?} nb={nb}: {a:?}");
+                assert_eq!(four[3].to_bits(), one[0].to_bits(), "{fmt:?} nb={nb}");
+                assert!(
+                    four.iter().all(|v| v.is_finite()),
+                    "{fmt:?} nb={nb}: {four:?}"
+                );
             }
         }
     }

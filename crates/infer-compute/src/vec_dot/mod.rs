@@ -23,6 +23,8 @@ pub(crate) mod avx512_q6k;
 pub mod generic;
 mod layout;
 mod q8_act;
+#[cfg(target_arch = "x86_64")]
+mod vnni_gemm;
 
 use crate::ComputeError;
 use infer_quant::QuantFormat;

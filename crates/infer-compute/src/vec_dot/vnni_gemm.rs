@@ -1,0 +1,532 @@
+//! AVX-512 VNNI products of Q4_0 / Q5_0 / Q8_0 (and the seed's split Q8) weights with Q8_0
+//! activation rows ([`super::Q8Rows`]), eight weight rows at a time.
+//!
+//! The eight rows' blocks are unpacked to unsigned bytes and transposed (once per group of rows
+//! and product, into a per-thread buffer) so that dword lane `r` of register `k` holds row `r`'s
+//! quants `4k..4k+3`. One `vpdpbusd` with an activation dword broadcast then advances the block
+//! dot of all eight rows, and one FMA per block and activation row scales and accumulates the
+//! eight dots: the layout of llama.cpp's repacked `ggml_gemm_q4_0_8x8_q8_0` (ggml-cpu
+//! `repack.cpp`), built per product instead of stored.
+//!
+//! Signed weights become unsigned by an offset (Q4_0 `+8`, Q5_0 `+16`, Q8_0 `+128`); the offset
+//! times the activation block's quant sum starts the integer accumulator, so every block dot is
+//! the exact integer `Σ q_w·q_a`. Each output is then the same f32 sequence whatever the number
+//! of activation rows or the row's place in a group: `acc = fma(d_w·d_a, dot_b, acc)` over the
+//! blocks in order from `acc = 0` (ggml's scalar `vec_dot_q8_0_q8_0` order), so a mat-vec and
+//! any row of a mat-mat give the same bits.
+
+use super::avx2_tile::{block_bytes, Q0};
+use super::{OutMat, Q8Rows};
+use crate::scratch;
+use infer_quant::{q4_0, q5_0, q8_0};
+use std::arch::x86_64::*;
+use std::cell::Cell;
+
+/// Weight rows per group: one dword lane per row of a 256-bit register.
+const GROUP: usize = 8;
+/// Activation rows per tile: 16 accumulators + 8 weight registers of the 32.
+const TILE: usize = 16;
+/// Below this many activation rows, groups are multiplied straight from the weight blocks
+/// ([`group_direct`]); from it on, transposed once per group ([`prepare_group`]).
+const DIRECT_BELOW: usize = 4;
+
+/// One transposed block of a group: eight registers of unsigned quants, then the eight rows'
+/// f32 scales. 32-byte aligned.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+struct TBlock {
+    quants: [[u8; 32]; 8],
+    scales: [f32; GROUP],
+}
+
+thread_local! {
+    /// The current group's transposed blocks, and the activation blocks' quant sums.
+    static BLOCKS: Cell<Vec<TBlock>> = const { Cell::new(Vec::new()) };
+    static SUMS: Cell<Vec<i32>> = const { Cell::new(Vec::new()) };
+}
+
+/// log2 of the offset that makes a weight quant of `fmt` unsigned.
+const fn offset_shift(fmt: Q0) -> u32 {
+    match fmt {
+        Q0::Q4_0 => 3,
+        Q0::Q5_0 => 4,
+        Q0::Q8_0 | Q0::Q8S => 7,
+    }
+}
+
+/// ggml `bytes_from_nibbles_32`: 16 bytes → 32 nibbles (low halves first).
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let t = _mm_loadu_si128(p as *const __m128i);
+    let b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    _mm256_and_si256(_mm256_set1_epi8(0xF), b)
+}
+
+/// 32 signed bytes + 128, as unsigned bytes.
+#[inline(always)]
+unsafe fn flip(q: *const u8) -> __m256i {
+    let q = _mm256_loadu_si256(q as *const __m256i);
+    _mm256_xor_si256(q, _mm256_set1_epi8(i8::MIN))
+}
+
+/// The 32 quants of the block at `xb` plus the format's offset, as unsigned bytes.
+/// (No closures in the kernels: a closure would not inherit the target features and its
+/// intrinsics would not be inlined.)
+#[inline(always)]
+unsafe fn unpack_unsigned(fmt: Q0, xb: *const u8) -> __m256i {
+    match fmt {
+        Q0::Q4_0 => nibbles(xb.add(q4_0::QS_OFFSET)),
+        Q0::Q5_0 => {
+            // u = nibble + 16·(fifth bit).
+            let hi = _cvtu32_mask32((xb.add(q5_0::QH_OFFSET) as *const u32).read_unaligned());
+            let n = nibbles(xb.add(q5_0::QS_OFFSET));
+            _mm256_mask_add_epi8(n, hi, n, _mm256_set1_epi8(16))
+        }
+        Q0::Q8_0 => flip(xb.add(q8_0::QS_OFFSET)),
+        Q0::Q8S => flip(xb),
+    }
+}
+
+/// The sum of the 32 signed bytes at `q`: `Σ (q + 128) − 4096` with `vpsadbw`.
+#[inline(always)]
+unsafe fn block_sum(q: *const i8) -> i32 {
+    let u = flip(q as *const u8);
+    let s = _mm256_sad_epu8(u, _mm256_setzero_si256());
+    let s = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    (_mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s)) as i32 - 4096
+}
+
+/// Lane `r` = the sum of the eight lanes of `v[r]` (exact, wrapping i32).
+#[inline(always)]
+unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
+    let a01 = _mm256_hadd_epi32(v[0], v[1]);
+    let a23 = _mm256_hadd_epi32(v[2], v[3]);
+    let a45 = _mm256_hadd_epi32(v[4], v[5]);
+    let a67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Rows 0-3 (low 128 bits: lanes 0-3 of each row, high: lanes 4-7), then rows 4-7.
+    let b0 = _mm256_hadd_epi32(a01, a23);
+    let b1 = _mm256_hadd_epi32(a45, a67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(b0, b1),
+        _mm256_permute2x128_si256::<0x31>(b0, b1),
+    )
+}
+
+/// 8 × 8 transpose of 32-bit lanes: lane `r` of output `k` = lane `k` of input `r`.
+#[inline(always)]
+unsafe fn transpose8(u: &[__m256i; 8]) -> [__m256i; 8] {
+    // t: row pairs (0,1), (2,3), (4,5), (6,7) interleaved; lo = k ∈ {0,1 | 4,5}, hi = {2,3 | 6,7}.
+    let (t0, t1) = (
+        _mm256_unpacklo_epi32(u[0], u[1]),
+        _mm256_unpackhi_epi32(u[0], u[1]),
+    );
+    let (t2, t3) = (
+        _mm256_unpacklo_epi32(u[2], u[3]),
+        _mm256_unpackhi_epi32(u[2], u[3]),
+    );
+    let (t4, t5) = (
+        _mm256_unpacklo_epi32(u[4], u[5]),
+        _mm256_unpackhi_epi32(u[4], u[5]),
+    );
+    let (t6, t7) = (
+        _mm256_unpacklo_epi32(u[6], u[7]),
+        _mm256_unpackhi_epi32(u[6], u[7]),
+    );
+    // s_k: rows 0-3 (or 4-7) at k (low 128 bits) and k + 4 (high 128 bits).
+    let (s0, s1) = (_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2));
+    let (s2, s3) = (_mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3));
+    let (s4, s5) = (_mm256_unpacklo_epi64(t4, t6), _mm256_unpackhi_epi64(t4, t6));
+    let (s6, s7) = (_mm256_unpacklo_epi64(t5, t7), _mm256_unpackhi_epi64(t5, t7));
+    [
+        _mm256_permute2x128_si256::<0x20>(s0, s4),
+        _mm256_permute2x128_si256::<0x20>(s1, s5),
+        _mm256_permute2x128_si256::<0x20>(s2, s6),
+        _mm256_permute2x128_si256::<0x20>(s3, s7),
+        _mm256_permute2x128_si256::<0x31>(s0, s4),
+        _mm256_permute2x128_si256::<0x31>(s1, s5),
+        _mm256_permute2x128_si256::<0x31>(s2, s6),
+        _mm256_permute2x128_si256::<0x31>(s3, s7),
+    ]
+}
+
+/// The unsigned quants of block `b` of the eight rows `rows` (`bb` bytes per block).
+#[inline(always)]
+unsafe fn unpack8(fmt: Q0, rows: &[*const u8; GROUP], b: usize, bb: usize) -> [__m256i; 8] {
+    let mut u = [_mm256_setzero_si256(); GROUP];
+    for r in 0..GROUP {
+        u[r] = unpack_unsigned(fmt, rows[r].add(b * bb));
+    }
+    u
+}
+
+/// The f32 scales of block `b` of the eight rows (see [`scales8`]).
+#[inline(always)]
+unsafe fn scales_at(
+    fmt: Q0,
+    rows: &[*const u8; GROUP],
+    wd: &[*const f32; GROUP],
+    b: usize,
+    bb: usize,
+) -> __m256 {
+    if fmt == Q0::Q8S {
+        let f = |r: usize| *wd[r].add(b);
+        return _mm256_setr_ps(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
+    }
+    let h = |r: usize| (rows[r].add(b * bb) as *const i16).read_unaligned();
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        h(0),
+        h(1),
+        h(2),
+        h(3),
+        h(4),
+        h(5),
+        h(6),
+        h(7),
+    ))
+}
+
+/// The weights stream from memory and eight rows are eight streams, which the hardware
+/// prefetchers follow poorly: block `b` of a group fetches the `b`-th share of the next group
+/// (the eight rows after `rows`, `row_bytes` apart; `bb` bytes per block). A hint past the end
+/// of the weights is dropped.
+#[inline(always)]
+unsafe fn prefetch_next_group(rows: *const u8, row_bytes: usize, b: usize, bb: usize) {
+    let ahead = rows.wrapping_add(GROUP * row_bytes + b * GROUP * bb);
+    let mut off = 0;
+    while off < GROUP * bb {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
+        off += 64;
+    }
+}
+
+/// Unpacks and transposes the `out.len()` blocks of the eight weight rows `rows` (`wd`: their
+/// f32 scales for [`Q0::Q8S`]; `row_bytes`: the matrix's row stride) into `out`.
+#[inline(always)]
+unsafe fn prepare_group(
+    fmt: Q0,
+    rows: [*const u8; GROUP],
+    wd: [*const f32; GROUP],
+    row_bytes: usize,
+    out: &mut [TBlock],
+) {
+    let bb = block_bytes(fmt);
+    for (b, tb) in out.iter_mut().enumerate() {
+        prefetch_next_group(rows[0], row_bytes, b, bb);
+        let t = transpose8(&unpack8(fmt, &rows, b, bb));
+        _mm256_store_ps(tb.scales.as_mut_ptr(), scales_at(fmt, &rows, &wd, b, bb));
+        for (q, tk) in tb.quants.iter_mut().zip(t) {
+            _mm256_store_si256(q.as_mut_ptr() as *mut __m256i, tk);
+        }
+    }
+}
+
+/// [`group_tile`] for few activation rows, straight from eight consecutive weight rows
+/// (`rows`: the first, `row_bytes` apart; `wd`: the first row's f32 scales for [`Q0::Q8S`]):
+/// each row's block dot is reduced across lanes ([`reduce8`]) instead of transposing the
+/// weights first, so nothing is written. Same integers, same f32 sequence.
+#[inline(always)]
+unsafe fn group_direct<const N: usize>(
+    fmt: Q0,
+    (rows, wd, nb, row_bytes): (*const u8, *const f32, usize, usize),
+    shift: u32,
+    qs: [*const i8; N],
+    d: [*const f32; N],
+    sums: [*const i32; N],
+) -> [__m256; N] {
+    let bb = block_bytes(fmt);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..nb {
+        let p = rows.add(b * bb);
+        prefetch_next_group(rows, row_bytes, b, bb);
+        let mut u = [_mm256_setzero_si256(); GROUP];
+        let mut h = [0i16; GROUP];
+        for r in 0..GROUP {
+            u[r] = unpack_unsigned(fmt, p.add(r * row_bytes));
+            h[r] = (p.add(r * row_bytes) as *const i16).read_unaligned();
+        }
+        let dw = if fmt == Q0::Q8S {
+            let f = |r: usize| *wd.add(r * nb + b);
+            _mm256_setr_ps(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7))
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+        };
+        for j in 0..N {
+            let a = _mm256_loadu_si256(qs[j].add(b * 32) as *const __m256i);
+            let mut v = [_mm256_setzero_si256(); GROUP];
+            for r in 0..GROUP {
+                v[r] = _mm256_dpbusd_epi32(v[r], u[r], a);
+            }
+            let dots = reduce8(v);
+            let s = _mm256_sub_epi32(dots, _mm256_set1_epi32(*sums[j].add(b) << shift));
+            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d[j].add(b)));
+            acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc[j]);
+        }
+    }
+    acc
+}
+
+/// The eight outputs of a group for `N` activation rows (quants `qs[j]`, scales `d[j]`, block
+/// quant sums `sums[j]`, `blocks.len()` blocks each): lane `r` of result `j` = row `r` · act `j`.
+#[inline(always)]
+unsafe fn group_tile<const N: usize>(
+    blocks: &[TBlock],
+    shift: u32,
+    qs: [*const i8; N],
+    d: [*const f32; N],
+    sums: [*const i32; N],
+) -> [__m256; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (b, tb) in blocks.iter().enumerate() {
+        let mut w = [_mm256_setzero_si256(); 8];
+        for (wk, q) in w.iter_mut().zip(&tb.quants) {
+            *wk = _mm256_load_si256(q.as_ptr() as *const __m256i);
+        }
+        let dw = _mm256_load_ps(tb.scales.as_ptr());
+        for j in 0..N {
+            let a = qs[j].add(b * 32) as *const i32;
+            let mut s = _mm256_set1_epi32(-(*sums[j].add(b) << shift));
+            for (k, wk) in w.iter().enumerate() {
+                s = _mm256_dpbusd_epi32(s, *wk, _mm256_set1_epi32(a.add(k).read_unaligned()));
+            }
+            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d[j].add(b)));
+            acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc[j]);
+        }
+    }
+    acc
+}
+
+/// Stores lanes `..valid` of `v` as outputs (g + r, i) of `out`.
+#[inline(always)]
+unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v: __m256) {
+    let mut lanes = [0f32; GROUP];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+    for (r, &x) in lanes.iter().enumerate().take(valid) {
+        out.put(g + r, i, x);
+    }
+}
+
+/// Runs `group_tile::<N>` over activation rows `i..` while `N` of them remain; returns the
+/// next row.
+#[inline(always)]
+unsafe fn tiles<const N: usize>(
+    blocks: &[TBlock],
+    shift: u32,
+    acts: &Q8Rows,
+    sums: &[i32],
+    mut i: usize,
+    (out, g, valid): (OutMat, usize, usize),
+) -> usize {
+    let nb = blocks.len();
+    while i + N <= acts.m {
+        let v = group_tile::<N>(
+            blocks,
+            shift,
+            std::array::from_fn(|j| acts.qs.as_ptr().add((i + j) * acts.cols)),
+            std::array::from_fn(|j| acts.d.as_ptr().add((i + j) * nb)),
+            std::array::from_fn(|j| sums.as_ptr().add((i + j) * nb)),
+        );
+        for (j, x) in v.into_iter().enumerate() {
+            put_lanes(out, g, i + j, valid, x);
+        }
+        i += N;
+    }
+    i
+}
+
+/// [`group_direct`] for all `N` activation rows of `acts` and the full group starting at
+/// weight row `g`.
+#[inline(always)]
+unsafe fn direct_rows<const N: usize>(
+    fmt: Q0,
+    group: (*const u8, *const f32, usize, usize),
+    shift: u32,
+    acts: &Q8Rows,
+    sums: &[i32],
+    (out, g): (OutMat, usize),
+) {
+    let nb = group.2;
+    let v = group_direct::<N>(
+        fmt,
+        group,
+        shift,
+        std::array::from_fn(|j| acts.qs.as_ptr().add(j * acts.cols)),
+        std::array::from_fn(|j| acts.d.as_ptr().add(j * nb)),
+        std::array::from_fn(|j| sums.as_ptr().add(j * nb)),
+    );
+    for (j, x) in v.into_iter().enumerate() {
+        put_lanes(out, g, j, GROUP, x);
+    }
+}
+
+/// Element (r, i) of `out` = `W_r · A_i` for the weight rows `ws` (`row_bytes` each; `wd`: their
+/// f32 scales, `cols / 32` per row, for [`Q0::Q8S`]) and every activation row of `acts`.
+///
+/// # Safety
+/// AVX2, FMA, AVX512F/VL/BW/VNNI must be available (`super::avx2_tile::vnni_available`); `ws`
+/// holds whole rows of at least `acts.cols / 32` blocks of `fmt` (and `wd` their scales for
+/// Q8S); `out` must own elements (r, i) for every r < `ws.len() / row_bytes`, i < `acts.m`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) unsafe fn rows_times_acts(
+    fmt: Q0,
+    ws: &[u8],
+    row_bytes: usize,
+    wd: *const f32,
+    acts: &Q8Rows,
+    out: OutMat,
+) {
+    let nb = acts.cols / 32;
+    let n_rows = ws.len() / row_bytes;
+    if nb == 0 || n_rows == 0 || acts.m == 0 {
+        return;
+    }
+    let mut sums = scratch::take(&SUMS, acts.m * nb);
+    for (s, q) in sums
+        .iter_mut()
+        .zip(acts.qs[..acts.m * acts.cols].chunks_exact(32))
+    {
+        *s = block_sum(q.as_ptr());
+    }
+    let shift = offset_shift(fmt);
+    let direct = acts.m < DIRECT_BELOW;
+    let mut blocks = scratch::take(&BLOCKS, nb);
+    for g in (0..n_rows).step_by(GROUP) {
+        let valid = GROUP.min(n_rows - g);
+        // A short last group repeats its last row in the unused lanes (never stored).
+        let row = |r: usize| (g + r).min(n_rows - 1);
+        let rows = std::array::from_fn(|r| ws.as_ptr().add(row(r) * row_bytes));
+        let wds = std::array::from_fn(|r| wd.wrapping_add(row(r) * nb));
+        if direct && valid == GROUP {
+            let group = (rows[0], wds[0], nb, row_bytes);
+            match acts.m {
+                1 => direct_rows::<1>(fmt, group, shift, acts, &sums, (out, g)),
+                2 => direct_rows::<2>(fmt, group, shift, acts, &sums, (out, g)),
+                _ => direct_rows::<3>(fmt, group, shift, acts, &sums, (out, g)),
+            }
+            continue;
+        }
+        prepare_group(fmt, rows, wds, row_bytes, &mut blocks[..nb]);
+        let bl = &blocks[..nb];
+        let at = (out, g, valid);
+        let i = tiles::<TILE>(bl, shift, acts, &sums, 0, at);
+        let i = tiles::<4>(bl, shift, acts, &sums, i, at);
+        tiles::<1>(bl, shift, acts, &sums, i, at);
+    }
+    scratch::give(&BLOCKS, blocks);
+    scratch::give(&SUMS, sums);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arithmetic the kernel promises, in scalar code: exact integer block dots, then
+    /// `acc = fma(d_w·d_a, dot, acc)` over the blocks in order.
+    fn reference(fmt: Q0, w: &[u8], wd: &[f32], qs: &[i8], d: &[f32], nb: usize) -> f32 {
+        let bb = block_bytes(fmt);
+        let mut acc = 0f32;
+        for b in 0..nb {
+            let blk = &w[b * bb..(b + 1) * bb];
+            let dw = match fmt {
+                Q0::Q8S => wd[b],
+                _ => super::super::layout::f16_at(blk, 0),
+            };
+            let q: Vec<i32> = (0..32)
+                .map(|i| match fmt {
+                    Q0::Q4_0 => {
+                        let byte = blk[q4_0::QS_OFFSET + i % 16];
+                        (if i < 16 { byte & 0xF } else { byte >> 4 }) as i32 - 8
+                    }
+                    Q0::Q5_0 => {
+                        let byte = blk[q5_0::QS_OFFSET + i % 16];
+                        let nib = (if i < 16 { byte & 0xF } else { byte >> 4 }) as i32;
+                        let qh = u32::from_le_bytes(
+                            blk[q5_0::QH_OFFSET..q5_0::QH_OFFSET + 4]
+                                .try_into()
+                                .unwrap(),
+                        );
+                        nib + 16 * ((qh >> i) & 1) as i32 - 16
+                    }
+                    Q0::Q8_0 => blk[q8_0::QS_OFFSET + i] as i8 as i32,
+                    Q0::Q8S => blk[i] as i8 as i32,
+                })
+                .collect();
+            let dot: i32 = (0..32).map(|i| q[i] * qs[b * 32 + i] as i32).sum();
+            acc = (dw * d[b]).mul_add(dot as f32, acc);
+        }
+        acc
+    }
+
+    /// Every output equals the scalar reference bit for bit, for every format, for numbers of
+    /// weight rows that leave short groups and numbers of activation rows that use every tile
+    /// width; weight quants include −128.
+    #[test]
+    fn gemm_equals_scalar_arithmetic_bit_for_bit() {
+        if !super::super::avx2_tile::vnni_available() {
+            eprintln!("no AVX-512 VNNI on this CPU: nothing to run");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for fmt in [Q0::Q4_0, Q0::Q5_0, Q0::Q8_0, Q0::Q8S] {
+            for (nb, n_rows, m) in [
+                (1usize, 1usize, 1usize),
+                (2, 16, 1),
+                (4, 17, 3),
+                (3, 9, 21),
+                (18, 8, 16),
+                (5, 13, 5),
+            ] {
+                let bb = block_bytes(fmt);
+                let row_bytes = nb * bb;
+                let w: Vec<u8> = (0..n_rows * row_bytes)
+                    .map(|k| {
+                        let r = next() as u8;
+                        // f16 scales finite and moderate.
+                        if fmt != Q0::Q8S && k % bb == 1 {
+                            r & 0x3b
+                        } else {
+                            r
+                        }
+                    })
+                    .collect();
+                let wd: Vec<f32> = (0..n_rows * nb)
+                    .map(|_| (next() % 1000) as f32 * 1e-4)
+                    .collect();
+                let acts = Q8Rows {
+                    qs: (0..m * nb * 32).map(|_| (next() % 255) as i8).collect(),
+                    d: (0..m * nb).map(|_| (next() % 1000) as f32 * 1e-4).collect(),
+                    m,
+                    cols: nb * 32,
+                };
+                let mut y = vec![f32::NAN; m * n_rows];
+                let out = OutMat::rows_last(&mut y, m, n_rows);
+                // SAFETY: VNNI detected; `w` is n_rows whole rows of nb blocks, `wd` their
+                // scales; `out` covers m × n_rows.
+                unsafe { rows_times_acts(fmt, &w, row_bytes, wd.as_ptr(), &acts, out) };
+                for r in 0..n_rows {
+                    for i in 0..m {
+                        let want = reference(
+                            fmt,
+                            &w[r * row_bytes..(r + 1) * row_bytes],
+                            &wd[r * nb..(r + 1) * nb],
+                            &acts.qs[i * nb * 32..(i + 1) * nb * 32],
+                            &acts.d[i * nb..(i + 1) * nb],
+                            nb,
+                        );
+                        let got = y[i * n_rows + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{fmt:?} nb={nb} row {r} act {i}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
