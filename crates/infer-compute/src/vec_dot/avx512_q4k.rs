@@ -119,6 +119,20 @@ pub(crate) unsafe fn rows_times_acts(
         acts.len() >= m * nb * q8_k::BLOCK_BYTES,
         "Q4_K tile: activations too short"
     );
+    if super::avx2_tile::vnni_available() {
+        // SAFETY: VNNI detected; lengths checked above.
+        return unsafe {
+            super::vnni_gemm_k::rows_times_acts(
+                super::vnni_gemm_k::KQuant::Q4K,
+                ws,
+                row_bytes,
+                nb,
+                acts,
+                m,
+                out,
+            )
+        };
+    }
     // SAFETY: the CPU features were checked (`available`), and the lengths above.
     unsafe { rows_impl(ws, row_bytes, nb, acts, m, out) }
 }
@@ -127,8 +141,8 @@ pub(crate) unsafe fn rows_times_acts(
 mod tests {
     use super::*;
 
-    /// Every tile width gives the bits of the AVX2 `ggml_vec_dot_q4_K_q8_K` port (the mat-vec
-    /// kernel), and the scalar reference within 1e-5 relative.
+    /// The 1 × N tile path (CPUs without VNNI): every tile width gives the bits of the AVX2
+    /// `ggml_vec_dot_q4_K_q8_K` port, and the scalar reference within 1e-5 relative.
     #[test]
     fn q4k_tile_equals_avx2_kernel_bit_for_bit() {
         if !available() {
@@ -165,7 +179,7 @@ mod tests {
             // SAFETY: `rows` weight rows, m activation rows: out is [m, rows].
             unsafe {
                 let o = super::super::OutMat::rows_last(&mut out, m, rows);
-                rows_times_acts(&w, row_bytes, cols, &acts, m, o)
+                rows_impl(&w, row_bytes, nb, &acts, m, o)
             };
             for r in 0..rows {
                 let wr = &w[r * row_bytes..(r + 1) * row_bytes];

@@ -177,6 +177,17 @@ pub(crate) unsafe fn rows_times_acts(
         acts.len() >= m * nb * q8_k::BLOCK_BYTES,
         "Q6_K tile: activations too short"
     );
+    if super::avx2_tile::vnni_available() {
+        return super::vnni_gemm_k::rows_times_acts(
+            super::vnni_gemm_k::KQuant::Q6K,
+            ws,
+            row_bytes,
+            nb,
+            acts,
+            m,
+            out,
+        );
+    }
     rows_impl(ws, row_bytes, nb, acts, m, out)
 }
 
@@ -184,8 +195,9 @@ pub(crate) unsafe fn rows_times_acts(
 mod tests {
     use super::*;
 
-    /// Equals the AVX2 `ggml_vec_dot_q6_K_q8_K` port up to f32 accumulation order (same integer
-    /// block sums), and every tile width gives the same bits as `N = 1`.
+    /// The 1 × N tile path (CPUs without VNNI) equals the AVX2 `ggml_vec_dot_q6_K_q8_K` port up
+    /// to f32 accumulation order (same integer block sums), and every tile width gives the same
+    /// bits as `N = 1`.
     #[test]
     fn q6k_tile_matches_avx2_kernel() {
         if !available() {
@@ -216,10 +228,10 @@ mod tests {
                 infer_quant::q8_k::quantize_row_ref(xr, ab);
             }
             let mut out = vec![0f32; m];
-            // SAFETY: one weight row, m activation rows: out is [m, 1].
+            // SAFETY: AVX-512VL/BW detected; one weight row, m activation rows: out is [m, 1].
             unsafe {
                 let o = super::super::OutMat::rows_last(&mut out, m, 1);
-                rows_times_acts(&w, w.len(), cols, &acts, m, o)
+                rows_impl(&w, w.len(), nb, &acts, m, o)
             };
             for i in 0..m {
                 let a = &acts[i * ar..(i + 1) * ar];
@@ -229,7 +241,7 @@ mod tests {
                     // SAFETY: one weight row, one activation row.
                     unsafe {
                         let om = super::super::OutMat::rows_last(&mut o, 1, 1);
-                        rows_times_acts(&w, w.len(), cols, a, 1, om)
+                        rows_impl(&w, w.len(), nb, a, 1, om)
                     };
                     o[0]
                 };

@@ -25,6 +25,8 @@ mod layout;
 mod q8_act;
 #[cfg(target_arch = "x86_64")]
 mod vnni_gemm;
+#[cfg(target_arch = "x86_64")]
+mod vnni_gemm_k;
 
 use crate::ComputeError;
 use infer_quant::QuantFormat;

@@ -98,7 +98,7 @@ unsafe fn block_sum(q: *const i8) -> i32 {
 
 /// Lane `r` = the sum of the eight lanes of `v[r]` (exact, wrapping i32).
 #[inline(always)]
-unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
+pub(super) unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
     let a01 = _mm256_hadd_epi32(v[0], v[1]);
     let a23 = _mm256_hadd_epi32(v[2], v[3]);
     let a45 = _mm256_hadd_epi32(v[4], v[5]);
@@ -114,7 +114,7 @@ unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
 
 /// 8 × 8 transpose of 32-bit lanes: lane `r` of output `k` = lane `k` of input `r`.
 #[inline(always)]
-unsafe fn transpose8(u: &[__m256i; 8]) -> [__m256i; 8] {
+pub(super) unsafe fn transpose8(u: &[__m256i; 8]) -> [__m256i; 8] {
     // t: row pairs (0,1), (2,3), (4,5), (6,7) interleaved; lo = k ∈ {0,1 | 4,5}, hi = {2,3 | 6,7}.
     let (t0, t1) = (
         _mm256_unpacklo_epi32(u[0], u[1]),
