@@ -177,7 +177,7 @@ pub(crate) unsafe fn rows_times_acts(
         acts.len() >= m * nb * q8_k::BLOCK_BYTES,
         "Q6_K tile: activations too short"
     );
-    if super::avx2_tile::vnni_available() {
+    if m >= super::vnni_gemm_k::MIN_ROWS && super::avx2_tile::vnni_available() {
         return super::vnni_gemm_k::rows_times_acts(
             super::vnni_gemm_k::KQuant::Q6K,
             ws,

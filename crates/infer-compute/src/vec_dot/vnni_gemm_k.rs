@@ -11,10 +11,9 @@
 //! Per (weight row, activation row) pair and super-block the integers are exact, then
 //! `acc = fma(d_w·d_a, isum, acc)` (Q6_K: `isum` net of the offset term) and, for Q4_K,
 //! `acc = fma(−(dmin_w·d_a), msum, acc)`, over the super-blocks in order from `acc = 0` — the same
-//! f32 sequence for any number of activation rows, so a mat-vec and any row of a mat-mat give
-//! the same bits. Few activation rows go straight from the weights (ggml's AVX2
-//! `maddubs`/`madd` per unit and row, the row sums then reduced across lanes), which gives the
-//! same integers.
+//! f32 sequence for any number of activation rows from [`MIN_ROWS`] on. Mat-vecs and products of
+//! fewer rows keep the 1 × N tile kernels (ggml's AVX2 order, per-lane f32), so their results
+//! differ from a larger batch's in the last bits (~1e-7 relative).
 
 use super::layout::q4k_scales_mins;
 use super::OutMat;
@@ -27,8 +26,10 @@ use std::cell::Cell;
 const GROUP: usize = 8;
 /// Activation rows per tile of the transposed path.
 const TILE: usize = 8;
-/// Below this many activation rows, groups are multiplied straight from the weights.
-const DIRECT_BELOW: usize = 4;
+/// From this many activation rows on, the transposed group pays for itself; below it the
+/// callers keep their 1 × N tile kernels (`super::avx512_q4k`, `super::avx512_q6k`), which
+/// stream one row at a time (measured faster for mat-vecs from memory).
+pub(crate) const MIN_ROWS: usize = 4;
 /// 32-value units per super-block.
 const UNITS: usize = 8;
 
@@ -138,35 +139,21 @@ unsafe fn unpack(fmt: KQuant, xb: *const u8) -> Unpacked {
     }
 }
 
-/// The f16 `d` (and Q4_K's `dmin`) of the super-blocks at `xb[r]`, as f32 lanes.
+/// The f16 `d` and (Q4_K) `dmin` of the super-block at `xb`, as f32.
 #[inline(always)]
-unsafe fn d_dmin(fmt: KQuant, xb: &[*const u8; GROUP]) -> (__m256, __m256) {
-    let (d_off, dmin_off) = match fmt {
-        KQuant::Q4K => (q4_k::D_OFFSET, q4_k::DMIN_OFFSET),
-        KQuant::Q6K => (q6_k::D_OFFSET, q6_k::D_OFFSET),
-    };
-    let mut d = [0u16; GROUP];
-    let mut dmin = [0u16; GROUP];
-    for r in 0..GROUP {
-        d[r] = (xb[r].add(d_off) as *const u16).read_unaligned();
-        dmin[r] = (xb[r].add(dmin_off) as *const u16).read_unaligned();
+unsafe fn d_dmin(fmt: KQuant, xb: *const u8) -> (f32, f32) {
+    let f =
+        |off: usize| super::layout::f16_bits_to_f32((xb.add(off) as *const u16).read_unaligned());
+    match fmt {
+        KQuant::Q4K => (f(q4_k::D_OFFSET), f(q4_k::DMIN_OFFSET)),
+        KQuant::Q6K => (f(q6_k::D_OFFSET), 0.0),
     }
-    (
-        _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)),
-        _mm256_cvtph_ps(_mm_loadu_si128(dmin.as_ptr() as *const __m128i)),
-    )
 }
 
 /// 8 × 8 transpose of 32-bit lanes (see `super::vnni_gemm`).
 #[inline(always)]
 unsafe fn transpose8(u: &[__m256i; 8]) -> [__m256i; 8] {
     super::vnni_gemm::transpose8(u)
-}
-
-/// Lane `r` = the sum of the eight lanes of `v[r]` (see `super::vnni_gemm`).
-#[inline(always)]
-unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
-    super::vnni_gemm::reduce8(v)
 }
 
 /// Fetches this super-block's share of the next group (the eight rows after `rows`).
@@ -215,9 +202,9 @@ unsafe fn prepare_group(
                 _mm256_store_si256(qk.as_mut_ptr() as *mut __m256i, tk);
             }
         }
-        let (d, dmin) = d_dmin(fmt, &xb);
-        _mm256_store_ps(kb.d.as_mut_ptr(), d);
-        _mm256_store_ps(kb.dmin.as_mut_ptr(), dmin);
+        for (r, x) in xb.iter().enumerate() {
+            (kb.d[r], kb.dmin[r]) = d_dmin(fmt, *x);
+        }
     }
 }
 
@@ -258,6 +245,7 @@ unsafe fn bcast(y: *const i32, k: usize) -> __m256i {
 /// Eight i32 lanes from an aligned array.
 #[inline(always)]
 unsafe fn lanes(v: &[i32; GROUP]) -> __m256i {
+    debug_assert!((v.as_ptr() as usize).is_multiple_of(32));
     _mm256_load_si256(v.as_ptr() as *const __m256i)
 }
 
@@ -345,73 +333,6 @@ unsafe fn group_tile<const N: usize>(
     acc
 }
 
-/// [`group_tile`] for one activation row `a`, straight from eight consecutive weight rows
-/// (`rows`: the first, `row_bytes` apart): per row and unit ggml's AVX2 `madd(scale,
-/// maddubs(q, y))` (exact i32 lanes), the rows' lanes then summed by [`reduce8`]; the offset
-/// terms likewise from `madd(pairs, bsums)`. Same integers as the transposed path.
-#[inline(always)]
-unsafe fn group_direct(
-    fmt: KQuant,
-    rows: *const u8,
-    row_bytes: usize,
-    nb: usize,
-    a: *const u8,
-) -> __m256 {
-    let bb = fmt.block_bytes();
-    let mut acc = _mm256_setzero_ps();
-    for b in 0..nb {
-        prefetch_next_group(rows, row_bytes, b, bb);
-        let yb = a.add(b * q8_k::BLOCK_BYTES);
-        let y = yb.add(q8_k::QS_OFFSET);
-        let bs = _mm256_loadu_si256(yb.add(q8_k::BSUMS_OFFSET) as *const __m256i);
-        // Q4_K: sums of 32 (8 × i16, low 128 bits); Q6_K: the 16 bsums.
-        let asum = match fmt {
-            KQuant::Q4K => _mm256_castsi128_si256(_mm_hadd_epi16(
-                _mm256_castsi256_si128(bs),
-                _mm256_extracti128_si256::<1>(bs),
-            )),
-            KQuant::Q6K => bs,
-        };
-        let mut xb = [rows; GROUP];
-        let mut v = [_mm256_setzero_si256(); GROUP];
-        let mut c = [_mm256_setzero_si256(); GROUP];
-        for r in 0..GROUP {
-            xb[r] = rows.add(r * row_bytes + b * bb);
-            let un = unpack(fmt, xb[r]);
-            let mut sum = _mm256_setzero_si256();
-            for u in 0..UNITS {
-                let yv = _mm256_loadu_si256(y.add(32 * u) as *const __m256i);
-                let sc = match fmt {
-                    KQuant::Q4K => _mm256_set1_epi16(un.scales[u]),
-                    KQuant::Q6K => _mm256_setr_m128i(
-                        _mm_set1_epi16(un.scales[2 * u]),
-                        _mm_set1_epi16(un.scales[2 * u + 1]),
-                    ),
-                };
-                let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(un.units[u], yv));
-                sum = _mm256_add_epi32(sum, p);
-            }
-            v[r] = sum;
-            let pairs = match fmt {
-                KQuant::Q4K => {
-                    _mm256_castsi128_si256(_mm_loadu_si128(un.mins.as_ptr() as *const __m128i))
-                }
-                KQuant::Q6K => _mm256_loadu_si256(un.scales.as_ptr() as *const __m256i),
-            };
-            // Q4_K's upper half is zero on both sides (cast leaves it undefined: mask it).
-            let p = _mm256_madd_epi16(pairs, asum);
-            c[r] = if fmt == KQuant::Q4K {
-                _mm256_inserti128_si256::<1>(p, _mm_setzero_si128())
-            } else {
-                p
-            };
-        }
-        let da = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
-        acc = accumulate(fmt, acc, d_dmin(fmt, &xb), da, reduce8(v), reduce8(c));
-    }
-    acc
-}
-
 /// Stores lanes `..valid` of `v` as outputs (g + r, i) of `out`.
 #[inline(always)]
 unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v: __m256) {
@@ -439,6 +360,24 @@ pub(crate) unsafe fn rows_times_acts(
     m: usize,
     out: OutMat,
 ) {
+    // One copy of the loops per format (the format a constant inside).
+    match fmt {
+        KQuant::Q4K => rows_for::<true>(ws, row_bytes, nb, acts, m, out),
+        KQuant::Q6K => rows_for::<false>(ws, row_bytes, nb, acts, m, out),
+    }
+}
+
+/// [`rows_times_acts`] for Q4_K (`Q4`) or Q6_K.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn rows_for<const Q4: bool>(
+    ws: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    acts: &[u8],
+    m: usize,
+    out: OutMat,
+) {
+    let fmt = if Q4 { KQuant::Q4K } else { KQuant::Q6K };
     let n_rows = ws.len() / row_bytes;
     if nb == 0 || n_rows == 0 || m == 0 {
         return;
@@ -448,14 +387,6 @@ pub(crate) unsafe fn rows_times_acts(
     let mut blocks = scratch::take(&BLOCKS, nb);
     for g in (0..n_rows).step_by(GROUP) {
         let valid = GROUP.min(n_rows - g);
-        if m < DIRECT_BELOW && valid == GROUP {
-            let rows = ws.as_ptr().add(g * row_bytes);
-            for i in 0..m {
-                let v = group_direct(fmt, rows, row_bytes, nb, ap.add(i * ar));
-                put_lanes(out, g, i, GROUP, v);
-            }
-            continue;
-        }
         // A short last group repeats its last row in the unused lanes (never stored).
         let rows = std::array::from_fn(|r| ws.as_ptr().add((g + r).min(n_rows - 1) * row_bytes));
         prepare_group(fmt, rows, row_bytes, &mut blocks[..nb]);
