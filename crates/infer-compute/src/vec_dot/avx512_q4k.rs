@@ -119,7 +119,7 @@ pub(crate) unsafe fn rows_times_acts(
         acts.len() >= m * nb * q8_k::BLOCK_BYTES,
         "Q4_K tile: activations too short"
     );
-    if m >= super::vnni_gemm_k::MIN_ROWS && super::avx2_tile::vnni_available() {
+    if super::avx2_tile::vnni_available() {
         // SAFETY: VNNI detected; lengths checked above.
         return unsafe {
             super::vnni_gemm_k::rows_times_acts(

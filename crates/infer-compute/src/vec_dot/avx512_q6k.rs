@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 pub(crate) const TILE: usize = 4;
 
 /// ggml `get_scale_shuffle(i)`: bytes `2i` ×8 then `2i + 1` ×8.
-const SCALE_SHUFFLE: [[u8; 16]; 8] = {
+pub(super) const SCALE_SHUFFLE: [[u8; 16]; 8] = {
     let mut t = [[0u8; 16]; 8];
     let mut i = 0;
     while i < 8 {
@@ -177,7 +177,7 @@ pub(crate) unsafe fn rows_times_acts(
         acts.len() >= m * nb * q8_k::BLOCK_BYTES,
         "Q6_K tile: activations too short"
     );
-    if m >= super::vnni_gemm_k::MIN_ROWS && super::avx2_tile::vnni_available() {
+    if super::avx2_tile::vnni_available() {
         return super::vnni_gemm_k::rows_times_acts(
             super::vnni_gemm_k::KQuant::Q6K,
             ws,

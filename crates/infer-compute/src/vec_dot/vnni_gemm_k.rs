@@ -11,10 +11,12 @@
 //! Per (weight row, activation row) pair and super-block the integers are exact, then
 //! `acc = fma(d_w·d_a, isum, acc)` (Q6_K: `isum` net of the offset term) and, for Q4_K,
 //! `acc = fma(−(dmin_w·d_a), msum, acc)`, over the super-blocks in order from `acc = 0` — the same
-//! f32 sequence for any number of activation rows from [`MIN_ROWS`] on. Mat-vecs and products of
-//! fewer rows keep the 1 × N tile kernels (ggml's AVX2 order, per-lane f32), so their results
-//! differ from a larger batch's in the last bits (~1e-7 relative).
+//! f32 sequence for any number of activation rows, so a mat-vec and any row of a mat-mat give the
+//! same bits. Fewer than [`MIN_ROWS`] activation rows go row by row straight from the weights
+//! ([`row_exact`]: ggml's AVX2 `maddubs`/`madd` per unit, lanes summed exactly).
 
+use super::avx2::scale_shuffle_k4;
+use super::avx512_q6k::SCALE_SHUFFLE;
 use super::layout::q4k_scales_mins;
 use super::OutMat;
 use crate::scratch;
@@ -26,10 +28,10 @@ use std::cell::Cell;
 const GROUP: usize = 8;
 /// Activation rows per tile of the transposed path.
 const TILE: usize = 8;
-/// From this many activation rows on, the transposed group pays for itself; below it the
-/// callers keep their 1 × N tile kernels (`super::avx512_q4k`, `super::avx512_q6k`), which
-/// stream one row at a time (measured faster for mat-vecs from memory).
-pub(crate) const MIN_ROWS: usize = 4;
+/// From this many activation rows on, the transposed group pays for itself; below it rows are
+/// streamed one at a time ([`row_exact`], as the 1 × N tile kernels do: eight-row groups ran
+/// mat-vecs from memory ~20% slower).
+const MIN_ROWS: usize = 4;
 /// 32-value units per super-block.
 const UNITS: usize = 8;
 
@@ -333,6 +335,97 @@ unsafe fn group_tile<const N: usize>(
     acc
 }
 
+/// One Q4_K row's super-block at `xb` against the Q8_K quants `y`: i32 lanes summing to
+/// `Σ_s scale_s · dot_s` (ggml's AVX2 `madd(scale, maddubs(q4, y))` per unit), and lanes
+/// summing to `Σ_s min_s · asum_s` (`asum`: the eight 32-value sums as i16).
+#[inline(always)]
+unsafe fn row_ints_q4k(xb: *const u8, y: *const u8, asum: __m128i) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0xF);
+    let sm = q4k_scales_mins(std::slice::from_raw_parts(xb.add(q4_k::SCALES_OFFSET), 12));
+    let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
+    let sc128 = _mm256_castsi256_si128(ms);
+    let scales = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(sc128), sc128);
+    let q = xb.add(q4_k::QS_OFFSET);
+    let mut sum = _mm256_setzero_si256();
+    for t in 0..4 {
+        let bits = _mm256_loadu_si256(q.add(32 * t) as *const __m256i);
+        let lo = _mm256_and_si256(bits, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        let ylo = _mm256_loadu_si256(y.add(64 * t) as *const __m256i);
+        let yhi = _mm256_loadu_si256(y.add(64 * t + 32) as *const __m256i);
+        let slo = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * t));
+        let shi = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * t + 1));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(slo, _mm256_maddubs_epi16(lo, ylo)));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(shi, _mm256_maddubs_epi16(hi, yhi)));
+    }
+    let m = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), asum);
+    let m = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(m), _mm_setzero_si128());
+    (sum, m)
+}
+
+/// One Q6_K row's super-block at `xb` against the Q8_K quants `y`: i32 lanes summing to
+/// `Σ_s scale_s · dot_s` over the stored quants `q + 32`, and lanes summing to
+/// `Σ_s scale_s · bsum_s` (`bs`: the 16 bsums).
+#[inline(always)]
+unsafe fn row_ints_q6k(xb: *const u8, y: *const u8, bs: __m256i) -> (__m256i, __m256i) {
+    let un = unpack(KQuant::Q6K, xb);
+    let scales = _mm_loadu_si128(xb.add(q6_k::SCALES_OFFSET) as *const __m128i);
+    let mut sum = _mm256_setzero_si256();
+    for (u, q) in un.units.iter().enumerate() {
+        let shuf = _mm_loadu_si128(SCALE_SHUFFLE[u].as_ptr() as *const __m128i);
+        let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
+        let yv = _mm256_loadu_si256(y.add(32 * u) as *const __m256i);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(sc, _mm256_maddubs_epi16(*q, yv)));
+    }
+    (sum, _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bs))
+}
+
+/// One weight row (`row`, `nb` super-blocks) · one Q8_K activation row `a`, row by row as the
+/// 1 × N tile kernels stream it, with the arithmetic of [`group_tile`]: each super-block's
+/// integer lanes ([`row_ints_q4k`], [`row_ints_q6k`]) summed exactly, then the same FMAs in
+/// scalar f32.
+#[inline(always)]
+unsafe fn row_exact(fmt: KQuant, row: *const u8, nb: usize, a: *const u8) -> f32 {
+    let bb = fmt.block_bytes();
+    let mut acc = 0f32;
+    for b in 0..nb {
+        let xb = row.add(b * bb);
+        let yb = a.add(b * q8_k::BLOCK_BYTES);
+        let y = yb.add(q8_k::QS_OFFSET);
+        let bs = _mm256_loadu_si256(yb.add(q8_k::BSUMS_OFFSET) as *const __m256i);
+        let da = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
+        let (d, dmin) = d_dmin(fmt, xb);
+        match fmt {
+            KQuant::Q4K => {
+                // The eight 32-value sums as i16.
+                let asum = _mm_hadd_epi16(
+                    _mm256_castsi256_si128(bs),
+                    _mm256_extracti128_si256::<1>(bs),
+                );
+                let (v, c) = row_ints_q4k(xb, y, asum);
+                let (isum, msum) = hsum2_i32(v, c);
+                acc = (d * da).mul_add(isum as f32, acc);
+                acc = (-(dmin * da)).mul_add(msum as f32, acc);
+            }
+            KQuant::Q6K => {
+                let (v, c) = row_ints_q6k(xb, y, bs);
+                let (isum, _) = hsum2_i32(_mm256_sub_epi32(v, _mm256_slli_epi32(c, 5)), v);
+                acc = (d * da).mul_add(isum as f32, acc);
+            }
+        }
+    }
+    acc
+}
+
+/// The sums of the eight i32 lanes of `v` and of `w` (exact, wrapping).
+#[inline(always)]
+unsafe fn hsum2_i32(v: __m256i, w: __m256i) -> (i32, i32) {
+    let t = _mm256_hadd_epi32(v, w);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+    let s = _mm_hadd_epi32(s, s);
+    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
+}
+
 /// Stores lanes `..valid` of `v` as outputs (g + r, i) of `out`.
 #[inline(always)]
 unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v: __m256) {
@@ -384,6 +477,14 @@ unsafe fn rows_for<const Q4: bool>(
     }
     let ar = nb * q8_k::BLOCK_BYTES;
     let ap = acts.as_ptr();
+    if m < MIN_ROWS {
+        for (r, row) in ws.chunks_exact(row_bytes).enumerate() {
+            for i in 0..m {
+                out.put(r, i, row_exact(fmt, row.as_ptr(), nb, ap.add(i * ar)));
+            }
+        }
+        return;
+    }
     let mut blocks = scratch::take(&BLOCKS, nb);
     for g in (0..n_rows).step_by(GROUP) {
         let valid = GROUP.min(n_rows - g);
