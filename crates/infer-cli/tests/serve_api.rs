@@ -31,6 +31,18 @@ fn streamed(body: &Value) -> Value {
     b
 }
 
+/// `infer_requests_total` of HTTP status `status` (summed over endpoints and finish reasons).
+fn requests_with_status(srv: &Server, status: u16) -> f64 {
+    let r = srv.request("GET", "/metrics", &[], "");
+    assert_eq!(r.status, 200);
+    let label = format!("status=\"{status}\"");
+    r.body
+        .lines()
+        .filter(|l| l.starts_with("infer_requests_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A metric's value in the Prometheus text of `/metrics` (summed over label sets).
 fn metric(srv: &Server, name: &str) -> f64 {
     let r = srv.request("GET", "/metrics", &[], "");
@@ -635,6 +647,8 @@ fn a_request_past_the_timeout_gets_an_openai_408() {
     let e = r.json();
     assert_eq!(e["error"]["type"], "timeout_error", "{e}");
     assert_eq!(e["error"]["code"], "timeout", "{e}");
+    // Counted by status (newcomer finding: a 408 was missing from infer_requests_total).
+    assert_eq!(requests_with_status(&srv, 408), 1.0);
     let ok = ok_json(srv.post("/v1/completions", &completion("Hello", 2)));
     assert_eq!(ok["choices"][0]["finish_reason"], "length", "{ok}");
 }
@@ -772,4 +786,151 @@ fn bad_flags_and_paths_are_refused_before_listening() {
     assert!(err.contains(&want), "{err}");
     let run = common::text(&common::infer(&["run", missing, "hi"]));
     assert!(run.contains(&want), "run and serve say the same: {run}");
+}
+
+/// Newcomer findings: `--max-queue 0` and `--timeout 0` were taken as 1 without a word;
+/// `--device cuda` in a build without CUDA was refused only after "listening on"; and
+/// `--parallel 1024 --ctx-size 8192` (360 GiB of KV cache for SmolLM2) said "listening on",
+/// then grew until the OOM killer ended it. Each is now an error before listening.
+#[test]
+fn impossible_queue_timeout_device_and_kv_size_are_refused_before_listening() {
+    let vx = smol_vindex().to_str().unwrap();
+    for (args, want) in [
+        (
+            ["--max-queue", "0"],
+            "error: --max-queue 0: must be at least 1",
+        ),
+        (["--timeout", "0"], "error: --timeout 0: must be at least 1"),
+    ] {
+        let err = serve_refused(&[&[vx][..], &args].concat());
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let err = serve_refused(&[vx, "--device", "cuda"]);
+        assert!(err.contains("built without CUDA"), "{err}");
+    }
+    // 30 layers × 3 KV heads × 64 × 8 bytes (f32 K and V) per position.
+    let need = 1024.0 * 8192.0 * 46080.0;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| -> f64 {
+        meminfo
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l[key.len()..].split_whitespace().next()?.parse().ok())
+            .unwrap_or(f64::INFINITY)
+    };
+    let available = (kib("MemAvailable:") + kib("SwapFree:")) * 1024.0;
+    if need > available {
+        let err = serve_refused(&[vx, "--parallel", "1024", "--ctx-size", "8192"]);
+        assert!(
+            err.contains(
+                "KV cache: --parallel 1024 slots × --ctx-size 8192 positions need 360.0 GiB"
+            ) && err.contains("lower --parallel or --ctx-size"),
+            "{err}"
+        );
+    } else {
+        eprintln!("skipped the KV-size refusal: {available} bytes available");
+    }
+}
+
+/// Newcomer findings: a non-streamed request whose client hung up was missing from
+/// `infer_requests_total` (a stream counted 499); `stream_options.include_usage` of the wrong
+/// type named the field twice; a prompt list mixing ids and text was called "several prompts";
+/// megabytes of stop strings slowed every engine step (they are clipped to the text's length:
+/// `serve::choice` tests the speed; here they still cut where they match, and only there).
+#[test]
+fn hangups_are_counted_and_huge_stop_strings_still_match() {
+    let srv = Server::start(smol_vindex(), &["--parallel", "2", "--ctx-size", "512"]);
+    // A client that hangs up while its non-streamed answer is generated: counted as 499.
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0,
+        "ignore_eos": true});
+    let c = srv
+        .open("POST", "/v1/completions", &[], &long.to_string())
+        .unwrap();
+    let t0 = Instant::now();
+    while metric(&srv, "infer_sequences_running") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(c);
+    while requests_with_status(&srv, 499) < 1.0
+        || metric(&srv, "infer_sequences_cancelled_total") < 1.0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the hang-up was not counted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    for (body, param, message) in [
+        (
+            json!({"prompt": "x", "stream_options": {"include_usage": 1}}),
+            "stream_options.include_usage",
+            "stream_options.include_usage: expected true or false, got 1",
+        ),
+        (
+            json!({"prompt": [1, "a"]}),
+            "prompt",
+            "prompt: expected a string or a list of token ids",
+        ),
+    ] {
+        let r = srv.post("/v1/completions", &body);
+        assert_eq!(r.status, 400, "{}", r.body);
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], param, "{e}");
+        assert!(e["message"].as_str().unwrap().starts_with(message), "{e}");
+    }
+
+    // Stop strings of megabytes: the one that matches cuts the text there.
+    let plain = ok_json(srv.post("/v1/completions", &completion("1, 2, 3, 4,", 30)));
+    let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
+    let cut = text
+        .find(" 7")
+        .unwrap_or_else(|| panic!("the model counts on: {text}"));
+    let mut huge = completion("1, 2, 3, 4,", 30);
+    huge["stop"] = json!([
+        "x".repeat(2_000_000),
+        format!(" 7{}", "y".repeat(2_000_000)),
+        format!(" 7{}", &text[cut + 2..]),
+    ]);
+    let v = ok_json(srv.post("/v1/completions", &huge));
+    assert_eq!(v["choices"][0]["text"], text[..cut], "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+}
+
+/// Newcomer findings: `Authorization: bearer KEY` was refused (the scheme is
+/// case-insensitive, RFC 9110); `GET /v1/models/{id}` (the `openai` client's
+/// `models.retrieve`) was 404 "no such endpoint".
+#[test]
+fn bearer_scheme_any_case_and_model_retrieve() {
+    let srv = Server::start(smol_vindex(), &["--parallel", "1", "--api-key", "sekret"]);
+    for (auth, status) in [
+        ("bearer sekret", 200),
+        ("BEARER sekret", 200),
+        ("Bearer  sekret", 200),
+        ("Basic sekret", 401),
+        ("Bearer", 401),
+        ("sekret", 401),
+    ] {
+        let r = srv.request("GET", "/v1/models", &[("Authorization", auth)], "");
+        assert_eq!(r.status, status, "{auth}: {}", r.body);
+    }
+    let auth = [("Authorization", "Bearer sekret")];
+    let r = srv.request("GET", "/v1/models/smol.vindex", &auth, "");
+    let m = ok_json(r);
+    assert_eq!(
+        (m["id"].as_str(), m["object"].as_str()),
+        (Some("smol.vindex"), Some("model"))
+    );
+    let listed = ok_json(srv.request("GET", "/v1/models", &auth, ""));
+    assert_eq!(listed["data"][0], m);
+    let r = srv.request("GET", "/models/gpt-4", &auth, "");
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+    assert_eq!(
+        srv.request("GET", "/v1/models/smol.vindex", &[], "").status,
+        401
+    );
 }

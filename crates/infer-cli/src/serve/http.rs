@@ -7,14 +7,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Request, State};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use infer_inference::Conversation;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
@@ -61,6 +61,8 @@ pub fn router(state: Arc<AppState>, body_limit: usize, timeout: Duration) -> Rou
         .route("/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/models", get(models))
+        .route("/v1/models/{model}", get(model))
+        .route("/models/{model}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics_text))
@@ -70,24 +72,43 @@ pub fn router(state: Arc<AppState>, body_limit: usize, timeout: Duration) -> Rou
         .merge(api)
         .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            timeout,
-        ))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            deadline(timeout, req, next)
+        }))
         .layer(middleware::map_response(error_json))
         .with_state(state)
 }
 
-/// The timeout layer (408) and axum's method routing (405) answer with empty bodies: give them
-/// the OpenAI error body like every other error.
+/// Axum's method routing (405) answers with an empty body: give it the OpenAI error body like
+/// every other error.
 async fn error_json(r: Response) -> Response {
     if r.headers().contains_key(header::CONTENT_TYPE) {
         return r;
     }
     match r.status() {
-        StatusCode::REQUEST_TIMEOUT => ApiError::timeout().into_response(),
         StatusCode::METHOD_NOT_ALLOWED => ApiError::method_not_allowed().into_response(),
         _ => r,
+    }
+}
+
+/// Set (before the request's future is dropped) when `--timeout` ran out, so a non-streamed
+/// answer cut short counts as 408, not as a client that went away.
+#[derive(Clone, Default)]
+struct Expired(Arc<AtomicBool>);
+
+/// `--timeout`: a request whose response has not started after `timeout` is dropped (which
+/// frees its sequences) and answered 408.
+async fn deadline(timeout: Duration, mut req: Request, next: Next) -> Response {
+    let expired = Expired::default();
+    req.extensions_mut().insert(expired.clone());
+    let mut run = Box::pin(next.run(req));
+    match tokio::time::timeout(timeout, &mut run).await {
+        Ok(r) => r,
+        Err(_) => {
+            expired.0.store(true, Ordering::SeqCst);
+            drop(run);
+            ApiError::timeout().into_response()
+        }
     }
 }
 
@@ -98,7 +119,10 @@ async fn auth(State(st): St, req: Request, next: Next) -> Response {
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.split_once(' '))
+            // The scheme is case-insensitive (RFC 9110, 11.1).
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, k)| k.trim_start());
         if given != Some(key.as_str()) {
             return ApiError::unauthorized().into_response();
         }
@@ -117,14 +141,30 @@ async fn health(State(st): St) -> Response {
     }
 }
 
+/// The served model as `/v1/models` lists it.
+fn model_object(r: &Ready) -> Value {
+    json!({"id": r.model_id, "object": "model", "created": r.created, "owned_by": "infer",
+           "meta": {"n_ctx": r.ctx, "n_vocab": r.vocab}})
+}
+
 async fn models(State(st): St) -> Result<Response, ApiError> {
     let r = st.ready()?;
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{"id": r.model_id, "object": "model", "created": r.created, "owned_by": "infer",
-                  "meta": {"n_ctx": r.ctx, "n_vocab": r.vocab}}],
-    }))
-    .into_response())
+    Ok(Json(json!({"object": "list", "data": [model_object(&r)]})).into_response())
+}
+
+/// `GET /v1/models/{model}` (the `openai` client's `models.retrieve`): the served model, or
+/// 404 `model_not_found`.
+async fn model(
+    State(st): St,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let r = st.ready()?;
+    let Path(id) =
+        id.map_err(|e| ApiError::bad_request(format!("the model id: {}", e.body_text())))?;
+    if id != r.model_id {
+        return Err(ApiError::unknown_model(&id, &r.model_id));
+    }
+    Ok(Json(model_object(&r)).into_response())
 }
 
 async fn metrics_text(State(st): St) -> Response {
@@ -230,12 +270,16 @@ fn read(st: &AppState, body: Body) -> Result<Bytes, ApiError> {
     })
 }
 
-async fn chat(State(st): St, body: Body) -> Response {
-    answer(st, body, Endpoint::Chat).await
+async fn chat(State(st): St, Extension(expired): Extension<Expired>, body: Body) -> Response {
+    answer(st, body, Endpoint::Chat, expired).await
 }
 
-async fn completions(State(st): St, body: Body) -> Response {
-    answer(st, body, Endpoint::Completion).await
+async fn completions(
+    State(st): St,
+    Extension(expired): Extension<Expired>,
+    body: Body,
+) -> Response {
+    answer(st, body, Endpoint::Completion, expired).await
 }
 
 fn endpoint_label(e: Endpoint) -> &'static str {
@@ -252,10 +296,10 @@ fn count_error(e: Endpoint, err: &ApiError) {
     .increment(1);
 }
 
-async fn answer(st: Arc<AppState>, body: Body, endpoint: Endpoint) -> Response {
+async fn answer(st: Arc<AppState>, body: Body, endpoint: Endpoint, expired: Expired) -> Response {
     match read(&st, body).and_then(|body| start(&st, &body, endpoint)) {
         Ok(s) if s.stream => stream(s.meta, s.rx).into_response(),
-        Ok(s) => collect(s.meta, s.rx).await,
+        Ok(s) => collect(s.meta, s.rx, expired).await,
         Err(e) => {
             count_error(endpoint, &e);
             e.into_response()
@@ -366,22 +410,53 @@ fn count_done(meta: &Meta, status: u16, choices: &[ChoiceResult]) {
     }
 }
 
+/// The choices of a non-streamed answer as they arrive, counted in `infer_requests_total`
+/// once: with the answer's status, or when dropped unanswered (`--timeout` ran out: 408; the
+/// client went away: 499).
+struct Collected<'m> {
+    meta: &'m Meta,
+    choices: Vec<ChoiceResult>,
+    expired: Expired,
+    counted: bool,
+}
+
+impl Collected<'_> {
+    fn count(&mut self, status: u16) {
+        count_done(self.meta, status, &self.choices);
+        self.counted = true;
+    }
+}
+
+impl Drop for Collected<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
+            let timed_out = self.expired.0.load(Ordering::SeqCst);
+            self.count(if timed_out { 408 } else { 499 });
+        }
+    }
+}
+
 /// A non-streamed answer: wait for every choice.
-async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
-    let mut choices = vec![ChoiceResult::default(); meta.n];
-    while choices.iter().any(|c| c.finish.is_none()) {
+async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, expired: Expired) -> Response {
+    let mut c = Collected {
+        meta: &meta,
+        choices: vec![ChoiceResult::default(); meta.n],
+        expired,
+        counted: false,
+    };
+    while c.choices.iter().any(|c| c.finish.is_none()) {
         let Some(ev) = rx.recv().await else {
             let e = ApiError::internal("the engine stopped before the answer was complete");
-            count_done(&meta, 500, &choices);
+            c.count(500);
             return e.into_response();
         };
-        if let Err(msg) = apply(&mut choices, ev) {
-            count_done(&meta, 500, &choices);
+        if let Err(msg) = apply(&mut c.choices, ev) {
+            c.count(500);
             return ApiError::internal(msg).into_response();
         }
     }
-    count_done(&meta, 200, &choices);
-    Json(meta.full(&choices)).into_response()
+    c.count(200);
+    Json(meta.full(&c.choices)).into_response()
 }
 
 /// A streamed answer: SSE chunks, `: keepalive` comments while nothing is produced (a long
@@ -451,6 +526,6 @@ fn stream(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>) -> impl IntoRespon
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(out_rx)).keep_alive(
         KeepAlive::new()
             .interval(Duration::from_secs(5))
-            .text(" keepalive"),
+            .text("keepalive"),
     )
 }

@@ -79,11 +79,24 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.max_body == 0 {
         bail!("--max-body 0: must be at least 1 (bytes per request body)");
     }
+    if args.max_queue == 0 {
+        bail!("--max-queue 0: must be at least 1 (requests that may wait for a free slot)");
+    }
+    if args.timeout == 0 {
+        bail!("--timeout 0: must be at least 1 (seconds a request may take)");
+    }
+    #[cfg(not(feature = "cuda"))]
+    if args.device.device != crate::device_args::Device::Cpu {
+        bail!(crate::device_args::NO_CUDA);
+    }
     let vindex = open_vindex(&args.vindex)?;
     let ctx = context_size(vindex.config(), args.ctx_size, "--ctx-size")?;
+    if args.device.device == crate::device_args::Device::Cpu {
+        check_kv_memory(vindex.config(), args.parallel as usize, ctx)?;
+    }
     let prom = metrics::install()?;
     let ready: Arc<OnceLock<Arc<Ready>>> = Arc::new(OnceLock::new());
-    let (queue, jobs) = engine::queue(args.max_queue.max(1));
+    let (queue, jobs) = engine::queue(args.max_queue);
     let stop = Arc::new(AtomicBool::new(false));
     let draining = Arc::new(AtomicBool::new(false));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -109,11 +122,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics: prom,
         max_body: args.max_body,
     });
-    let app = http::router(
-        state,
-        args.max_body,
-        Duration::from_secs(args.timeout.max(1)),
-    );
+    let app = http::router(state, args.max_body, Duration::from_secs(args.timeout));
     let engine_stop = stop.clone();
     let engine_thread = std::thread::Builder::new()
         .name("infer-engine".into())
@@ -156,6 +165,40 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     engine_result?;
     result.context("serving HTTP")?;
+    Ok(())
+}
+
+/// Refuse `--parallel` × `--ctx-size` KV slots (f32 K and V, allocated at start) that need
+/// more than the memory the kernel says is available (`MemAvailable` + `SwapFree` of
+/// /proc/meminfo; no check where it cannot be read): touching them would end in the OOM
+/// killer, after the server was announced.
+fn check_kv_memory(
+    config: &infer_models::ModelConfig,
+    parallel: usize,
+    ctx: usize,
+) -> anyhow::Result<()> {
+    let per_position = config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 8;
+    let need = (parallel as f64) * (ctx as f64) * per_position as f64;
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
+        return Ok(());
+    };
+    let kib = |key: &str| -> Option<f64> {
+        let line = meminfo.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..].split_whitespace().next()?.parse().ok()
+    };
+    let Some(available) = kib("MemAvailable:") else {
+        return Ok(());
+    };
+    let available = (available + kib("SwapFree:").unwrap_or(0.0)) * 1024.0;
+    if need > available {
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        bail!(
+            "KV cache: --parallel {parallel} slots × --ctx-size {ctx} positions need {:.1} GiB, \
+             more than the {:.1} GiB of memory available; lower --parallel or --ctx-size",
+            gib(need),
+            gib(available)
+        );
+    }
     Ok(())
 }
 

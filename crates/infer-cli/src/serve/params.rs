@@ -267,9 +267,16 @@ pub fn parse(
     let stream = boolean(&o, "stream")?.unwrap_or(false);
     let include_usage = match present(&o, "stream_options") {
         None => false,
-        Some(Value::Object(so)) => boolean(so, "include_usage")
-            .map_err(|e| ApiError::field("stream_options.include_usage", e.message))?
-            .unwrap_or(false),
+        Some(Value::Object(so)) => match present(so, "include_usage") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(ApiError::field(
+                    "stream_options.include_usage",
+                    format!("expected true or false, got {v}"),
+                ))
+            }
+        },
         Some(v) => {
             return Err(ApiError::field(
                 "stream_options",
@@ -483,10 +490,17 @@ fn prompt(o: &Obj, vocab: usize) -> Result<Input, ApiError> {
             ids if ids.iter().all(Value::is_number) => {
                 Input::Ids(ids.iter().map(bad_id).collect::<Result<_, _>>()?)
             }
-            _ => {
+            // Several prompts (strings, or lists of ids).
+            many if many.iter().all(Value::is_string) || many.iter().all(Value::is_array) => {
                 return Err(ApiError::unsupported(
                     "prompt",
                     "one prompt per request (a string or a list of token ids)",
+                ))
+            }
+            _ => {
+                return Err(ApiError::field(
+                    "prompt",
+                    "expected a string or a list of token ids (a list mixes kinds)",
                 ))
             }
         },
