@@ -74,7 +74,7 @@ unsafe fn unpack(fmt: Q0, xb: *const u8, wd: *const f32) -> (__m256, __m256i) {
 
 /// ggml `bytes_from_nibbles_32`.
 #[inline(always)]
-unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+pub(super) unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
     let tmp = _mm_loadu_si128(p as *const __m128i);
     let bytes = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
     _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)

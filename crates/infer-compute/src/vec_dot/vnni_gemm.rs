@@ -15,7 +15,7 @@
 //! blocks in order from `acc = 0` (ggml's scalar `vec_dot_q8_0_q8_0` order), so a mat-vec and
 //! any row of a mat-mat give the same bits.
 
-use super::avx2_tile::{block_bytes, Q0};
+use super::avx2_tile::{block_bytes, bytes_from_nibbles_32, Q0};
 use super::{OutMat, Q8Rows};
 use crate::scratch;
 use infer_quant::{q4_0, q5_0, q8_0};
@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 
 /// Weight rows per group: one dword lane per row of a 256-bit register.
-const GROUP: usize = 8;
+pub(super) const GROUP: usize = 8;
 /// Activation rows per tile: 16 accumulators + 8 weight registers of the 32.
 const TILE: usize = 16;
 /// Below this many activation rows, groups are multiplied straight from the weight blocks
@@ -54,14 +54,6 @@ const fn offset_shift(fmt: Q0) -> u32 {
     }
 }
 
-/// ggml `bytes_from_nibbles_32`: 16 bytes → 32 nibbles (low halves first).
-#[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    let t = _mm_loadu_si128(p as *const __m128i);
-    let b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    _mm256_and_si256(_mm256_set1_epi8(0xF), b)
-}
-
 /// 32 signed bytes + 128, as unsigned bytes.
 #[inline(always)]
 unsafe fn flip(q: *const u8) -> __m256i {
@@ -75,11 +67,11 @@ unsafe fn flip(q: *const u8) -> __m256i {
 #[inline(always)]
 unsafe fn unpack_unsigned(fmt: Q0, xb: *const u8) -> __m256i {
     match fmt {
-        Q0::Q4_0 => nibbles(xb.add(q4_0::QS_OFFSET)),
+        Q0::Q4_0 => bytes_from_nibbles_32(xb.add(q4_0::QS_OFFSET)),
         Q0::Q5_0 => {
             // u = nibble + 16·(fifth bit).
             let hi = _cvtu32_mask32((xb.add(q5_0::QH_OFFSET) as *const u32).read_unaligned());
-            let n = nibbles(xb.add(q5_0::QS_OFFSET));
+            let n = bytes_from_nibbles_32(xb.add(q5_0::QS_OFFSET));
             _mm256_mask_add_epi8(n, hi, n, _mm256_set1_epi8(16))
         }
         Q0::Q8_0 => flip(xb.add(q8_0::QS_OFFSET)),
@@ -190,7 +182,7 @@ unsafe fn scales_at(
 /// (the eight rows after `rows`, `row_bytes` apart; `bb` bytes per block). A hint past the end
 /// of the weights is dropped.
 #[inline(always)]
-unsafe fn prefetch_next_group(rows: *const u8, row_bytes: usize, b: usize, bb: usize) {
+pub(super) unsafe fn prefetch_next_group(rows: *const u8, row_bytes: usize, b: usize, bb: usize) {
     let ahead = rows.wrapping_add(GROUP * row_bytes + b * GROUP * bb);
     let mut off = 0;
     while off < GROUP * bb {
@@ -297,7 +289,7 @@ unsafe fn group_tile<const N: usize>(
 
 /// Stores lanes `..valid` of `v` as outputs (g + r, i) of `out`.
 #[inline(always)]
-unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v: __m256) {
+pub(super) unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v: __m256) {
     let mut lanes = [0f32; GROUP];
     _mm256_storeu_ps(lanes.as_mut_ptr(), v);
     for (r, &x) in lanes.iter().enumerate().take(valid) {

@@ -18,14 +18,13 @@
 use super::avx2::scale_shuffle_k4;
 use super::avx512_q6k::SCALE_SHUFFLE;
 use super::layout::q4k_scales_mins;
+use super::vnni_gemm::{prefetch_next_group, put_lanes, transpose8, GROUP};
 use super::OutMat;
 use crate::scratch;
 use infer_quant::{q4_k, q6_k, q8_k};
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-/// Weight rows per group (one dword lane per row).
-const GROUP: usize = 8;
 /// Activation rows per tile of the transposed path.
 const TILE: usize = 8;
 /// From this many activation rows on, the transposed group pays for itself; below it rows are
@@ -149,23 +148,6 @@ unsafe fn d_dmin(fmt: KQuant, xb: *const u8) -> (f32, f32) {
     match fmt {
         KQuant::Q4K => (f(q4_k::D_OFFSET), f(q4_k::DMIN_OFFSET)),
         KQuant::Q6K => (f(q6_k::D_OFFSET), 0.0),
-    }
-}
-
-/// 8 × 8 transpose of 32-bit lanes (see `super::vnni_gemm`).
-#[inline(always)]
-unsafe fn transpose8(u: &[__m256i; 8]) -> [__m256i; 8] {
-    super::vnni_gemm::transpose8(u)
-}
-
-/// Fetches this super-block's share of the next group (the eight rows after `rows`).
-#[inline(always)]
-unsafe fn prefetch_next_group(rows: *const u8, row_bytes: usize, b: usize, bb: usize) {
-    let ahead = rows.wrapping_add(GROUP * row_bytes + b * GROUP * bb);
-    let mut off = 0;
-    while off < GROUP * bb {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
-        off += 64;
     }
 }
 
@@ -424,16 +406,6 @@ unsafe fn hsum2_i32(v: __m256i, w: __m256i) -> (i32, i32) {
     let s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
     let s = _mm_hadd_epi32(s, s);
     (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
-}
-
-/// Stores lanes `..valid` of `v` as outputs (g + r, i) of `out`.
-#[inline(always)]
-unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v: __m256) {
-    let mut lanes = [0f32; GROUP];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-    for (r, &x) in lanes.iter().enumerate().take(valid) {
-        out.put(g + r, i, x);
-    }
 }
 
 /// Element (r, i) of `out` = `W_r · A_i` for the `fmt` weight rows `ws` (`row_bytes` each, `nb`
