@@ -340,14 +340,22 @@ rows_fn!(rows_avx2, tile, TILE, "avx2,fma,f16c");
 mod tests {
     use super::*;
 
-    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-        let mut state = seed;
-        move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        }
+    /// `tile` of tag `F` at width 4 over the four activation rows, and at width 1 over the last.
+    ///
+    /// # Safety
+    /// AVX2 available; buffers sized for `nb` blocks.
+    unsafe fn widths<const F: u8>(
+        nb: usize,
+        w: &[u8],
+        wd: &[f32],
+        qp: [*const i8; 4],
+        dp: [*const f32; 4],
+    ) -> ([f32; 4], [f32; 1]) {
+        let (w, wd) = (w.as_ptr(), wd.as_ptr());
+        (
+            tile::<F, 4>(nb, w, wd, qp, dp),
+            tile::<F, 1>(nb, w, wd, [qp[3]], [dp[3]]),
+        )
     }
 
     /// The AVX2 tile kernel of width 4 equals width 1 bit for bit, for every format and
@@ -359,7 +367,7 @@ mod tests {
             eprintln!("no AVX2 on this CPU: nothing to compare");
             return;
         }
-        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut next = super::super::xorshift(0x9e37_79b9_7f4a_7c15);
         for fmt in [Q0::Q4_0, Q0::Q5_0, Q0::Q8_0, Q0::Q8S] {
             for nb in [1usize, 2, 3, 18, 20, 64] {
                 let bb = block_bytes(fmt);
@@ -385,24 +393,11 @@ mod tests {
                 let dp: [*const f32; 4] = std::array::from_fn(|j| d[j].as_ptr());
                 // SAFETY: AVX2 detected; buffers hold nb blocks / nb·32 quants.
                 let (four, one) = unsafe {
-                    let (w, wd) = (w.as_ptr(), wd.as_ptr());
                     match fmt {
-                        Q0::Q4_0 => (
-                            tile::<F4_0, 4>(nb, w, wd, qp, dp),
-                            tile::<F4_0, 1>(nb, w, wd, [qp[3]], [dp[3]]),
-                        ),
-                        Q0::Q5_0 => (
-                            tile::<F5_0, 4>(nb, w, wd, qp, dp),
-                            tile::<F5_0, 1>(nb, w, wd, [qp[3]], [dp[3]]),
-                        ),
-                        Q0::Q8_0 => (
-                            tile::<F8_0, 4>(nb, w, wd, qp, dp),
-                            tile::<F8_0, 1>(nb, w, wd, [qp[3]], [dp[3]]),
-                        ),
-                        Q0::Q8S => (
-                            tile::<F8S, 4>(nb, w, wd, qp, dp),
-                            tile::<F8S, 1>(nb, w, wd, [qp[3]], [dp[3]]),
-                        ),
+                        Q0::Q4_0 => widths::<F4_0>(nb, &w, &wd, qp, dp),
+                        Q0::Q5_0 => widths::<F5_0>(nb, &w, &wd, qp, dp),
+                        Q0::Q8_0 => widths::<F8_0>(nb, &w, &wd, qp, dp),
+                        Q0::Q8S => widths::<F8S>(nb, &w, &wd, qp, dp),
                     }
                 };
                 assert_eq!(four[3].to_bits(), one[0].to_bits(), "{fmt:?} nb={nb}");

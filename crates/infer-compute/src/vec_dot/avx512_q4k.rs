@@ -149,13 +149,7 @@ mod tests {
             eprintln!("no AVX-512VL/BW on this CPU: nothing to compare");
             return;
         }
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = super::super::xorshift(0x9e37_79b9_7f4a_7c15);
         for nb in [1usize, 2, 3, 8] {
             let cols = nb * 256;
             let rows = 3;

@@ -204,13 +204,7 @@ mod tests {
             eprintln!("no AVX-512VL/BW on this CPU: nothing to compare");
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = super::super::xorshift(0x2545_f491_4f6c_dd1d);
         for nb in [1usize, 2, 6, 8] {
             let cols = nb * 256;
             let mut w = vec![0u8; nb * q6_k::BLOCK_BYTES];

@@ -256,3 +256,15 @@ impl OutMat {
         *self.ptr.add(r * self.row_stride + i * self.act_stride) = v;
     }
 }
+
+/// The kernels' tests' random source: xorshift64 (Marsaglia), `seed` ≠ 0.
+#[cfg(test)]
+pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}

@@ -457,13 +457,7 @@ mod tests {
             eprintln!("no AVX-512 VNNI on this CPU: nothing to run");
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = super::super::xorshift(0x2545_f491_4f6c_dd1d);
         for fmt in [Q0::Q4_0, Q0::Q5_0, Q0::Q8_0, Q0::Q8S] {
             for (nb, n_rows, m) in [
                 (1usize, 1usize, 1usize),

@@ -542,13 +542,7 @@ mod tests {
             eprintln!("no AVX-512 VNNI on this CPU: nothing to run");
             return;
         }
-        let mut state = 0x0123_4567_89ab_cdefu64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = super::super::xorshift(0x0123_4567_89ab_cdef);
         for fmt in [KQuant::Q4K, KQuant::Q6K] {
             for (nb, n_rows, m) in [
                 (1usize, 8usize, 1usize),
