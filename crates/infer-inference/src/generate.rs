@@ -208,10 +208,12 @@ impl<'s> StopFilter<'s> {
     /// appeared (the text before it is emitted, the rest dropped).
     pub fn push(&mut self, piece: &str, emit: &mut impl FnMut(&str)) -> bool {
         self.pending.push_str(piece);
+        // A stop longer than the held text cannot occur in it; skipping it also keeps the
+        // search (whose set-up costs the stop's length) from running per token on huge stops.
         if let Some(pos) = self
             .stops
             .iter()
-            .filter(|s| !s.is_empty())
+            .filter(|s| !s.is_empty() && s.len() <= self.pending.len())
             .filter_map(|s| self.pending.find(s.as_str()))
             .min()
         {
@@ -267,5 +269,23 @@ mod tests {
         assert_eq!(out, "Hello");
         assert!(f.push("er: hi", &mut |s| out.push_str(s)));
         assert_eq!(out, "Hello");
+    }
+
+    /// Stops far longer than the text (a server request's megabytes of them) hold back the
+    /// text's end that starts one and never match; a short stop among them still cuts.
+    #[test]
+    fn stop_filter_with_huge_stops() {
+        let mut stops: Vec<String> = (0..4).map(|i| format!("x{i}").repeat(1_000_000)).collect();
+        for k in 0..50 {
+            let mut out = String::new();
+            let stopped =
+                StopFilter::new(&stops).push(&format!("token {k} x0x"), &mut |s| out.push_str(s));
+            assert!(!stopped);
+            assert_eq!(out, format!("token {k} "));
+        }
+        stops.push("n 7".to_string());
+        let mut out = String::new();
+        assert!(StopFilter::new(&stops).push("token 7 x0", &mut |s| out.push_str(s)));
+        assert_eq!(out, "toke");
     }
 }

@@ -141,8 +141,7 @@ impl<'t> ChoiceText<'t> {
         };
         let text = std::mem::take(&mut self.pending) + &piece;
         let mut out = String::new();
-        let stops = clip_stops(&self.stops, text.len());
-        let stopped = StopFilter::new(&stops).push(&text, &mut |s| out.push_str(s));
+        let stopped = StopFilter::new(&self.stops).push(&text, &mut |s| out.push_str(s));
         if !stopped {
             // What the filter did not emit is what it holds back.
             self.pending = text[out.len()..].to_string();
@@ -156,79 +155,9 @@ impl<'t> ChoiceText<'t> {
     }
 }
 
-/// `stops` for a [`StopFilter`] over a text of `len` bytes: each stop longer than the text cut
-/// to its first `len + 1` bytes (rounded up to a whole character). The filter finds and holds
-/// back the same text with either (a stop longer than the text cannot occur in it, and only
-/// its first `len` bytes can match the text's end), but searching for a stop costs time in
-/// proportion to its length, per token: a request's megabytes of stop strings would slow
-/// every step of the engine.
-fn clip_stops(stops: &[String], len: usize) -> Vec<String> {
-    stops
-        .iter()
-        .map(|s| {
-            let mut end = (len + 1).min(s.len());
-            while !s.is_char_boundary(end) {
-                end += 1;
-            }
-            s[..end].to_string()
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The stop filter's verdict and released text over `text` with `stops`.
-    fn filter(stops: &[String], text: &str) -> (bool, String) {
-        let mut out = String::new();
-        let stopped = StopFilter::new(stops).push(text, &mut |s| out.push_str(s));
-        (stopped, out)
-    }
-
-    #[test]
-    fn clipped_stops_filter_the_same_and_fast() {
-        let stops: Vec<String> = ["abcé€xyz", "cé€", "z", "€€€€€€€€€€€€€€€€"]
-            .map(String::from)
-            .to_vec();
-        for text in [
-            "",
-            "a",
-            "ab",
-            "abc",
-            "abcé",
-            "xabcé€x",
-            "abcé€xyz!",
-            "q€€",
-            "€",
-            "zz",
-        ] {
-            for i in 0..stops.len() {
-                let s = &stops[i..i + 1];
-                assert_eq!(
-                    filter(&clip_stops(s, text.len()), text),
-                    filter(s, text),
-                    "{text:?} {s:?}"
-                );
-            }
-            assert_eq!(
-                filter(&clip_stops(&stops, text.len()), text),
-                filter(&stops, text),
-                "{text:?}"
-            );
-        }
-        // Four stops of 2 MB (newcomer finding: 18 ms of search per token and request).
-        let huge: Vec<String> = (0..4).map(|i| format!("x{i}").repeat(1_000_000)).collect();
-        let t0 = std::time::Instant::now();
-        for k in 0..500 {
-            let text = format!("token {k} x0x");
-            assert_eq!(
-                filter(&clip_stops(&huge, text.len()), &text),
-                (false, format!("token {k} "))
-            );
-        }
-        assert!(t0.elapsed().as_secs_f64() < 1.0, "{:?}", t0.elapsed());
-    }
 
     #[test]
     fn penalties_and_bias_change_the_choice() {
