@@ -245,7 +245,6 @@ fn batched(
     ctx: usize,
 ) -> anyhow::Result<()> {
     use infer_inference::forward::{BatchBuffers, BatchSeq};
-    let vocab = model.vocab_size;
     // Every sequence gets its own prompt (rotated ids), as the server would see.
     let prompts: Vec<Vec<u32>> = (0..b)
         .map(|i| {
@@ -257,6 +256,7 @@ fn batched(
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     let mut bufs = BatchBuffers::default();
     let mut logits = Vec::new();
+    let mut chosen = Vec::new();
     for _ in 0..args.repetitions {
         let mut caches: Vec<_> = (0..b).map(|_| model.new_cache(ctx)).collect();
         let t0 = Instant::now();
@@ -292,9 +292,11 @@ fn batched(
                     logits: Logits::Last,
                 })
                 .collect();
-            model.forward_batch(backend, &mut seqs, &mut bufs, &mut logits)?;
-            for (n, row) in next.iter_mut().zip(logits.chunks_exact(vocab)) {
-                *n = infer_inference::sampling::argmax(row);
+            // Greedy, chosen where the logits are (as the server does): a device backend
+            // returns token ids, not [B, vocab] logits.
+            model.forward_batch_greedy(backend, &mut seqs, &mut bufs, &mut chosen)?;
+            for (n, c) in next.iter_mut().zip(&chosen) {
+                *n = c.token;
             }
         }
         tg.push((b * args.n_gen) as f64 / t1.elapsed().as_secs_f64());

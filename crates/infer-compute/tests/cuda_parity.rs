@@ -225,7 +225,9 @@ const SHAPES_K: &[(usize, usize)] = &[
     (37, 4096),
     (8461, 4096),
 ];
-const MS: &[usize] = &[1, 2, 3, 5, 8, 17];
+/// Activation rows: the mat-vecs (below 8) and the tensor-core tiles (one partial tile, two
+/// tiles of 64 and a partial third).
+const MS: &[usize] = &[1, 2, 3, 5, 8, 17, 64, 130];
 
 fn quant_format_parity(fmt: QuantFormat, seed: u64) {
     let gpu = gpu();
@@ -237,7 +239,11 @@ fn quant_format_parity(fmt: QuantFormat, seed: u64) {
     };
     let mut worst = 0f64;
     for &(rows, cols) in shapes {
-        let ms: &[usize] = if rows * cols > 1 << 20 { &[1, 5] } else { MS };
+        let ms: &[usize] = if rows * cols > 1 << 20 {
+            &[1, 5, 70]
+        } else {
+            MS
+        };
         for &m in ms {
             worst = worst.max(quant_case(&gpu, &mut rng, fmt, m, rows, cols));
         }

@@ -11,11 +11,12 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::ComputeError;
 
-/// The kernel source (CUDA C++ for NVRTC, no headers): the products, the whole-token decode
-/// kernels, which use the products' helpers, and the forward pass's tensor operations, which use
+/// The kernel source (CUDA C++ for NVRTC, no headers): the products (mat-vecs, then the
+/// tensor-core tiles of `mmq.cu`), the whole-token decode kernels, which use the products' helpers, and the forward pass's tensor operations, which use
 /// both.
 pub(super) const KERNELS_CU: &str = concat!(
     include_str!("kernels.cu"),
+    include_str!("mmq.cu"),
     include_str!("decode.cu"),
     include_str!("ops.cu")
 );
@@ -26,6 +27,10 @@ pub(super) const ROWS_PER_BLOCK: usize = 8;
 pub(super) const STAGE: usize = 2048;
 /// Activation rows per warp of the mat-vec kernels; `MT` in `kernels.cu`.
 pub(super) const MT: usize = 4;
+/// Weight rows × activation rows of one block of the tensor-core products; `MMQ_BM`, `MMQ_BN`
+/// in `mmq.cu`.
+pub(super) const MMQ_BM: usize = 128;
+pub(super) const MMQ_BN: usize = 64;
 /// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.
 pub(super) const GT: usize = 64;
 
@@ -56,6 +61,12 @@ pub(super) struct Kernels {
     pub mv_q8s: CudaFunction,
     pub mv_q4_k: CudaFunction,
     pub mv_q6_k: CudaFunction,
+    pub mmq_q4_0: CudaFunction,
+    pub mmq_q5_0: CudaFunction,
+    pub mmq_q8_0: CudaFunction,
+    pub mmq_q8s: CudaFunction,
+    pub mmq_q4_k: CudaFunction,
+    pub mmq_q6_k: CudaFunction,
     pub rowdot_f32: CudaFunction,
     pub rowdot_f16: CudaFunction,
     pub gemm_nt_f32: CudaFunction,
@@ -75,6 +86,7 @@ pub(super) struct Kernels {
     pub t_rope: CudaFunction,
     pub t_kv_store: CudaFunction,
     pub t_attention: CudaFunction,
+    pub t_attention_tiles: CudaFunction,
     pub t_act: CudaFunction,
     pub t_add_scaled: CudaFunction,
     pub t_add_bias: CudaFunction,
@@ -164,6 +176,12 @@ impl Device {
             mv_q8s: f("mv_q8s")?,
             mv_q4_k: f("mv_q4_k")?,
             mv_q6_k: f("mv_q6_k")?,
+            mmq_q4_0: f("mmq_q4_0")?,
+            mmq_q5_0: f("mmq_q5_0")?,
+            mmq_q8_0: f("mmq_q8_0")?,
+            mmq_q8s: f("mmq_q8s")?,
+            mmq_q4_k: f("mmq_q4_k")?,
+            mmq_q6_k: f("mmq_q6_k")?,
             rowdot_f32: f("rowdot_f32")?,
             rowdot_f16: f("rowdot_f16")?,
             gemm_nt_f32: f("gemm_nt_f32")?,
@@ -183,6 +201,7 @@ impl Device {
             t_rope: f("t_rope")?,
             t_kv_store: f("t_kv_store")?,
             t_attention: f("t_attention")?,
+            t_attention_tiles: f("t_attention_tiles")?,
             t_act: f("t_act")?,
             t_add_scaled: f("t_add_scaled")?,
             t_add_bias: f("t_add_bias")?,
@@ -195,6 +214,14 @@ impl Device {
             t_argmax_clear: f("t_argmax_clear")?,
             t_argmax_rows: f("t_argmax_rows")?,
         };
+        // The tiled attention's shared memory exceeds the default 48 KiB from head_dim 128.
+        drv(
+            "allow the tiled attention's shared memory",
+            k.t_attention_tiles.set_attribute(
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                super::tensor_ops::att_tile_smem(256) as i32,
+            ),
+        )?;
         // A stream of its own (not the legacy default stream, which cannot be captured into
         // a CUDA graph: the forward pass's steps are, see `step.rs`).
         let stream = drv("create the backend's stream", ctx.new_stream())?;

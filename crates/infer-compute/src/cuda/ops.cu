@@ -183,6 +183,128 @@ extern "C" __global__ void t_attention(const float* q, const long long* info, fl
     else attn_row<16>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
 }
 
+// Causal attention of prompt chunks, a tile of up to ATT_BQ consecutive query rows of one
+// sequence per block (blockIdx.y: tile, blockIdx.x: query head h, kv head g = h / (nq / nkv)):
+// the tile's rows read each key and value once from the cache, 32 keys at a time through
+// shared memory, instead of once per row as t_attention does. tiles[5 t .. 5 t + 4] = {k cache,
+// v cache, first row, position of the first row, rows} (rows at consecutive positions). Warp w
+// takes rows 4w .. 4w + 3; per 32-key tile each lane scores one key (j = kt + lane) against
+// each of its warp's rows, the online softmax (running maximum m, sum l) is updated per row,
+// and lane L accumulates output dims L, L + 32, ... Masks as attend_head: keys lo .. pos of
+// each row (lo = pos - window + 1 when window > 0; none when window < 0); cap > 0: soft-cap;
+// sinks as t_attention. Dynamic shared memory: (ATT_BQ hd + ATT_BK (hd + 1) + ATT_BK hd +
+// ATT_WARPS * 4 * ATT_BK) floats (att_tile_smem in tensor_ops.rs).
+#define ATT_BQ 32
+#define ATT_BK 32
+#define ATT_WARPS 8
+template <int S>
+__device__ void attn_tile(const float* q, const long long* tiles, float* out, int nq, int nkv,
+                          int hd, float scale, int window, float cap, const float* sinks) {
+    extern __shared__ float att_sm[];
+    float* sq = att_sm;                     // [ATT_BQ][hd]
+    float* sk = sq + ATT_BQ * hd;           // [ATT_BK][hd + 1]
+    float* sv = sk + ATT_BK * (hd + 1);     // [ATT_BK][hd]
+    float* sp = sv + ATT_BK * hd;           // [ATT_WARPS][4][ATT_BK]
+    int h = blockIdx.x, g = h / (nq / nkv), kvd = nkv * hd;
+    const long long* t = tiles + 5 * (long long)blockIdx.y;
+    const float* kc = (const float*)t[0] + (long long)g * hd;
+    const float* vc = (const float*)t[1] + (long long)g * hd;
+    long long r0 = t[2];
+    int p0 = (int)t[3], nr = (int)t[4];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < ATT_BQ * hd; i += blockDim.x) {
+        int r = i / hd, d = i % hd;
+        sq[i] = r < nr ? q[((r0 + r) * nq + h) * hd + d] : 0.0f;
+    }
+    float m[4], l[4], acc[4][S];
+#pragma unroll
+    for (int ii = 0; ii < 4; ii++) {
+        m[ii] = NEG_INF;
+        l[ii] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < S; e++) acc[ii][e] = 0.0f;
+    }
+    int klo = window > 0 ? max(0, p0 - window + 1) : 0;
+    int khi = window < 0 ? -1 : p0 + nr - 1;
+    for (int kt = klo; kt <= khi; kt += ATT_BK) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < ATT_BK * hd; i += blockDim.x) {
+            int j = i / hd, d = i % hd;
+            bool ok = kt + j <= khi;
+            sk[j * (hd + 1) + d] = ok ? kc[(long long)(kt + j) * kvd + d] : 0.0f;
+            sv[j * hd + d] = ok ? vc[(long long)(kt + j) * kvd + d] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ii = 0; ii < 4; ii++) {
+            int i = 4 * w + ii, pos = p0 + i;
+            int lo = window > 0 ? max(0, pos - window + 1) : 0;
+            // Warp-uniform: rows past the tile and key tiles outside the row's range.
+            if (i >= nr || kt > pos || kt + ATT_BK - 1 < lo) continue;
+            int j = kt + lane;
+            const float* qr = sq + i * hd;
+            const float* kr = sk + lane * (hd + 1);
+            float dot = 0.0f;
+#pragma unroll 8
+            for (int d = 0; d < hd; d++) dot += qr[d] * kr[d];
+            bool ok = j <= pos && j >= lo;
+            float sc = dot * scale;
+            if (cap > 0.0f) sc = cap * tanhf(sc / cap);
+            sc = ok ? sc : NEG_INF;
+            float mx = sc;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, o));
+            float mn = fmaxf(m[ii], mx);  // finite: the tile holds a key of the row
+            float corr = expf(m[ii] - mn);
+            float p = ok ? expf(sc - mn) : 0.0f;
+            float ps = p;
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(FULL, ps, o);
+            l[ii] = l[ii] * corr + ps;
+            m[ii] = mn;
+            sp[(w * 4 + ii) * ATT_BK + lane] = p;
+            __syncwarp();
+#pragma unroll
+            for (int e = 0; e < S; e++) {
+                int d = e * 32 + lane;
+                float a = acc[ii][e] * corr;
+                if (d < hd)
+                    for (int jj = 0; jj < ATT_BK; jj++)
+                        a += sp[(w * 4 + ii) * ATT_BK + jj] * sv[jj * hd + d];
+                acc[ii][e] = a;
+            }
+            __syncwarp();
+        }
+    }
+#pragma unroll
+    for (int ii = 0; ii < 4; ii++) {
+        int i = 4 * w + ii;
+        if (i >= nr) continue;
+        float mx = m[ii], total = l[ii], f = 1.0f;
+        if (sinks) {
+            float sk0 = sinks[h];
+            float mm = fmaxf(mx, sk0);
+            f = mx == NEG_INF ? 0.0f : expf(mx - mm);
+            total = total * f + expf(sk0 - mm);
+        }
+        float inv = total > 0.0f ? f / total : 0.0f;
+        float* o = out + ((r0 + i) * nq + h) * hd;
+#pragma unroll
+        for (int e = 0; e < S; e++) {
+            int d = e * 32 + lane;
+            if (d < hd) o[d] = acc[ii][e] * inv;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+    t_attention_tiles(const float* q, const long long* tiles, float* out, int nq, int nkv, int hd,
+                      float scale, int window, float cap, const float* sinks) {
+    pdl_trigger();
+    pdl_wait();
+    if (hd <= 64) attn_tile<2>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks);
+    else if (hd <= 128) attn_tile<4>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks);
+    else attn_tile<8>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks);
+}
+
 // up[i] = act(gate[i]) * up[i] (gate given) or x[i] = act(x[i]) (gate null); act_fn of
 // decode.cu (0 SiLU, 1 tanh-GELU, 2 erf-GELU).
 extern "C" __global__ void t_act(const float* gate, float* up, long long n, int act) {

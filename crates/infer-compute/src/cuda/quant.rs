@@ -1,5 +1,7 @@
-//! Quantized products on the device: activations quantized once per call by a kernel, then one
-//! warp per weight row with `__dp4a` integer dot products (`kernels.cu`).
+//! Quantized products on the device: activations quantized once per call by a kernel, then
+//! either one warp per weight row with `__dp4a` integer dot products (`kernels.cu`, few
+//! activation rows) or tiles of weight rows × activation rows on the tensor cores (`mmq.cu`,
+//! from [`MMQ_MIN_M`] rows on sm_80+).
 //!
 //! Activation formats are the CPU's (`crate::vec_dot::activation_format`): Q8_K for Q4_K and
 //! Q6_K weights, Q8_0 for Q4_0, Q5_0 and Q8_0 weights, int8 + f32 scale per 32 values for the
@@ -10,7 +12,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use infer_quant::QuantFormat;
 
 use super::cache::Scratch;
-use super::device::{drv, int, Device, MT, ROWS_PER_BLOCK, STAGE};
+use super::device::{drv, int, Device, MMQ_BM, MMQ_BN, MT, ROWS_PER_BLOCK, STAGE};
 use super::State;
 use crate::backend::empty_product;
 use crate::{ComputeError, MatData, Matrix, Proj};
@@ -27,6 +29,50 @@ pub(super) fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction
         _ => return None,
     };
     Some((f, is_kq(Some(format))))
+}
+
+/// Activation rows from which the products run the tensor-core tile kernels (`mmq_*`) rather
+/// than the mat-vecs, which read each weight row once per `MT` activation rows.
+pub(super) const MMQ_MIN_M: usize = 8;
+
+/// The product kernel for `m` activation rows of weights `format` (`None`: the seed's split Q8),
+/// whether it reads Q8_K activations, and its launch grid: the tensor-core tiles (`mmq_*`, one
+/// block per `MMQ_BN` activation rows × `MMQ_BM` weight rows, activation tiles fastest so the
+/// blocks sharing a weight tile run together) from [`MMQ_MIN_M`] rows on devices of compute
+/// capability 8.0 or later, else the mat-vecs. Both take the same arguments. Errors: a format
+/// without a kernel.
+pub(super) fn product_kernel(
+    dev: &Device,
+    format: Option<QuantFormat>,
+    rows: usize,
+    m: usize,
+) -> Result<(&CudaFunction, bool, LaunchConfig), ComputeError> {
+    let k = &dev.k;
+    let tiles = m >= MMQ_MIN_M && dev.cc.0 >= 8;
+    let (mv, mmq) = match format {
+        None => (&k.mv_q8s, &k.mmq_q8s),
+        Some(QuantFormat::Q4_0) => (&k.mv_q4_0, &k.mmq_q4_0),
+        Some(QuantFormat::Q5_0) => (&k.mv_q5_0, &k.mmq_q5_0),
+        Some(QuantFormat::Q8_0) => (&k.mv_q8_0, &k.mmq_q8_0),
+        Some(QuantFormat::Q4_K) => (&k.mv_q4_k, &k.mmq_q4_k),
+        Some(QuantFormat::Q6_K) => (&k.mv_q6_k, &k.mmq_q6_k),
+        Some(format) => {
+            return Err(ComputeError::UnsupportedFormat {
+                backend: "cuda".to_string(),
+                format,
+            })
+        }
+    };
+    let kq = is_kq(format);
+    if !tiles {
+        return Ok((mv, kq, mv_grid(rows, m)));
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (m.div_ceil(MMQ_BN) as u32, rows.div_ceil(MMQ_BM) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((mmq, kq, cfg))
 }
 
 /// Check a weight buffer like the CPU backend: format with a kernel, `cols` block aligned,
@@ -181,15 +227,7 @@ pub(super) fn launch_mv(
         cols,
         y_off,
     } = shape;
-    let (f, kq) = match kernel(dev, format) {
-        Some(k) => k,
-        None => {
-            return Err(ComputeError::UnsupportedFormat {
-                backend: "cuda".to_string(),
-                format,
-            })
-        }
-    };
+    let (f, kq, cfg) = product_kernel(dev, Some(format), rows, m)?;
     let (rows_i, cols_i, m_i) = (int("rows", rows)?, int("cols", cols)?, int("m", m)?);
     let a = if kq { &s.kq } else { &s.b32 };
     let y = s.y.get().slice(y_off..y_off + m * rows);
@@ -199,13 +237,10 @@ pub(super) fn launch_mv(
         b.arg(a.bsums.get());
     }
     b.arg(&y).arg(&rows_i).arg(&cols_i).arg(&m_i);
-    // SAFETY: argument list matches `mv_*` in kernels.cu; `w` holds rows·bytes_for(cols) bytes
+    // SAFETY: argument list matches `mv_*` in kernels.cu and `mmq_*` in mmq.cu; `w` holds rows·bytes_for(cols) bytes
     // (checked) plus padding, the scratch buffers hold m·cols activations and the output view
     // m·rows values.
-    drv("launch quantized mat-vec", unsafe {
-        b.launch(mv_grid(rows, m))
-    })
-    .map(|_| ())
+    drv("launch quantized product", unsafe { b.launch(cfg) }).map(|_| ())
 }
 
 /// `y[m×rows] = x[m×cols] · Wᵀ` for ggml-format weights `w` (see [`super::CudaBackend`]).
@@ -345,7 +380,8 @@ pub(super) fn q8_matmul(
     let (Some(wv), Some(ws)) = (wv, ws) else {
         return Err(super::device::dev_err("q8 weights missing from the cache"));
     };
-    let mut b = dev.stream.launch_builder(&dev.k.mv_q8s);
+    let (f, _, cfg) = product_kernel(dev, None, rows, m)?;
+    let mut b = dev.stream.launch_builder(f);
     b.arg(wv)
         .arg(ws)
         .arg(s.b32.aq.get())
@@ -354,8 +390,8 @@ pub(super) fn q8_matmul(
         .arg(&rows_i)
         .arg(&cols_i)
         .arg(&m_i);
-    // SAFETY: argument list matches `mv_q8s`; buffer sizes checked above.
-    drv("launch q8 mat-vec", unsafe { b.launch(mv_grid(rows, m)) })?;
+    // SAFETY: argument list matches `mv_q8s` / `mmq_q8s`; buffer sizes checked above.
+    drv("launch q8 product", unsafe { b.launch(cfg) })?;
     download_y(dev, s, y)
 }
 

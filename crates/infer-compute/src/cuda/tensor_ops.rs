@@ -14,7 +14,7 @@ use infer_quant::QuantFormat;
 
 use super::cache::as_bytes;
 use super::device::{dev_err, drv, int, GT, ROWS_PER_BLOCK};
-use super::quant::{format_code, is_kq, kernel, mv_grid, rows_per_warp, warp_grid};
+use super::quant::{format_code, is_kq, mv_grid, product_kernel, rows_per_warp, warp_grid};
 use super::step::Recorder;
 use super::State;
 use crate::host_ops::check;
@@ -30,6 +30,26 @@ const OPS_THREADS: u32 = 256;
 const ATTN_THREADS: u32 = 128;
 /// Largest head_dim `t_attention` handles (`attn_row<16>`).
 const MAX_HEAD_DIM: usize = 512;
+/// Query rows per block of `t_attention_tiles` (`ATT_BQ`), keys per shared-memory tile
+/// (`ATT_BK`) and its threads (`ATT_WARPS` warps).
+const ATT_BQ: usize = 32;
+const ATT_BK: usize = 32;
+const ATT_TILE_THREADS: u32 = 256;
+/// Largest head_dim of `t_attention_tiles` (`attn_tile<8>`).
+const ATT_TILE_MAX_HEAD_DIM: usize = 256;
+/// A batch whose longest chunk has at least this many rows attends by tiles of rows
+/// (`t_attention_tiles`, prompts); otherwise one block per row (`t_attention`, decode).
+const ATT_TILE_MIN_ROWS: usize = 4;
+
+/// Dynamic shared memory of `t_attention_tiles` for `hd`: the query tile, the key tile (rows
+/// padded by one value), the value tile and the warps' probabilities, in bytes.
+pub(super) fn att_tile_smem(hd: usize) -> usize {
+    4 * (ATT_BQ * hd
+        + ATT_BK * (hd + 1)
+        + ATT_BK * hd
+        + (ATT_TILE_THREADS as usize / 32) * 4 * ATT_BK)
+}
+
 /// Up to this many activation rows, float products use the warp-per-row kernel (as float.rs).
 const ROWDOT_MAX_M: usize = 8;
 /// Threads of `t_add_norm` (`RN_THREADS` in decode.cu).
@@ -361,7 +381,8 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
                 i(cols_i),
                 i(m_i),
             ];
-            go(&mut st.rec, &st.dev.k.mv_q8s, mv_grid(rows, m), &mut a)
+            let (func, _, cfg) = product_kernel(&st.dev, None, rows, m)?;
+            go(&mut st.rec, func, cfg, &mut a)
         }
     }
 }
@@ -419,8 +440,9 @@ fn quantize(
     }
 }
 
-/// The mat-vec kernel of `format` on cached weights `wp` and the activations quantized last for
-/// its family, into `y` (`[m, rows]`).
+/// The product kernel of `format` for `m` rows ([`product_kernel`]: mat-vec or tensor-core
+/// tiles) on cached weights `wp` and the activations quantized last for its family, into `y`
+/// (`[m, rows]`).
 fn mv(
     st: &mut State,
     format: QuantFormat,
@@ -430,12 +452,7 @@ fn mv(
     rows: usize,
     cols: usize,
 ) -> Result<(), ComputeError> {
-    let Some((func, kq)) = kernel(&st.dev, format) else {
-        return Err(ComputeError::UnsupportedFormat {
-            backend: "cuda".into(),
-            format,
-        });
-    };
+    let (func, kq, cfg) = product_kernel(&st.dev, Some(format), rows, m)?;
     let stream = &st.dev.stream;
     let a = if kq { &st.s.kq } else { &st.s.b32 };
     let (rows_i, cols_i, m_i) = (int("rows", rows)?, int("cols", cols)?, int("m", m)?);
@@ -444,7 +461,7 @@ fn mv(
         args.push(ptr(a.bsums.get(), stream));
     }
     args.extend([y, i(rows_i), i(cols_i), i(m_i)]);
-    go(&mut st.rec, func, mv_grid(rows, m), &mut args)
+    go(&mut st.rec, func, cfg, &mut args)
 }
 
 /// Shapes of a product: the storage matches the matrix, `x` holds `m × cols`.
@@ -769,6 +786,42 @@ pub(super) fn attend(
         &mut a,
     )?;
     let (window, sinks, cfg) = attention_launch(st, p, rows)?;
+    let longest = at.seqs.iter().map(|s| s.rows).max().unwrap_or(0);
+    if longest >= ATT_TILE_MIN_ROWS && p.head_dim <= ATT_TILE_MAX_HEAD_DIM {
+        // Prompt chunks: tiles of up to ATT_BQ consecutive rows of one sequence.
+        let mut tiles = Vec::new();
+        for s in at.seqs.iter() {
+            let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
+            for t0 in (0..s.rows).step_by(ATT_BQ) {
+                let n = ATT_BQ.min(s.rows - t0);
+                let (row, pos) = ((s.row0 + t0) as i64, (s.start + t0) as i64);
+                tiles.extend([kc as i64, vc as i64, row, pos, n as i64]);
+            }
+        }
+        let tp_ = st.rec.stage(&st.dev.stream, as_bytes(&tiles))?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                p.n_q_heads as u32,
+                int("attention tiles", tiles.len() / 5)? as u32,
+                1,
+            ),
+            block_dim: (ATT_TILE_THREADS, 1, 1),
+            shared_mem_bytes: att_tile_smem(p.head_dim) as u32,
+        };
+        let mut a = [
+            qp,
+            tp_,
+            op,
+            i(to_i32("q heads", p.n_q_heads)?),
+            i(to_i32("kv heads", p.n_kv_heads)?),
+            i(to_i32("head_dim", p.head_dim)?),
+            f(p.scale),
+            i(window),
+            f(p.softcap.unwrap_or(0.0)),
+            sinks,
+        ];
+        return go(&mut st.rec, &st.dev.k.t_attention_tiles, cfg, &mut a);
+    }
     let mut a = [
         qp,
         ip,

@@ -287,6 +287,10 @@ fn check_attention(b: &dyn ComputeBackend, rng: &mut StdRng) {
             vec![(299, 1), (0, 17), (40, 1)],
         ),
         (8, 8, 64, None, None, vec![(100, 1); 5]),
+        // Prompt chunks over several row and key tiles (the CUDA tiled kernel: 32 rows, 32
+        // keys), windows that start inside a tile, head_dim 256.
+        (8, 2, 128, Some(20), None, vec![(5, 70), (0, 33), (3, 1)]),
+        (4, 1, 256, None, Some(30.0), vec![(40, 37)]),
         // With attention sinks (the last two cases).
         (4, 2, 16, Some(8), None, vec![(10, 1), (0, 9)]),
         (8, 2, 64, None, None, vec![(30, 10), (5, 1)]),
