@@ -787,8 +787,10 @@ pub(super) fn attend(
     )?;
     let (window, sinks, cfg) = attention_launch(st, p, rows)?;
     let longest = at.seqs.iter().map(|s| s.rows).max().unwrap_or(0);
-    if longest >= ATT_TILE_MIN_ROWS && p.head_dim <= ATT_TILE_MAX_HEAD_DIM {
-        // Prompt chunks: tiles of up to ATT_BQ consecutive rows of one sequence.
+    let tiled = longest >= ATT_TILE_MIN_ROWS && p.head_dim <= ATT_TILE_MAX_HEAD_DIM;
+    // Per row (`info`) or, for prompt chunks, per tile of up to ATT_BQ consecutive rows of one
+    // sequence: {k cache, v cache, first row, its position, rows}.
+    let (table, cfg) = if tiled {
         let mut tiles = Vec::new();
         for s in at.seqs.iter() {
             let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
@@ -798,7 +800,6 @@ pub(super) fn attend(
                 tiles.extend([kc as i64, vc as i64, row, pos, n as i64]);
             }
         }
-        let tp_ = st.rec.stage(&st.dev.stream, as_bytes(&tiles))?;
         let cfg = LaunchConfig {
             grid_dim: (
                 p.n_q_heads as u32,
@@ -808,23 +809,13 @@ pub(super) fn attend(
             block_dim: (ATT_TILE_THREADS, 1, 1),
             shared_mem_bytes: att_tile_smem(p.head_dim) as u32,
         };
-        let mut a = [
-            qp,
-            tp_,
-            op,
-            i(to_i32("q heads", p.n_q_heads)?),
-            i(to_i32("kv heads", p.n_kv_heads)?),
-            i(to_i32("head_dim", p.head_dim)?),
-            f(p.scale),
-            i(window),
-            f(p.softcap.unwrap_or(0.0)),
-            sinks,
-        ];
-        return go(&mut st.rec, &st.dev.k.t_attention_tiles, cfg, &mut a);
-    }
+        (st.rec.stage(&st.dev.stream, as_bytes(&tiles))?, cfg)
+    } else {
+        (ip, cfg)
+    };
     let mut a = [
         qp,
-        ip,
+        table,
         op,
         i(to_i32("q heads", p.n_q_heads)?),
         i(to_i32("kv heads", p.n_kv_heads)?),
@@ -834,7 +825,13 @@ pub(super) fn attend(
         f(p.softcap.unwrap_or(0.0)),
         sinks,
     ];
-    go(&mut st.rec, &st.dev.k.t_attention, cfg, &mut a)
+    let k = &st.dev.k;
+    let func = if tiled {
+        &k.t_attention_tiles
+    } else {
+        &k.t_attention
+    };
+    go(&mut st.rec, func, cfg, &mut a)
 }
 
 fn act_code(a: Activation) -> i32 {
