@@ -6,7 +6,7 @@
 //! wrote are copied back before the next host pass, so both caches agree wherever they are read.
 
 use infer_compute::{ComputeBackend, DecodePlan, MatData, PlanLayer, TokenDecoder};
-use infer_models::{Activation, FfnType, NormType};
+use infer_models::{FfnType, NormType};
 
 use crate::forward::Logits;
 use crate::layer::Ffn;
@@ -72,11 +72,7 @@ impl Model<'_> {
                 intermediate_size: g.intermediate_size,
                 attention: g.attention,
                 rope: g.rope,
-                activation: match g.activation {
-                    Activation::Silu => infer_compute::ops::Activation::Silu,
-                    Activation::GeluTanh => infer_compute::ops::Activation::GeluTanh,
-                    Activation::Gelu => infer_compute::ops::Activation::Gelu,
-                },
+                activation: crate::walk::compute_activation(g.activation),
                 eps: g.eps,
                 norm_offset: g.norm_offset,
                 residual_multiplier: g.residual_multiplier,

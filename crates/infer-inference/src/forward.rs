@@ -3,7 +3,7 @@
 use infer_compute::{
     ops, Argmax, ComputeBackend, KvSlot, ResidualNorm, RopeAttend, Tensor, TensorProj,
 };
-use infer_models::{Activation, FfnType, NormType};
+use infer_models::{FfnType, NormType};
 
 use crate::layer::{DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights};
 use crate::scratch::{FfnScratch, Scratch};
@@ -714,11 +714,7 @@ fn dense_ffn(
     // Quantized tiers: the vectorised activations of `ops::gated_mul_fast` (≤ 4e-7 relative
     // from the exact f64 SiLU, ≤ 1e-5 for tanh-GELU: far below the activation quantization
     // error of these paths).
-    let act = match g.activation {
-        Activation::Silu => ops::Activation::Silu,
-        Activation::GeluTanh => ops::Activation::GeluTanh,
-        Activation::Gelu => ops::Activation::Gelu,
-    };
+    let act = crate::walk::compute_activation(g.activation);
     let FfnScratch {
         gate: gate_buf, up, ..
     } = bufs;

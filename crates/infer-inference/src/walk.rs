@@ -144,6 +144,15 @@ fn gate_q4<'a>(
     Ok(data)
 }
 
+/// The compute crate's name of a model's activation (its fast and device kernels).
+pub(crate) fn compute_activation(a: Activation) -> ops::Activation {
+    match a {
+        Activation::Silu => ops::Activation::Silu,
+        Activation::GeluTanh => ops::Activation::GeluTanh,
+        Activation::Gelu => ops::Activation::Gelu,
+    }
+}
+
 /// The exact activation of the float path (f64-accurate SiLU / GELU).
 pub(crate) fn activation_fn(a: Activation) -> fn(f32) -> f32 {
     match a {
@@ -180,11 +189,7 @@ pub(crate) fn walk_ffn(
     // An f16 tier's weights already carry f16 rounding (~5e-4 relative): there the vectorised
     // activations (≤ 1e-5 relative from the exact ones) cost nothing measurable in accuracy and
     // the exact f64 ones were a quarter of a Gemma-3 f16 prompt's time.
-    let fast = matches!(w.up, FloatRows::F16(_)).then_some(match g.activation {
-        Activation::Silu => ops::Activation::Silu,
-        Activation::GeluTanh => ops::Activation::GeluTanh,
-        Activation::Gelu => ops::Activation::Gelu,
-    });
+    let fast = matches!(w.up, FloatRows::F16(_)).then(|| compute_activation(g.activation));
     match (g.ffn_type, &w.gate) {
         (FfnType::Gated, Some(gate_w)) => {
             let gate = fit(gate, t * inter);

@@ -17,18 +17,25 @@ use super::State;
 use crate::backend::empty_product;
 use crate::{ComputeError, MatData, Matrix, Proj};
 
+/// The mat-vec and tensor-core tile kernels of weight format `format` (`None`: the seed's split
+/// Q8), or `None` when the CUDA backend has none: the one table of the products' kernels.
+fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<(&CudaFunction, &CudaFunction)> {
+    let k = &dev.k;
+    Some(match format {
+        None => (&k.mv_q8s, &k.mmq_q8s),
+        Some(QuantFormat::Q4_0) => (&k.mv_q4_0, &k.mmq_q4_0),
+        Some(QuantFormat::Q5_0) => (&k.mv_q5_0, &k.mmq_q5_0),
+        Some(QuantFormat::Q8_0) => (&k.mv_q8_0, &k.mmq_q8_0),
+        Some(QuantFormat::Q4_K) => (&k.mv_q4_k, &k.mmq_q4_k),
+        Some(QuantFormat::Q6_K) => (&k.mv_q6_k, &k.mmq_q6_k),
+        Some(_) => return None,
+    })
+}
+
 /// The mat-vec kernel of weight format `format` and whether it reads Q8_K activations (else
 /// 32-value blocks), or `None` when the CUDA backend has none.
 pub(super) fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
-    let f = match format {
-        QuantFormat::Q4_0 => &dev.k.mv_q4_0,
-        QuantFormat::Q5_0 => &dev.k.mv_q5_0,
-        QuantFormat::Q8_0 => &dev.k.mv_q8_0,
-        QuantFormat::Q4_K => &dev.k.mv_q4_k,
-        QuantFormat::Q6_K => &dev.k.mv_q6_k,
-        _ => return None,
-    };
-    Some((f, is_kq(Some(format))))
+    kernels(dev, Some(format)).map(|(mv, _)| (mv, is_kq(Some(format))))
 }
 
 /// Activation rows from which the products run the tensor-core tile kernels (`mmq_*`) rather
@@ -47,21 +54,15 @@ pub(super) fn product_kernel(
     rows: usize,
     m: usize,
 ) -> Result<(&CudaFunction, bool, LaunchConfig), ComputeError> {
-    let k = &dev.k;
     let tiles = m >= MMQ_MIN_M && dev.cc.0 >= 8;
-    let (mv, mmq) = match format {
-        None => (&k.mv_q8s, &k.mmq_q8s),
-        Some(QuantFormat::Q4_0) => (&k.mv_q4_0, &k.mmq_q4_0),
-        Some(QuantFormat::Q5_0) => (&k.mv_q5_0, &k.mmq_q5_0),
-        Some(QuantFormat::Q8_0) => (&k.mv_q8_0, &k.mmq_q8_0),
-        Some(QuantFormat::Q4_K) => (&k.mv_q4_k, &k.mmq_q4_k),
-        Some(QuantFormat::Q6_K) => (&k.mv_q6_k, &k.mmq_q6_k),
-        Some(format) => {
-            return Err(ComputeError::UnsupportedFormat {
+    let Some((mv, mmq)) = kernels(dev, format) else {
+        return Err(match format {
+            Some(format) => ComputeError::UnsupportedFormat {
                 backend: "cuda".to_string(),
                 format,
-            })
-        }
+            },
+            None => super::device::dev_err("no kernels for the split Q8 format"),
+        });
     };
     let kq = is_kq(format);
     if !tiles {
