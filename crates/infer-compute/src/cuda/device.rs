@@ -86,7 +86,7 @@ pub(super) struct Kernels {
     pub t_rope: CudaFunction,
     pub t_kv_store: CudaFunction,
     pub t_attention: CudaFunction,
-    pub t_attention_tiles: CudaFunction,
+    pub t_attention_tiles: [CudaFunction; 3],
     pub t_act: CudaFunction,
     pub t_add_scaled: CudaFunction,
     pub t_add_bias: CudaFunction,
@@ -201,7 +201,11 @@ impl Device {
             t_rope: f("t_rope")?,
             t_kv_store: f("t_kv_store")?,
             t_attention: f("t_attention")?,
-            t_attention_tiles: f("t_attention_tiles")?,
+            t_attention_tiles: [
+                f("t_attention_tiles64")?,
+                f("t_attention_tiles128")?,
+                f("t_attention_tiles256")?,
+            ],
             t_act: f("t_act")?,
             t_add_scaled: f("t_add_scaled")?,
             t_add_bias: f("t_add_bias")?,
@@ -215,13 +219,15 @@ impl Device {
             t_argmax_rows: f("t_argmax_rows")?,
         };
         // The tiled attention's shared memory exceeds the default 48 KiB from head_dim 128.
-        drv(
-            "allow the tiled attention's shared memory",
-            k.t_attention_tiles.set_attribute(
-                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                super::tensor_ops::att_tile_smem(256) as i32,
-            ),
-        )?;
+        for (f, hd) in k.t_attention_tiles.iter().zip([64, 128, 256]) {
+            drv(
+                "allow the tiled attention's shared memory",
+                f.set_attribute(
+                    sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    super::tensor_ops::att_tile_smem(hd) as i32,
+                ),
+            )?;
+        }
         // A stream of its own (not the legacy default stream, which cannot be captured into
         // a CUDA graph: the forward pass's steps are, see `step.rs`).
         let stream = drv("create the backend's stream", ctx.new_stream())?;

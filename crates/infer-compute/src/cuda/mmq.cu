@@ -53,18 +53,19 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
 }
 
 // One thread's share of a K step's global data, fetched one step ahead: the loads of step
-// ks + 1 are in flight while step ks computes (every load of a step is issued before any is
-// used). Items: the thread's weight words, numbered so that the word within a row or block
-// (u) is fixed per thread and the row advances with k.
+// ks + 1 are in flight while step ks computes. Fetching does no arithmetic on loaded values
+// (a use would wait for the load): words of 2-byte aligned blocks stay two halves, the scales
+// stay raw, and mmq_put combines them. Items: the thread's weight words, numbered so that the
+// word within a row or block (u) is fixed per thread and the row advances with k.
 struct MmqRegs {
-    int wq[16];    // weight quant words (Q5_0: [0, 8) nibbles, [8, 16) high bits)
-    float wd[16];  // 32-value formats: the block's d of item k (threads with u == 0)
-    int wx[4];     // K-quants, threads < MMQ_BM: Q4_K d|dmin and 12 scale bytes; Q6_K 8 scale
-                   // bytes and d
+    u32 wq[16];    // weight words, or their low halves (2-byte aligned formats)
+    u32 wh[16];    // the high halves (2-byte aligned formats); Q5_0: [8, 16) the high bits
+    u32 wx[5];     // threads < MMQ_BM, the row's scales: Q4_K d|dmin and 12 scale bytes (words);
+                   // Q6_K 8 scale bytes (halves) and d; 32-value formats: the 4 blocks' d bits
     uint4 a[2];    // activation bytes
     float ad;      // 32-value formats: d of (token, block) tid; K-quants (threads < MMQ_BN):
                    // the token's super-block d
-    int abs[4];    // Q4_K (threads < MMQ_BN): activation sums per 32-value sub-block
+    int bs[8];     // Q4_K (threads < MMQ_BN): the step's 8 activation sums of 16 values
 };
 
 template <int FMT>
@@ -78,38 +79,41 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
         const int bb = FMT == F_Q4_K ? 144 : 210;
         int sb = ks >> 1, h = ks & 1;
         if (FMT == F_Q4_K) {
-            // 16 words of nibbles per row and half.
+            // 16 words of nibbles per row and half (4-byte aligned: 144-byte blocks).
             int u = tid & 15;
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 int r = (tid >> 4) + 16 * k;
                 const u8* b = W + ((long long)(row0 + r) * nb + sb) * bb;
-                g.wq[k] = row0 + r < rows ? *(const int*)(b + 16 + 64 * h + 4 * u) : 0;
+                g.wq[k] = row0 + r < rows ? *(const u32*)(b + 16 + 64 * h + 4 * u) : 0;
             }
             if (tid < MMQ_BM) {
                 bool ok = row0 + tid < rows;
                 const u8* b = W + ((long long)(row0 + tid) * nb + sb) * bb;
 #pragma unroll
-                for (int j = 0; j < 4; j++) g.wx[j] = ok ? *(const int*)(b + 4 * j) : 0;
+                for (int j = 0; j < 4; j++) g.wx[j] = ok ? *(const u32*)(b + 4 * j) : 0;
             }
         } else {
-            // Per row and half: ql 64 B, qh 32 B; word u of ql, ql + 32 and qh.
+            // Per row and half: ql 64 B, qh 32 B; word u of ql, ql + 32 and qh, as halves.
             int u = tid & 7;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 int r = (tid >> 3) + 32 * k;
                 bool ok = row0 + r < rows;
                 const u8* b = W + ((long long)(row0 + r) * nb + sb) * bb;
-                g.wq[3 * k] = ok ? ld_i32_a2(b + 64 * h + 4 * u) : 0;
-                g.wq[3 * k + 1] = ok ? ld_i32_a2(b + 64 * h + 32 + 4 * u) : 0;
-                g.wq[3 * k + 2] = ok ? ld_i32_a2(b + 128 + 32 * h + 4 * u) : 0;
+                const int off[3] = {64 * h + 4 * u, 64 * h + 32 + 4 * u, 128 + 32 * h + 4 * u};
+#pragma unroll
+                for (int c = 0; c < 3; c++) {
+                    g.wq[3 * k + c] = ok ? ld_u16(b + off[c]) : 0;
+                    g.wh[3 * k + c] = ok ? ld_u16(b + off[c] + 2) : 0;
+                }
             }
             if (tid < MMQ_BM) {
                 bool ok = row0 + tid < rows;
                 const u8* b = W + ((long long)(row0 + tid) * nb + sb) * bb;
-                g.wx[0] = ok ? ld_i32_a2(b + 192 + 8 * h) : 0;
-                g.wx[1] = ok ? ld_i32_a2(b + 196 + 8 * h) : 0;
-                g.wx[2] = ok ? (int)ld_u16(b + 208) : 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) g.wx[j] = ok ? ld_u16(b + 192 + 8 * h + 2 * j) : 0;
+                g.wx[4] = ok ? ld_u16(b + 208) : 0;
             }
         }
         if (tid < MMQ_BN) {
@@ -118,10 +122,7 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
             g.ad = ok ? ad[blk] : 0.0f;
             if (FMT == F_Q4_K) {
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    g.abs[j] = ok ? bsums[blk * 16 + 8 * h + 2 * j] +
-                                        bsums[blk * 16 + 8 * h + 2 * j + 1]
-                                  : 0;
+                for (int j = 0; j < 8; j++) g.bs[j] = ok ? bsums[blk * 16 + 8 * h + j] : 0;
             }
         }
     } else {
@@ -129,27 +130,33 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
         const int bb = FMT == F_Q4_0 ? 18 : FMT == F_Q5_0 ? 22 : FMT == F_Q8_0 ? 34 : 32;
         const int WPB = (FMT == F_Q4_0 || FMT == F_Q5_0) ? 4 : 8;
         const int ITEMS = MMQ_BM * 4 * WPB / MMQ_THREADS;
+        const int qoff = FMT == F_Q5_0 ? 6 : FMT == F_Q8S ? 0 : 2;
         int u = tid % WPB, jb = (tid / WPB) & 3, ib = ks * 4 + jb;
 #pragma unroll
         for (int k = 0; k < ITEMS; k++) {
             int r = tid / (4 * WPB) + k * (MMQ_THREADS / (4 * WPB));
             bool ok = row0 + r < rows && ib < nb;
-            const u8* b = W + ((long long)(row0 + r) * nb + ib) * bb;
-            int q = 0, qh = 0;
-            float d = 0.0f;
-            if (ok) {
-                if (FMT == F_Q4_0) q = ld_i32_a2(b + 2 + 4 * u);
-                if (FMT == F_Q5_0) {
-                    q = ld_i32_a2(b + 6 + 4 * u);
-                    qh = ld_i32_a2(b + 2);
-                }
-                if (FMT == F_Q8_0) q = ld_i32_a2(b + 2 + 4 * u);
-                if (FMT == F_Q8S) q = *(const int*)(b + 4 * u);
-                if (u == 0) d = FMT == F_Q8S ? wscale[(long long)(row0 + r) * nb + ib] : ld_f16(b);
+            const u8* b = W + ((long long)(row0 + r) * nb + ib) * bb + qoff + 4 * u;
+            if (FMT == F_Q8S) {
+                g.wq[k] = ok ? *(const u32*)b : 0;
+            } else {
+                g.wq[k] = ok ? ld_u16(b) : 0;
+                g.wh[k] = ok ? ld_u16(b + 2) : 0;
             }
-            g.wq[k] = q;
-            if (FMT == F_Q5_0) g.wq[8 + k] = qh;
-            g.wd[k] = d;
+            if (FMT == F_Q5_0) {
+                const u8* bh = W + ((long long)(row0 + r) * nb + ib) * bb + 2;
+                g.wq[8 + k] = ok ? ld_u16(bh) : 0;
+                g.wh[8 + k] = ok ? ld_u16(bh + 2) : 0;
+            }
+        }
+        if (tid < MMQ_BM) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int jj = ks * 4 + j;
+                bool ok = row0 + tid < rows && jj < nb;
+                long long blk = (long long)(row0 + tid) * nb + jj;
+                g.wx[j] = !ok ? 0 : FMT == F_Q8S ? __float_as_uint(wscale[blk]) : ld_u16(W + blk * bb);
+            }
         }
         {
             int t = tid >> 2, j = ks * 4 + (tid & 3);
@@ -180,7 +187,7 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
         if (tid < MMQ_BM) {
             int h = ks & 1;
             s.wd[tid][0] = f16_to_f32((u16)(g.wx[0] & 0xFFFF));
-            s.wd[tid][1] = f16_to_f32((u16)((u32)g.wx[0] >> 16));
+            s.wd[tid][1] = f16_to_f32((u16)(g.wx[0] >> 16));
             // ggml get_scale_min_k4 on the 12 scale bytes held in wx[1..3] (byte i of the
             // scales is byte i % 4 of word 1 + i / 4).
 #pragma unroll
@@ -188,7 +195,7 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
                 int jj = 4 * h + j, sc, mn;
                 auto q = [&](int i) {
                     u32 w = i < 4 ? g.wx[1] : i < 8 ? g.wx[2] : g.wx[3];  // no local memory
-                    return (w >> (8 * (i & 3))) & 0xFF;
+                    return (int)((w >> (8 * (i & 3))) & 0xFF);
                 };
                 if (jj < 4) {
                     sc = q(jj) & 63;
@@ -206,7 +213,9 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             int r = (tid >> 3) + 32 * k;
-            int qa = g.wq[3 * k], qb = g.wq[3 * k + 1], qh = g.wq[3 * k + 2];
+            int qa = (int)(g.wq[3 * k] | (g.wh[3 * k] << 16));
+            int qb = (int)(g.wq[3 * k + 1] | (g.wh[3 * k + 1] << 16));
+            int qh = (int)(g.wq[3 * k + 2] | (g.wh[3 * k + 2] << 16));
             int o[4];
             o[0] = (qa & 0x0F0F0F0F) | ((qh & 0x03030303) << 4);
             o[1] = (qb & 0x0F0F0F0F) | (((qh >> 2) & 0x03030303) << 4);
@@ -216,9 +225,9 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
             for (int t = 0; t < 4; t++) s.w[r * MMQ_LDW + 8 * t + u] = __vsub4(o[t], 0x20202020);
         }
         if (tid < MMQ_BM) {
-            s.wd[tid][0] = f16_to_f32((u16)g.wx[2]);
+            s.wd[tid][0] = f16_to_f32((u16)g.wx[4]);
 #pragma unroll
-            for (int j = 0; j < 8; j++) s.wsc[tid][j] = (int)(i8)(g.wx[j >> 2] >> (8 * (j & 3)));
+            for (int j = 0; j < 8; j++) s.wsc[tid][j] = (int)(i8)(g.wx[j >> 1] >> (8 * (j & 1)));
         }
     } else {
         const int WPB = (FMT == F_Q4_0 || FMT == F_Q5_0) ? 4 : 8;
@@ -228,12 +237,12 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
         for (int k = 0; k < ITEMS; k++) {
             int r = tid / (4 * WPB) + k * (MMQ_THREADS / (4 * WPB));
             int* dst = s.w + r * MMQ_LDW + 8 * jb;
-            int q = g.wq[k];
+            int q = FMT == F_Q8S ? (int)g.wq[k] : (int)(g.wq[k] | (g.wh[k] << 16));
             if (FMT == F_Q4_0) {
                 dst[u] = __vsub4(q & 0x0F0F0F0F, 0x08080808);
                 dst[4 + u] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);
             } else if (FMT == F_Q5_0) {
-                u32 qh = (u32)g.wq[8 + k];
+                u32 qh = g.wq[8 + k] | (g.wh[8 + k] << 16);
                 dst[u] = __vsub4((q & 0x0F0F0F0F) | expand_bits4((qh >> (4 * u)) & 0xF),
                                  0x10101010);
                 dst[4 + u] = __vsub4(((q >> 4) & 0x0F0F0F0F) |
@@ -242,7 +251,11 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
             } else {
                 dst[u] = q;
             }
-            if (u == 0) s.wd[r][jb] = g.wd[k];
+        }
+        if (tid < MMQ_BM) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                s.wd[tid][j] = FMT == F_Q8S ? __uint_as_float(g.wx[j]) : f16_to_f32((u16)g.wx[j]);
         }
     }
     if (FMT == F_Q4_K || FMT == F_Q6_K) {
@@ -250,7 +263,7 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
             s.ad[tid][0] = g.ad;
             if (FMT == F_Q4_K) {
 #pragma unroll
-                for (int j = 0; j < 4; j++) s.abs[tid][j] = g.abs[j];
+                for (int j = 0; j < 4; j++) s.abs[tid][j] = g.bs[2 * j] + g.bs[2 * j + 1];
             }
         }
     } else {

@@ -193,14 +193,15 @@ extern "C" __global__ void t_attention(const float* q, const long long* info, fl
 // and lane L accumulates output dims L, L + 32, ... Masks as attend_head: keys lo .. pos of
 // each row (lo = pos - window + 1 when window > 0; none when window < 0); cap > 0: soft-cap;
 // sinks as t_attention. Dynamic shared memory: (ATT_BQ hd + ATT_BK (hd + 1) + ATT_BK hd +
-// ATT_WARPS * 4 * ATT_BK) floats (att_tile_smem in tensor_ops.rs).
+// ATT_WARPS * 4 * ATT_BK) floats (att_tile_smem in tensor_ops.rs). hd % 4 == 0 (the
+// caches are read as float4).
 #define ATT_BQ 32
 #define ATT_BK 32
 #define ATT_WARPS 8
 template <int S>
 __device__ void attn_tile(const float* q, const long long* tiles, float* out, int nq, int nkv,
                           int hd, float scale, int window, float cap, const float* sinks) {
-    extern __shared__ float att_sm[];
+    extern __shared__ __align__(16) float att_sm[];
     float* sq = att_sm;                     // [ATT_BQ][hd]
     float* sk = sq + ATT_BQ * hd;           // [ATT_BK][hd + 1]
     float* sv = sk + ATT_BK * (hd + 1);     // [ATT_BK][hd]
@@ -226,15 +227,37 @@ __device__ void attn_tile(const float* q, const long long* tiles, float* out, in
     }
     int klo = window > 0 ? max(0, p0 - window + 1) : 0;
     int khi = window < 0 ? -1 : p0 + nr - 1;
+    // The next key tile is loaded into registers (float4: hd % 4 == 0) while this one computes.
+    const int NL = ATT_BK * S * 32 / 4 / (ATT_WARPS * 32);
+    int hq = hd / 4;
+    float4 kreg[NL], vreg[NL];
+    auto fetch = [&](int kt) {
+#pragma unroll
+        for (int k = 0; k < NL; k++) {
+            int i = threadIdx.x + ATT_WARPS * 32 * k, j = i / hq, c = i % hq;
+            bool ok = i < ATT_BK * hq && kt + j <= khi;
+            long long off = (long long)(kt + j) * kvd + 4 * c;
+            kreg[k] = ok ? *(const float4*)(kc + off) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            vreg[k] = ok ? *(const float4*)(vc + off) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    if (klo <= khi) fetch(klo);
     for (int kt = klo; kt <= khi; kt += ATT_BK) {
         __syncthreads();
-        for (int i = threadIdx.x; i < ATT_BK * hd; i += blockDim.x) {
-            int j = i / hd, d = i % hd;
-            bool ok = kt + j <= khi;
-            sk[j * (hd + 1) + d] = ok ? kc[(long long)(kt + j) * kvd + d] : 0.0f;
-            sv[j * hd + d] = ok ? vc[(long long)(kt + j) * kvd + d] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < NL; k++) {
+            int i = threadIdx.x + ATT_WARPS * 32 * k, j = i / hq, c = i % hq;
+            if (i < ATT_BK * hq) {
+                float* kd = sk + j * (hd + 1) + 4 * c;
+                kd[0] = kreg[k].x;
+                kd[1] = kreg[k].y;
+                kd[2] = kreg[k].z;
+                kd[3] = kreg[k].w;
+                *(float4*)(sv + j * hd + 4 * c) = vreg[k];
+            }
         }
         __syncthreads();
+        if (kt + ATT_BK <= khi) fetch(kt + ATT_BK);
 #pragma unroll
         for (int ii = 0; ii < 4; ii++) {
             int i = 4 * w + ii, pos = p0 + i;
@@ -295,15 +318,19 @@ __device__ void attn_tile(const float* q, const long long* tiles, float* out, in
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-    t_attention_tiles(const float* q, const long long* tiles, float* out, int nq, int nkv, int hd,
-                      float scale, int window, float cap, const float* sinks) {
-    pdl_trigger();
-    pdl_wait();
-    if (hd <= 64) attn_tile<2>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks);
-    else if (hd <= 128) attn_tile<4>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks);
-    else attn_tile<8>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks);
-}
+// One kernel per register width (head_dim up to 64, 128, 256): the widest one's registers
+// would limit the occupancy of the others.
+#define ATT_TILES_KERNEL(NAME, S)                                                              \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                               \
+        NAME(const float* q, const long long* tiles, float* out, int nq, int nkv, int hd,      \
+             float scale, int window, float cap, const float* sinks) {                         \
+        pdl_trigger();                                                                         \
+        pdl_wait();                                                                            \
+        attn_tile<S>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks);                   \
+    }
+ATT_TILES_KERNEL(t_attention_tiles64, 2)
+ATT_TILES_KERNEL(t_attention_tiles128, 4)
+ATT_TILES_KERNEL(t_attention_tiles256, 8)
 
 // up[i] = act(gate[i]) * up[i] (gate given) or x[i] = act(x[i]) (gate null); act_fn of
 // decode.cu (0 SiLU, 1 tanh-GELU, 2 erf-GELU).

@@ -30,18 +30,18 @@ const OPS_THREADS: u32 = 256;
 const ATTN_THREADS: u32 = 128;
 /// Largest head_dim `t_attention` handles (`attn_row<16>`).
 const MAX_HEAD_DIM: usize = 512;
-/// Query rows per block of `t_attention_tiles` (`ATT_BQ`), keys per shared-memory tile
+/// Query rows per block of `t_attention_tiles*` (`ATT_BQ`), keys per shared-memory tile
 /// (`ATT_BK`) and its threads (`ATT_WARPS` warps).
 const ATT_BQ: usize = 32;
 const ATT_BK: usize = 32;
 const ATT_TILE_THREADS: u32 = 256;
-/// Largest head_dim of `t_attention_tiles` (`attn_tile<8>`).
+/// Largest head_dim of `t_attention_tiles*` (`t_attention_tiles256`).
 const ATT_TILE_MAX_HEAD_DIM: usize = 256;
 /// A batch whose longest chunk has at least this many rows attends by tiles of rows
-/// (`t_attention_tiles`, prompts); otherwise one block per row (`t_attention`, decode).
+/// (`t_attention_tiles*`, prompts); otherwise one block per row (`t_attention`, decode).
 const ATT_TILE_MIN_ROWS: usize = 4;
 
-/// Dynamic shared memory of `t_attention_tiles` for `hd`: the query tile, the key tile (rows
+/// Dynamic shared memory of `t_attention_tiles*` for `hd`: the query tile, the key tile (rows
 /// padded by one value), the value tile and the warps' probabilities, in bytes.
 pub(super) fn att_tile_smem(hd: usize) -> usize {
     4 * (ATT_BQ * hd
@@ -787,7 +787,10 @@ pub(super) fn attend(
     )?;
     let (window, sinks, cfg) = attention_launch(st, p, rows)?;
     let longest = at.seqs.iter().map(|s| s.rows).max().unwrap_or(0);
-    let tiled = longest >= ATT_TILE_MIN_ROWS && p.head_dim <= ATT_TILE_MAX_HEAD_DIM;
+    let tiled = longest >= ATT_TILE_MIN_ROWS
+        && p.head_dim > 0
+        && p.head_dim <= ATT_TILE_MAX_HEAD_DIM
+        && p.head_dim.is_multiple_of(4);
     // Per row (`info`) or, for prompt chunks, per tile of up to ATT_BQ consecutive rows of one
     // sequence: {k cache, v cache, first row, its position, rows}.
     let (table, cfg) = if tiled {
@@ -827,7 +830,12 @@ pub(super) fn attend(
     ];
     let k = &st.dev.k;
     let func = if tiled {
-        &k.t_attention_tiles
+        // One kernel per register width.
+        &k.t_attention_tiles[match p.head_dim {
+            0..=64 => 0,
+            65..=128 => 1,
+            _ => 2,
+        }]
     } else {
         &k.t_attention
     };
