@@ -31,6 +31,11 @@ pub(super) const MT: usize = 4;
 /// in `mmq.cu`.
 pub(super) const MMQ_BM: usize = 128;
 pub(super) const MMQ_BN: usize = 64;
+/// Dynamic shared memory of `mmq_q4_k` (bytes; `HQ_SMEM` in `mmq.cu`): f16 weight and
+/// activation tiles of 136 halves per row, the mins operands (24 halves per row), (d, dmin) per
+/// weight row and d per activation row.
+pub(super) const MMQ_Q4K_SMEM: usize =
+    (MMQ_BM + MMQ_BN) * 136 * 2 + (MMQ_BM + MMQ_BN) * 24 * 2 + MMQ_BM * 8 + MMQ_BN * 4;
 /// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.
 pub(super) const GT: usize = 64;
 
@@ -228,6 +233,13 @@ impl Device {
                 ),
             )?;
         }
+        drv(
+            "allow mmq_q4_k's shared memory",
+            k.mmq_q4_k.set_attribute(
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                MMQ_Q4K_SMEM as i32,
+            ),
+        )?;
         // A stream of its own (not the legacy default stream, which cannot be captured into
         // a CUDA graph: the forward pass's steps are, see `step.rs`).
         let stream = drv("create the backend's stream", ctx.new_stream())?;

@@ -1,19 +1,20 @@
 // ---------------------------------------------------------------------------------------------
 // Quantized products of many activation rows on the tensor cores (sm_80+): `mmq_*`, the tile
-// counterpart of the `mv_*` mat-vecs (same arguments, same quantized activations, same numerics:
-// exact integer block sums, f32 block terms), the design of llama.cpp's MMQ.
+// counterpart of the `mv_*` mat-vecs (same arguments, same quantized activations), the design
+// of llama.cpp's MMQ.
 //
 // A block computes a tile of MMQ_BM weight rows x MMQ_BN activation rows (tokens), walking K in
-// steps of MMQ_KS values. Per step the weight rows are decoded to int8 in shared memory (Q4_K
-// nibbles, Q6_K 6-bit values - 32, Q4_0/Q5_0 offsets applied), with their scales, next to the
-// step's int8 activations; then each warp (4 x 2 warps, 32 x 32 outputs each) runs
-// `mma.sync.m16n8k32.s8` per 32-value sub-block (Q6_K: `m16n8k16` per 16-value group) and
-// folds the exact int32 sums into its accumulators:
-//   - Q4_K / Q6_K: isum += scale * sum per sub-block (integers, as the CPU's Σ sc·isum); at the
-//     end of the step acc += (d·yd)·isum − (dmin·yd)·Σ mn·bsum (Q4_K's mins from the Q8_K
-//     activation block sums), one f32 term per half super-block;
+// steps of MMQ_KS values. Per step the weight rows are decoded to int8 in shared memory (Q6_K
+// 6-bit values - 32, Q4_0/Q5_0 offsets applied), with their scales, next to the step's int8
+// activations; then each warp (4 x 2 warps, 32 x 32 outputs each) runs
+// `mma.sync.m16n8k32.s8` per 32-value block (Q6_K: `m16n8k16` per 16-value group) and folds
+// the exact int32 sums into its accumulators:
+//   - Q6_K: isum += scale * sum per group (integers, as the CPU's Σ sc·isum); at the end of
+//     each super-block acc += (d·yd)·isum;
 //   - 32-value formats: acc += (f32)sum · (dw·dx) per block.
-// Shared rows are MMQ_LD bytes (KS + 16) so the fragment loads of a warp hit 32 distinct banks.
+// Q4_K has a kernel of its own on the f16 tensor cores (below), its scales folded into the
+// weights. Shared rows are MMQ_LD bytes (KS + 16) so the fragment loads of a warp hit 32
+// distinct banks.
 // ---------------------------------------------------------------------------------------------
 
 #define MMQ_BM 128
@@ -22,16 +23,14 @@
 #define MMQ_LD (MMQ_KS + 16)
 #define MMQ_LDW (MMQ_LD / 4)
 #define MMQ_THREADS 256
-#define F_Q4_K 4
 #define F_Q6_K 5
 
 struct MmqSmem {
     int w[MMQ_BM * MMQ_LDW];  // weights, int8 [row][k]
     int a[MMQ_BN * MMQ_LDW];  // activations, int8 [token][k]
-    float wd[MMQ_BM][4];      // 32-value formats: d per block; K-quants: d, dmin
-    int wsc[MMQ_BM][8];       // Q4_K: scales[4], mins[4] of the step; Q6_K: 8 group scales
+    float wd[MMQ_BM][4];      // 32-value formats: d per block; Q6_K: d
+    int wsc[MMQ_BM][8];       // Q6_K: the step's 8 group scales
     float ad[MMQ_BN][4];      // 32-value formats: d per block; K-quants: the super-block's d
-    int abs[MMQ_BN][4];       // Q4_K: activation sums per 32-value sub-block of the step
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
@@ -60,12 +59,11 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
 struct MmqRegs {
     u32 wq[16];    // weight words, or their low halves (2-byte aligned formats)
     u32 wh[16];    // the high halves (2-byte aligned formats); Q5_0: [8, 16) the high bits
-    u32 wx[5];     // threads < MMQ_BM, the row's scales: Q4_K d|dmin and 12 scale bytes (words);
-                   // Q6_K 8 scale bytes (halves) and d; 32-value formats: the 4 blocks' d bits
+    u32 wx[5];     // threads < MMQ_BM, the row's scales: Q6_K 8 scale bytes (halves) and d;
+                   // 32-value formats: the 4 blocks' d bits
     uint4 a[2];    // activation bytes
-    float ad;      // 32-value formats: d of (token, block) tid; K-quants (threads < MMQ_BN):
-                   // the token's super-block d
-    int bs[8];     // Q4_K (threads < MMQ_BN): the step's 8 activation sums of 16 values
+    float ad;      // 32-value formats: d of (token, block) tid; Q6_K (threads < MMQ_BN): the
+                   // token's super-block d
 };
 
 template <int FMT>
@@ -75,25 +73,10 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
                                           const float* __restrict__ ad,
                                           const int* __restrict__ bsums, int row0, int rows,
                                           int tok0, int m, int cols, int nb, int ks, int tid) {
-    if (FMT == F_Q4_K || FMT == F_Q6_K) {
-        const int bb = FMT == F_Q4_K ? 144 : 210;
+    if (FMT == F_Q6_K) {
+        const int bb = 210;
         int sb = ks >> 1, h = ks & 1;
-        if (FMT == F_Q4_K) {
-            // 16 words of nibbles per row and half (4-byte aligned: 144-byte blocks).
-            int u = tid & 15;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                int r = (tid >> 4) + 16 * k;
-                const u8* b = W + ((long long)(row0 + r) * nb + sb) * bb;
-                g.wq[k] = row0 + r < rows ? *(const u32*)(b + 16 + 64 * h + 4 * u) : 0;
-            }
-            if (tid < MMQ_BM) {
-                bool ok = row0 + tid < rows;
-                const u8* b = W + ((long long)(row0 + tid) * nb + sb) * bb;
-#pragma unroll
-                for (int j = 0; j < 4; j++) g.wx[j] = ok ? *(const u32*)(b + 4 * j) : 0;
-            }
-        } else {
+        {
             // Per row and half: ql 64 B, qh 32 B; word u of ql, ql + 32 and qh, as halves.
             int u = tid & 7;
 #pragma unroll
@@ -120,10 +103,6 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
             bool ok = tok0 + tid < m;
             long long blk = (long long)(tok0 + tid) * nb + sb;
             g.ad = ok ? ad[blk] : 0.0f;
-            if (FMT == F_Q4_K) {
-#pragma unroll
-                for (int j = 0; j < 8; j++) g.bs[j] = ok ? bsums[blk * 16 + 8 * h + j] : 0;
-            }
         }
     } else {
         // 32-value blocks: MMQ_KS / 32 = 4 blocks per step, WPB words of quants per block.
@@ -176,39 +155,7 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
 // Decode the fetched step into shared memory (int8 weights with their scales, activations).
 template <int FMT>
 __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, int tid) {
-    if (FMT == F_Q4_K) {
-        int u = tid & 15, p = u >> 3, l = u & 7;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            int r = (tid >> 4) + 16 * k;
-            s.w[r * MMQ_LDW + 16 * p + l] = g.wq[k] & 0x0F0F0F0F;
-            s.w[r * MMQ_LDW + 16 * p + 8 + l] = (g.wq[k] >> 4) & 0x0F0F0F0F;
-        }
-        if (tid < MMQ_BM) {
-            int h = ks & 1;
-            s.wd[tid][0] = f16_to_f32((u16)(g.wx[0] & 0xFFFF));
-            s.wd[tid][1] = f16_to_f32((u16)(g.wx[0] >> 16));
-            // ggml get_scale_min_k4 on the 12 scale bytes held in wx[1..3] (byte i of the
-            // scales is byte i % 4 of word 1 + i / 4).
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int jj = 4 * h + j, sc, mn;
-                auto q = [&](int i) {
-                    u32 w = i < 4 ? g.wx[1] : i < 8 ? g.wx[2] : g.wx[3];  // no local memory
-                    return (int)((w >> (8 * (i & 3))) & 0xFF);
-                };
-                if (jj < 4) {
-                    sc = q(jj) & 63;
-                    mn = q(jj + 4) & 63;
-                } else {
-                    sc = (q(jj + 4) & 0xF) | ((q(jj - 4) >> 6) << 4);
-                    mn = (q(jj + 4) >> 4) | ((q(jj) >> 6) << 4);
-                }
-                s.wsc[tid][j] = sc;
-                s.wsc[tid][4 + j] = mn;
-            }
-        }
-    } else if (FMT == F_Q6_K) {
+    if (FMT == F_Q6_K) {
         int u = tid & 7;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -258,13 +205,9 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
                 s.wd[tid][j] = FMT == F_Q8S ? __uint_as_float(g.wx[j]) : f16_to_f32((u16)g.wx[j]);
         }
     }
-    if (FMT == F_Q4_K || FMT == F_Q6_K) {
+    if (FMT == F_Q6_K) {
         if (tid < MMQ_BN) {
             s.ad[tid][0] = g.ad;
-            if (FMT == F_Q4_K) {
-#pragma unroll
-                for (int j = 0; j < 4; j++) s.abs[tid][j] = g.bs[2 * j] + g.bs[2 * j + 1];
-            }
         }
     } else {
         s.ad[tid >> 2][tid & 3] = g.ad;
@@ -284,7 +227,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
                                     const int* __restrict__ bsums, float* __restrict__ y,
                                     int rows, int cols, int m) {
     __shared__ __align__(16) MmqSmem s;
-    const bool KQ = FMT == F_Q4_K || FMT == F_Q6_K;
+    const bool KQ = FMT == F_Q6_K;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tig = lane & 3;
     int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
@@ -350,33 +293,25 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
                     for (int nt = 0; nt < 4; nt++) {
                         int c[4] = {0, 0, 0, 0};
                         mma_k32(c, a[mt], b[nt][0], b[nt][1]);
-                        if (FMT == F_Q4_K) {
-                            int sa = s.wsc[r][k], sb = s.wsc[r + 8][k];
-                            isum[mt][nt][0] += sa * c[0];
-                            isum[mt][nt][1] += sa * c[1];
-                            isum[mt][nt][2] += sb * c[2];
-                            isum[mt][nt][3] += sb * c[3];
-                        } else {
-                            float da = s.wd[r][k], db = s.wd[r + 8][k];
-                            int t = wn + 8 * nt + 2 * tig;
-                            float x0 = s.ad[t][k], x1 = s.ad[t + 1][k];
-                            acc[mt][nt][0] += (float)c[0] * (da * x0);
-                            acc[mt][nt][1] += (float)c[1] * (da * x1);
-                            acc[mt][nt][2] += (float)c[2] * (db * x0);
-                            acc[mt][nt][3] += (float)c[3] * (db * x1);
-                        }
+                        float da = s.wd[r][k], db = s.wd[r + 8][k];
+                        int t = wn + 8 * nt + 2 * tig;
+                        float x0 = s.ad[t][k], x1 = s.ad[t + 1][k];
+                        acc[mt][nt][0] += (float)c[0] * (da * x0);
+                        acc[mt][nt][1] += (float)c[1] * (da * x1);
+                        acc[mt][nt][2] += (float)c[2] * (db * x0);
+                        acc[mt][nt][3] += (float)c[3] * (db * x1);
                     }
                 }
             }
         }
-        if (KQ) {
-            // One f32 term per row, token and half super-block.
+        if (KQ && (ks & 1)) {
+            // One f32 term per row, token and super-block (both halves' isum: |sum| < 2^28).
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     int r = wm + 16 * mt + g + 8 * hr;
-                    float d = s.wd[r][0], dmin = s.wd[r][1];
+                    float d = s.wd[r][0];
 #pragma unroll
                     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -384,11 +319,6 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
                             int t = wn + 8 * nt + 2 * tig + ec, e = 2 * hr + ec;
                             float yd = s.ad[t][0];
                             acc[mt][nt][e] += (d * yd) * (float)isum[mt][nt][e];
-                            if (FMT == F_Q4_K) {
-                                int msum = s.wsc[r][4] * s.abs[t][0] + s.wsc[r][5] * s.abs[t][1] +
-                                           s.wsc[r][6] * s.abs[t][2] + s.wsc[r][7] * s.abs[t][3];
-                                acc[mt][nt][e] -= (dmin * yd) * (float)msum;
-                            }
                             isum[mt][nt][e] = 0;
                         }
                 }
@@ -424,12 +354,300 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq<F_Q8S>(W, ws, aq, ad, 0, y, rows, cols, m);
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
-             int cols, int m) {
-    mmq<F_Q4_K>(W, 0, aq, ad, bsums, y, rows, cols, m);
-}
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
              int cols, int m) {
     mmq<F_Q6_K>(W, 0, aq, ad, bsums, y, rows, cols, m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K products on the f16 tensor cores (`mmq_q4_k`). The int8 path above would apply each
+// 32-value sub-block's 6-bit scale to every mma result with an integer multiply and the mins
+// per output and step (ncu: 27 instructions per int8 mma, 34% of them IMAD). Here the scale is
+// folded into the weights instead: shared memory holds sc·q (integers <= 63·15 = 945, exact in
+// f16) and the Q8_K activations as f16 (exact), so one f32-accumulating `mma.m16n8k16` chain
+// runs over the whole 256-value super-block. Every product is an exact integer and a
+// super-block's sum stays below 2^24 for realistic values, so the sums equal the integer ones
+// of the mat-vecs except in extreme cases (then within f32 rounding). Per super-block:
+//   acc += yd · (d · Σ sc·q·a − dmin · Σ_j mn_j · bsum_j)
+// with the mins term one more f16 mma: weights [mn_0..7, 64·mn_0..7] against activations
+// [bsum_j mod 64, floor(bsum_j / 64)] (each piece exact in f16).
+// Values are stored in each aligned group of 4 in the order 0, 2, 1, 3 (for weights and
+// activations alike, so dot products are unchanged): that is the order the nibble- and
+// byte-to-f16 conversions produce them in. Rows of shared memory are 17 units of 16 bytes, so
+// that 8 rows read or written together hit distinct banks.
+// ---------------------------------------------------------------------------------------------
+
+#define HQ_LD 136  // halves per shared row: MMQ_KS + 8
+#define HQ_MLD 24  // halves per row of the mins operands: 16 + 8
+
+// Byte offsets of the parts of the kernel's dynamic shared memory.
+#define HQ_OFF_A (MMQ_BM * HQ_LD * 2)
+#define HQ_OFF_MW (HQ_OFF_A + MMQ_BN * HQ_LD * 2)
+#define HQ_OFF_MA (HQ_OFF_MW + MMQ_BM * HQ_MLD * 2)
+#define HQ_OFF_DM (HQ_OFF_MA + MMQ_BN * HQ_MLD * 2)
+#define HQ_OFF_YD (HQ_OFF_DM + MMQ_BM * 8)
+#define HQ_SMEM (HQ_OFF_YD + MMQ_BN * 4)
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Four 8x8 f16 matrices from shared memory, lane i giving the address of row i % 8 of matrix
+// i / 8 (PTX ldmatrix; the fragments of mma.m16n8k16); `a` is a shared-space address.
+// Volatile: it reads shared memory written by plain stores, and must stay between the
+// barriers that order it after them.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
+    u32 d;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// (x, x) as f16x2, for integers exactly representable in f16 (|x| <= 2048, or multiples of
+// 1024 up to 63·1024 as the Q4_K offsets).
+__device__ __forceinline__ u32 int_h2(int x) {
+    u16 h;
+    asm("cvt.rn.f16.s32 %0, %1;" : "=h"(h) : "r"(x));
+    return (u32)h * 0x10001u;
+}
+
+// (lo, hi) as f16x2, integers exactly representable in f16.
+__device__ __forceinline__ u32 int2_h2(int lo, int hi) {
+    return (int_h2(lo) & 0xFFFF) | (int_h2(hi) & 0xFFFF0000u);
+}
+
+// Byte i (0..11) of a Q4_K block's scales, held in words s1..s3 of its 16-byte header.
+__device__ __forceinline__ int q4k_scale_byte(const uint4& hdr, int i) {
+    u32 w = i < 4 ? hdr.y : i < 8 ? hdr.z : hdr.w;
+    return (int)((w >> (8 * (i & 3))) & 0xFF);
+}
+
+// ggml get_scale_min_k4: scale (mins = false) or min (mins = true) of sub-block j.
+__device__ __forceinline__ int q4k_scale(const uint4& hdr, int j, bool mins) {
+    if (j < 4) return q4k_scale_byte(hdr, j + (mins ? 4 : 0)) & 63;
+    int b = q4k_scale_byte(hdr, j + 4);
+    return mins ? (b >> 4) | ((q4k_scale_byte(hdr, j) >> 6) << 4)
+                : (b & 0xF) | ((q4k_scale_byte(hdr, j - 4) >> 6) << 4);
+}
+
+// Four f16 sc·q of one nibble half of a word of Q4_K quants (shift 0: low nibbles, 4: high),
+// in the order 0, 2, 1, 3: (1024 + q) · sc − 1024 · sc, exact in one fused step.
+__device__ __forceinline__ uint2 q4k_nibbles_h(u32 w, int shift, u32 sc2, u32 off2) {
+    u32 e02 = ((w >> shift) & 0x000F000Fu) | 0x64006400u;
+    u32 e13 = ((w >> (shift + 8)) & 0x000F000Fu) | 0x64006400u;
+    return make_uint2(hfma2(e02, sc2, off2), hfma2(e13, sc2, off2));
+}
+
+// Four int8 of a word as f16, in the order 0, 2, 1, 3: (1024 + 128 + a) − 1152.
+__device__ __forceinline__ uint2 i8x4_h(u32 w) {
+    u32 e02 = (w & 0x00FF00FFu) ^ 0x64806480u;
+    u32 e13 = ((w >> 8) & 0x00FF00FFu) ^ 0x64806480u;
+    return make_uint2(hadd2(e02, 0xE480E480u), hadd2(e13, 0xE480E480u));
+}
+
+// One thread's global data of a K step, fetched a step ahead (no arithmetic on loaded values).
+struct HqRegs {
+    uint4 hdr;    // the row's block header: d, dmin, 12 scale bytes
+    uint4 q[2];   // the row's 32 quant bytes of this thread's 64 values
+    uint4 a[2];   // activation bytes
+    float yd;     // threads < MMQ_BN, first step of a super-block: the token's Q8_K d
+    int4 bs[4];   // likewise: the token's 16 sums of 16 activations
+};
+
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+    mmq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
+    extern __shared__ __align__(16) u8 hq_sm[];
+    u16* sw = (u16*)hq_sm;                        // [MMQ_BM][HQ_LD] sc·q
+    u16* sa = (u16*)(hq_sm + HQ_OFF_A);           // [MMQ_BN][HQ_LD] activations
+    u16* smw = (u16*)(hq_sm + HQ_OFF_MW);         // [MMQ_BM][HQ_MLD] mins operand
+    u16* sma = (u16*)(hq_sm + HQ_OFF_MA);         // [MMQ_BN][HQ_MLD] bsum operand
+    float2* sdm = (float2*)(hq_sm + HQ_OFF_DM);   // [MMQ_BM] (d, dmin)
+    float* syd = (float*)(hq_sm + HQ_OFF_YD);     // [MMQ_BN] activation d
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, tig = lane & 3;
+    int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
+    int row0 = blockIdx.y * MMQ_BM, tok0 = blockIdx.x * MMQ_BN;
+    int nb = cols / 256, nks = 2 * nb;
+    // This thread's weight row and 64-value half of each K step; its activation tokens.
+    int r = tid & (MMQ_BM - 1), p = tid >> 7;
+    bool row_ok = row0 + r < rows;
+    const u8* wrow = W + (long long)(row_ok ? row0 + r : 0) * nb * 144;
+    float acc[2][4][4], cs[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = cs[mt][nt][e] = 0.0f;
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+    HqRegs nx;
+    auto fetch = [&](int ks) {
+        int sb = ks >> 1, h = ks & 1;
+        const u8* b = wrow + (long long)sb * 144;
+        nx.hdr = row_ok ? *(const uint4*)b : z4;
+        nx.q[0] = row_ok ? *(const uint4*)(b + 16 + 64 * h + 32 * p) : z4;
+        nx.q[1] = row_ok ? *(const uint4*)(b + 32 + 64 * h + 32 * p) : z4;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int i = tid + MMQ_THREADS * k, t = i & (MMQ_BN - 1), c = i >> 6;
+            nx.a[k] = tok0 + t < m ? *(const uint4*)(aq + (long long)(tok0 + t) * cols +
+                                                      ks * MMQ_KS + 16 * c)
+                                   : z4;
+        }
+        if (h == 0 && tid < MMQ_BN) {
+            bool ok = tok0 + tid < m;
+            long long blk = (long long)(tok0 + tid) * nb + sb;
+            nx.yd = ok ? ad[blk] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                nx.bs[j] = ok ? ((const int4*)(bsums + blk * 16))[j] : make_int4(0, 0, 0, 0);
+        }
+    };
+    auto put = [&](int ks) {
+        int h = ks & 1, j0 = 4 * h + 2 * p;
+        int sc_lo = q4k_scale(nx.hdr, j0, false), sc_hi = q4k_scale(nx.hdr, j0 + 1, false);
+        u32 s2lo = int_h2(sc_lo), o2lo = int_h2(-1024 * sc_lo);
+        u32 s2hi = int_h2(sc_hi), o2hi = int_h2(-1024 * sc_hi);
+        u16* dst = sw + r * HQ_LD + 64 * p;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const uint4& v = nx.q[t >> 1];
+            u32 w0 = (t & 1) ? v.z : v.x, w1 = (t & 1) ? v.w : v.y;
+            uint2 l0 = q4k_nibbles_h(w0, 0, s2lo, o2lo), l1 = q4k_nibbles_h(w1, 0, s2lo, o2lo);
+            uint2 h0 = q4k_nibbles_h(w0, 4, s2hi, o2hi), h1 = q4k_nibbles_h(w1, 4, s2hi, o2hi);
+            *(uint4*)(dst + 8 * t) = make_uint4(l0.x, l0.y, l1.x, l1.y);
+            *(uint4*)(dst + 32 + 8 * t) = make_uint4(h0.x, h0.y, h1.x, h1.y);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int i = tid + MMQ_THREADS * k, t = i & (MMQ_BN - 1), c = i >> 6;
+            uint2 e0 = i8x4_h(nx.a[k].x), e1 = i8x4_h(nx.a[k].y);
+            uint2 e2 = i8x4_h(nx.a[k].z), e3 = i8x4_h(nx.a[k].w);
+            u16* da = sa + t * HQ_LD + 16 * c;
+            *(uint4*)da = make_uint4(e0.x, e0.y, e1.x, e1.y);
+            *(uint4*)(da + 8) = make_uint4(e2.x, e2.y, e3.x, e3.y);
+        }
+        if (h == 0) {
+            if (p == 0) {
+                sdm[r] = make_float2(f16_to_f32((u16)(nx.hdr.x & 0xFFFF)),
+                                     f16_to_f32((u16)(nx.hdr.x >> 16)));
+                u32 mw[8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int m0 = q4k_scale(nx.hdr, 2 * i, true), m1 = q4k_scale(nx.hdr, 2 * i + 1, true);
+                    mw[i] = int2_h2(m0, m1);
+                    mw[4 + i] = int2_h2(64 * m0, 64 * m1);
+                }
+                u16* d = smw + r * HQ_MLD;
+                *(uint4*)d = make_uint4(mw[0], mw[1], mw[2], mw[3]);
+                *(uint4*)(d + 8) = make_uint4(mw[4], mw[5], mw[6], mw[7]);
+            }
+            if (tid < MMQ_BN) {
+                syd[tid] = nx.yd;
+                int s[8];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    s[2 * j] = nx.bs[j].x + nx.bs[j].y;  // sub-block sums: 2 sums of 16
+                    s[2 * j + 1] = nx.bs[j].z + nx.bs[j].w;
+                }
+                u32 bw[8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    bw[i] = int2_h2(s[2 * i] & 63, s[2 * i + 1] & 63);
+                    bw[4 + i] = int2_h2(s[2 * i] >> 6, s[2 * i + 1] >> 6);
+                }
+                u16* d = sma + tid * HQ_MLD;
+                *(uint4*)d = make_uint4(bw[0], bw[1], bw[2], bw[3]);
+                *(uint4*)(d + 8) = make_uint4(bw[4], bw[5], bw[6], bw[7]);
+            }
+        }
+    };
+    // ldmatrix addresses of this lane: A rows (weights), B rows (tokens).
+    int a_row = wm + (lane & 15), a_k = 8 * (lane >> 4);
+    int b_row = wn + (lane & 7) + 8 * (lane >> 4), b_k = 8 * ((lane >> 3) & 1);
+    const u32 a_sm = smem_addr(sw + a_row * HQ_LD + a_k), b_sm = smem_addr(sa + b_row * HQ_LD + b_k);
+    pdl_wait();
+    fetch(0);
+    for (int ks = 0; ks < nks; ks++) {
+        __syncthreads();
+        put(ks);
+        __syncthreads();
+        if (ks + 1 < nks) fetch(ks + 1);
+#pragma unroll
+        for (int kk = 0; kk < MMQ_KS / 16; kk++) {
+            u32 af[2][4], bf[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldmatrix_x4(af[mt], a_sm + 2 * (16 * mt * HQ_LD + 16 * kk));
+#pragma unroll
+            for (int np = 0; np < 2; np++)
+                ldmatrix_x4(bf[np], b_sm + 2 * (16 * np * HQ_LD + 16 * kk));
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+                    mma_f16(cs[mt][nt], af[mt], bf[nt >> 1][2 * (nt & 1)],
+                            bf[nt >> 1][2 * (nt & 1) + 1]);
+        }
+        if (ks & 1) {
+            // End of a super-block: its f32 terms, mins included.
+            u32 am[2][4], bm[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldmatrix_x4(am[mt], smem_addr(smw + (a_row + 16 * mt) * HQ_MLD + a_k));
+#pragma unroll
+            for (int np = 0; np < 2; np++)
+                ldmatrix_x4(bm[np], smem_addr(sma + (b_row + 16 * np) * HQ_MLD + b_k));
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                float2 dma = sdm[wm + 16 * mt + g], dmb = sdm[wm + 16 * mt + g + 8];
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    float mn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_f16(mn, am[mt], bm[nt >> 1][2 * (nt & 1)], bm[nt >> 1][2 * (nt & 1) + 1]);
+                    float2 yd = *(const float2*)(syd + wn + 8 * nt + 2 * tig);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float2 dm = e < 2 ? dma : dmb;
+                        float t = (e & 1) ? yd.y : yd.x;
+                        acc[mt][nt][e] += t * (dm.x * cs[mt][nt][e] - dm.y * mn[e]);
+                        cs[mt][nt][e] = 0.0f;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int rr = row0 + wm + 16 * mt + g + 8 * (e >> 1);
+                int t = tok0 + wn + 8 * nt + 2 * tig + (e & 1);
+                if (rr < rows && t < m) y[(long long)t * rows + rr] = acc[mt][nt][e];
+            }
 }

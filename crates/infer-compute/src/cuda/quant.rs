@@ -12,7 +12,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use infer_quant::QuantFormat;
 
 use super::cache::Scratch;
-use super::device::{drv, int, Device, MMQ_BM, MMQ_BN, MT, ROWS_PER_BLOCK, STAGE};
+use super::device::{drv, int, Device, MMQ_BM, MMQ_BN, MMQ_Q4K_SMEM, MT, ROWS_PER_BLOCK, STAGE};
 use super::State;
 use crate::backend::empty_product;
 use crate::{ComputeError, MatData, Matrix, Proj};
@@ -46,8 +46,9 @@ pub(super) const MMQ_MIN_M: usize = 8;
 /// whether it reads Q8_K activations, and its launch grid: the tensor-core tiles (`mmq_*`, one
 /// block per `MMQ_BN` activation rows × `MMQ_BM` weight rows, activation tiles fastest so the
 /// blocks sharing a weight tile run together) from [`MMQ_MIN_M`] rows on devices of compute
-/// capability 8.0 or later, else the mat-vecs. Both take the same arguments. Errors: a format
-/// without a kernel.
+/// capability 8.0 or later, else the mat-vecs. Both take the same arguments; Q4_K's tile
+/// kernel asks for [`MMQ_Q4K_SMEM`] bytes of dynamic shared memory. Errors: a format without a
+/// kernel.
 pub(super) fn product_kernel(
     dev: &Device,
     format: Option<QuantFormat>,
@@ -71,7 +72,11 @@ pub(super) fn product_kernel(
     let cfg = LaunchConfig {
         grid_dim: (m.div_ceil(MMQ_BN) as u32, rows.div_ceil(MMQ_BM) as u32, 1),
         block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: if format == Some(QuantFormat::Q4_K) {
+            MMQ_Q4K_SMEM as u32
+        } else {
+            0
+        },
     };
     Ok((mmq, kq, cfg))
 }
