@@ -59,7 +59,10 @@ fn backends() -> Vec<(&'static str, CpuBackend)> {
     v
 }
 
-const SHAPES: [(usize, usize, usize); 9] = [
+/// The many-row shapes cover every tile remainder of the AVX-512 tiles (6 activation rows ×
+/// 4 weight rows, k in steps of 16): m mod 6, n mod 4 and k mod 16 all nonzero, and whole
+/// tiles only.
+const SHAPES: [(usize, usize, usize); 12] = [
     (1, 1, 1),
     (1, 7, 3),
     (1, 64, 129),
@@ -69,6 +72,9 @@ const SHAPES: [(usize, usize, usize); 9] = [
     (5, 100, 257),
     (9, 576, 200),
     (37, 129, 131),
+    (6, 16, 4),
+    (13, 15, 7),
+    (64, 1000, 70),
 ];
 
 /// Both f16 products on every shape, backend and pool size; `transposed` picks

@@ -3,8 +3,9 @@
 //! Each f16 weight is widened exactly to f32 (`vcvtph2ps`, or `half::f16::to_f32` in the
 //! scalar reference) and multiplied in f32, so the only difference from the f32 path over the
 //! same (f16-rounded) weights is the summation order. Decode (one or a few activation rows)
-//! streams the 2-byte weights once through fused widen-and-FMA loops; prefill widens blocks of
-//! weight rows into a per-thread f32 buffer and hands them to `matrixmultiply::sgemm`.
+//! streams the 2-byte weights once through fused widen-and-FMA loops; prefill runs the AVX-512
+//! register tiles of `f16_tile` (both `A·Bᵀ` and `A·B`) where the CPU has them, else widens
+//! blocks of weights into a per-thread f32 buffer and hands them to `matrixmultiply::sgemm`.
 
 use std::cell::Cell;
 
@@ -127,6 +128,17 @@ pub(crate) fn matmul_transb_f16(
         return;
     }
     let out = SharedOut(c.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && super::f16_tile::available() {
+        let rows = super::f16_tile::task_rows(n, k, rayon::current_num_threads());
+        run_tasks(serial, n.div_ceil(rows), |t| {
+            let (j0, j1) = (t * rows, ((t + 1) * rows).min(n));
+            // SAFETY: AVX-512 checked above; shapes checked by `check`; task t alone writes
+            // C's columns j0..j1.
+            unsafe { super::f16_tile::product_rows(a, b, (m, k, n), (j0, j1), out.get()) };
+        });
+        return;
+    }
     let block = n
         .div_ceil(2 * rayon::current_num_threads())
         .clamp(BLOCK, BLOCK_T_MAX);
@@ -193,6 +205,17 @@ pub(crate) fn matmul_f16(
             for part in partials.chunks_exact(m * n) {
                 c.iter_mut().zip(part).for_each(|(o, v)| *o += v);
             }
+        });
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && super::f16_tile::available() {
+        let cols = super::f16_tile::task_cols(n, k, rayon::current_num_threads());
+        run_tasks(serial, n.div_ceil(cols), |t| {
+            let (j0, j1) = (t * cols, ((t + 1) * cols).min(n));
+            // SAFETY: AVX-512 checked above; shapes checked by `check`; task t alone writes
+            // C's columns j0..j1.
+            unsafe { super::f16_tile::product_cols(a, b, (m, k, n), (j0, j1), out.get()) };
         });
         return;
     }

@@ -3,6 +3,8 @@
 
 mod dot;
 mod f16;
+#[cfg(target_arch = "x86_64")]
+mod f16_tile;
 mod gemv;
 mod matmul;
 mod quant;

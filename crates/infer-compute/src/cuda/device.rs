@@ -116,15 +116,18 @@ pub(super) struct Device {
 }
 
 /// NVRTC's virtual architecture for compute capability `cc` (PTX, compiled by the driver at
-/// load time); `None` lets NVRTC pick its default.
+/// load time): the highest one listed here not above `cc`, so that a device newer than the list
+/// still gets the sm_80+ code (`mma`, `ldmatrix`) the tile products are chosen for
+/// (`quant::product_kernel`: compute capability 8.0 or later). `None` below 8.0: NVRTC's
+/// default.
 fn arch_for(cc: (i32, i32)) -> Option<&'static str> {
     Some(match cc {
-        (9, 0) => "compute_90",
-        (8, 9) => "compute_89",
-        (8, 6) => "compute_86",
-        (8, 0) => "compute_80",
-        (10, 0) => "compute_100",
-        (12, 0) => "compute_120",
+        (major, _) if major >= 12 => "compute_120",
+        (major, _) if major >= 10 => "compute_100",
+        (9, _) => "compute_90",
+        (8, minor) if minor >= 9 => "compute_89",
+        (8, minor) if minor >= 6 => "compute_86",
+        (8, _) => "compute_80",
         _ => return None,
     })
 }
@@ -359,4 +362,20 @@ pub(super) fn capture_graph(
     );
     recorded?;
     graph?.ok_or_else(|| dev_err("graph capture recorded nothing"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arch_for;
+
+    #[test]
+    fn every_sm80_plus_device_gets_an_sm80_plus_architecture() {
+        assert_eq!(arch_for((9, 0)), Some("compute_90"));
+        assert_eq!(arch_for((8, 7)), Some("compute_86"));
+        assert_eq!(arch_for((8, 9)), Some("compute_89"));
+        assert_eq!(arch_for((10, 3)), Some("compute_100"));
+        assert_eq!(arch_for((11, 0)), Some("compute_100"));
+        assert_eq!(arch_for((12, 1)), Some("compute_120"));
+        assert_eq!(arch_for((7, 5)), None);
+    }
 }
