@@ -51,6 +51,24 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
 #endif
 }
 
+// A warp's 32 x 32 outputs (2 x 4 mma tiles of 16 rows x 8 tokens, in the accumulator layout of
+// mma.m16n8k*: rows g and g + 8, tokens 2·tig and 2·tig + 1) into y[token][row], from weight
+// row r0 and token t0, within rows x m.
+__device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float* __restrict__ y,
+                                          int r0, int t0, int rows, int m, int lane) {
+    int g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = r0 + 16 * mt + g + 8 * (e >> 1);
+                int t = t0 + 8 * nt + 2 * tig + (e & 1);
+                if (r < rows && t < m) y[(long long)t * rows + r] = acc[mt][nt][e];
+            }
+}
+
 // One thread's share of a K step's global data, fetched one step ahead: the loads of step
 // ks + 1 are in flight while step ks computes. Fetching does no arithmetic on loaded values
 // (a use would wait for the load): words of 2-byte aligned blocks stay two halves, the scales
@@ -324,16 +342,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
                 }
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = row0 + wm + 16 * mt + g + 8 * (e >> 1);
-                int t = tok0 + wn + 8 * nt + 2 * tig + (e & 1);
-                if (r < rows && t < m) y[(long long)t * rows + r] = acc[mt][nt][e];
-            }
+    mmq_store(acc, y, row0 + wm, tok0 + wn, rows, m, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
@@ -640,14 +649,5 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
             }
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int rr = row0 + wm + 16 * mt + g + 8 * (e >> 1);
-                int t = tok0 + wn + 8 * nt + 2 * tig + (e & 1);
-                if (rr < rows && t < m) y[(long long)t * rows + rr] = acc[mt][nt][e];
-            }
+    mmq_store(acc, y, row0 + wm, tok0 + wn, rows, m, lane);
 }
