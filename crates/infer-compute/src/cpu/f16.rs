@@ -131,9 +131,8 @@ pub(crate) fn matmul_transb_f16(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && super::f16_tile::available() {
         let rows = super::f16_tile::task_rows(n, k, rayon::current_num_threads());
-        run_tasks(serial, n.div_ceil(rows), |t| {
-            let (j0, j1) = (t * rows, ((t + 1) * rows).min(n));
-            // SAFETY: AVX-512 checked above; shapes checked by `check`; task t alone writes
+        column_tasks(serial, n, rows, |j0, j1| {
+            // SAFETY: AVX-512 checked above; shapes checked by `check`; this task alone writes
             // C's columns j0..j1.
             unsafe { super::f16_tile::product_rows(a, b, (m, k, n), (j0, j1), out.get()) };
         });
@@ -211,9 +210,8 @@ pub(crate) fn matmul_f16(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && super::f16_tile::available() {
         let cols = super::f16_tile::task_cols(n, k, rayon::current_num_threads());
-        run_tasks(serial, n.div_ceil(cols), |t| {
-            let (j0, j1) = (t * cols, ((t + 1) * cols).min(n));
-            // SAFETY: AVX-512 checked above; shapes checked by `check`; task t alone writes
+        column_tasks(serial, n, cols, |j0, j1| {
+            // SAFETY: AVX-512 checked above; shapes checked by `check`; this task alone writes
             // C's columns j0..j1.
             unsafe { super::f16_tile::product_cols(a, b, (m, k, n), (j0, j1), out.get()) };
         });
@@ -245,6 +243,19 @@ pub(crate) fn matmul_f16(
         });
     };
     run_tasks(serial, n.div_ceil(BLOCK), |t| task(t * BLOCK));
+}
+
+/// Run `product(j0, j1)` over C's columns in ranges of `width` (the last one shorter), one task
+/// each, on this thread or across rayon's pool.
+fn column_tasks(
+    serial: bool,
+    n: usize,
+    width: usize,
+    product: impl Fn(usize, usize) + Sync + Send,
+) {
+    run_tasks(serial, n.div_ceil(width), |t| {
+        product(t * width, ((t + 1) * width).min(n))
+    });
 }
 
 /// Run `task(0..count)` on this thread or across rayon's pool.

@@ -31,12 +31,17 @@ pub(super) fn available() -> bool {
     })
 }
 
-/// Weight rows per task for `k` columns on `threads` threads: a multiple of [`TILE_W`], at
-/// most [`TASK_WEIGHT_BYTES`] of weights, and at least four tasks per thread when `n` allows.
+/// Weight rows per task of [`product_rows`] for `n` rows of `k` values on `threads` threads.
 pub(super) fn task_rows(n: usize, k: usize, threads: usize) -> usize {
-    let cap = (TASK_WEIGHT_BYTES / (2 * k.max(1))).max(TILE_W);
-    let want = n.div_ceil(4 * threads.max(1)).max(TILE_W);
-    want.min(cap).next_multiple_of(TILE_W)
+    task_width(n, k, threads, TILE_W)
+}
+
+/// Weights (rows of `Bᵀ`, columns of `B`, `k` values each) per task: a multiple of `unit`, at
+/// most [`TASK_WEIGHT_BYTES`] of them, and at least four tasks per thread when `n` allows.
+fn task_width(n: usize, k: usize, threads: usize, unit: usize) -> usize {
+    let cap = (TASK_WEIGHT_BYTES / (2 * k.max(1))).max(unit);
+    let want = n.div_ceil(4 * threads.max(1)).max(unit);
+    want.min(cap).next_multiple_of(unit)
 }
 
 /// `C[i, j] = Σₚ A[i, p]·B[j, p]` for every activation row `i < m` and weight rows
@@ -165,12 +170,10 @@ unsafe fn fold(x: __m512) -> __m256 {
 const AB_VECS: usize = 4;
 const AB_COLS: usize = 16 * AB_VECS;
 
-/// Columns of `B` per task of [`product_cols`]: a multiple of [`AB_COLS`], at most
-/// [`TASK_WEIGHT_BYTES`] of weights, at least four tasks per thread when `n` allows.
+/// Columns of `B` per task of [`product_cols`] for `n` columns of `k` values on `threads`
+/// threads.
 pub(super) fn task_cols(n: usize, k: usize, threads: usize) -> usize {
-    let cap = (TASK_WEIGHT_BYTES / (2 * k.max(1))).max(AB_COLS);
-    let want = n.div_ceil(4 * threads.max(1)).max(AB_COLS);
-    want.min(cap).next_multiple_of(AB_COLS)
+    task_width(n, k, threads, AB_COLS)
 }
 
 /// `C[i, j] = Σₚ A[i, p]·B[p, j]` for every activation row `i < m` and columns

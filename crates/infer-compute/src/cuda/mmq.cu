@@ -30,7 +30,7 @@ struct MmqSmem {
     int a[MMQ_BN * MMQ_LDW];  // activations, int8 [token][k]
     float wd[MMQ_BM][4];      // 32-value formats: d per block; Q6_K: d
     int wsc[MMQ_BM][8];       // Q6_K: the step's 8 group scales
-    float ad[MMQ_BN][4];      // 32-value formats: d per block; K-quants: the super-block's d
+    float ad[MMQ_BN][4];      // 32-value formats: d per block; Q6_K: the super-block's d
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
@@ -89,7 +89,7 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
                                           const float* __restrict__ wscale,
                                           const i8* __restrict__ aq,
                                           const float* __restrict__ ad,
-                                          const int* __restrict__ bsums, int row0, int rows,
+                                          int row0, int rows,
                                           int tok0, int m, int cols, int nb, int ks, int tid) {
     if (FMT == F_Q6_K) {
         const int bb = 210;
@@ -242,7 +242,7 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
 template <int FMT>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __restrict__ wscale,
                                     const i8* __restrict__ aq, const float* __restrict__ ad,
-                                    const int* __restrict__ bsums, float* __restrict__ y,
+                                    float* __restrict__ y,
                                     int rows, int cols, int m) {
     __shared__ __align__(16) MmqSmem s;
     const bool KQ = FMT == F_Q6_K;
@@ -265,13 +265,13 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
             }
     MmqRegs next;
     pdl_wait();
-    mmq_fetch<FMT>(next, W, wscale, aq, ad, bsums, row0, rows, tok0, m, cols, nb, 0, tid);
+    mmq_fetch<FMT>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb, 0, tid);
     for (int ks = 0; ks < nks; ks++) {
         __syncthreads();
         mmq_put<FMT>(s, next, ks, tid);
         __syncthreads();
         if (ks + 1 < nks)
-            mmq_fetch<FMT>(next, W, wscale, aq, ad, bsums, row0, rows, tok0, m, cols, nb,
+            mmq_fetch<FMT>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb,
                            ks + 1, tid);
 #pragma unroll
         for (int k = 0; k < MMQ_KS / 32; k++) {
@@ -347,25 +347,26 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
 
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m) {
-    mmq<F_Q4_0>(W, 0, aq, ad, 0, y, rows, cols, m);
+    mmq<F_Q4_0>(W, 0, aq, ad, y, rows, cols, m);
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q5_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m) {
-    mmq<F_Q5_0>(W, 0, aq, ad, 0, y, rows, cols, m);
+    mmq<F_Q5_0>(W, 0, aq, ad, y, rows, cols, m);
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q8_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m) {
-    mmq<F_Q8_0>(W, 0, aq, ad, 0, y, rows, cols, m);
+    mmq<F_Q8_0>(W, 0, aq, ad, y, rows, cols, m);
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q8s(const u8* W, const float* ws, const i8* aq, const float* ad, float* y, int rows,
             int cols, int m) {
-    mmq<F_Q8S>(W, ws, aq, ad, 0, y, rows, cols, m);
+    mmq<F_Q8S>(W, ws, aq, ad, y, rows, cols, m);
 }
+// bsums unused: the argument list of every K-quant product (Q6_K folds no mins).
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
              int cols, int m) {
-    mmq<F_Q6_K>(W, 0, aq, ad, bsums, y, rows, cols, m);
+    mmq<F_Q6_K>(W, 0, aq, ad, y, rows, cols, m);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -18,16 +18,20 @@ use crate::backend::empty_product;
 use crate::{ComputeError, MatData, Matrix, Proj};
 
 /// The mat-vec and tensor-core tile kernels of weight format `format` (`None`: the seed's split
-/// Q8), or `None` when the CUDA backend has none: the one table of the products' kernels.
-fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<(&CudaFunction, &CudaFunction)> {
+/// Q8) with the tile kernel's dynamic shared memory in bytes, or `None` when the CUDA backend
+/// has none: the one table of the products' kernels.
+fn kernels(
+    dev: &Device,
+    format: Option<QuantFormat>,
+) -> Option<(&CudaFunction, &CudaFunction, usize)> {
     let k = &dev.k;
     Some(match format {
-        None => (&k.mv_q8s, &k.mmq_q8s),
-        Some(QuantFormat::Q4_0) => (&k.mv_q4_0, &k.mmq_q4_0),
-        Some(QuantFormat::Q5_0) => (&k.mv_q5_0, &k.mmq_q5_0),
-        Some(QuantFormat::Q8_0) => (&k.mv_q8_0, &k.mmq_q8_0),
-        Some(QuantFormat::Q4_K) => (&k.mv_q4_k, &k.mmq_q4_k),
-        Some(QuantFormat::Q6_K) => (&k.mv_q6_k, &k.mmq_q6_k),
+        None => (&k.mv_q8s, &k.mmq_q8s, 0),
+        Some(QuantFormat::Q4_0) => (&k.mv_q4_0, &k.mmq_q4_0, 0),
+        Some(QuantFormat::Q5_0) => (&k.mv_q5_0, &k.mmq_q5_0, 0),
+        Some(QuantFormat::Q8_0) => (&k.mv_q8_0, &k.mmq_q8_0, 0),
+        Some(QuantFormat::Q4_K) => (&k.mv_q4_k, &k.mmq_q4_k, MMQ_Q4K_SMEM),
+        Some(QuantFormat::Q6_K) => (&k.mv_q6_k, &k.mmq_q6_k, 0),
         Some(_) => return None,
     })
 }
@@ -35,7 +39,7 @@ fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<(&CudaFunction, 
 /// The mat-vec kernel of weight format `format` and whether it reads Q8_K activations (else
 /// 32-value blocks), or `None` when the CUDA backend has none.
 pub(super) fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
-    kernels(dev, Some(format)).map(|(mv, _)| (mv, is_kq(Some(format))))
+    kernels(dev, Some(format)).map(|(mv, _, _)| (mv, is_kq(Some(format))))
 }
 
 /// Activation rows from which the products run the tensor-core tile kernels (`mmq_*`) rather
@@ -56,7 +60,7 @@ pub(super) fn product_kernel(
     m: usize,
 ) -> Result<(&CudaFunction, bool, LaunchConfig), ComputeError> {
     let tiles = m >= MMQ_MIN_M && dev.cc.0 >= 8;
-    let Some((mv, mmq)) = kernels(dev, format) else {
+    let Some((mv, mmq, smem)) = kernels(dev, format) else {
         return Err(match format {
             Some(format) => ComputeError::UnsupportedFormat {
                 backend: "cuda".to_string(),
@@ -72,11 +76,7 @@ pub(super) fn product_kernel(
     let cfg = LaunchConfig {
         grid_dim: (m.div_ceil(MMQ_BN) as u32, rows.div_ceil(MMQ_BM) as u32, 1),
         block_dim: (256, 1, 1),
-        shared_mem_bytes: if format == Some(QuantFormat::Q4_K) {
-            MMQ_Q4K_SMEM as u32
-        } else {
-            0
-        },
+        shared_mem_bytes: smem as u32,
     };
     Ok((mmq, kq, cfg))
 }
