@@ -100,10 +100,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let max = model.arch.config().max_position_embeddings;
     if ctx > max {
         bail!(
-            "-p {} + -n {} exceeds the model's maximum context {max}",
+            "-p {} + -n {} needs a context of {ctx} positions (one more for the last token), \
+             more than the model's maximum context {max}",
             args.n_prompt,
             args.n_gen
         );
+    }
+    if args.device.device == crate::device_args::Device::Cpu {
+        let seqs = args.batch.unwrap_or(1);
+        crate::kv_memory::check(
+            vindex.config(),
+            seqs,
+            ctx,
+            &format!("{seqs} sequences × {ctx} positions (-p + -n + 1)"),
+            "lower -B, -p or -n",
+        )?;
     }
     // Deterministic pseudo-random prompt ids, as llama-bench uses random tokens.
     let vocab = model.vocab_size as u64;

@@ -17,6 +17,7 @@ mod cmd_vindex;
 mod cmd_walk;
 mod device_args;
 mod format_args;
+mod kv_memory;
 mod serve;
 mod signals;
 

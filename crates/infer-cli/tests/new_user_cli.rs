@@ -632,3 +632,58 @@ fn logits_shows_decoded_token_text() {
     assert!(top.ends_with("\" Paris\""), "{out}");
     assert!(!out.contains('Ġ'), "{out}");
 }
+
+/// Newcomer findings (2026-12-03): `bench -B 4096 -p 8000 -n 100` (1.4 TiB of KV cache for
+/// SmolLM2) started and grew until the OOM killer, and `-p 8190 -n 2` was said to "exceed"
+/// the maximum context 8192 it equals. The first is refused before any allocation, as
+/// `serve` refuses such slots; the second names the context it needs.
+#[test]
+fn bench_refuses_a_kv_cache_larger_than_memory_and_names_the_context_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = smol_vindex(dir.path());
+    let o = infer(&["bench", s(&vx), "-p", "8190", "-n", "2", "-r", "1"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains(
+            "-p 8190 + -n 2 needs a context of 8193 positions (one more for the last token), \
+             more than the model's maximum context 8192"
+        ),
+        "{}",
+        text(&o)
+    );
+    // 30 layers × 3 KV heads × 64 × 8 bytes (f32 K and V) per position.
+    let need = 4096.0 * 8101.0 * 46080.0;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| -> f64 {
+        meminfo
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l[key.len()..].split_whitespace().next()?.parse().ok())
+            .unwrap_or(f64::INFINITY)
+    };
+    let available = (kib("MemAvailable:") + kib("SwapFree:")) * 1024.0;
+    assert!(
+        need > available,
+        "this test needs less than 1424 GiB of memory available ({available} bytes)"
+    );
+    let o = infer(&[
+        "bench",
+        s(&vx),
+        "-B",
+        "4096",
+        "-p",
+        "8000",
+        "-n",
+        "100",
+        "-r",
+        "1",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o)
+            .contains("KV cache: 4096 sequences × 8101 positions (-p + -n + 1) need 1424.0 GiB")
+            && text(&o).contains("lower -B, -p or -n"),
+        "{}",
+        text(&o)
+    );
+}

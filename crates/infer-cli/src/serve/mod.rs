@@ -92,7 +92,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let vindex = open_vindex(&args.vindex)?;
     let ctx = context_size(vindex.config(), args.ctx_size, "--ctx-size")?;
     if args.device.device == crate::device_args::Device::Cpu {
-        check_kv_memory(vindex.config(), args.parallel as usize, ctx)?;
+        crate::kv_memory::check(
+            vindex.config(),
+            args.parallel as usize,
+            ctx,
+            &format!(
+                "--parallel {} slots × --ctx-size {ctx} positions",
+                args.parallel
+            ),
+            "lower --parallel or --ctx-size",
+        )?;
     }
     let prom = metrics::install()?;
     let ready: Arc<OnceLock<Arc<Ready>>> = Arc::new(OnceLock::new());
@@ -165,40 +174,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     engine_result?;
     result.context("serving HTTP")?;
-    Ok(())
-}
-
-/// Refuse `--parallel` × `--ctx-size` KV slots (f32 K and V, allocated at start) that need
-/// more than the memory the kernel says is available (`MemAvailable` + `SwapFree` of
-/// /proc/meminfo; no check where it cannot be read): touching them would end in the OOM
-/// killer, after the server was announced.
-fn check_kv_memory(
-    config: &infer_models::ModelConfig,
-    parallel: usize,
-    ctx: usize,
-) -> anyhow::Result<()> {
-    let per_position = config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 8;
-    let need = (parallel as f64) * (ctx as f64) * per_position as f64;
-    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
-        return Ok(());
-    };
-    let kib = |key: &str| -> Option<f64> {
-        let line = meminfo.lines().find(|l| l.starts_with(key))?;
-        line[key.len()..].split_whitespace().next()?.parse().ok()
-    };
-    let Some(available) = kib("MemAvailable:") else {
-        return Ok(());
-    };
-    let available = (available + kib("SwapFree:").unwrap_or(0.0)) * 1024.0;
-    if need > available {
-        let gib = |b: f64| b / (1u64 << 30) as f64;
-        bail!(
-            "KV cache: --parallel {parallel} slots × --ctx-size {ctx} positions need {:.1} GiB, \
-             more than the {:.1} GiB of memory available; lower --parallel or --ctx-size",
-            gib(need),
-            gib(available)
-        );
-    }
     Ok(())
 }
 
