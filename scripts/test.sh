@@ -23,6 +23,6 @@ CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo clippy --release -p inf
 # (pinned PyPI wheel, sha256-checked, cached) and put it on LD_LIBRARY_PATH for this test only.
 nvrtc_dir=$(bash scripts/fetch-nvrtc.sh)
 LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo test --release -p infer-compute --features cuda --test cuda_parity
+  CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo test --release -p infer-compute --features cuda --lib --test cuda_parity
 # The model-level GPU tests (cuda_archrefs, cuda_real_model) and the CLI's `cuda` feature.
 CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-target/cuda}" cargo clippy --release -p infer-inference -p infer-cli --features infer-inference/cuda,infer-cli/cuda --all-targets -- -D warnings

@@ -211,6 +211,8 @@ const SHAPES_32: &[(usize, usize)] = &[
     (2048, 640),
     (640, 2048),
     (37, 4096),
+    // Split-K with a partial last K step (9.25 steps of 128 values in 2 shares).
+    (40, 1184),
     // Several staged chunks per row, many blocks.
     (8461, 4096),
 ];
@@ -223,6 +225,8 @@ const SHAPES_K: &[(usize, usize)] = &[
     (640, 2048),
     (2048, 2048),
     (37, 4096),
+    // Split-K over an odd number of super-blocks (3 shares of 3, 3 and 1).
+    (40, 1792),
     (8461, 4096),
 ];
 /// Activation rows: the mat-vecs (below 8) and the tensor-core tiles (one partial tile, two

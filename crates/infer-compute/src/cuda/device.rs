@@ -6,7 +6,9 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use crate::ComputeError;
@@ -113,7 +115,29 @@ pub(super) struct Device {
     pub k: Kernels,
     pub name: String,
     pub cc: (i32, i32),
+    /// Streaming multiprocessors.
+    pub sms: usize,
+    pub split: SplitK,
 }
+
+/// The buffers of the tensor-core products' split-K (`mmq_finish` in `mmq.cu`), allocated
+/// once per device so that recorded launches keep their pointers: `slots` partial tiles of
+/// [`MMQ_SLOT`] f32 values, and one arrival counter per tile, zero between launches (the last
+/// share of a tile resets it).
+#[derive(Debug)]
+pub(super) struct SplitK {
+    pub part: CudaSlice<f32>,
+    pub counters: CudaSlice<i32>,
+    pub slots: usize,
+}
+
+/// f32 values of one share's partial tile: 32 accumulators × 256 threads.
+pub(super) const MMQ_SLOT: usize = MMQ_BM * MMQ_BN;
+
+/// Partial tiles per streaming multiprocessor in [`SplitK`]: every tile kernel fits at most
+/// this many blocks on one multiprocessor (the shares of a launch never exceed the blocks the
+/// device runs at once).
+const SPLIT_SLOTS_PER_SM: usize = 4;
 
 /// NVRTC's virtual architecture for compute capability `cc` (PTX, compiled by the driver at
 /// load time): the highest one listed here not above `cc`, so that a device newer than the list
@@ -246,12 +270,28 @@ impl Device {
         // A stream of its own (not the legacy default stream, which cannot be captured into
         // a CUDA graph: the forward pass's steps are, see `step.rs`).
         let stream = drv("create the backend's stream", ctx.new_stream())?;
+        let sms = drv(
+            "multiprocessor count",
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        )?
+        .max(1) as usize;
+        let slots = sms * SPLIT_SLOTS_PER_SM;
+        let split = SplitK {
+            part: drv(
+                "allocate split-K partials",
+                stream.alloc_zeros(slots * MMQ_SLOT),
+            )?,
+            counters: drv("allocate split-K counters", stream.alloc_zeros(slots))?,
+            slots,
+        };
         Ok(Device {
             ctx,
             stream,
             k,
             name,
             cc,
+            sms,
+            split,
         })
     }
 }

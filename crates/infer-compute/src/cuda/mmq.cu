@@ -69,6 +69,49 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float* __
             }
 }
 
+// Split-K: gridDim.z shares of the K steps, whole super-blocks (2 steps) each, so that
+// products with few tiles (decode batches) still fill the device. Share blockIdx.z is
+// [ks0, ks1), empty when the shares outnumber the super-blocks.
+__device__ __forceinline__ void mmq_share(int nks, int& ks0, int& ks1) {
+    int per = 2 * (((nks + 1) / 2 + gridDim.z - 1) / gridDim.z);
+    ks0 = min(nks, per * (int)blockIdx.z);
+    ks1 = min(nks, ks0 + per);
+}
+
+// Store the block's tile; with split-K each share's accumulators go to `part` (slots of
+// 32 values × MMQ_THREADS per share and tile) and the share that finishes last sums them in
+// the order z = 0, 1, ... (the same sum whichever block finishes last) and stores the tile,
+// then resets the tile's counter for the next launch.
+__device__ __forceinline__ void mmq_finish(float (&acc)[2][4][4], float* __restrict__ y,
+                                           float* __restrict__ part, int* __restrict__ counters,
+                                           int r0, int t0, int rows, int m) {
+    int tid = threadIdx.x;
+    if (gridDim.z > 1) {
+        __shared__ int last;
+        int tile = blockIdx.y * gridDim.x + blockIdx.x, S = gridDim.z;
+        float* base = part + (long long)tile * S * (32 * MMQ_THREADS) + tid;
+        float* mine = base + blockIdx.z * (32 * MMQ_THREADS);
+#pragma unroll
+        for (int i = 0; i < 32; i++) __stcg(mine + i * MMQ_THREADS, acc[i >> 4][(i >> 2) & 3][i & 3]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            last = atomicAdd(counters + tile, 1) == S - 1;
+            if (last) counters[tile] = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            float sum = 0.0f;
+            for (int z = 0; z < S; z++) sum += __ldcg(base + (z * 32 + i) * MMQ_THREADS);
+            acc[i >> 4][(i >> 2) & 3][i & 3] = sum;
+        }
+    }
+    mmq_store(acc, y, r0, t0, rows, m, tid & 31);
+}
+
 // One thread's share of a K step's global data, fetched one step ahead: the loads of step
 // ks + 1 are in flight while step ks computes. Fetching does no arithmetic on loaded values
 // (a use would wait for the load): words of 2-byte aligned blocks stay two halves, the scales
@@ -242,8 +285,8 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
 template <int FMT>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __restrict__ wscale,
                                     const i8* __restrict__ aq, const float* __restrict__ ad,
-                                    float* __restrict__ y,
-                                    int rows, int cols, int m) {
+                                    float* __restrict__ y, float* __restrict__ part,
+                                    int* __restrict__ counters, int rows, int cols, int m) {
     __shared__ __align__(16) MmqSmem s;
     const bool KQ = FMT == F_Q6_K;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -251,7 +294,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
     int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
     int row0 = blockIdx.y * MMQ_BM, tok0 = blockIdx.x * MMQ_BN;
     int nb = cols / (KQ ? 256 : 32);
-    int nks = (cols + MMQ_KS - 1) / MMQ_KS;
+    int nks = (cols + MMQ_KS - 1) / MMQ_KS, ks0, ks1;
+    mmq_share(nks, ks0, ks1);
     float acc[2][4][4];
     int isum[2][4][4];
 #pragma unroll
@@ -265,12 +309,13 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
             }
     MmqRegs next;
     pdl_wait();
-    mmq_fetch<FMT>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb, 0, tid);
-    for (int ks = 0; ks < nks; ks++) {
+    if (ks0 < ks1)
+        mmq_fetch<FMT>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb, ks0, tid);
+    for (int ks = ks0; ks < ks1; ks++) {
         __syncthreads();
         mmq_put<FMT>(s, next, ks, tid);
         __syncthreads();
-        if (ks + 1 < nks)
+        if (ks + 1 < ks1)
             mmq_fetch<FMT>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb,
                            ks + 1, tid);
 #pragma unroll
@@ -342,31 +387,34 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
                 }
         }
     }
-    mmq_store(acc, y, row0 + wm, tok0 + wn, rows, m, lane);
+    mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m);
 }
 
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m) {
-    mmq<F_Q4_0>(W, 0, aq, ad, y, rows, cols, m);
+    mmq_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
+             float* part, int* counters) {
+    mmq<F_Q4_0>(W, 0, aq, ad, y, part, counters, rows, cols, m);
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q5_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m) {
-    mmq<F_Q5_0>(W, 0, aq, ad, y, rows, cols, m);
+    mmq_q5_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
+             float* part, int* counters) {
+    mmq<F_Q5_0>(W, 0, aq, ad, y, part, counters, rows, cols, m);
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q8_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m) {
-    mmq<F_Q8_0>(W, 0, aq, ad, y, rows, cols, m);
+    mmq_q8_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
+             float* part, int* counters) {
+    mmq<F_Q8_0>(W, 0, aq, ad, y, part, counters, rows, cols, m);
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q8s(const u8* W, const float* ws, const i8* aq, const float* ad, float* y, int rows,
-            int cols, int m) {
-    mmq<F_Q8S>(W, ws, aq, ad, y, rows, cols, m);
+            int cols, int m, float* part, int* counters) {
+    mmq<F_Q8S>(W, ws, aq, ad, y, part, counters, rows, cols, m);
 }
 // bsums unused: the argument list of every K-quant product (Q6_K folds no mins).
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
-             int cols, int m) {
-    mmq<F_Q6_K>(W, 0, aq, ad, y, rows, cols, m);
+             int cols, int m, float* part, int* counters) {
+    mmq<F_Q6_K>(W, 0, aq, ad, y, part, counters, rows, cols, m);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -488,7 +536,8 @@ struct HqRegs {
 
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
-             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m,
+             float* __restrict__ part, int* __restrict__ counters) {
     extern __shared__ __align__(16) u8 hq_sm[];
     u16* sw = (u16*)hq_sm;                        // [MMQ_BM][HQ_LD] sc·q
     u16* sa = (u16*)(hq_sm + HQ_OFF_A);           // [MMQ_BN][HQ_LD] activations
@@ -500,7 +549,8 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     int g = lane >> 2, tig = lane & 3;
     int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
     int row0 = blockIdx.y * MMQ_BM, tok0 = blockIdx.x * MMQ_BN;
-    int nb = cols / 256, nks = 2 * nb;
+    int nb = cols / 256, nks = 2 * nb, ks0, ks1;
+    mmq_share(nks, ks0, ks1);
     // This thread's weight row and 64-value half of each K step; its activation tokens.
     int r = tid & (MMQ_BM - 1), p = tid >> 7;
     bool row_ok = row0 + r < rows;
@@ -600,12 +650,12 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     int b_row = wn + (lane & 7) + 8 * (lane >> 4), b_k = 8 * ((lane >> 3) & 1);
     const u32 a_sm = smem_addr(sw + a_row * HQ_LD + a_k), b_sm = smem_addr(sa + b_row * HQ_LD + b_k);
     pdl_wait();
-    fetch(0);
-    for (int ks = 0; ks < nks; ks++) {
+    if (ks0 < ks1) fetch(ks0);
+    for (int ks = ks0; ks < ks1; ks++) {
         __syncthreads();
         put(ks);
         __syncthreads();
-        if (ks + 1 < nks) fetch(ks + 1);
+        if (ks + 1 < ks1) fetch(ks + 1);
 #pragma unroll
         for (int kk = 0; kk < MMQ_KS / 16; kk++) {
             u32 af[2][4], bf[2][4];
@@ -650,5 +700,5 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
             }
         }
     }
-    mmq_store(acc, y, row0 + wm, tok0 + wn, rows, m, lane);
+    mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m);
 }

@@ -8,7 +8,7 @@
 //! seed's Q8 attention format, computed with the same f32 operations, so every block's integer
 //! sum equals the CPU's and only the order of the f32 block terms differs.
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use infer_quant::QuantFormat;
 
 use super::cache::Scratch;
@@ -46,19 +46,31 @@ pub(super) fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction
 /// than the mat-vecs, which read each weight row once per `MT` activation rows.
 pub(super) const MMQ_MIN_M: usize = 8;
 
-/// The product kernel for `m` activation rows of weights `format` (`None`: the seed's split Q8),
-/// whether it reads Q8_K activations, and its launch grid: the tensor-core tiles (`mmq_*`, one
-/// block per `MMQ_BN` activation rows × `MMQ_BM` weight rows, activation tiles fastest so the
-/// blocks sharing a weight tile run together) from [`MMQ_MIN_M`] rows on devices of compute
-/// capability 8.0 or later, else the mat-vecs. Both take the same arguments; Q4_K's tile
-/// kernel asks for [`MMQ_Q4K_SMEM`] bytes of dynamic shared memory. Errors: a format without a
-/// kernel.
+/// A product's launch: the kernel, whether it reads Q8_K activations, its grid, and for the
+/// tile kernels the two split-K buffer pointers that follow the shared arguments.
+pub(super) struct ProductLaunch<'a> {
+    pub func: &'a CudaFunction,
+    pub kq: bool,
+    pub cfg: LaunchConfig,
+    /// `mmq_*` only: [`super::device::SplitK`]'s partials and counters (device pointers).
+    pub split: Option<[u64; 2]>,
+}
+
+/// The product kernel for `m` activation rows of weights `format` (`None`: the seed's split Q8)
+/// of `rows × cols` and its launch: the tensor-core tiles (`mmq_*`, one block per `MMQ_BN`
+/// activation rows × `MMQ_BM` weight rows, activation tiles fastest so the blocks sharing a
+/// weight tile run together, K split into [`split_shares`] shares when the tiles alone would
+/// leave the device idle) from [`MMQ_MIN_M`] rows on devices of compute capability 8.0 or
+/// later, else the mat-vecs. Both take the same arguments, the tile kernels then the split-K
+/// pointers; Q4_K's tile kernel asks for [`MMQ_Q4K_SMEM`] bytes of dynamic shared memory.
+/// Errors: a format without a kernel.
 pub(super) fn product_kernel(
     dev: &Device,
     format: Option<QuantFormat>,
     rows: usize,
+    cols: usize,
     m: usize,
-) -> Result<(&CudaFunction, bool, LaunchConfig), ComputeError> {
+) -> Result<ProductLaunch<'_>, ComputeError> {
     let tiles = m >= MMQ_MIN_M && dev.cc.0 >= 8;
     let Some((mv, mmq, smem)) = kernels(dev, format) else {
         return Err(match format {
@@ -71,14 +83,55 @@ pub(super) fn product_kernel(
     };
     let kq = is_kq(format);
     if !tiles {
-        return Ok((mv, kq, mv_grid(rows, m)));
+        return Ok(ProductLaunch {
+            func: mv,
+            kq,
+            cfg: mv_grid(rows, m),
+            split: None,
+        });
     }
+    let (gx, gy) = (m.div_ceil(MMQ_BN), rows.div_ceil(MMQ_BM));
+    // Blocks of this kernel the device runs at once (1 per multiprocessor if the driver
+    // cannot say).
+    let per_sm = mmq
+        .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+        .map_or(1, |n| n.max(1) as usize);
+    let shares = split_shares(gx * gy, cols, dev.sms * per_sm, dev.split.slots);
+    let stream = &dev.stream;
     let cfg = LaunchConfig {
-        grid_dim: (m.div_ceil(MMQ_BN) as u32, rows.div_ceil(MMQ_BM) as u32, 1),
+        grid_dim: (gx as u32, gy as u32, shares as u32),
         block_dim: (256, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    Ok((mmq, kq, cfg))
+    Ok(ProductLaunch {
+        func: mmq,
+        kq,
+        cfg,
+        split: Some([
+            dev.split.part.device_ptr(stream).0,
+            dev.split.counters.device_ptr(stream).0,
+        ]),
+    })
+}
+
+/// Super-blocks of 256 values (2 K steps) each split-K share takes at least.
+const MIN_SHARE_SUPERBLOCKS: usize = 2;
+
+/// Shares of the K dimension (`cols` values) for a tile launch of `tiles` blocks, as
+/// `gridDim.z` (`mmq_share` in `mmq.cu`): 1 when the tiles fill the `resident` blocks the device
+/// runs at once, else about `resident / tiles`, each at least [`MIN_SHARE_SUPERBLOCKS`]
+/// super-blocks, no share empty, and `tiles × shares ≤ slots` (the partial tiles of
+/// [`super::device::SplitK`]).
+pub(super) fn split_shares(tiles: usize, cols: usize, resident: usize, slots: usize) -> usize {
+    let tiles = tiles.max(1);
+    let superblocks = cols.div_ceil(256);
+    let s = (resident / tiles)
+        .min(superblocks / MIN_SHARE_SUPERBLOCKS)
+        .min(slots / tiles);
+    if s < 2 {
+        return 1;
+    }
+    superblocks.div_ceil(superblocks.div_ceil(s))
 }
 
 /// Check a weight buffer like the CPU backend: format with a kernel, `cols` block aligned,
@@ -233,20 +286,23 @@ pub(super) fn launch_mv(
         cols,
         y_off,
     } = shape;
-    let (f, kq, cfg) = product_kernel(dev, Some(format), rows, m)?;
+    let p = product_kernel(dev, Some(format), rows, cols, m)?;
     let (rows_i, cols_i, m_i) = (int("rows", rows)?, int("cols", cols)?, int("m", m)?);
-    let a = if kq { &s.kq } else { &s.b32 };
+    let a = if p.kq { &s.kq } else { &s.b32 };
     let y = s.y.get().slice(y_off..y_off + m * rows);
-    let mut b = dev.stream.launch_builder(f);
+    let mut b = dev.stream.launch_builder(p.func);
     b.arg(w).arg(a.aq.get()).arg(a.ad.get());
-    if kq {
+    if p.kq {
         b.arg(a.bsums.get());
     }
     b.arg(&y).arg(&rows_i).arg(&cols_i).arg(&m_i);
+    if let Some(split) = &p.split {
+        b.arg(&split[0]).arg(&split[1]);
+    }
     // SAFETY: argument list matches `mv_*` in kernels.cu and `mmq_*` in mmq.cu; `w` holds rows·bytes_for(cols) bytes
     // (checked) plus padding, the scratch buffers hold m·cols activations and the output view
     // m·rows values.
-    drv("launch quantized product", unsafe { b.launch(cfg) }).map(|_| ())
+    drv("launch quantized product", unsafe { b.launch(p.cfg) }).map(|_| ())
 }
 
 /// `y[m×rows] = x[m×cols] · Wᵀ` for ggml-format weights `w` (see [`super::CudaBackend`]).
@@ -386,8 +442,8 @@ pub(super) fn q8_matmul(
     let (Some(wv), Some(ws)) = (wv, ws) else {
         return Err(super::device::dev_err("q8 weights missing from the cache"));
     };
-    let (f, _, cfg) = product_kernel(dev, None, rows, m)?;
-    let mut b = dev.stream.launch_builder(f);
+    let p = product_kernel(dev, None, rows, cols, m)?;
+    let mut b = dev.stream.launch_builder(p.func);
     b.arg(wv)
         .arg(ws)
         .arg(s.b32.aq.get())
@@ -396,8 +452,11 @@ pub(super) fn q8_matmul(
         .arg(&rows_i)
         .arg(&cols_i)
         .arg(&m_i);
+    if let Some(split) = &p.split {
+        b.arg(&split[0]).arg(&split[1]);
+    }
     // SAFETY: argument list matches `mv_q8s` / `mmq_q8s`; buffer sizes checked above.
-    drv("launch q8 product", unsafe { b.launch(cfg) })?;
+    drv("launch q8 product", unsafe { b.launch(p.cfg) })?;
     download_y(dev, s, y)
 }
 
@@ -419,4 +478,36 @@ pub(super) fn download_y(dev: &Device, s: &Scratch, y: &mut [f32]) -> Result<(),
         dev.stream.memcpy_dtoh(&view, y),
     )?;
     drv("synchronize", dev.stream.synchronize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_shares;
+
+    #[test]
+    fn split_k_fills_the_device_only_where_the_tiles_do_not() {
+        // 8 B q_proj at a decode batch: 32 tiles on 132 resident blocks, 16 super-blocks.
+        assert_eq!(split_shares(32, 4096, 132, 528), 4);
+        // Enough tiles (a prompt): no split.
+        assert_eq!(split_shares(896, 4096, 132, 528), 1);
+        assert_eq!(split_shares(132, 4096, 132, 528), 1);
+        // One tile: as many shares as super-blocks allow, at least 2 super-blocks each.
+        assert_eq!(split_shares(1, 4096, 132, 528), 8);
+        assert_eq!(split_shares(1, 512, 132, 528), 1);
+        // Odd super-block counts: shares of ceil(7 / 3) = 3 super-blocks, none empty.
+        assert_eq!(split_shares(1, 1792, 132, 528), 3);
+        // Never more partial tiles than the buffer holds.
+        assert_eq!(split_shares(100, 1 << 16, 1000, 300), 3);
+        for tiles in 1..300 {
+            for sb in 1..80 {
+                let s = split_shares(tiles, 256 * sb, 264, 528);
+                assert!(s == 1 || tiles * s <= 528, "tiles {tiles} sb {sb}: {s}");
+                let per = sb.div_ceil(s);
+                assert!(
+                    (s - 1) * per < sb,
+                    "empty share: tiles {tiles} sb {sb}: {s}"
+                );
+            }
+        }
+    }
 }

@@ -371,7 +371,7 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
             let ws = cached(st, as_bytes(scales))?;
             quantize(st, x, None, m, cols)?;
             let s = &st.s;
-            let mut a = [
+            let mut a = vec![
                 wv,
                 ws,
                 ptr(s.b32.aq.get(), &st.dev.stream),
@@ -381,8 +381,9 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
                 i(cols_i),
                 i(m_i),
             ];
-            let (func, _, cfg) = product_kernel(&st.dev, None, rows, m)?;
-            go(&mut st.rec, func, cfg, &mut a)
+            let p = product_kernel(&st.dev, None, rows, cols, m)?;
+            a.extend(p.split.into_iter().flatten());
+            go(&mut st.rec, p.func, p.cfg, &mut a)
         }
     }
 }
@@ -452,16 +453,17 @@ fn mv(
     rows: usize,
     cols: usize,
 ) -> Result<(), ComputeError> {
-    let (func, kq, cfg) = product_kernel(&st.dev, Some(format), rows, m)?;
+    let p = product_kernel(&st.dev, Some(format), rows, cols, m)?;
     let stream = &st.dev.stream;
-    let a = if kq { &st.s.kq } else { &st.s.b32 };
+    let a = if p.kq { &st.s.kq } else { &st.s.b32 };
     let (rows_i, cols_i, m_i) = (int("rows", rows)?, int("cols", cols)?, int("m", m)?);
     let mut args = vec![wp, ptr(a.aq.get(), stream), ptr(a.ad.get(), stream)];
-    if kq {
+    if p.kq {
         args.push(ptr(a.bsums.get(), stream));
     }
     args.extend([y, i(rows_i), i(cols_i), i(m_i)]);
-    go(&mut st.rec, func, cfg, &mut args)
+    args.extend(p.split.into_iter().flatten());
+    go(&mut st.rec, p.func, p.cfg, &mut args)
 }
 
 /// Shapes of a product: the storage matches the matrix, `x` holds `m × cols`.
