@@ -134,9 +134,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut logits = Vec::new();
     if runner.on_device() {
-        // Warm-up (untimed): the first device step records the CUDA graph.
+        // Warm-up (untimed, as llama-bench's): the first device steps upload the weights,
+        // record the CUDA graph and load the kernels of each product shape (cuBLAS loads its
+        // kernels lazily); a prompt of the timed length warms the prefill's shapes too.
         let mut cache = model.new_cache(ctx);
         runner.forward_into(&ids[..1], &mut cache, Logits::Last, &mut logits)?;
+        if args.n_prompt > 1 {
+            let mut cache = model.new_cache(ctx);
+            runner.forward_into(&ids[..args.n_prompt], &mut cache, Logits::Last, &mut logits)?;
+        }
     }
     let mut pp = Vec::new();
     let mut tg = Vec::new();
@@ -268,7 +274,11 @@ fn batched(
     let mut bufs = BatchBuffers::default();
     let mut logits = Vec::new();
     let mut chosen = Vec::new();
-    for _ in 0..args.repetitions {
+    // One untimed warm-up repetition on a device (as llama-batched-bench's): weight uploads,
+    // graph captures and lazily loaded kernels stay out of the medians.
+    let warm_up = usize::from(args.device.device != crate::device_args::Device::Cpu);
+    for rep in 0..warm_up + args.repetitions {
+        let timed = rep >= warm_up;
         let mut caches: Vec<_> = (0..b).map(|_| model.new_cache(ctx)).collect();
         let t0 = Instant::now();
         for (group, prompts) in caches.chunks_mut(per_step).zip(prompts.chunks(per_step)) {
@@ -283,7 +293,7 @@ fn batched(
                 .collect();
             model.forward_batch(backend, &mut seqs, &mut bufs, &mut logits)?;
         }
-        if args.n_prompt > 0 {
+        if args.n_prompt > 0 && timed {
             pp.push((b * args.n_prompt) as f64 / t0.elapsed().as_secs_f64());
         }
         if args.n_gen == 0 {
@@ -310,7 +320,9 @@ fn batched(
                 *n = c.token;
             }
         }
-        tg.push((b * args.n_gen) as f64 / t1.elapsed().as_secs_f64());
+        if timed {
+            tg.push((b * args.n_gen) as f64 / t1.elapsed().as_secs_f64());
+        }
     }
     let threads = rayon::current_num_threads();
     let pp_med = (!pp.is_empty()).then(|| median(pp));

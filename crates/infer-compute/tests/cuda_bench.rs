@@ -96,4 +96,58 @@ fn kernel_bandwidth_table() {
     for l in &table {
         println!("{l}");
     }
+    product_paths(&gpu, &mut rng);
+}
+
+/// `(format, rows, cols, what)`: the Llama-3.1-8B products of a Q4_K_M file, and the small
+/// models' largest, for the tiles vs dequantize + cuBLAS table.
+const PRODUCT_CASES: &[(QuantFormat, usize, usize, &str)] = &[
+    (QuantFormat::Q4_K, 4096, 4096, "8b q/o"),
+    (QuantFormat::Q4_K, 1024, 4096, "8b k"),
+    (QuantFormat::Q6_K, 1024, 4096, "8b v"),
+    (QuantFormat::Q4_K, 14336, 4096, "8b gate/up"),
+    (QuantFormat::Q6_K, 4096, 14336, "8b down"),
+    (QuantFormat::Q5_0, 1536, 576, "smollm2 gate/up"),
+    (QuantFormat::Q5_0, 2048, 640, "gemma3 gate/up"),
+];
+/// Activation rows of the table: batched decode sizes and prompt chunks.
+const PRODUCT_MS: &[usize] = &[16, 32, 64, 128, 256, 512, 2048];
+
+/// Device time of each many-row product on the tensor-core tiles (`mmq_*`) and as dequantize
+/// + cuBLAS bf16 GEMM, with the GEMM's rate (TFLOP/s): where the forward pass should switch.
+fn product_paths(gpu: &CudaBackend, rng: &mut StdRng) {
+    let mut lines = Vec::new();
+    for &(fmt, rows, cols, what) in PRODUCT_CASES {
+        let bytes = random_blocks(rng, fmt, rows * cols / fmt.block_elems());
+        for &m in PRODUCT_MS {
+            let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let time = |gemm: bool| {
+                gpu.time_quant_product(fmt, &bytes, &x, rows, cols, m, gemm, 20)
+                    .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols} m={m} gemm={gemm}: {e}"))
+                    .seconds
+            };
+            let (tiles, gemm) = (time(false), time(true));
+            let flop = 2.0 * (m * rows * cols) as f64;
+            lines.push(format!(
+                "{:<6} {:>6}x{:<6} {:<16} m={:<5} tiles {:>9.1} us ({:>6.1} TFLOP/s)  gemm {:>9.1} us ({:>6.1} TFLOP/s)  tiles/gemm {:>5.2}",
+                fmt.name(),
+                rows,
+                cols,
+                what,
+                m,
+                tiles * 1e6,
+                flop / tiles / 1e12,
+                gemm * 1e6,
+                flop / gemm / 1e12,
+                tiles / gemm
+            ));
+        }
+    }
+    println!();
+    println!(
+        "== CUDA many-row products: tensor-core tiles vs dequantize + cuBLAS bf16 (device time) =="
+    );
+    for l in &lines {
+        println!("{l}");
+    }
 }

@@ -797,6 +797,162 @@ fn kernels_compile_with_nvrtc() {
 
 mod common;
 
+/// Bound of the many-row products' dequantize + cuBLAS path (`cuda/blas.rs`) per output,
+/// relative to Σ|wᵢxᵢ| of the exact (f32-dequantized) weights: each weight and activation is
+/// rounded once to bf16 (≤ 2⁻⁹ relative each, 2⁻⁸ + 2⁻¹⁸ for their product), plus f32
+/// accumulation.
+const BF16_TOL: f64 = 4.5e-3;
+
+/// The tensor products from 128 activation rows, or 16 for a matrix of 4–16 Mi values
+/// (`project`, `project_many`), run as bf16 GEMMs on dequantized weights: every output within [`BF16_TOL`]·Σ|terms| of the f64 product of the
+/// exactly dequantized weights, and the RMS error under 1% of the outputs' RMS (a rounding
+/// error of ~0.2%; a wrong row, chunk or layout is off by about the output itself). Every
+/// format with a dequantization kernel, odd row counts, m not a multiple of any tile, a mixed
+/// Q4_K + Q6_K `project_many` (Q4_K_M's attention), and a matrix over the 64 Mi-value scratch
+/// (two chunks of rows; outputs checked on three activation rows).
+#[test]
+#[ignore]
+fn many_row_products_run_on_dequantized_bf16_within_the_rounding_bound() {
+    let gpu = gpu();
+    assert!(
+        gpu.uses_cublas(),
+        "libcublas is not on the loader path: the many-row products would not run on cuBLAS"
+    );
+    let b: &dyn ComputeBackend = &gpu;
+    let mut rng = StdRng::seed_from_u64(77);
+    let up = |v: &[f32]| {
+        let mut t = infer_compute::Tensor::default();
+        b.upload(v, &mut t).expect("upload");
+        t
+    };
+    let down = |t: &infer_compute::Tensor| {
+        let mut v = vec![f32::NAN; t.len()];
+        b.download(t, &mut v).expect("download");
+        v
+    };
+    // Checks outputs `[m, rows]` on activation rows `check` against the exact product.
+    let verify = |what: &str,
+                  fmt: QuantFormat,
+                  bytes: &[u8],
+                  x: &[f32],
+                  got: &[f32],
+                  rows: usize,
+                  cols: usize,
+                  check: &[usize]| {
+        let mut w = vec![0f32; rows * cols];
+        infer_quant::dequantize(fmt, bytes, &mut w).expect("dequantize");
+        let (mut err2, mut ref2, mut worst) = (0f64, 0f64, 0f64);
+        for &i in check {
+            let xi = &x[i * cols..(i + 1) * cols];
+            for r in 0..rows {
+                let wr = &w[r * cols..(r + 1) * cols];
+                let (mut dot, mut mag) = (0f64, 0f64);
+                for (&a, &c) in wr.iter().zip(xi) {
+                    dot += a as f64 * c as f64;
+                    mag += (a as f64 * c as f64).abs();
+                }
+                let g = got[i * rows + r] as f64;
+                assert!(g.is_finite(), "{what}: output ({i}, {r}) not finite: {g}");
+                let err = (g - dot).abs();
+                assert!(
+                    err <= BF16_TOL * mag + 1e-30,
+                    "{what}: output ({i}, {r}): gpu {g} vs exact {dot}, |diff| {err:e} > {BF16_TOL:e} · Σ|terms| {mag:e}"
+                );
+                worst = worst.max(err / mag.max(1e-30));
+                err2 += err * err;
+                ref2 += dot * dot;
+            }
+        }
+        let rel_rms = (err2 / ref2).sqrt();
+        assert!(
+            rel_rms < 0.01,
+            "{what}: RMS error {rel_rms:e} of the outputs' RMS"
+        );
+        println!("bf16 gemm {what}: max err/Σ|terms| {worst:.2e}, RMS err/RMS {rel_rms:.2e}");
+    };
+    let formats = [
+        QuantFormat::Q4_0,
+        QuantFormat::Q5_0,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+    ];
+    // `(format, m, rows, cols, activation rows checked (all when empty), what)`.
+    type Case = (
+        QuantFormat,
+        usize,
+        usize,
+        usize,
+        &'static [usize],
+        &'static str,
+    );
+    let mut cases: Vec<Case> = Vec::new();
+    for fmt in formats {
+        cases.push((fmt, 128, 67, 512, &[], ""));
+        cases.push((fmt, 300, 257, 1536, &[], ""));
+    }
+    // A mid-sized matrix (4 Mi values) runs as a GEMM from 16 rows.
+    cases.push((QuantFormat::Q4_K, 16, 2048, 2048, &[], " (mid-sized)"));
+    // Over the dequantization scratch: 8200 × 8192 values, two chunks of rows.
+    cases.push((
+        QuantFormat::Q4_K,
+        128,
+        8200,
+        8192,
+        &[0, 77, 127],
+        " (chunked)",
+    ));
+    for (fmt, m, rows, cols, check, note) in cases {
+        let bytes = random_blocks(&mut rng, fmt, rows * cols / fmt.block_elems());
+        let x = gauss(&mut rng, m * cols, 1.0);
+        let mat = infer_compute::Matrix::blocks(fmt, &bytes, rows, cols);
+        let mut y = infer_compute::Tensor::default();
+        b.project(&mat, &up(&x), m, &mut y).expect("project");
+        let all: Vec<usize> = (0..m).collect();
+        let check = if check.is_empty() { &all[..] } else { check };
+        let what = format!("{fmt} m={m} {rows}x{cols}{note}");
+        verify(&what, fmt, &bytes, &x, &down(&y), rows, cols, check);
+    }
+    // Q4_K_M's attention: Q4_K q/k with a Q6_K v, one project_many.
+    let (m, cols) = (160, 1024);
+    let shapes = [(QuantFormat::Q4_K, 96), (QuantFormat::Q6_K, 33)];
+    let ws: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(f, rows)| random_blocks(&mut rng, f, rows * cols / f.block_elems()))
+        .collect();
+    let x = gauss(&mut rng, m * cols, 1.0);
+    let xt = up(&x);
+    let mut ys = vec![
+        infer_compute::Tensor::default(),
+        infer_compute::Tensor::default(),
+    ];
+    {
+        let mut projs: Vec<infer_compute::TensorProj<'_>> = shapes
+            .iter()
+            .zip(&ws)
+            .zip(ys.iter_mut())
+            .map(|((&(f, rows), bytes), y)| infer_compute::TensorProj {
+                w: infer_compute::Matrix::blocks(f, bytes, rows, cols),
+                y,
+            })
+            .collect();
+        b.project_many(&xt, m, &mut projs).expect("project_many");
+    }
+    let all: Vec<usize> = (0..m).collect();
+    for ((&(f, rows), bytes), y) in shapes.iter().zip(&ws).zip(&ys) {
+        verify(
+            &format!("project_many {f} m={m} {rows}x{cols}"),
+            f,
+            bytes,
+            &x,
+            &down(y),
+            rows,
+            cols,
+            &all,
+        );
+    }
+}
+
 /// The whole operations (norms, RoPE, attention, activations, residual, embedding, argmax) of
 /// the CUDA backend against the same scalar references as the CPU's (`tests/backend_ops.rs`).
 #[test]

@@ -3,11 +3,11 @@
 //! empty-launch time (the launch-overhead floor).
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use infer_quant::QuantFormat;
 
-use super::device::{capture_graph, drv, launch_pdl, Device};
-use super::{quant, CudaBackend};
+use super::device::{capture_graph, dev_err, drv, int, launch_pdl, Device};
+use super::{blas, quant, CudaBackend};
 use crate::ComputeError;
 
 /// Median time of one repetition of a timed operation and the device bytes it moves.
@@ -58,6 +58,36 @@ fn time_events(
     Ok(times[REPS / 2])
 }
 
+/// Device copies of weights `bytes`, enough to exceed the L2 cache (512 MiB in all, 1 to 64),
+/// for timed launches that rotate among them and so read device memory.
+fn weight_copies(dev: &Device, bytes: &[u8]) -> Result<Vec<CudaSlice<u8>>, ComputeError> {
+    let copies = (512usize << 20).div_ceil(bytes.len().max(1)).clamp(1, 64);
+    (0..copies)
+        .map(|_| super::cache::upload_padded(&dev.stream, bytes))
+        .collect()
+}
+
+/// Launch a `dequant.cu` kernel (`(src, bf16 out, groups of 8 values)`) over `groups` groups.
+fn launch_flat(
+    dev: &Device,
+    func: &CudaFunction,
+    src: u64,
+    out: u64,
+    groups: usize,
+) -> Result<(), ComputeError> {
+    let cfg = LaunchConfig {
+        grid_dim: (groups.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let g = groups as i64;
+    let mut b = dev.stream.launch_builder(func);
+    b.arg(&src).arg(&out).arg(&g);
+    // SAFETY: the dequant.cu kernels take (const void*, u16*, long long); callers size the
+    // buffers for `groups` × 8 values.
+    drv("launch a bf16 conversion", unsafe { b.launch(cfg) }).map(|_| ())
+}
+
 /// One block of 32 threads: the empty kernels' launch shape.
 const ONE_WARP: LaunchConfig = LaunchConfig {
     grid_dim: (1, 1, 1),
@@ -88,10 +118,8 @@ impl CudaBackend {
         let mut st = self.lock();
         quant::check(&st.dev, format, bytes, rows, cols)?;
         let super::State { dev, s, .. } = &mut *st;
-        let copies = (512usize << 20).div_ceil(bytes.len().max(1)).clamp(1, 64);
-        let ws: Vec<CudaSlice<u8>> = (0..copies)
-            .map(|_| super::cache::upload_padded(&dev.stream, bytes))
-            .collect::<Result<_, _>>()?;
+        let ws = weight_copies(dev, bytes)?;
+        let copies = ws.len();
         quant::upload_x(dev, s, x)?;
         s.y.at_least(&dev.stream, rows)?;
         let secs = time_events(dev, &dev.stream, iters, |i| {
@@ -109,6 +137,94 @@ impl CudaBackend {
                 },
             )
         })?;
+        Ok(KernelTime {
+            seconds: secs,
+            bytes: bytes.len(),
+        })
+    }
+
+    /// Device time of one many-row quantized product `y[m × rows] = x[m × cols] · Wᵀ` on
+    /// weights `bytes` (`rows × cols` of `format`, rotated among copies as in
+    /// [`CudaBackend::time_quant_matvec`]) by `m` rows of activations `x`, either on the
+    /// tensor-core tile kernels (activation quantization + `mmq_*`, `gemm == false`) or as the
+    /// forward pass's dequantize + cuBLAS path (bf16 activations, weights dequantized per chunk
+    /// of rows, `cublasGemmEx`; `gemm == true`), whatever the forward pass would choose for
+    /// `m`. `bytes` of the result: one weight matrix.
+    ///
+    /// Errors as [`CudaBackend::time_quant_matvec`], and [`ComputeError::Device`] when `gemm`
+    /// is asked for without cuBLAS or a dequantization kernel for `format`. Panics if
+    /// `x.len() != m · cols`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_quant_product(
+        &self,
+        format: QuantFormat,
+        bytes: &[u8],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        m: usize,
+        gemm: bool,
+        iters: usize,
+    ) -> Result<KernelTime, ComputeError> {
+        assert_eq!(x.len(), m * cols, "time_quant_product: x is not m × cols");
+        let mut st = self.lock();
+        quant::check(&st.dev, format, bytes, rows, cols)?;
+        let super::State { dev, s, .. } = &mut *st;
+        let ws = weight_copies(dev, bytes)?;
+        let copies = ws.len();
+        quant::upload_x(dev, s, x)?;
+        s.y.at_least(&dev.stream, m * rows)?;
+        let secs = if gemm {
+            let blas = dev
+                .blas
+                .as_deref()
+                .ok_or_else(|| dev_err("no cuBLAS on this machine"))?;
+            let dq = blas::dequant_kernel(dev, format)
+                .ok_or_else(|| dev_err(format!("no bf16 dequantization for {format:?}")))?;
+            let chunk = blas::chunk_rows(rows, cols);
+            s.xb.at_least(&dev.stream, m * cols)?;
+            s.wb.at_least(&dev.stream, chunk * cols)?;
+            let row_bytes = bytes.len() / rows;
+            let st = &dev.stream;
+            let (xp, xb, wb, yp) = (
+                s.x.get().device_ptr(st).0,
+                s.xb.get().device_ptr(st).0,
+                s.wb.get().device_ptr(st).0,
+                s.y.get().device_ptr(st).0,
+            );
+            let (mi, ci, ri) = (int("m", m)?, int("cols", cols)?, int("rows", rows)?);
+            time_events(dev, st, iters, |i| {
+                let wp = ws[i % copies].device_ptr(st).0;
+                launch_flat(dev, &dev.k.to_bf16, xp, xb, m * cols / 8)?;
+                for r0 in (0..rows).step_by(chunk) {
+                    let n = chunk.min(rows - r0);
+                    launch_flat(dev, dq, wp + (r0 * row_bytes) as u64, wb, n * cols / 8)?;
+                    let g = blas::Gemm {
+                        w: wb,
+                        x: xb,
+                        y: yp + (r0 * 4) as u64,
+                        rows: n as i32,
+                        m: mi,
+                        cols: ci,
+                        ldy: ri,
+                    };
+                    // SAFETY: wb holds chunk × cols, xb m × cols bf16 values, y m × rows f32.
+                    unsafe { blas.gemm(&g)? };
+                }
+                Ok(())
+            })?
+        } else {
+            time_events(dev, &dev.stream, iters, |i| {
+                quant::quantize_acts(dev, s, Some(format), m, cols)?;
+                let shape = quant::MvShape {
+                    m,
+                    rows,
+                    cols,
+                    y_off: 0,
+                };
+                quant::launch_mv(dev, s, format, &ws[i % copies], shape)
+            })?
+        };
         Ok(KernelTime {
             seconds: secs,
             bytes: bytes.len(),

@@ -203,6 +203,9 @@ pub(super) struct Scratch {
     pub y: Grow<f32>,
     pub kq: ActQ,
     pub b32: ActQ,
+    /// bf16 activations and dequantized weight rows of the many-row products (`blas.rs`).
+    pub xb: Grow<u16>,
+    pub wb: Grow<u16>,
 }
 
 impl Scratch {
@@ -213,6 +216,8 @@ impl Scratch {
             y: Grow::new(stream)?,
             kq: ActQ::new(stream)?,
             b32: ActQ::new(stream)?,
+            xb: Grow::new(stream)?,
+            wb: Grow::new(stream)?,
         })
     }
 }

@@ -19,6 +19,7 @@ use crate::ComputeError;
 pub(super) const KERNELS_CU: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("mmq.cu"),
+    include_str!("dequant.cu"),
     include_str!("decode.cu"),
     include_str!("ops.cu")
 );
@@ -74,6 +75,12 @@ pub(super) struct Kernels {
     pub mmq_q8s: CudaFunction,
     pub mmq_q4_k: CudaFunction,
     pub mmq_q6_k: CudaFunction,
+    pub dq_q4_0: CudaFunction,
+    pub dq_q5_0: CudaFunction,
+    pub dq_q8_0: CudaFunction,
+    pub dq_q4_k: CudaFunction,
+    pub dq_q6_k: CudaFunction,
+    pub to_bf16: CudaFunction,
     pub rowdot_f32: CudaFunction,
     pub rowdot_f16: CudaFunction,
     pub gemm_nt_f32: CudaFunction,
@@ -118,6 +125,10 @@ pub(super) struct Device {
     /// Streaming multiprocessors.
     pub sms: usize,
     pub split: SplitK,
+    /// cuBLAS on the backend's stream, for the many-row products ([`super::blas`]); `None`
+    /// when `libcublas` cannot be loaded or the device is older than compute capability 8.0
+    /// (the products then stay on the tile kernels).
+    pub blas: Option<Arc<super::blas::Blas>>,
 }
 
 /// The buffers of the tensor-core products' split-K (`mmq_finish` in `mmq.cu`), allocated
@@ -214,6 +225,12 @@ impl Device {
             mmq_q8s: f("mmq_q8s")?,
             mmq_q4_k: f("mmq_q4_k")?,
             mmq_q6_k: f("mmq_q6_k")?,
+            dq_q4_0: f("dq_q4_0")?,
+            dq_q5_0: f("dq_q5_0")?,
+            dq_q8_0: f("dq_q8_0")?,
+            dq_q4_k: f("dq_q4_k")?,
+            dq_q6_k: f("dq_q6_k")?,
+            to_bf16: f("to_bf16")?,
             rowdot_f32: f("rowdot_f32")?,
             rowdot_f16: f("rowdot_f16")?,
             gemm_nt_f32: f("gemm_nt_f32")?,
@@ -284,6 +301,11 @@ impl Device {
             counters: drv("allocate split-K counters", stream.alloc_zeros(slots))?,
             slots,
         };
+        let blas = if cc.0 >= 8 {
+            super::blas::Blas::open(&stream)?.map(Arc::new)
+        } else {
+            None
+        };
         Ok(Device {
             ctx,
             stream,
@@ -292,6 +314,7 @@ impl Device {
             cc,
             sms,
             split,
+            blas,
         })
     }
 }

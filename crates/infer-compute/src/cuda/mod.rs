@@ -26,6 +26,7 @@
 //!   CUDA graph replay per token on its own stream.
 
 mod bench;
+mod blas;
 mod cache;
 mod decode;
 mod device;
@@ -90,7 +91,7 @@ impl CudaBackend {
         let dev = Device::open(ordinal)?;
         let s = Scratch::new(&dev.stream)?;
         let ops = tensor_ops::OpScratch::default();
-        let rec = step::Recorder::new(&dev.stream)?;
+        let rec = step::Recorder::new(&dev.stream, dev.blas.clone())?;
         let name = format!("cuda:{ordinal} ({}, sm_{}{})", dev.name, dev.cc.0, dev.cc.1);
         Ok(CudaBackend {
             state: Mutex::new(State {
@@ -161,6 +162,13 @@ impl CudaBackend {
         st.generation += 1;
     }
 
+    /// Whether quantized products of the forward pass from [`blas::GEMM_MIN_M`] rows run as
+    /// dequantize + cuBLAS bf16 GEMMs (`libcublas` loaded, compute capability ≥ 8.0); otherwise
+    /// they stay on the tensor-core tile kernels.
+    pub fn uses_cublas(&self) -> bool {
+        self.lock().dev.blas.is_some()
+    }
+
     /// Bytes of weights currently resident on the device.
     pub fn cached_weight_bytes(&self) -> usize {
         self.lock().cache.bytes()
@@ -179,10 +187,19 @@ impl ComputeBackend for CudaBackend {
     fn launch_report(&self) -> Option<String> {
         let s = self.step_stats();
         let per = |ns: u64| ns as f64 / 1e3 / s.replayed.max(1) as f64;
+        let products = if self.uses_cublas() {
+            format!(
+                "quantized products of ≥ {} rows (≥ 16 for matrices of 4–16 Mi values) as \
+                 dequantize + cuBLAS bf16 GEMM",
+                blas::GEMM_MIN_M
+            )
+        } else {
+            "no cuBLAS (libcublas not found): every many-row product on the tile kernels".into()
+        };
         Some(format!(
             "forward-pass steps on {}: {} CUDA graph replays, {} captured, {} launched kernel by \
              kernel; per replay {:.1} µs recording and {:.1} µs launching on the host, {:.1} µs \
-             waiting for the device",
+             waiting for the device; {products}",
             self.name,
             s.replayed,
             s.captured,

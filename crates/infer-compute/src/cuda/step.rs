@@ -25,7 +25,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 
-use super::device::{capture_graph, drv, launch_raw};
+use super::blas::{Blas, Gemm};
+use super::device::{capture_graph, dev_err, drv, launch_raw};
 use crate::ComputeError;
 
 /// Captured graphs kept (one per list seen twice: a batch shape, or one segment of a step that
@@ -37,9 +38,16 @@ const MAX_CANDIDATES: usize = 16;
 const ARENA_ALIGN: usize = 16;
 /// The arena's first device capacity (bytes); it doubles when a step needs more.
 const ARENA_START: usize = 64 << 10;
+/// One recorded operation: a kernel launch or a cuBLAS GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cmd {
+    Kernel(Launch),
+    Gemm(Gemm),
+}
+
 /// One recorded kernel launch; its arguments are `args[arg0..arg0 + nargs]` of the list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Cmd {
+struct Launch {
     /// The kernel's `CUfunction` handle (valid while the backend's module is loaded).
     func: usize,
     grid: (u32, u32, u32),
@@ -83,6 +91,8 @@ pub(super) struct Recorder {
     arena: Vec<u8>,
     arena_used: usize,
     arena_dev: CudaSlice<u8>,
+    /// Runs the recorded GEMMs (on the same stream).
+    blas: Option<Arc<Blas>>,
     /// When the host last launched a list or finished waiting for the device.
     idle_since: std::time::Instant,
     /// Launches and graph replays so far (for tests and `--explain`).
@@ -130,8 +140,12 @@ unsafe impl Send for Recorder {}
 
 impl Recorder {
     /// An empty recorder with a [`ARENA_START`]-byte device arena. Errors: allocation.
-    pub(super) fn new(stream: &Arc<CudaStream>) -> Result<Self, ComputeError> {
+    pub(super) fn new(
+        stream: &Arc<CudaStream>,
+        blas: Option<Arc<Blas>>,
+    ) -> Result<Self, ComputeError> {
         Ok(Recorder {
+            blas,
             pending: List::default(),
             candidates: Vec::new(),
             graphs: Vec::new(),
@@ -159,7 +173,7 @@ impl Recorder {
         pdl: bool,
     ) {
         let p = &mut self.pending;
-        p.cmds.push(Cmd {
+        p.cmds.push(Cmd::Kernel(Launch {
             func: func.cu_function() as usize,
             grid: cfg.grid_dim,
             block: cfg.block_dim,
@@ -167,8 +181,15 @@ impl Recorder {
             arg0: p.args.len() as u32,
             nargs: args.len() as u32,
             pdl,
-        });
+        }));
         p.args.extend_from_slice(args);
+    }
+
+    /// Record a cuBLAS GEMM (run on the device's [`Blas`] handle, which is on the same
+    /// stream); the buffers it reads and writes must be alive until the list is launched, as
+    /// for [`Recorder::push`].
+    pub(super) fn push_gemm(&mut self, g: Gemm) {
+        self.pending.cmds.push(Cmd::Gemm(g));
     }
 
     /// Keep `buf` alive until the pending launches are enqueued.
@@ -259,7 +280,9 @@ impl Recorder {
         }
         if let Some(k) = self.candidates.iter().position(|c| *c == self.pending) {
             self.candidates.remove(k);
-            let graph = capture_graph(stream, || launch_all(stream, &self.pending))?;
+            let graph = capture_graph(stream, || {
+                launch_all(stream, self.blas.as_deref(), &self.pending)
+            })?;
             drv("replay a step graph", graph.launch())?;
             self.graphs.insert(
                 0,
@@ -273,7 +296,7 @@ impl Recorder {
             return Ok(());
         }
         self.stats.eager += 1;
-        launch_all(stream, &self.pending)?;
+        launch_all(stream, self.blas.as_deref(), &self.pending)?;
         self.candidates.insert(0, self.pending.clone());
         self.candidates.truncate(MAX_CANDIDATES);
         Ok(())
@@ -298,10 +321,21 @@ impl Recorder {
     }
 }
 
-/// Launch every command of `list` on `stream`, in order.
-fn launch_all(stream: &CudaStream, list: &List) -> Result<(), ComputeError> {
+/// Launch every command of `list` on `stream`, in order (the GEMMs on `blas`, whose handle
+/// is bound to `stream`).
+fn launch_all(stream: &CudaStream, blas: Option<&Blas>, list: &List) -> Result<(), ComputeError> {
     let mut args = Vec::with_capacity(32);
-    for c in &list.cmds {
+    for cmd in &list.cmds {
+        let c = match cmd {
+            Cmd::Kernel(c) => c,
+            Cmd::Gemm(g) => {
+                let blas = blas.ok_or_else(|| dev_err("a GEMM was recorded without cuBLAS"))?;
+                // SAFETY: recorded by `tensor_ops` with pointers to buffers of the sizes the
+                // GEMM reads and writes, kept alive until after this launch.
+                unsafe { blas.gemm(g)? };
+                continue;
+            }
+        };
         args.clear();
         let a0 = c.arg0 as usize;
         args.extend_from_slice(&list.args[a0..a0 + c.nargs as usize]);

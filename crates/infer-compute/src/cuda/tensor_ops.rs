@@ -12,6 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use infer_quant::QuantFormat;
 
+use super::blas::{chunk_rows, dequant_kernel, uses_gemm, Gemm};
 use super::cache::as_bytes;
 use super::device::{dev_err, drv, int, GT, ROWS_PER_BLOCK};
 use super::quant::{format_code, is_kq, mv_grid, product_kernel, rows_per_warp, warp_grid};
@@ -363,6 +364,10 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
         MatData::Blocks { format, bytes } => {
             super::quant::check(&st.dev, format, bytes, rows, cols)?;
             let wp = cached(st, bytes)?;
+            if uses_gemm(&st.dev, format, rows, cols, m) {
+                acts_to_bf16(st, x, m * cols)?;
+                return gemm(st, format, wp, bytes.len() / rows, y, m, rows, cols);
+            }
             quantize(st, x, Some(format), m, cols)?;
             mv(st, format, wp, y, m, rows, cols)
         }
@@ -466,6 +471,64 @@ fn mv(
     go(&mut st.rec, p.func, p.cfg, &mut args)
 }
 
+/// Convert `n` f32 activations at `x` to bf16 in `st.s.xb` for [`gemm`].
+fn acts_to_bf16(st: &mut State, x: u64, n: usize) -> Result<(), ComputeError> {
+    let State { dev, s, rec, .. } = st;
+    if let Some(old) = s.xb.at_least_keep(&dev.stream, n)? {
+        rec.keep_any(old);
+    }
+    let groups = n / 8;
+    let mut a = [x, ptr(s.xb.get(), &dev.stream), groups as u64];
+    go_plain(rec, &dev.k.to_bf16, flat(groups), &mut a)
+}
+
+/// The dequantize + cuBLAS product ([`super::blas`]) of cached weights `wp` (`rows × cols` of
+/// `format`, `row_bytes` per row) by the bf16 activations in `st.s.xb` (`m × cols`, from
+/// [`acts_to_bf16`]) into `y` (`[m, rows]`): per chunk of [`chunk_rows`] rows, the rows
+/// dequantized into `st.s.wb`, then one GEMM writing that chunk's columns of `y`. The
+/// dequantization waits for the previous kernels to finish (no programmatic dependent launch):
+/// the GEMM before it may still read `wb`.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    st: &mut State,
+    format: QuantFormat,
+    wp: u64,
+    row_bytes: usize,
+    y: u64,
+    m: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<(), ComputeError> {
+    let chunk = chunk_rows(rows, cols);
+    let (m_i, cols_i, rows_i) = (int("m", m)?, int("cols", cols)?, int("rows", rows)?);
+    let State { dev, s, rec, .. } = st;
+    let Some(func) = dequant_kernel(dev, format) else {
+        return Err(dev_err(format!(
+            "no bf16 dequantization kernel for {format:?}"
+        )));
+    };
+    if let Some(old) = s.wb.at_least_keep(&dev.stream, chunk * cols)? {
+        rec.keep_any(old);
+    }
+    let (wb, xb) = (ptr(s.wb.get(), &dev.stream), ptr(s.xb.get(), &dev.stream));
+    for r0 in (0..rows).step_by(chunk) {
+        let n = chunk.min(rows - r0);
+        let groups = n * cols / 8;
+        let mut a = [wp + (r0 * row_bytes) as u64, wb, groups as u64];
+        go_plain(rec, func, flat(groups), &mut a)?;
+        rec.push_gemm(Gemm {
+            w: wb,
+            x: xb,
+            y: y + (r0 * std::mem::size_of::<f32>()) as u64,
+            rows: n as i32,
+            m: m_i,
+            cols: cols_i,
+            ldy: rows_i,
+        });
+    }
+    Ok(())
+}
+
 /// Shapes of a product: the storage matches the matrix, `x` holds `m × cols`.
 fn check_product(w: &Matrix<'_>, x: &Tensor, m: usize) -> Result<(), ComputeError> {
     w.check()?;
@@ -538,6 +601,24 @@ pub(super) fn project_many(
         super::quant::check(&st.dev, format, bytes, p.w.rows, cols)?;
         fit(st, p.y, m * p.w.rows)?;
         ptrs.push((cached(st, bytes)?, tp(st, p.y, "project_many")?));
+    }
+    let formats = projs
+        .iter()
+        .map(|p| p.w.blocks_data().map(|(f, _)| f))
+        .collect::<Result<Vec<_>, _>>()?;
+    if projs
+        .iter()
+        .zip(&formats)
+        .all(|(p, &f)| uses_gemm(&st.dev, f, p.w.rows, cols, m))
+    {
+        // Many rows: the activations converted once, one dequantize + GEMM per matrix.
+        acts_to_bf16(st, xp, m * cols)?;
+        for ((p, (wp, yp)), format) in projs.iter().zip(ptrs).zip(formats) {
+            if let Some(row_bytes) = p.w.blocks_data()?.1.len().checked_div(p.w.rows) {
+                gemm(st, format, wp, row_bytes, yp, m, p.w.rows, cols)?;
+            }
+        }
+        return Ok(());
     }
     for family in [true, false] {
         if let Some(p) = projs.iter().find(
