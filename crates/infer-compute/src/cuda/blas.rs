@@ -66,6 +66,29 @@ pub(super) struct Gemm {
     pub ldy: i32,
 }
 
+/// One batched f32 GEMM in cuBLAS's column-major terms (the long prompt chunks' attention):
+/// for each of `batch` problems `i`, `C_i (m × n, ld ldc) = alpha · op(A_i) · op(B_i)` with
+/// `op` the transpose when `trans_*`; `a`, `b`, `c` are device arrays of `batch` pointers.
+/// f32 in, out and accumulation (no TF32: the results are those of an f32 product up to the
+/// order of the sums).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct BatchedGemm {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub a: u64,
+    pub lda: i32,
+    pub b: u64,
+    pub ldb: i32,
+    pub c: u64,
+    pub ldc: i32,
+    pub batch: i32,
+    /// `alpha` as f32 bits.
+    pub alpha: u32,
+}
+
 impl Blas {
     /// cuBLAS on `stream`, or `None` when `libcublas` is not on the loader path. Errors: the
     /// library loads but a handle or the workspace cannot be made.
@@ -131,6 +154,54 @@ impl Blas {
             dev_err(format!(
                 "cuBLAS GEMM of {} × {} weights by {} rows: {e}",
                 g.rows, g.cols, g.m
+            ))
+        })
+    }
+}
+
+impl Blas {
+    /// Enqueue `g` on the handle's stream. Errors: cuBLAS refuses it (named with its shape).
+    ///
+    /// # Safety
+    /// The pointer arrays hold `g.batch` device pointers each, to matrices of the sizes the
+    /// shapes and leading dimensions give, all alive until the GEMM has run.
+    pub(super) unsafe fn batched(&self, g: &BatchedGemm) -> Result<(), ComputeError> {
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (alpha, beta) = (f32::from_bits(g.alpha), 0f32);
+        let f32t = cudaDataType_t::CUDA_R_32F;
+        cudarc::cublas::sys::cublasGemmBatchedEx(
+            *self.handle.handle(),
+            op(g.trans_a),
+            op(g.trans_b),
+            g.m,
+            g.n,
+            g.k,
+            &alpha as *const f32 as *const c_void,
+            g.a as *const *const c_void,
+            f32t,
+            g.lda,
+            g.b as *const *const c_void,
+            f32t,
+            g.ldb,
+            &beta as *const f32 as *const c_void,
+            g.c as *const *mut c_void,
+            f32t,
+            g.ldc,
+            g.batch,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+        )
+        .result()
+        .map_err(|e| {
+            dev_err(format!(
+                "cuBLAS batched GEMM ({} × {} × {}, {} problems): {e}",
+                g.m, g.n, g.k, g.batch
             ))
         })
     }

@@ -206,6 +206,8 @@ pub(super) struct Scratch {
     /// bf16 activations and dequantized weight rows of the many-row products (`blas.rs`).
     pub xb: Grow<u16>,
     pub wb: Grow<u16>,
+    /// Attention scores / probabilities of the long prompt chunks (`tensor_ops::attend_gemm`).
+    pub att: Grow<f32>,
 }
 
 impl Scratch {
@@ -218,6 +220,7 @@ impl Scratch {
             b32: ActQ::new(stream)?,
             xb: Grow::new(stream)?,
             wb: Grow::new(stream)?,
+            att: Grow::new(stream)?,
         })
     }
 }

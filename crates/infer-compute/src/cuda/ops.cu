@@ -332,6 +332,45 @@ ATT_TILES_KERNEL(t_attention_tiles64, 2)
 ATT_TILES_KERNEL(t_attention_tiles128, 4)
 ATT_TILES_KERNEL(t_attention_tiles256, 8)
 
+// The masked softmax of long prompt chunks whose scores are a cuBLAS GEMM (tensor_ops.rs
+// attend_gemm): row t = blockIdx.x of query head h = blockIdx.y in S ([nq][rows][n]: scale q.k
+// of the keys at positions k0 .. k0 + n - 1), at position pos = p0 + t. Keys lo .. pos are kept
+// (lo as attend_head: pos - window + 1 when window > 0, else 0), soft-capped when cap > 0, with
+// the sink logit of head h in the denominator when sinks is given; the row becomes the
+// probabilities, 0 outside the mask (the value GEMM then sums over all n keys).
+extern "C" __global__ void __launch_bounds__(OPS_THREADS)
+    t_attn_softmax(float* S, int rows, int n, int p0, int k0, int window, float cap,
+                   const float* sinks) {
+    __shared__ float shm[32];
+    __shared__ double shd[32];
+    pdl_trigger();
+    pdl_wait();
+    int t = blockIdx.x, h = blockIdx.y;
+    float* s = S + ((long long)h * rows + t) * n;
+    int pos = p0 + t;
+    int lo = max((window > 0 ? pos - window + 1 : 0) - k0, 0);
+    int hi = min(pos - k0, n - 1);
+    float mx = NEG_INF;
+    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) {
+        float v = s[j];
+        if (cap > 0.0f) v = cap * tanhf(v / cap);
+        s[j] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = block_max_f(mx, shm);
+    if (sinks) mx = fmaxf(mx, sinks[h]);
+    double sum = 0.0;
+    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) {
+        float e = expf(s[j] - mx);
+        s[j] = e;
+        sum += e;
+    }
+    sum = block_sum_d(sum, shd);
+    if (sinks) sum += expf(sinks[h] - mx);
+    float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) s[j] = j >= lo && j <= hi ? s[j] * inv : 0.0f;
+}
+
 // up[i] = act(gate[i]) * up[i] (gate given) or x[i] = act(x[i]) (gate null); act_fn of
 // decode.cu (0 SiLU, 1 tanh-GELU, 2 erf-GELU).
 extern "C" __global__ void t_act(const float* gate, float* up, long long n, int act) {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 
-use super::blas::{Blas, Gemm};
+use super::blas::{BatchedGemm, Blas, Gemm};
 use super::device::{capture_graph, dev_err, drv, launch_raw};
 use crate::ComputeError;
 
@@ -43,6 +43,7 @@ const ARENA_START: usize = 64 << 10;
 enum Cmd {
     Kernel(Launch),
     Gemm(Gemm),
+    Batched(BatchedGemm),
 }
 
 /// One recorded kernel launch; its arguments are `args[arg0..arg0 + nargs]` of the list.
@@ -192,6 +193,12 @@ impl Recorder {
         self.pending.cmds.push(Cmd::Gemm(g));
     }
 
+    /// Record a batched f32 GEMM, as [`Recorder::push_gemm`] (its pointer arrays staged in the
+    /// arena).
+    pub(super) fn push_batched(&mut self, g: BatchedGemm) {
+        self.pending.cmds.push(Cmd::Batched(g));
+    }
+
     /// Keep `buf` alive until the pending launches are enqueued.
     pub(super) fn keep(&mut self, buf: &Arc<CudaSlice<f32>>) {
         self.keep.push(buf.clone());
@@ -333,6 +340,13 @@ fn launch_all(stream: &CudaStream, blas: Option<&Blas>, list: &List) -> Result<(
                 // SAFETY: recorded by `tensor_ops` with pointers to buffers of the sizes the
                 // GEMM reads and writes, kept alive until after this launch.
                 unsafe { blas.gemm(g)? };
+                continue;
+            }
+            Cmd::Batched(g) => {
+                let blas = blas.ok_or_else(|| dev_err("a GEMM was recorded without cuBLAS"))?;
+                // SAFETY: as for `Cmd::Gemm`; the pointer arrays are in the arena, copied to
+                // the device before the list is launched.
+                unsafe { blas.batched(g)? };
                 continue;
             }
         };

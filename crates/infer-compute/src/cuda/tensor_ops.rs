@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use infer_quant::QuantFormat;
 
-use super::blas::{chunk_rows, dequant_kernel, uses_gemm, Gemm};
+use super::blas::{chunk_rows, dequant_kernel, uses_gemm, BatchedGemm, Gemm};
 use super::cache::as_bytes;
 use super::device::{dev_err, drv, int, GT, ROWS_PER_BLOCK};
 use super::quant::{format_code, is_kq, mv_grid, product_kernel, rows_per_warp, warp_grid};
@@ -803,6 +803,134 @@ pub(super) fn rope(
 /// keys, else the window's length), the attention sinks' device copy (0: none) and the launch
 /// (one block of `ATTN_THREADS` per query head and row). Errors: a window above `i32::MAX`;
 /// device failures.
+/// Rows of a prompt chunk, and keys it attends to (its position after it), from which its
+/// attention runs as GEMMs ([`attend_gemm`]): shorter chunks stay on the tile kernel, which
+/// takes every sequence of a batch in one launch (H200: SmolLM2 16 × pp128 0.66× as GEMMs).
+const ATT_GEMM_MIN_ROWS: usize = 128;
+const ATT_GEMM_MIN_KEYS: usize = 512;
+/// Query rows per piece of [`attend_gemm`]: each piece scores only the keys its rows can see
+/// (causal, sliding window), so smaller pieces waste less of the score GEMM.
+const ATT_GEMM_PIECE_ROWS: usize = 512;
+/// Most attention scores held at once by [`attend_gemm`] (f32, 512 MiB).
+const ATT_GEMM_MAX_SCORES: usize = 128 << 20;
+
+/// The attention of one long prompt chunk `s` (its keys and values already stored) through
+/// cuBLAS, per piece of query rows: the scores `scale · Q_h K_gᵀ` of every query head `h`
+/// (kv head `g = h / (nq / nkv)`) against the keys the piece's rows can see (from the first
+/// row's window start to the last row's position) as one batched f32 GEMM into `st.s.att`
+/// (`[nq][rows][keys]`), the masked softmax in place (`t_attn_softmax`: causal, sliding window,
+/// soft-cap, sinks), then `O_h = P_h V_g` as a second batched GEMM straight into the output
+/// rows. Same f32 arithmetic as the tile kernel, in another order.
+fn attend_gemm(
+    st: &mut State,
+    s: &crate::KvSlot<'_>,
+    qp: u64,
+    op: u64,
+    p: &AttentionParams,
+    window: i32,
+    sinks: u64,
+) -> Result<(), ComputeError> {
+    let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
+    let end = s.start + s.rows;
+    let piece = (ATT_GEMM_MAX_SCORES / (nq * end).max(1)).clamp(1, ATT_GEMM_PIECE_ROWS);
+    let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
+    {
+        let State {
+            dev, s: sc, rec, ..
+        } = st;
+        if let Some(old) = sc.att.at_least_keep(&dev.stream, nq * piece * end)? {
+            rec.keep_any(old);
+        }
+    }
+    let sp = ptr(st.s.att.get(), &st.dev.stream);
+    let f32b = std::mem::size_of::<f32>() as u64;
+    let qd = (nq * hd) as u64;
+    let hd_i = to_i32("head_dim", hd)?;
+    let (kvd_i, qd_i) = (to_i32("kv width", nkv * hd)?, to_i32("q width", nq * hd)?);
+    let nq_i = to_i32("q heads", nq)?;
+    for t0 in (0..s.rows).step_by(piece) {
+        let m = piece.min(s.rows - t0);
+        let row = (s.row0 + t0) as u64;
+        // The keys the piece's rows see: k0 ..= the last row's position.
+        let first = s.start + t0;
+        let k0 = match p.sliding_window {
+            Some(w) if w > 0 => (first + 1).saturating_sub(w),
+            _ => 0,
+        };
+        let keys = first + m - k0;
+        let keys_i = to_i32("attention keys", keys)?;
+        let g = |h: usize| ((h / (nq / nkv)) * hd + k0 * nkv * hd) as u64;
+        // Per head: K_g / V_g, the head's query (output) columns of the piece's first row, its
+        // score matrix.
+        let kv_ptrs = |cache: u64| -> Vec<u64> { (0..nq).map(|h| cache + g(h) * f32b).collect() };
+        let q_ptrs: Vec<u64> = (0..nq)
+            .map(|h| qp + (row * qd + (h * hd) as u64) * f32b)
+            .collect();
+        let o_ptrs: Vec<u64> = (0..nq)
+            .map(|h| op + (row * qd + (h * hd) as u64) * f32b)
+            .collect();
+        let s_ptrs: Vec<u64> = (0..nq).map(|h| sp + (h * m * keys) as u64 * f32b).collect();
+        let stage = |st: &mut State, v: &[u64]| st.rec.stage(&st.dev.stream, as_bytes(v));
+        let (ka, qa, sa) = (
+            stage(st, &kv_ptrs(kc))?,
+            stage(st, &q_ptrs)?,
+            stage(st, &s_ptrs)?,
+        );
+        let (va, oa) = (stage(st, &kv_ptrs(vc))?, stage(st, &o_ptrs)?);
+        let m_i = to_i32("attention rows", m)?;
+        // Column-major: S_hᵀ (keys × m, ld keys) = K_g (keys × hd) · Q_hᵀ (hd × m).
+        st.rec.push_batched(BatchedGemm {
+            trans_a: true,
+            trans_b: false,
+            m: keys_i,
+            n: m_i,
+            k: hd_i,
+            a: ka,
+            lda: kvd_i,
+            b: qa,
+            ldb: qd_i,
+            c: sa,
+            ldc: keys_i,
+            batch: nq_i,
+            alpha: p.scale.to_bits(),
+        });
+        let (p0, k0_i) = (to_i32("position", first)?, to_i32("first key", k0)?);
+        let cfg = LaunchConfig {
+            grid_dim: (m as u32, nq as u32, 1),
+            block_dim: (OPS_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut a = [
+            sp,
+            i(m_i),
+            i(keys_i),
+            i(p0),
+            i(k0_i),
+            i(window),
+            f(p.softcap.unwrap_or(0.0)),
+            sinks,
+        ];
+        go(&mut st.rec, &st.dev.k.t_attn_softmax, cfg, &mut a)?;
+        // O_hᵀ (hd × m, ld nq·hd) = V_gᵀ (hd × keys) · P_hᵀ (keys × m).
+        st.rec.push_batched(BatchedGemm {
+            trans_a: false,
+            trans_b: false,
+            m: hd_i,
+            n: m_i,
+            k: keys_i,
+            a: va,
+            lda: kvd_i,
+            b: sa,
+            ldb: keys_i,
+            c: oa,
+            ldc: qd_i,
+            batch: nq_i,
+            alpha: 1f32.to_bits(),
+        });
+    }
+    Ok(())
+}
+
 fn attention_launch(
     st: &mut State,
     p: &AttentionParams,
@@ -870,21 +998,39 @@ pub(super) fn attend(
     )?;
     let (window, sinks, cfg) = attention_launch(st, p, rows)?;
     let longest = at.seqs.iter().map(|s| s.rows).max().unwrap_or(0);
-    let tiled = longest >= ATT_TILE_MIN_ROWS
-        && p.head_dim > 0
-        && p.head_dim <= ATT_TILE_MAX_HEAD_DIM
-        && p.head_dim.is_multiple_of(4);
+    let tiles_fit =
+        p.head_dim > 0 && p.head_dim <= ATT_TILE_MAX_HEAD_DIM && p.head_dim.is_multiple_of(4);
+    // Long prompt chunks attend through cuBLAS (`attend_gemm`), the other sequences of the
+    // batch by tiles (which address any rows, unlike the per-row kernel).
+    let by_gemm: Vec<bool> = at
+        .seqs
+        .iter()
+        .map(|s| {
+            tiles_fit
+                && window >= 0
+                && st.dev.blas.is_some()
+                && s.rows >= ATT_GEMM_MIN_ROWS
+                && s.start + s.rows >= ATT_GEMM_MIN_KEYS
+        })
+        .collect();
+    let tiled = tiles_fit && (longest >= ATT_TILE_MIN_ROWS || by_gemm.contains(&true));
+    for (s, _) in at.seqs.iter().zip(&by_gemm).filter(|(_, &g)| g) {
+        attend_gemm(st, s, qp, op, p, window, sinks)?;
+    }
     // Per row (`info`) or, for prompt chunks, per tile of up to ATT_BQ consecutive rows of one
     // sequence: {k cache, v cache, first row, its position, rows}.
     let (table, cfg) = if tiled {
         let mut tiles = Vec::new();
-        for s in at.seqs.iter() {
+        for (s, _) in at.seqs.iter().zip(&by_gemm).filter(|(_, &g)| !g) {
             let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
             for t0 in (0..s.rows).step_by(ATT_BQ) {
                 let n = ATT_BQ.min(s.rows - t0);
                 let (row, pos) = ((s.row0 + t0) as i64, (s.start + t0) as i64);
                 tiles.extend([kc as i64, vc as i64, row, pos, n as i64]);
             }
+        }
+        if tiles.is_empty() {
+            return Ok(());
         }
         let cfg = LaunchConfig {
             grid_dim: (

@@ -291,11 +291,17 @@ fn check_attention(b: &dyn ComputeBackend, rng: &mut StdRng) {
         // keys), windows that start inside a tile, head_dim 256.
         (8, 2, 128, Some(20), None, vec![(5, 70), (0, 33), (3, 1)]),
         (4, 1, 256, None, Some(30.0), vec![(40, 37)]),
-        // With attention sinks (the last two cases).
+        // Chunks of 128 rows and more that end at position 512 or later (CUDA: scores and
+        // values as cuBLAS GEMMs in pieces of 512 rows, each over the keys its rows see; the
+        // other sequences of the batch by tiles), with a window and soft-cap.
+        (8, 2, 64, None, None, vec![(400, 200), (3, 1), (0, 130)]),
+        (4, 1, 128, Some(50), Some(30.0), vec![(10, 600)]),
+        // With attention sinks (the last three cases).
         (4, 2, 16, Some(8), None, vec![(10, 1), (0, 9)]),
         (8, 2, 64, None, None, vec![(30, 10), (5, 1)]),
+        (4, 2, 64, Some(100), None, vec![(500, 129)]),
     ];
-    let sink_cases = cases.len() - 2;
+    let sink_cases = cases.len() - 3;
     for (ci, (nq, nkv, hd, window, softcap, seqs)) in cases.iter().enumerate() {
         let sinks: Vec<f32> = (0..*nq).map(|h| [-3.0, 0.0, 0.5, 4.0][h % 4]).collect();
         let p = AttentionParams {
