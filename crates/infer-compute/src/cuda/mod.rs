@@ -18,6 +18,10 @@
 //!   format), block dot products are exact integer sums (`__dp4a`), and only the order in which
 //!   the f32 block terms are added differs from the CPU (relative differences ~1e-7 of
 //!   Σ|terms|; the parity tests allow 1e-5).
+//! - The forward pass's quantized products of many rows (from 128, or 16 for mid-sized
+//!   matrices) and the attention of long prompt chunks run through cuBLAS instead (`blas.rs`:
+//!   weights dequantized to bf16, bf16 GEMMs with f32 accumulation, within 2⁻⁸ of Σ|terms| of
+//!   the exact product; attention as f32 batched GEMMs around a masked softmax).
 //! - Fused products ([`ComputeBackend::quant_matmul_many`]: QKV, gate+up) upload and quantize the
 //!   activations once per activation format and return all outputs after one synchronisation.
 //! - One stream for the products, calls serialised by a mutex.
