@@ -157,9 +157,7 @@ impl Blas {
             ))
         })
     }
-}
 
-impl Blas {
     /// Enqueue `g` on the handle's stream. Errors: cuBLAS refuses it (named with its shape).
     ///
     /// # Safety
