@@ -27,6 +27,11 @@ pub struct BenchArgs {
     /// Tokens decoded one at a time (tg test); 0 skips it.
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
+    /// Context before each test (llama-bench's `-d`): pp and tg run after a context of this
+    /// many tokens, prefilled untimed, and are reported as `pp512 @ d4096` — decode speed at
+    /// depth (single-sequence protocol only).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions; the median is reported.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
@@ -96,14 +101,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
     let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
     let backend = args.device.backend()?;
-    let ctx = args.n_prompt + args.n_gen + 1;
+    if args.batch.is_some() && args.depth > 0 {
+        bail!("--depth is for the single-sequence protocol: with --batch, -p is each sequence's context");
+    }
+    let ctx = args.depth + args.n_prompt + args.n_gen + 1;
     let max = model.arch.config().max_position_embeddings;
+    let sizes = if args.depth > 0 {
+        format!(
+            "-d {} + -p {} + -n {}",
+            args.depth, args.n_prompt, args.n_gen
+        )
+    } else {
+        format!("-p {} + -n {}", args.n_prompt, args.n_gen)
+    };
     if ctx > max {
         bail!(
-            "-p {} + -n {} needs a context of {ctx} positions (one more for the last token), \
-             more than the model's maximum context {max}",
-            args.n_prompt,
-            args.n_gen
+            "{sizes} needs a context of {ctx} positions (one more for the last token), \
+             more than the model's maximum context {max}"
         );
     }
     if args.device.device == crate::device_args::Device::Cpu {
@@ -112,13 +126,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             vindex.config(),
             seqs,
             ctx,
-            &format!("{seqs} sequences × {ctx} positions (-p + -n + 1)"),
-            "lower -B, -p or -n",
+            &format!(
+                "{seqs} sequences × {ctx} positions ({} + 1)",
+                if args.depth > 0 {
+                    "-d + -p + -n"
+                } else {
+                    "-p + -n"
+                }
+            ),
+            if args.depth > 0 {
+                "lower -d, -p or -n"
+            } else {
+                "lower -B, -p or -n"
+            },
         )?;
     }
     // Deterministic pseudo-random prompt ids, as llama-bench uses random tokens.
     let vocab = model.vocab_size as u64;
-    let ids: Vec<u32> = (0..args.n_prompt.max(1) as u64)
+    let ids: Vec<u32> = (0..(args.depth + args.n_prompt).max(1) as u64)
         .map(|i| ((i * 2654435761 + 12345) % vocab) as u32)
         .collect();
 
@@ -149,15 +174,29 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut profile = Vec::new();
     // Walk-FFN time per decoded token (all layers), from the process-wide walk FFN clock.
     let mut ffn_ms = Vec::new();
+    let (depth_ids, prompt_ids) = ids.split_at(args.depth);
+    // A new cache holding the `--depth` context (prefilled untimed).
+    let context = |runner: &mut TokenRunner<'_, '_>, logits: &mut Vec<f32>| {
+        let mut cache = model.new_cache(ctx);
+        if !depth_ids.is_empty() {
+            runner.forward_into(depth_ids, &mut cache, Logits::Last, logits)?;
+        }
+        anyhow::Ok(cache)
+    };
     for _ in 0..args.repetitions {
         if args.n_prompt > 0 {
-            let mut cache = model.new_cache(ctx);
+            let mut cache = context(&mut runner, &mut logits)?;
             let t0 = Instant::now();
-            runner.forward_into(&ids[..args.n_prompt], &mut cache, Logits::Last, &mut logits)?;
+            runner.forward_into(
+                &prompt_ids[..args.n_prompt],
+                &mut cache,
+                Logits::Last,
+                &mut logits,
+            )?;
             pp.push(args.n_prompt as f64 / t0.elapsed().as_secs_f64());
         }
         if args.n_gen > 0 {
-            let mut cache = model.new_cache(ctx);
+            let mut cache = context(&mut runner, &mut logits)?;
             let mut tok = ids[0];
             let ffn0 = infer_inference::walk::walk_ffn_nanos();
             let t0 = Instant::now();
@@ -194,6 +233,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "decode": decode,
             "n_prompt": args.n_prompt,
             "n_gen": args.n_gen,
+            "depth": args.depth,
             "repetitions": args.repetitions,
             "pp_tokens_per_s": pp_med,
             "tg_tokens_per_s": tg_med,
@@ -210,11 +250,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         println!("{decode}");
         println!("| vindex | threads | test | tokens/s |");
         println!("|---|---|---|---|");
+        let at = if args.depth > 0 {
+            format!(" @ d{}", args.depth)
+        } else {
+            String::new()
+        };
         if let Some(v) = pp_med {
-            println!("| {name} | {threads} | pp{} | {v:.2} |", args.n_prompt);
+            println!("| {name} | {threads} | pp{}{at} | {v:.2} |", args.n_prompt);
         }
         if let Some(v) = tg_med {
-            println!("| {name} | {threads} | tg{} | {v:.2} |", args.n_gen);
+            println!("| {name} | {threads} | tg{}{at} | {v:.2} |", args.n_gen);
         }
         if let Some(f) = ffn_med {
             println!(

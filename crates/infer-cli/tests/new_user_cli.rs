@@ -687,3 +687,60 @@ fn bench_refuses_a_kv_cache_larger_than_memory_and_names_the_context_it_needs() 
         text(&o)
     );
 }
+
+/// `bench -d N` (llama-bench's `-d`): pp and tg after an untimed context of N tokens, reported
+/// as `pp4 @ d8` (and `"depth"` in JSON); the context it needs counts the depth, and `-d` with
+/// `--batch` is refused.
+#[test]
+fn bench_measures_at_depth_and_counts_it_in_the_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = smol_vindex(dir.path());
+    let o = infer(&["bench", s(&vx), "-d", "8", "-p", "4", "-n", "2", "-r", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for test in ["| pp4 @ d8 |", "| tg2 @ d8 |"] {
+        assert!(out.contains(test), "{out}");
+    }
+    let o = infer(&[
+        "bench",
+        s(&vx),
+        "-d",
+        "8",
+        "-p",
+        "4",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["depth"], 8);
+    assert!(j["tg_tokens_per_s"].as_f64().unwrap() > 0.0, "{j}");
+    let o = infer(&[
+        "bench",
+        s(&vx),
+        "-d",
+        "8190",
+        "-p",
+        "1",
+        "-n",
+        "1",
+        "-r",
+        "1",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("-d 8190 + -p 1 + -n 1 needs a context of 8193 positions"),
+        "{}",
+        text(&o)
+    );
+    let o = infer(&["bench", s(&vx), "-d", "8", "-B", "2", "-p", "4", "-n", "2"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--depth is for the single-sequence protocol"),
+        "{}",
+        text(&o)
+    );
+}
