@@ -42,7 +42,7 @@ pub struct BenchArgs {
     /// prefilled in batched steps, then every step decodes one token of each of the B
     /// sequences (continuing after its prompt), `-n` steps; aggregate and per-sequence
     /// tokens/s are reported (`-B 1`: the same protocol for one sequence). Without it: the
-    /// llama-bench protocol above (decode from an empty context).
+    /// llama-bench protocol above (decode after the `-d` context, empty by default).
     #[arg(short = 'B', long = "batch")]
     pub batch: Option<usize>,
     /// With a device decoder (`--device cuda`): also run one decode step kernel by kernel with
@@ -97,14 +97,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(b) = args.batch.filter(|&b| b == 0 || b > 4096) {
         bail!("--batch {b}: must be between 1 and 4096");
     }
+    if args.batch.is_some() && args.depth > 0 {
+        bail!("--depth is for the single-sequence protocol: with --batch, -p is each sequence's context");
+    }
     let vindex = Vindex::open(&args.vindex)
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
     let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
     let backend = args.device.backend()?;
-    if args.batch.is_some() && args.depth > 0 {
-        bail!("--depth is for the single-sequence protocol: with --batch, -p is each sequence's context");
-    }
-    let ctx = args.depth + args.n_prompt + args.n_gen + 1;
+    let ctx = args
+        .depth
+        .checked_add(args.n_prompt)
+        .and_then(|c| c.checked_add(args.n_gen))
+        .and_then(|c| c.checked_add(1))
+        .with_context(|| {
+            format!(
+                "-d {} + -p {} + -n {}: the context overflows",
+                args.depth, args.n_prompt, args.n_gen
+            )
+        })?;
     let max = model.arch.config().max_position_embeddings;
     let sizes = if args.depth > 0 {
         format!(
@@ -158,22 +168,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let mut logits = Vec::new();
-    if runner.on_device() {
-        // Warm-up (untimed, as llama-bench's): the first device steps upload the weights,
-        // record the CUDA graph and load the kernels of each product shape (cuBLAS loads its
-        // kernels lazily); a prompt of the timed length warms the prefill's shapes too.
-        let mut cache = model.new_cache(ctx);
-        runner.forward_into(&ids[..1], &mut cache, Logits::Last, &mut logits)?;
-        if args.n_prompt > 1 {
-            let mut cache = model.new_cache(ctx);
-            runner.forward_into(&ids[..args.n_prompt], &mut cache, Logits::Last, &mut logits)?;
-        }
-    }
-    let mut pp = Vec::new();
-    let mut tg = Vec::new();
-    let mut profile = Vec::new();
-    // Walk-FFN time per decoded token (all layers), from the process-wide walk FFN clock.
-    let mut ffn_ms = Vec::new();
     let (depth_ids, prompt_ids) = ids.split_at(args.depth);
     // A new cache holding the `--depth` context (prefilled untimed).
     let context = |runner: &mut TokenRunner<'_, '_>, logits: &mut Vec<f32>| {
@@ -183,6 +177,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(cache)
     };
+    if args.device.device != crate::device_args::Device::Cpu {
+        // Warm-up (untimed, as llama-bench's): the first device steps upload the weights,
+        // record the CUDA graph and load the kernels of each product shape (cuBLAS loads its
+        // kernels lazily); a prompt of the timed length after the same context warms the
+        // prefill's shapes too.
+        let mut cache = context(&mut runner, &mut logits)?;
+        runner.forward_into(&ids[..1], &mut cache, Logits::Last, &mut logits)?;
+        if args.n_prompt > 1 {
+            let mut cache = context(&mut runner, &mut logits)?;
+            let prompt = &prompt_ids[..args.n_prompt];
+            runner.forward_into(prompt, &mut cache, Logits::Last, &mut logits)?;
+        }
+    }
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    let mut profile = Vec::new();
+    // Walk-FFN time per decoded token (all layers), from the process-wide walk FFN clock.
+    let mut ffn_ms = Vec::new();
     for _ in 0..args.repetitions {
         if args.n_prompt > 0 {
             let mut cache = context(&mut runner, &mut logits)?;

@@ -99,6 +99,37 @@ pub trait TokenDecoder {
         v: &mut [f32],
     ) -> Result<(), ComputeError>;
 
+    /// Copy K and V rows `start .. start + rows` of `layer` from `k` and `v` (a host-loop
+    /// cache's tensors `[context, kv_dim]`, same positions) into the device cache without a
+    /// trip through the host, when the tensors live in this decoder's device memory; `Ok(false)`
+    /// when they do not (copy through [`TokenDecoder::write_kv`] then). Errors as
+    /// [`TokenDecoder::write_kv`], and rows past either cache.
+    fn write_kv_from(
+        &mut self,
+        layer: usize,
+        start: usize,
+        rows: usize,
+        k: &crate::Tensor,
+        v: &crate::Tensor,
+    ) -> Result<bool, ComputeError> {
+        let _ = (layer, start, rows, k, v);
+        Ok(false)
+    }
+
+    /// The reverse of [`TokenDecoder::write_kv_from`]: device cache rows `start .. start + rows`
+    /// of `layer` into the tensors `k` and `v`, when they live in this decoder's device memory.
+    fn read_kv_into(
+        &mut self,
+        layer: usize,
+        start: usize,
+        rows: usize,
+        k: &mut crate::Tensor,
+        v: &mut crate::Tensor,
+    ) -> Result<bool, ComputeError> {
+        let _ = (layer, start, rows, k, v);
+        Ok(false)
+    }
+
     /// Run `token` at position `pos` through every layer (its K/V go into the device cache at
     /// `pos`; positions `0..pos` must be there already) and write the logits `[vocab]` f32
     /// into `logits`. Errors: `pos` outside the context, a token id outside the vocabulary,

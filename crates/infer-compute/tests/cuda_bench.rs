@@ -10,7 +10,7 @@
 #![cfg(feature = "cuda")]
 
 use infer_compute::cuda::CudaBackend;
-use infer_compute::{ComputeBackend, QuantFormat};
+use infer_compute::{ComputeBackend, MatData, Matrix, QuantFormat};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn random_blocks(rng: &mut StdRng, fmt: QuantFormat, n_blocks: usize) -> Vec<u8> {
@@ -51,6 +51,12 @@ const CASES: &[(QuantFormat, usize, usize, &str)] = &[
     (QuantFormat::Q8_0, 16384, 4096, "large"),
     (QuantFormat::Q4_K, 16384, 4096, "large"),
     (QuantFormat::Q6_K, 16384, 4096, "large"),
+    // Llama-3.1-8B in a Q4_K_M file (issue 16's decode target: >= 70% of the copy bandwidth).
+    (QuantFormat::Q4_K, 4096, 4096, "8b q/o"),
+    (QuantFormat::Q4_K, 14336, 4096, "8b gate/up"),
+    (QuantFormat::Q4_K, 4096, 14336, "8b down (q4_k)"),
+    (QuantFormat::Q6_K, 4096, 14336, "8b down (q6_k)"),
+    (QuantFormat::Q6_K, 128256, 4096, "8b lm_head"),
 ];
 
 #[test]
@@ -122,7 +128,15 @@ fn product_paths(gpu: &CudaBackend, rng: &mut StdRng) {
         for &m in PRODUCT_MS {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
             let time = |gemm: bool| {
-                gpu.time_quant_product(fmt, &bytes, &x, rows, cols, m, gemm, 20)
+                let w = Matrix {
+                    data: MatData::Blocks {
+                        format: fmt,
+                        bytes: &bytes,
+                    },
+                    rows,
+                    cols,
+                };
+                gpu.time_quant_product(&w, &x, m, gemm, 20)
                     .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols} m={m} gemm={gemm}: {e}"))
                     .seconds
             };

@@ -428,6 +428,167 @@ fn zero_layer_plan<'a>(
     }
 }
 
+/// f32 weights of a one-layer model for [`float_layer_plan`]: hidden size `h`, `nq` query heads
+/// over `nkv` kv heads of `hd` dims, a gated FFN of `2h`, tied embeddings of `vocab` rows.
+struct FloatLayer {
+    h: usize,
+    nq: usize,
+    nkv: usize,
+    hd: usize,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    emb: Vec<f32>,
+    ones: Vec<f32>,
+    w: [Vec<f32>; 7], // q, k, v, o, gate, up, down
+}
+
+impl FloatLayer {
+    fn new(
+        rng: &mut StdRng,
+        (h, nq, nkv, hd): (usize, usize, usize, usize),
+        window: Option<usize>,
+        softcap: Option<f32>,
+    ) -> Self {
+        let std = 1.0 / (h as f32).sqrt();
+        let (qd, kvd, inter) = (nq * hd, nkv * hd, 2 * h);
+        let sizes = [
+            qd * h,
+            kvd * h,
+            kvd * h,
+            h * qd,
+            inter * h,
+            inter * h,
+            h * inter,
+        ];
+        FloatLayer {
+            h,
+            nq,
+            nkv,
+            hd,
+            window,
+            softcap,
+            emb: gauss(rng, 300 * h, 1.0),
+            ones: vec![1.0; h],
+            w: sizes.map(|n| gauss(rng, n, std)),
+        }
+    }
+}
+
+/// A one-layer decode plan of `f`'s float weights (no activation quantization anywhere: the
+/// device decoder's float mat-vecs) with RoPE (and q/k norms when windowed), for a KV cache of
+/// `context` positions.
+fn float_layer_plan(f: &FloatLayer, context: usize) -> DecodePlan<'_> {
+    use infer_compute::{MatData::F32, RopeConfig, RopeScaling};
+    let w = &f.w;
+    let layer = PlanLayer {
+        pre_attn_norm: &f.ones,
+        post_attn_norm: None,
+        pre_ffn_norm: &f.ones,
+        post_ffn_norm: None,
+        // Per-head RMSNorm of q and k (Qwen3, Gemma-3) with the windowed layer.
+        q_norm: f.window.map(|_| &f.ones[..f.hd]),
+        k_norm: f.window.map(|_| &f.ones[..f.hd]),
+        wq: F32(&w[0]),
+        wk: F32(&w[1]),
+        wv: F32(&w[2]),
+        wo: F32(&w[3]),
+        gate: Some(F32(&w[4])),
+        up: F32(&w[5]),
+        down: F32(&w[6]),
+        intermediate_size: 2 * f.h,
+        attention: AttentionParams {
+            n_q_heads: f.nq,
+            n_kv_heads: f.nkv,
+            head_dim: f.hd,
+            scale: 1.0 / (f.hd as f32).sqrt(),
+            sliding_window: f.window,
+            softcap: f.softcap,
+            sinks: None,
+        },
+        rope: Some(RopeConfig {
+            head_dim: f.hd,
+            rotary_dim: f.hd,
+            base: 10000.0,
+            scaling: RopeScaling::None,
+            interleaved: false,
+        }),
+        activation: Activation::Silu,
+        eps: 1e-6,
+        norm_offset: 0.0,
+        residual_multiplier: 1.0,
+    };
+    DecodePlan {
+        hidden_size: f.h,
+        vocab_size: f.emb.len() / f.h,
+        embeddings: FloatTable::F32(&f.emb),
+        embedding_scale: 1.0,
+        layers: vec![layer],
+        final_norm: &f.ones,
+        final_eps: 1e-6,
+        final_norm_offset: 0.0,
+        lm_head: None,
+        logits_divisor: 1.0,
+        final_softcap: None,
+        context,
+    }
+}
+
+/// Long contexts on the device decoder: with a cache of over 512 positions each kv head's
+/// keys are split over blocks (`dec_attn_split*`, GQA heads together) and merged
+/// (`dec_attn_merge`); the logits of 400 steps equal those of the same plan with a cache of 480
+/// positions (one `dec_attention` block per query head) within 1e-4 · their std (both f32:
+/// only the order of the attention's sums differs; a lost or doubled split moves them by
+/// ~0.1 · std). Head dims 64, 128 and 256 (the three split kernels), GQA groups of 1, 4 and 6,
+/// a sliding window shorter than the context (with q/k norms) and a soft-cap.
+#[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
+fn decoder_key_splits_equal_one_block_per_head() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(5);
+    let cases = [
+        ((256, 4, 1, 64), None, None),
+        ((256, 8, 2, 128), Some(100), Some(30.0)),
+        ((256, 12, 2, 128), None, None),
+        ((256, 2, 2, 256), None, Some(50.0)),
+    ];
+    let mut worst = 0f64;
+    for (shape, window, softcap) in cases {
+        let f = FloatLayer::new(&mut rng, shape, window, softcap);
+        let one_plan = float_layer_plan(&f, 480);
+        let split_plan = float_layer_plan(&f, 1100);
+        let mut one = gpu
+            .token_decoder(&one_plan)
+            .expect("decoder")
+            .expect("offered");
+        let mut split = gpu
+            .token_decoder(&split_plan)
+            .expect("decoder")
+            .expect("offered");
+        let vocab = f.emb.len() / f.h;
+        let (mut a, mut b) = (vec![0.0f32; vocab], vec![0.0f32; vocab]);
+        for pos in 0..400 {
+            let token = rng.gen_range(0..vocab as u32);
+            one.step(token, pos, &mut a)
+                .expect("step (one block per head)");
+            split.step(token, pos, &mut b).expect("step (key splits)");
+            let mean = a.iter().map(|&v| v as f64).sum::<f64>() / vocab as f64;
+            let std =
+                (a.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / vocab as f64).sqrt();
+            let d = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| (x as f64 - y as f64).abs())
+                .fold(0.0, f64::max);
+            worst = worst.max(d / std);
+            assert!(
+                d <= 1e-4 * std,
+                "{shape:?} window {window:?} cap {softcap:?} at {pos}: max|Δ| {d:e} > 1e-4 × std {std:e}"
+            );
+        }
+    }
+    println!("parity decoder key splits: max|Δ|/std = {worst:.3e} (tolerance 1e-4)");
+}
+
 /// The device decoder's lm_head product (`dec_mv_multi` with several rows per warp, as for a
 /// tall matrix) and its on-device argmax, on [`zero_layer_plan`]: logits vs the CPU reference
 /// product of the same RMSNorm'd embedding row (same tolerance as above), `step_argmax` equal

@@ -2,8 +2,9 @@
 //! ([`ComputeBackend::token_decoder`], the seed's `decode_token`) when it has one and the model
 //! can be expressed as a [`DecodePlan`], else through the host loop ([`Model::forward_into`]).
 //! Prefill (several tokens) always runs the host loop with the backend's products; the K/V rows
-//! it writes are uploaded to the device cache before the next device step, and rows the device
-//! wrote are copied back before the next host pass, so both caches agree wherever they are read.
+//! it writes are copied to the device cache before the next device step, and rows the device
+//! wrote are copied back before the next host pass, so both caches agree wherever they are read
+//! (device to device when the host loop's cache is in the decoder's device memory).
 
 use infer_compute::{ComputeBackend, DecodePlan, MatData, PlanLayer, TokenDecoder};
 use infer_models::{FfnType, NormType};
@@ -150,7 +151,12 @@ impl DeviceCache<'_> {
         // A decode that started on the device leaves the host-loop cache unallocated.
         cache.ensure(backend)?;
         for l in 0..cache.layers() {
-            let n = (len - self.host_valid) * cache.kv_dim(l);
+            let rows = len - self.host_valid;
+            let (k, v) = cache.layer_mut(l);
+            if self.decoder.read_kv_into(l, self.host_valid, rows, k, v)? {
+                continue; // device to device
+            }
+            let n = rows * cache.kv_dim(l);
             let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
             self.decoder.read_kv(l, self.host_valid, &mut k, &mut v)?;
             cache.write_rows(backend, l, self.host_valid, &k, &v)?;
@@ -172,7 +178,15 @@ impl DeviceCache<'_> {
             return Ok(());
         }
         for l in 0..cache.layers() {
-            let n = (len - self.device_valid) * cache.kv_dim(l);
+            let rows = len - self.device_valid;
+            let (k, v) = cache.layer(l);
+            if self
+                .decoder
+                .write_kv_from(l, self.device_valid, rows, k, v)?
+            {
+                continue; // device to device
+            }
+            let n = rows * cache.kv_dim(l);
             let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
             cache.read_rows(backend, l, self.device_valid, &mut k, &mut v)?;
             self.decoder.write_kv(l, self.device_valid, &k, &v)?;

@@ -61,6 +61,11 @@ impl KvCache {
         Ok(())
     }
 
+    /// Layer `layer`'s K and V tensors.
+    pub(crate) fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        (&self.k[layer], &self.v[layer])
+    }
+
     /// Layer `layer`'s K and V tensors, writable (for the attention step).
     pub(crate) fn layer_mut(&mut self, layer: usize) -> (&mut Tensor, &mut Tensor) {
         (&mut self.k[layer], &mut self.v[layer])

@@ -8,7 +8,7 @@ use infer_quant::QuantFormat;
 
 use super::device::{capture_graph, dev_err, drv, int, launch_pdl, Device};
 use super::{blas, quant, CudaBackend};
-use crate::ComputeError;
+use crate::{ComputeError, MatData, Matrix};
 
 /// Median time of one repetition of a timed operation and the device bytes it moves.
 #[derive(Clone, Copy, Debug)]
@@ -144,28 +144,35 @@ impl CudaBackend {
     }
 
     /// Device time of one many-row quantized product `y[m × rows] = x[m × cols] · Wᵀ` on
-    /// weights `bytes` (`rows × cols` of `format`, rotated among copies as in
+    /// weights `w` (quantized blocks, rotated among copies as in
     /// [`CudaBackend::time_quant_matvec`]) by `m` rows of activations `x`, either on the
     /// tensor-core tile kernels (activation quantization + `mmq_*`, `gemm == false`) or as the
     /// forward pass's dequantize + cuBLAS path (bf16 activations, weights dequantized per chunk
     /// of rows, `cublasGemmEx`; `gemm == true`), whatever the forward pass would choose for
     /// `m`. `bytes` of the result: one weight matrix.
     ///
-    /// Errors as [`CudaBackend::time_quant_matvec`], and [`ComputeError::Device`] when `gemm`
-    /// is asked for without cuBLAS or a dequantization kernel for `format`. Panics if
-    /// `x.len() != m · cols`.
-    #[allow(clippy::too_many_arguments)]
+    /// Errors as [`CudaBackend::time_quant_matvec`], and [`ComputeError::Device`] when `w` is
+    /// not quantized blocks, or when `gemm` is asked for without cuBLAS or a dequantization
+    /// kernel for the format. Panics if `x.len() != m · cols`.
     pub fn time_quant_product(
         &self,
-        format: QuantFormat,
-        bytes: &[u8],
+        w: &Matrix<'_>,
         x: &[f32],
-        rows: usize,
-        cols: usize,
         m: usize,
         gemm: bool,
         iters: usize,
     ) -> Result<KernelTime, ComputeError> {
+        let (rows, cols) = (w.rows, w.cols);
+        let MatData::Blocks { format, bytes } = w.data else {
+            return Err(dev_err(
+                "time_quant_product: the weights are not quantized blocks",
+            ));
+        };
+        if rows == 0 || cols == 0 || m == 0 {
+            return Err(dev_err(format!(
+                "time_quant_product: an empty product ({m} × {cols} by {rows} × {cols})"
+            )));
+        }
         assert_eq!(x.len(), m * cols, "time_quant_product: x is not m × cols");
         let mut st = self.lock();
         quant::check(&st.dev, format, bytes, rows, cols)?;

@@ -186,6 +186,21 @@ __device__ __forceinline__ void attn_values(const float* sc, const float* vbase,
         if (i * 32 + lane < hd) part[w * hd + i * 32 + lane] = acc[i];
 }
 
+// The head's output res[0..hd) (shared memory, written by this block) quantized for the o
+// projection when q32 / qk are given, by the block's warps.
+__device__ void head_quant(float* res, int h, int hd, i8* q32, float* d32, i8* qk, float* dk,
+                           int* bsk) {
+    if (!q32 && !qk) return;
+    __syncthreads();
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (q32)
+        for (int b = w; b < hd / 32; b += nw)
+            quant_block_32(res + b * 32, q32, d32, h * (hd / 32) + b, lane, 1);
+    if (qk)
+        for (int b = w; b < hd / 256; b += nw)
+            quant_block_k(res + b * 256, qk, dk, bsk, h * (hd / 256) + b, lane);
+}
+
 // Decode attention of this token, one block (ATT_THREADS) per query head h, kv head
 // g = h / (nq / nkv):
 // 1. q head h and k head g of the projections: optional per-head RMSNorm (q_norm, k_norm), RoPE
@@ -300,14 +315,184 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         res[d] = acc * inv;
         out[(long long)h * hd + d] = acc * inv;
     }
-    if (!q32 && !qk) return;
+    head_quant(res, h, hd, q32, d32, qk, dk, bsk);
+}
+
+// Long contexts (flash decoding): the keys of each kv head split over blocks. Block (g =
+// blockIdx.x, s = blockIdx.y) takes the grp = nq / nkv query heads of kv head g (GQA: each
+// key and value row is read once for all of them) and the s-th of nsplit equal parts of keys
+// lo..pos (lo as dec_attention). Like dec_attention it normalises and rotates the heads (q_norm,
+// k_norm, inv_freq) and, for s = 0, stores K and V of position pos. Each warp takes every
+// SPLIT_WARPS-th key of the part, lane L dims L, L + 32, ... (S slots, S * 32 >= hd), keeping an
+// online softmax (maximum m, sum l, values acc) per query head; the warps then meet in shared
+// memory and the block writes, per query head h, its unnormalised values sum_j e_j v_j (e_j =
+// exp(s_j - m)), m and l to splits[(h * nsplit + s) * (hd + 2) ..] (m = -inf, l = 0 for an
+// empty part); dec_attn_merge combines the parts. grp <= SPLIT_GRP and grp * hd <= MAX_HD
+// (checked on the host).
+#define SPLIT_WARPS 8
+#define SPLIT_GRP 8
+template <int S>
+__device__ void attn_split(const float* q, const float* k, const float* v, const float* q_norm,
+                           const float* k_norm, const double* inv_freq, float* kc, float* vc,
+                           float* splits, const int* p, int nq, int nkv, int hd, int rot,
+                           int interleaved, float eps, float off, float scale, int window,
+                           float cap, int nsplit) {
+    __shared__ double shd[32];
+    __shared__ __align__(16) float qs[MAX_HD];  // the group's query heads, [grp][hd]
+    __shared__ __align__(16) float ks[S * 32];
+    __shared__ float wm[SPLIT_WARPS][SPLIT_GRP], wl[SPLIT_WARPS][SPLIT_GRP];
+    __shared__ float wacc[SPLIT_WARPS][S * 32];
+    int g = blockIdx.x, grp = nq / nkv, pos = p[1], kvd = nkv * hd;
+    for (int i = threadIdx.x; i < grp * hd; i += blockDim.x) qs[i] = q[(long long)g * grp * hd + i];
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) ks[d] = k[(long long)g * hd + d];
     __syncthreads();
-    if (q32)
-        for (int b = w; b < hd / 32; b += nw)
-            quant_block_32(res + b * 32, q32, d32, h * (hd / 32) + b, lane, 1);
-    if (qk)
-        for (int b = w; b < hd / 256; b += nw)
-            quant_block_k(res + b * 256, qk, dk, bsk, h * (hd / 256) + b, lane);
+    for (int i = 0; i < grp; i++)
+        head_norm_rope(qs + i * hd, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0,
+                       shd);
+    head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
+    const float* vcur = v + (long long)g * hd;
+    const float* kbase = kc + (long long)g * hd;
+    const float* vbase = vc + (long long)g * hd;
+    if (blockIdx.y == 0) {
+        long long o = (long long)pos * kvd + (long long)g * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            kc[o + d] = ks[d];
+            vc[o + d] = vcur[d];
+        }
+    }
+    int lo = 0;
+    if (window > 0) lo = max(0, pos - window + 1);
+    if (window < 0) lo = pos + 1;
+    int part_len = (pos - lo + 1 + nsplit - 1) / nsplit;
+    lo += blockIdx.y * part_len;
+    int hi = min(pos, lo + part_len - 1);
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float m[SPLIT_GRP], l[SPLIT_GRP], acc[SPLIT_GRP][S];
+#pragma unroll
+    for (int i = 0; i < SPLIT_GRP; i++) {
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < S; e++) acc[i][e] = 0.0f;
+    }
+    // Two keys per iteration, both rows loaded before either is used.
+    for (int j0 = lo + w; j0 <= hi; j0 += 2 * SPLIT_WARPS) {
+        float kv[2][S], vv[2][S];
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            int j = j0 + t * SPLIT_WARPS;
+            const float* kr = j == pos ? ks : kbase + (long long)j * kvd;
+            const float* vr = j == pos ? vcur : vbase + (long long)j * kvd;
+#pragma unroll
+            for (int e = 0; e < S; e++) {
+                int d = e * 32 + lane;
+                bool ok = j <= hi && d < hd;
+                kv[t][e] = ok ? kr[d] : 0.0f;
+                vv[t][e] = ok ? vr[d] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            if (j0 + t * SPLIT_WARPS > hi) break;  // warp-uniform
+#pragma unroll
+            for (int i = 0; i < SPLIT_GRP; i++) {
+                if (i >= grp) break;
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < S; e++) {
+                    int d = e * 32 + lane;
+                    if (d < hd) dot += qs[i * hd + d] * kv[t][e];
+                }
+                for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL, dot, o);
+                float sc = dot * scale;
+                if (cap > 0.0f) sc = cap * tanhf(sc / cap);
+                float mn = fmaxf(m[i], sc);
+                float corr = expf(m[i] - mn);  // 0 on the first key (m = -inf)
+                float pj = expf(sc - mn);
+                l[i] = l[i] * corr + pj;
+#pragma unroll
+                for (int e = 0; e < S; e++) acc[i][e] = acc[i][e] * corr + pj * vv[t][e];
+                m[i] = mn;
+            }
+        }
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < SPLIT_GRP; i++)
+            if (i < grp) {
+                wm[w][i] = m[i];
+                wl[w][i] = l[i];
+            }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < SPLIT_GRP; i++) {
+        if (i >= grp) break;
+#pragma unroll
+        for (int e = 0; e < S; e++) wacc[w][e * 32 + lane] = acc[i][e];
+        __syncthreads();
+        float mx = NEG_INF;
+        for (int t = 0; t < SPLIT_WARPS; t++) mx = fmaxf(mx, wm[t][i]);
+        float* sp = splits + ((long long)(g * grp + i) * nsplit + blockIdx.y) * (hd + 2);
+        float total = 0.0f;
+        for (int t = 0; t < SPLIT_WARPS; t++)
+            if (wm[t][i] != NEG_INF) total += wl[t][i] * expf(wm[t][i] - mx);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float a = 0.0f;
+            for (int t = 0; t < SPLIT_WARPS; t++)
+                if (wm[t][i] != NEG_INF) a += wacc[t][d] * expf(wm[t][i] - mx);
+            sp[d] = a;
+        }
+        if (threadIdx.x == 0) {
+            sp[hd] = mx;
+            sp[hd + 1] = total;
+        }
+        __syncthreads();
+    }
+}
+
+#define ATTN_SPLIT_KERNEL(NAME, S)                                                             \
+    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)                             \
+        NAME(const float* q, const float* k, const float* v, const float* q_norm,              \
+             const float* k_norm, const double* inv_freq, float* kc, float* vc, float* splits, \
+             const int* p, int nq, int nkv, int hd, int rot, int interleaved, float eps,        \
+             float off, float scale, int window, float cap, int nsplit) {                      \
+        pdl_trigger();                                                                         \
+        pdl_wait();                                                                            \
+        attn_split<S>(q, k, v, q_norm, k_norm, inv_freq, kc, vc, splits, p, nq, nkv, hd, rot,  \
+                      interleaved, eps, off, scale, window, cap, nsplit);                      \
+    }
+ATTN_SPLIT_KERNEL(dec_attn_split64, 2)
+ATTN_SPLIT_KERNEL(dec_attn_split128, 4)
+ATTN_SPLIT_KERNEL(dec_attn_split256, 8)
+
+// The key splits of query head h = blockIdx.x combined (dec_attn_split*): with M the
+// largest split maximum and w_s = exp(m_s - M) (0 for an empty split), out[h] = sum_s w_s o_s /
+// sum_s w_s l_s; then quantized for the o projection as dec_attention does. One block of at
+// least nsplit threads per head.
+extern "C" __global__ void dec_attn_merge(const float* splits, float* out, int hd, int nsplit,
+                                          i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ __align__(16) float res[MAX_HD];
+    __shared__ float wt[64];  // w_s (nsplit <= 64, decode/mod.rs ATT_MAX_SPLITS)
+    __shared__ double shd[32];
+    __shared__ float shf[32];
+    int h = blockIdx.x;
+    const float* sp = splits + (long long)h * nsplit * (hd + 2);
+    int s = threadIdx.x;
+    float m = s < nsplit ? sp[s * (hd + 2) + hd] : NEG_INF;
+    float mx = block_max_f(m, shf);
+    float w = m == NEG_INF ? 0.0f : expf(m - mx);
+    if (s < nsplit) wt[s] = w;
+    double total = block_sum_d(s < nsplit ? (double)sp[s * (hd + 2) + hd + 1] * (double)w : 0.0, shd);
+    float inv = total > 0.0 ? (float)(1.0 / total) : 0.0f;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t < nsplit; t++) acc += sp[t * (hd + 2) + d] * wt[t];
+        res[d] = acc * inv;
+        out[(long long)h * hd + d] = acc * inv;
+    }
+    head_quant(res, h, hd, q32, d32, qk, dk, bsk);
 }
 
 __device__ __forceinline__ float act_fn(float x, int act) {
@@ -355,10 +540,12 @@ extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, in
 // Several quantized mat-vecs of one input in one launch (fused QKV, gate+up, or one matrix):
 // jobs[6 j .. 6 j + 5] = {W, y, rows, format, first block, rows per warp}; block b runs the job
 // whose first block is the largest <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations
-// aq32/ad32), 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk).
-extern "C" __global__ void dec_mv_multi(const long long* __restrict__ jobs, int njobs,
-                                        const i8* aq32, const float* ad32, const i8* aqk,
-                                        const float* adk, const int* bsk, int cols) {
+// aq32/ad32), 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk; one row per warp, mvk_direct).
+// At most 64 registers (4 blocks of 8 warps per SM): the K-quant paths keep 2 super-blocks of
+// weights per lane in flight (ptxas sm_90: 4 bytes spilled; 93 registers unbounded).
+extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
+    dec_mv_multi(const long long* __restrict__ jobs, int njobs, const i8* aq32,
+                 const float* ad32, const i8* aqk, const float* adk, const int* bsk, int cols) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
     pdl_trigger();
     int b = blockIdx.x;
@@ -375,8 +562,8 @@ extern "C" __global__ void dec_mv_multi(const long long* __restrict__ jobs, int 
         case 0: mv32<F_Q4_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
         case 1: mv32<F_Q5_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
         case 2: mv32<F_Q8_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
-        case 4: mvk<true, 1>(W, aqk, adk, bsk, y, rows, cols, 1, bx, smw, rpw); break;
-        default: mvk<false, 1>(W, aqk, adk, bsk, y, rows, cols, 1, bx, smw, rpw); break;
+        case 4: mvk_direct<Q4kLane>(W, aqk, adk, bsk, y, rows, cols, bx, 144); break;
+        default: mvk_direct<Q6kLane>(W, aqk, adk, bsk, y, rows, cols, bx, 210); break;
     }
 }
 

@@ -464,6 +464,182 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restri
                });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode mat-vecs of the K-quants for one activation row (dec_mv_multi), reading the weights
+// straight into registers: four lanes per super-block (a warp iteration covers eight), each lane
+// 64 of its 256 values, the weights of KW super-blocks per lane loaded before any is used. One
+// 16-byte load per 16 quant bytes (Q4_K blocks are 16-byte aligned; Q6_K's 210-byte blocks are
+// read as aligned words funnel-shifted into place). Integer sums are exact, as in mvk_block.
+// ---------------------------------------------------------------------------------------------
+
+#define KW 2  // super-blocks per lane whose weights are in flight at once
+
+// A lane's share of one Q4_K super-block: quant bytes 32p .. 32p + 31 (q0, q1: sub-block 2p in
+// the low nibbles, 2p + 1 in the high) and the block's header h (d, dmin, 12 bytes of scales).
+struct Q4kLane {
+    uint4 h, q0, q1;
+};
+
+__device__ __forceinline__ void kq_load(const u8* __restrict__ b, int p, Q4kLane& r) {
+    const uint4* v = (const uint4*)b;
+    r.h = __ldg(v);
+    r.q0 = __ldg(v + 1 + 2 * p);
+    r.q1 = __ldg(v + 2 + 2 * p);
+}
+
+// s + the dot of the 16 nibbles at bit `shift` of q's bytes with the 16 int8 values a.
+__device__ __forceinline__ int dp4a_nibbles(uint4 q, int4 a, int shift, int s) {
+    s = __dp4a((int)((q.x >> shift) & 0x0F0F0F0F), a.x, s);
+    s = __dp4a((int)((q.y >> shift) & 0x0F0F0F0F), a.y, s);
+    s = __dp4a((int)((q.z >> shift) & 0x0F0F0F0F), a.z, s);
+    return __dp4a((int)((q.w >> shift) & 0x0F0F0F0F), a.w, s);
+}
+
+// Lane p's term of one super-block: activation values 64p .. 64p + 63 of a (the block's Q8_K
+// quants, 16-byte aligned), its scale yd and bsums bs[0..16). Scales and mins of sub-blocks
+// 2p and 2p + 1 as ggml get_scale_min_k4.
+__device__ __forceinline__ float kq_term(const Q4kLane& r, int p, const i8* __restrict__ a,
+                                         float yd, const int* __restrict__ bs) {
+    const int4* av = (const int4*)(a + 64 * p);
+    int4 b = *(const int4*)(bs + 4 * p);
+    // q0 holds values 64p + 0..15 (low nibbles) and 64p + 32..47 (high), q1 16..31 and 48..63.
+    int lo = dp4a_nibbles(r.q1, av[1], 0, dp4a_nibbles(r.q0, av[0], 0, 0));
+    int hi = dp4a_nibbles(r.q1, av[3], 4, dp4a_nibbles(r.q0, av[2], 4, 0));
+    int sc0, sc1, mn0, mn1;
+    u32 s03 = r.h.y, m03 = r.h.z, x = r.h.w;  // scale bytes 0..3, 4..7, 8..11
+    if (p < 2) {
+        int sh = 16 * p;
+        sc0 = (s03 >> sh) & 63;
+        sc1 = (s03 >> (sh + 8)) & 63;
+        mn0 = (m03 >> sh) & 63;
+        mn1 = (m03 >> (sh + 8)) & 63;
+    } else {
+        int sh = 16 * (p - 2);
+        sc0 = ((x >> sh) & 0xF) | (((s03 >> (sh + 6)) & 3) << 4);
+        sc1 = ((x >> (sh + 8)) & 0xF) | (((s03 >> (sh + 14)) & 3) << 4);
+        mn0 = ((x >> (sh + 4)) & 0xF) | (((m03 >> (sh + 6)) & 3) << 4);
+        mn1 = ((x >> (sh + 12)) & 0xF) | (((m03 >> (sh + 14)) & 3) << 4);
+    }
+    float d = f16_to_f32((u16)(r.h.x & 0xFFFF)), dmin = f16_to_f32((u16)(r.h.x >> 16));
+    return (d * yd) * (float)(sc0 * lo + sc1 * hi) -
+           (dmin * yd) * (float)(mn0 * (b.x + b.y) + mn1 * (b.z + b.w));
+}
+
+// 16 bytes from the 2-byte aligned address 4 * w + sh / 8 (sh: 0 or 16): five aligned words,
+// funnel-shifted.
+__device__ __forceinline__ uint4 ld16_a2(const u32* __restrict__ w, u32 sh) {
+    u32 w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3),
+        w4 = __ldg(w + 4);
+    return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh),
+                      __funnelshift_r(w2, w3, sh), __funnelshift_r(w3, w4, sh));
+}
+
+// A lane's share of one Q6_K super-block, lane s4 = 2 half + part: of half `half` (128 values,
+// ggml dequantize_row_q6_K's outer loop), ql bytes l = 16 part .. + 15 (la) and l + 32 (lb),
+// qh bytes l (qh), its eight scales (sc0: scales 8 half + 0..3, sc1: + 4..7) and d.
+struct Q6kLane {
+    uint4 la, lb, qh;
+    u32 sc0, sc1, d;
+};
+
+__device__ __forceinline__ void kq_load(const u8* __restrict__ b, int s4, Q6kLane& r) {
+    unsigned long long a = (unsigned long long)b;  // 210-byte blocks: 2-byte aligned
+    const u32* w = (const u32*)(a & ~3ull);
+    u32 sh = (u32)(a & 2) * 8;
+    int half = s4 >> 1, l = 16 * (s4 & 1);
+    r.la = ld16_a2(w + (64 * half + l) / 4, sh);
+    r.lb = ld16_a2(w + (64 * half + 32 + l) / 4, sh);
+    r.qh = ld16_a2(w + (128 + 32 * half + l) / 4, sh);
+    const u32* ws = w + 48 + 2 * half;  // scales at byte 192 + 8 half
+    u32 s0 = __ldg(ws), s1 = __ldg(ws + 1), s2 = __ldg(ws + 2);
+    r.sc0 = __funnelshift_r(s0, s1, sh);
+    r.sc1 = __funnelshift_r(s1, s2, sh);
+    r.d = (__ldg(w + 52) >> sh) & 0xFFFF;  // d at byte 208
+}
+
+// Signed byte k of x.
+__device__ __forceinline__ int sbyte(u32 x, int k) { return (int)(x << (24 - 8 * k)) >> 24; }
+
+// Lane s4's term of one Q6_K super-block: its four groups of 16 values 128 half + 32 k + l ..
+// (k = 0..3, l = 16 part), each with scale 8 half + 2 k + part, against the activations a (the
+// block's Q8_K quants, 16-byte aligned), scale yd and bsums bs (sums of 16 values). The quants
+// are stored plus 32: dot(q - 32, a) = dot(q, a) - 32 sum(a).
+__device__ __forceinline__ float kq_term(const Q6kLane& r, int s4, const i8* __restrict__ a,
+                                         float yd, const int* __restrict__ bs) {
+    int half = s4 >> 1, part = s4 & 1;
+    const int4* av = (const int4*)(a + 128 * half + 16 * part);
+    int4 a0 = av[0], a1 = av[2], a2 = av[4], a3 = av[6];
+    const u32 la[4] = {r.la.x, r.la.y, r.la.z, r.la.w};
+    const u32 lb[4] = {r.lb.x, r.lb.y, r.lb.z, r.lb.w};
+    const u32 qh[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+    const int x0[4] = {a0.x, a0.y, a0.z, a0.w}, x1[4] = {a1.x, a1.y, a1.z, a1.w};
+    const int x2[4] = {a2.x, a2.y, a2.z, a2.w}, x3[4] = {a3.x, a3.y, a3.z, a3.w};
+    int s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        u32 h = qh[j];
+        s0 = __dp4a((int)((la[j] & 0x0F0F0F0F) | ((h << 4) & 0x30303030)), x0[j], s0);
+        s1 = __dp4a((int)((lb[j] & 0x0F0F0F0F) | ((h << 2) & 0x30303030)), x1[j], s1);
+        s2 = __dp4a((int)(((la[j] >> 4) & 0x0F0F0F0F) | (h & 0x30303030)), x2[j], s2);
+        s3 = __dp4a((int)(((lb[j] >> 4) & 0x0F0F0F0F) | ((h >> 2) & 0x30303030)), x3[j], s3);
+    }
+    int4 b0 = *(const int4*)(bs + 8 * half), b1 = *(const int4*)(bs + 8 * half + 4);
+    int g0 = part ? b0.y : b0.x, g1 = part ? b0.w : b0.z;
+    int g2 = part ? b1.y : b1.x, g3 = part ? b1.w : b1.z;
+    int isum = sbyte(r.sc0, part) * (s0 - 32 * g0) + sbyte(r.sc0, 2 + part) * (s1 - 32 * g1) +
+               sbyte(r.sc1, part) * (s2 - 32 * g2) + sbyte(r.sc1, 2 + part) * (s3 - 32 * g3);
+    return (f16_to_f32((u16)r.d) * yd) * (float)isum;
+}
+
+// The K-quant mat-vec of one activation row straight from device memory (see above): warp w
+// of block bx takes row bx * ROWS_PER_BLOCK + w; lane group g = lane / 4 takes its super-blocks
+// g, g + 8, ..., KW at a time. The first weights are loaded before pdl_wait (they are never
+// written).
+template <typename L>
+__device__ __forceinline__ void mvk_direct(const u8* __restrict__ W, const i8* __restrict__ aq,
+                                           const float* __restrict__ ad,
+                                           const int* __restrict__ bsums,
+                                           float* __restrict__ y, int rows, int cols, int bx,
+                                           int bb) {
+    int row = bx * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int nb = cols / 256, g = lane >> 2, s4 = lane & 3;
+    const u8* wrow = W + (long long)row * nb * bb;
+    float acc = 0.0f;
+    bool waited = false;
+    for (int ib0 = g; ib0 < nb; ib0 += 8 * KW) {
+        L w[KW];
+#pragma unroll
+        for (int u = 0; u < KW; u++)
+            if (ib0 + 8 * u < nb) kq_load(wrow + (long long)(ib0 + 8 * u) * bb, s4, w[u]);
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < KW; u++) {
+            int ib = ib0 + 8 * u;
+            if (ib < nb) acc += kq_term(w[u], s4, aq + ib * 256, ad[ib], bsums + ib * 16);
+        }
+    }
+    if (!waited) pdl_wait();
+    acc = warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}
+
+// mvk_direct for one activation row (m must be 1): the products of one
+// sequence's decode step outside dec_mv_multi. The same arguments as mv_q4_k / mv_q6_k.
+extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
+    mv1_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
+             int cols, int) {
+    mvk_direct<Q4kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 144);
+}
+extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
+    mv1_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
+             int cols, int) {
+    mvk_direct<Q6kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 210);
+}
+
 extern "C" __global__ void mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
                                    float* y, int rows, int cols, int m) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];

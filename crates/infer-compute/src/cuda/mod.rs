@@ -198,7 +198,9 @@ impl ComputeBackend for CudaBackend {
                 blas::GEMM_MIN_M
             )
         } else {
-            "no cuBLAS (libcublas not found): every many-row product on the tile kernels".into()
+            "no cuBLAS (libcublas not found, or compute capability below 8.0): every many-row \
+             product on the tile kernels"
+                .into()
         };
         Some(format!(
             "forward-pass steps on {}: {} CUDA graph replays, {} captured, {} launched kernel by \

@@ -17,29 +17,41 @@ use super::State;
 use crate::backend::empty_product;
 use crate::{ComputeError, MatData, Matrix, Proj};
 
-/// The mat-vec and tensor-core tile kernels of weight format `format` (`None`: the seed's split
-/// Q8) with the tile kernel's dynamic shared memory in bytes, or `None` when the CUDA backend
-/// has none: the one table of the products' kernels.
-fn kernels(
-    dev: &Device,
-    format: Option<QuantFormat>,
-) -> Option<(&CudaFunction, &CudaFunction, usize)> {
+/// The product kernels of one weight format: the mat-vec (`mv`, `MT` activation rows per weight
+/// read), the one-row mat-vec (`mv1`: the K-quants' `mv1_*`, which keep more weight bytes in
+/// flight; the mat-vec elsewhere), the tensor-core tiles and their dynamic shared memory.
+struct FormatKernels<'a> {
+    mv: &'a CudaFunction,
+    mv1: &'a CudaFunction,
+    mmq: &'a CudaFunction,
+    mmq_smem: usize,
+}
+
+/// The product kernels of weight format `format` (`None`: the seed's split Q8), or `None` when
+/// the CUDA backend has none: the one table of the products' kernels.
+fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_>> {
     let k = &dev.k;
-    Some(match format {
-        None => (&k.mv_q8s, &k.mmq_q8s, 0),
-        Some(QuantFormat::Q4_0) => (&k.mv_q4_0, &k.mmq_q4_0, 0),
-        Some(QuantFormat::Q5_0) => (&k.mv_q5_0, &k.mmq_q5_0, 0),
-        Some(QuantFormat::Q8_0) => (&k.mv_q8_0, &k.mmq_q8_0, 0),
-        Some(QuantFormat::Q4_K) => (&k.mv_q4_k, &k.mmq_q4_k, MMQ_Q4K_SMEM),
-        Some(QuantFormat::Q6_K) => (&k.mv_q6_k, &k.mmq_q6_k, 0),
+    let (mv, mv1, mmq, mmq_smem) = match format {
+        None => (&k.mv_q8s, &k.mv_q8s, &k.mmq_q8s, 0),
+        Some(QuantFormat::Q4_0) => (&k.mv_q4_0, &k.mv_q4_0, &k.mmq_q4_0, 0),
+        Some(QuantFormat::Q5_0) => (&k.mv_q5_0, &k.mv_q5_0, &k.mmq_q5_0, 0),
+        Some(QuantFormat::Q8_0) => (&k.mv_q8_0, &k.mv_q8_0, &k.mmq_q8_0, 0),
+        Some(QuantFormat::Q4_K) => (&k.mv_q4_k, &k.mv1_q4_k, &k.mmq_q4_k, MMQ_Q4K_SMEM),
+        Some(QuantFormat::Q6_K) => (&k.mv_q6_k, &k.mv1_q6_k, &k.mmq_q6_k, 0),
         Some(_) => return None,
+    };
+    Some(FormatKernels {
+        mv,
+        mv1,
+        mmq,
+        mmq_smem,
     })
 }
 
-/// The mat-vec kernel of weight format `format` and whether it reads Q8_K activations (else
-/// 32-value blocks), or `None` when the CUDA backend has none.
+/// The one-row mat-vec kernel of weight format `format` and whether it reads Q8_K activations
+/// (else 32-value blocks), or `None` when the CUDA backend has none.
 pub(super) fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
-    kernels(dev, Some(format)).map(|(mv, _, _)| (mv, is_kq(Some(format))))
+    kernels(dev, Some(format)).map(|k| (k.mv1, is_kq(Some(format))))
 }
 
 /// Activation rows from which the products run the tensor-core tile kernels (`mmq_*`) rather
@@ -61,8 +73,9 @@ pub(super) struct ProductLaunch<'a> {
 /// activation rows × `MMQ_BM` weight rows, activation tiles fastest so the blocks sharing a
 /// weight tile run together, K split into [`split_shares`] shares when the tiles alone would
 /// leave the device idle) from [`MMQ_MIN_M`] rows on devices of compute capability 8.0 or
-/// later, else the mat-vecs. Both take the same arguments, the tile kernels then the split-K
-/// pointers; Q4_K's tile kernel asks for [`MMQ_Q4K_SMEM`] bytes of dynamic shared memory.
+/// later, else the mat-vecs (the one-row kernel for one row). All take the same arguments, the
+/// tile kernels then the split-K pointers; Q4_K's tile kernel asks for [`MMQ_Q4K_SMEM`] bytes
+/// of dynamic shared memory.
 /// Errors: a format without a kernel.
 pub(super) fn product_kernel(
     dev: &Device,
@@ -72,7 +85,13 @@ pub(super) fn product_kernel(
     m: usize,
 ) -> Result<ProductLaunch<'_>, ComputeError> {
     let tiles = m >= MMQ_MIN_M && dev.cc.0 >= 8;
-    let Some((mv, mmq, smem)) = kernels(dev, format) else {
+    let Some(FormatKernels {
+        mv,
+        mv1,
+        mmq,
+        mmq_smem: smem,
+    }) = kernels(dev, format)
+    else {
         return Err(match format {
             Some(format) => ComputeError::UnsupportedFormat {
                 backend: "cuda".to_string(),
@@ -84,7 +103,7 @@ pub(super) fn product_kernel(
     let kq = is_kq(format);
     if !tiles {
         return Ok(ProductLaunch {
-            func: mv,
+            func: if m == 1 { mv1 } else { mv },
             kq,
             cfg: mv_grid(rows, m),
             split: None,
@@ -197,14 +216,46 @@ pub(super) fn format_code(f: QuantFormat) -> Result<i64, ComputeError> {
 const TALL_ROWS: usize = 16384;
 
 /// Rows per warp of `dec_mv_multi` for a `rows × cols` matrix of `format`: 1, or for tall
-/// matrices as many whole rows as one staged chunk holds (at most 4), so each warp keeps more
-/// weight bytes in flight (measured: the lm_head's one-row warps reached ~1 TB/s).
+/// matrices of the 32-value formats as many whole rows as one staged chunk holds (at most 4),
+/// so each warp keeps more weight bytes in flight (measured: the lm_head's one-row warps
+/// reached ~1 TB/s). The K-quants take one row per warp (`mvk_direct` splits a row over
+/// the warp's lanes).
 pub(super) fn rows_per_warp(format: QuantFormat, rows: usize, cols: usize) -> usize {
     let row_bytes = cols / format.block_elems() * format.block_bytes();
-    if rows < TALL_ROWS || row_bytes == 0 {
+    if rows < TALL_ROWS || row_bytes == 0 || is_kq(Some(format)) {
         return 1;
     }
     (STAGE / row_bytes).clamp(1, 4)
+}
+
+/// One `dec_mv_multi` job `[W, y, rows, format, first block, rows per warp]` for the `rows ×
+/// cols` matrix of `format` at device address `w` into `y`, its warp blocks numbered from
+/// `first_block`; and the number of blocks it takes. Errors: a format without a mat-vec
+/// kernel; weights not 16-byte aligned (the K-quant kernels read them as 16-byte words;
+/// device allocations are 256-byte aligned).
+pub(super) fn mv_job(
+    format: QuantFormat,
+    w: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    first_block: usize,
+) -> Result<([i64; 6], usize), ComputeError> {
+    if !w.is_multiple_of(16) {
+        return Err(super::device::dev_err(format!(
+            "mat-vec weights at {w:#x} are not 16-byte aligned"
+        )));
+    }
+    let rpw = rows_per_warp(format, rows, cols);
+    let job = [
+        w as i64,
+        y as i64,
+        rows as i64,
+        format_code(format)?,
+        first_block as i64,
+        rpw as i64,
+    ];
+    Ok((job, rows.div_ceil(ROWS_PER_BLOCK * rpw)))
 }
 
 /// One warp per block of `nblocks` activation blocks.

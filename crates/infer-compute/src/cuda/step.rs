@@ -332,6 +332,8 @@ impl Recorder {
 /// is bound to `stream`).
 fn launch_all(stream: &CudaStream, blas: Option<&Blas>, list: &List) -> Result<(), ComputeError> {
     let mut args = Vec::with_capacity(32);
+    // cuBLAS enqueues on the thread's current context (the kernels bind it per launch).
+    drv("bind the CUDA context", stream.context().bind_to_thread())?;
     for cmd in &list.cmds {
         let c = match cmd {
             Cmd::Kernel(c) => c,

@@ -15,7 +15,7 @@ use infer_quant::QuantFormat;
 use super::blas::{chunk_rows, dequant_kernel, uses_gemm, BatchedGemm, Gemm};
 use super::cache::as_bytes;
 use super::device::{dev_err, drv, int, GT, ROWS_PER_BLOCK};
-use super::quant::{format_code, is_kq, mv_grid, product_kernel, rows_per_warp, warp_grid};
+use super::quant::{is_kq, mv_grid, mv_job, product_kernel, warp_grid};
 use super::step::Recorder;
 use super::State;
 use crate::host_ops::check;
@@ -104,6 +104,12 @@ fn ptr<T>(s: &CudaSlice<T>, st: &Arc<CudaStream>) -> u64 {
     s.device_ptr(st).0
 }
 
+/// The device pointer of tensor `t` when it lives in this backend's device memory.
+pub(super) fn device_ptr(t: &Tensor, stream: &Arc<CudaStream>) -> Option<u64> {
+    let b = t.device()?.as_any().downcast_ref::<DevBuf>()?;
+    Some(ptr(&b.0, stream))
+}
+
 /// The device pointer of tensor `t` for a recorded launch (the tensor is kept alive until the
 /// launch is enqueued). Errors: a host tensor or another backend's.
 fn tp(st: &mut State, t: &Tensor, op: &str) -> Result<u64, ComputeError> {
@@ -171,8 +177,8 @@ fn per_row(rows: usize, threads: u32) -> LaunchConfig {
 
 /// Record a launch of `func` (launched with the step, see `step.rs`) with programmatic
 /// dependent launch: every kernel the tensor operations use `pdl_wait`s before it reads
-/// (ops.cu, and kernels.cu's quantize and mat-vec kernels), except the tiled f32/f16 GEMMs
-/// ([`go_plain`]). Every caller passes the argument list of the kernel it launches, with device
+/// (ops.cu, and kernels.cu's quantize and mat-vec kernels), except the tiled f32/f16 GEMMs and
+/// the bf16 conversions of `dequant.cu` (`to_bf16`, `dq_*`), launched by [`go_plain`]. Every caller passes the argument list of the kernel it launches, with device
 /// pointers of tensors (kept alive by [`tp`]), staged arrays and cached weights sized for what
 /// the kernel reads and writes (the shapes are checked before).
 fn go(
@@ -366,7 +372,14 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
             let wp = cached(st, bytes)?;
             if uses_gemm(&st.dev, format, rows, cols, m) {
                 acts_to_bf16(st, x, m * cols)?;
-                return gemm(st, format, wp, bytes.len() / rows, y, m, rows, cols);
+                let w = CachedBlocks {
+                    format,
+                    ptr: wp,
+                    row_bytes: bytes.len() / rows,
+                    rows,
+                    cols,
+                };
+                return gemm(st, &w, y, m);
             }
             quantize(st, x, Some(format), m, cols)?;
             mv(st, format, wp, y, m, rows, cols)
@@ -482,23 +495,30 @@ fn acts_to_bf16(st: &mut State, x: u64, n: usize) -> Result<(), ComputeError> {
     go_plain(rec, &dev.k.to_bf16, flat(groups), &mut a)
 }
 
-/// The dequantize + cuBLAS product ([`super::blas`]) of cached weights `wp` (`rows × cols` of
-/// `format`, `row_bytes` per row) by the bf16 activations in `st.s.xb` (`m × cols`, from
-/// [`acts_to_bf16`]) into `y` (`[m, rows]`): per chunk of [`chunk_rows`] rows, the rows
-/// dequantized into `st.s.wb`, then one GEMM writing that chunk's columns of `y`. The
-/// dequantization waits for the previous kernels to finish (no programmatic dependent launch):
-/// the GEMM before it may still read `wb`.
-#[allow(clippy::too_many_arguments)]
-fn gemm(
-    st: &mut State,
+/// Cached quantized weights: `rows × cols` values of `format` at device address `ptr`,
+/// `row_bytes` per row.
+#[derive(Clone, Copy)]
+struct CachedBlocks {
     format: QuantFormat,
-    wp: u64,
+    ptr: u64,
     row_bytes: usize,
-    y: u64,
-    m: usize,
     rows: usize,
     cols: usize,
-) -> Result<(), ComputeError> {
+}
+
+/// The dequantize + cuBLAS product ([`super::blas`]) of cached weights `w` by the bf16
+/// activations in `st.s.xb` (`m × w.cols`, from [`acts_to_bf16`]) into `y` (`[m, w.rows]`):
+/// per chunk of [`chunk_rows`] rows, the rows dequantized into `st.s.wb`, then one GEMM writing
+/// that chunk's columns of `y`. The dequantization waits for the previous kernels to finish (no
+/// programmatic dependent launch): the GEMM before it may still read `wb`.
+fn gemm(st: &mut State, w: &CachedBlocks, y: u64, m: usize) -> Result<(), ComputeError> {
+    let CachedBlocks {
+        format,
+        ptr: wp,
+        row_bytes,
+        rows,
+        cols,
+    } = *w;
     let chunk = chunk_rows(rows, cols);
     let (m_i, cols_i, rows_i) = (int("m", m)?, int("cols", cols)?, int("rows", rows)?);
     let State { dev, s, rec, .. } = st;
@@ -615,7 +635,14 @@ pub(super) fn project_many(
         acts_to_bf16(st, xp, m * cols)?;
         for ((p, (wp, yp)), format) in projs.iter().zip(ptrs).zip(formats) {
             if let Some(row_bytes) = p.w.blocks_data()?.1.len().checked_div(p.w.rows) {
-                gemm(st, format, wp, row_bytes, yp, m, p.w.rows, cols)?;
+                let w = CachedBlocks {
+                    format,
+                    ptr: wp,
+                    row_bytes,
+                    rows: p.w.rows,
+                    cols,
+                };
+                gemm(st, &w, yp, m)?;
             }
         }
         return Ok(());
@@ -655,16 +682,9 @@ fn mv_multi(
     let mut blocks = 0usize;
     for (p, &(wp, yp)) in projs.iter().zip(ptrs) {
         let (format, _) = p.w.blocks_data()?;
-        let rpw = rows_per_warp(format, p.w.rows, cols);
-        jobs.extend([
-            wp as i64,
-            yp as i64,
-            p.w.rows as i64,
-            format_code(format)?,
-            blocks as i64,
-            rpw as i64,
-        ]);
-        blocks += p.w.rows.div_ceil(ROWS_PER_BLOCK * rpw);
+        let (job, n) = mv_job(format, wp, yp, p.w.rows, cols, blocks)?;
+        jobs.extend(job);
+        blocks += n;
     }
     let jp = st.rec.stage(&st.dev.stream, as_bytes(&jobs))?;
     let stream = &st.dev.stream;
@@ -799,14 +819,12 @@ pub(super) fn rope(
     )
 }
 
-/// What `t_attention` and `t_rope_attend` take of `p` alike: the window code (0 none, -1 no
-/// keys, else the window's length), the attention sinks' device copy (0: none) and the launch
-/// (one block of `ATTN_THREADS` per query head and row). Errors: a window above `i32::MAX`;
-/// device failures.
 /// Rows of a prompt chunk, and keys it attends to (its position after it), from which its
 /// attention runs as GEMMs ([`attend_gemm`]): shorter chunks stay on the tile kernel, which
 /// takes every sequence of a batch in one launch (H200: SmolLM2 16 × pp128 0.66× as GEMMs).
 const ATT_GEMM_MIN_ROWS: usize = 128;
+/// Keys (the chunk's end position) from which a chunk of [`ATT_GEMM_MIN_ROWS`] rows or more runs
+/// as GEMMs: below it the tile kernel was as fast (H200, cuda_bench).
 const ATT_GEMM_MIN_KEYS: usize = 512;
 /// Query rows per piece of [`attend_gemm`]: each piece scores only the keys its rows can see
 /// (causal, sliding window), so smaller pieces waste less of the score GEMM.
@@ -931,6 +949,10 @@ fn attend_gemm(
     Ok(())
 }
 
+/// What `t_attention` and `t_rope_attend` take of `p` alike: the window code (0 none, -1 no
+/// keys, else the window's length), the attention sinks' device copy (0: none) and the launch
+/// (one block of `ATTN_THREADS` per query head and row). Errors: a window above `i32::MAX`;
+/// device failures.
 fn attention_launch(
     st: &mut State,
     p: &AttentionParams,

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::{DevWeight, WKind};
-use crate::cuda::device::{drv, int, ROWS_PER_BLOCK};
-use crate::cuda::quant::{format_code, rows_per_warp};
+use crate::cuda::device::{drv, int};
+use crate::cuda::quant::mv_job;
 use crate::ComputeError;
 
 /// The products of one input: one `dec_mv_multi` launch over a device job table when every
@@ -39,16 +39,9 @@ impl Group {
                 all_quant = false;
                 break;
             };
-            let rpw = rows_per_warp(f, w.rows, w.cols);
-            table.extend([
-                w.ptr as i64,
-                y as i64,
-                w.rows as i64,
-                format_code(f)?,
-                blocks as i64,
-                rpw as i64,
-            ]);
-            blocks += w.rows.div_ceil(ROWS_PER_BLOCK * rpw);
+            let (job, n) = mv_job(f, w.ptr, y, w.rows, w.cols, blocks)?;
+            table.extend(job);
+            blocks += n;
         }
         let jobs = if all_quant {
             int("mat-vec blocks", blocks)?;

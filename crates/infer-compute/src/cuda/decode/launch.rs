@@ -6,7 +6,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 
 use super::group::Group;
 use super::{
-    ptr, CudaDecoder, DevLayer, DevWeight, WKind, A, ATT_THREADS, DEC_THREADS, RN_THREADS,
+    attention_splits, ptr, CudaDecoder, DevLayer, DevWeight, WKind, A, ATT_SPLIT_THREADS,
+    ATT_THREADS, DEC_THREADS, MAX_HEAD_DIM, RN_THREADS, SPLIT_GRP,
 };
 use crate::cuda::device::{capture_graph, dev_err, drv, int, launch_pdl, Device, ROWS_PER_BLOCK};
 use crate::cuda::quant::{self, mv_grid};
@@ -132,6 +133,29 @@ impl CudaDecoder<'_> {
                 ];
                 self.go("mat-vec (float)", f, cfg, &args)
             }
+        }
+    }
+
+    /// The key-split attention kernel (`dec_attn_split*`, then `dec_attn_merge`) for layer `l`
+    /// when its cache has `splits > 1` key splits, head_dim is at most 256, a kv head has at
+    /// most `SPLIT_GRP` query heads and their heads fit the kernel's shared memory; `None`:
+    /// one `dec_attention` block per query head.
+    fn split_kernel<'d>(
+        &self,
+        dev: &'d Device,
+        l: &DevLayer,
+        splits: usize,
+    ) -> Option<&'d CudaFunction> {
+        let grp = l.n_q / l.n_kv.max(1);
+        if splits < 2 || grp > SPLIT_GRP || grp * l.head_dim > MAX_HEAD_DIM {
+            return None;
+        }
+        let k = &dev.k;
+        match l.head_dim {
+            0..=64 => Some(&k.dec_attn_split64),
+            65..=128 => Some(&k.dec_attn_split128),
+            129..=256 => Some(&k.dec_attn_split256),
+            _ => None,
         }
     }
 
@@ -264,49 +288,107 @@ impl CudaDecoder<'_> {
         for (i, (l, g)) in self.layers.iter().zip(&self.groups).enumerate() {
             let en = (l.eps, l.off);
             self.run_group(dev, &g.qkv, xn, &Tail::None)?;
-            let cfg = LaunchConfig {
-                grid_dim: (l.n_q as u32, 1, 1),
-                block_dim: (ATT_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
             let inv = l.inv_freq.as_ref().map_or(0, |f| self.p(f));
-            let args = [
-                A::P(q),
-                A::P(kk),
-                A::P(v),
-                A::P(l.q_norm),
-                A::P(l.k_norm),
-                A::P(inv),
-                A::P(self.p(&l.k_cache)),
-                A::P(self.p(&l.v_cache)),
-                A::P(attn),
-                A::P(self.p(&b.scores)),
-                A::P(pp),
-                A::I(int("query heads", l.n_q)?),
-                A::I(int("kv heads", l.n_kv)?),
-                A::I(int("head_dim", l.head_dim)?),
-                A::I(int("rotary dim", l.rot)?),
-                A::I(l.interleaved as i32),
-                A::F(l.eps),
-                A::F(l.off),
-                A::I(int("context", self.context)?),
-                A::F(l.scale),
-                A::I(l.window),
-                A::F(l.softcap),
-            ];
             // The attention blocks quantize their heads for the o projection when every
             // quantized block lies within one head; else a separate quantize launch.
             let fam = g.o.families();
             let fused = (!fam.0 || l.head_dim.is_multiple_of(256))
                 && (!fam.1 || l.head_dim.is_multiple_of(32));
-            let mut args = args.to_vec();
-            args.extend(self.quant_targets(if fused { fam } else { (false, false) }));
-            self.go(
-                "attention (rope, kv store, quantize)",
-                &k.dec_attention,
-                cfg,
-                &args,
-            )?;
+            let quant = self.quant_targets(if fused { fam } else { (false, false) });
+            let (nq, nkv) = (int("query heads", l.n_q)?, int("kv heads", l.n_kv)?);
+            let (hd, rot) = (int("head_dim", l.head_dim)?, int("rotary dim", l.rot)?);
+            let splits = attention_splits(self.context);
+            if let Some(split_kernel) = self.split_kernel(dev, l, splits) {
+                let cfg = LaunchConfig {
+                    grid_dim: (l.n_kv as u32, splits as u32, 1),
+                    block_dim: (ATT_SPLIT_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let args = [
+                    A::P(q),
+                    A::P(kk),
+                    A::P(v),
+                    A::P(l.q_norm),
+                    A::P(l.k_norm),
+                    A::P(inv),
+                    A::P(self.p(&l.k_cache)),
+                    A::P(self.p(&l.v_cache)),
+                    A::P(self.p(&b.splits)),
+                    A::P(pp),
+                    A::I(nq),
+                    A::I(nkv),
+                    A::I(hd),
+                    A::I(rot),
+                    A::I(l.interleaved as i32),
+                    A::F(l.eps),
+                    A::F(l.off),
+                    A::F(l.scale),
+                    A::I(l.window),
+                    A::F(l.softcap),
+                    A::I(splits as i32),
+                ];
+                self.go(
+                    "attention (rope, kv store, key splits)",
+                    split_kernel,
+                    cfg,
+                    &args,
+                )?;
+                let merge = LaunchConfig {
+                    grid_dim: (l.n_q as u32, 1, 1),
+                    block_dim: (DEC_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut args = vec![
+                    A::P(self.p(&b.splits)),
+                    A::P(attn),
+                    A::I(hd),
+                    A::I(splits as i32),
+                ];
+                args.extend(quant);
+                self.go(
+                    "attention merge (quantize)",
+                    &k.dec_attn_merge,
+                    merge,
+                    &args,
+                )?;
+            } else {
+                let cfg = LaunchConfig {
+                    grid_dim: (l.n_q as u32, 1, 1),
+                    block_dim: (ATT_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut args = vec![
+                    A::P(q),
+                    A::P(kk),
+                    A::P(v),
+                    A::P(l.q_norm),
+                    A::P(l.k_norm),
+                    A::P(inv),
+                    A::P(self.p(&l.k_cache)),
+                    A::P(self.p(&l.v_cache)),
+                    A::P(attn),
+                    A::P(self.p(&b.scores)),
+                    A::P(pp),
+                    A::I(nq),
+                    A::I(nkv),
+                    A::I(hd),
+                    A::I(rot),
+                    A::I(l.interleaved as i32),
+                    A::F(l.eps),
+                    A::F(l.off),
+                    A::I(int("context", self.context)?),
+                    A::F(l.scale),
+                    A::I(l.window),
+                    A::F(l.softcap),
+                ];
+                args.extend(quant);
+                self.go(
+                    "attention (rope, kv store, quantize)",
+                    &k.dec_attention,
+                    cfg,
+                    &args,
+                )?;
+            }
             if !fused {
                 self.quantize_for(dev, &g.o.weights.iter().collect::<Vec<_>>(), attn, g.o.cols)?;
             }

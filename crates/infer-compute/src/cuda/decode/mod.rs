@@ -33,9 +33,11 @@ use infer_quant::QuantFormat;
 use super::cache::as_bytes;
 use super::device::{dev_err, drv, int};
 use super::quant::check;
-use super::{CudaBackend, State};
+use super::{tensor_ops, CudaBackend, State};
 use crate::ops::Activation;
-use crate::{Argmax, ComputeError, DecodePlan, FloatTable, MatData, PlanLayer, TokenDecoder};
+use crate::{
+    Argmax, ComputeError, DecodePlan, FloatTable, MatData, PlanLayer, Tensor, TokenDecoder,
+};
 
 /// Threads of the one-block kernels; `DEC_THREADS` in decode.cu.
 const DEC_THREADS: u32 = 256;
@@ -45,6 +47,26 @@ const RN_THREADS: u32 = 1024;
 const ATT_THREADS: u32 = 512;
 /// Shared head buffers of `dec_attention` (`MAX_HD` in decode.cu).
 const MAX_HEAD_DIM: usize = 1024;
+/// KV caches of more than `ATT_SPLIT_MIN_CONTEXT` positions split each kv head's keys over
+/// several `dec_attn_split*` blocks (flash decoding, merged by `dec_attn_merge`): one block per
+/// `ATT_SPLIT_KEYS` positions, at most `ATT_MAX_SPLITS`. Shorter caches keep one
+/// `dec_attention` block per query head and no merge launch.
+const ATT_SPLIT_MIN_CONTEXT: usize = 512;
+const ATT_SPLIT_KEYS: usize = 64;
+const ATT_MAX_SPLITS: usize = 64;
+/// Threads of a `dec_attn_split*` block (`SPLIT_WARPS` warps in decode.cu).
+const ATT_SPLIT_THREADS: u32 = 256;
+/// Query heads per kv head that `dec_attn_split*` holds (`SPLIT_GRP` in decode.cu).
+const SPLIT_GRP: usize = 8;
+
+/// Key splits of the attention for a KV cache of `context` positions (see
+/// [`ATT_SPLIT_MIN_CONTEXT`]).
+fn attention_splits(context: usize) -> usize {
+    if context <= ATT_SPLIT_MIN_CONTEXT {
+        return 1;
+    }
+    context.div_ceil(ATT_SPLIT_KEYS).min(ATT_MAX_SPLITS)
+}
 
 /// A kernel argument: a device pointer, an int or a float.
 #[derive(Clone, Copy)]
@@ -139,6 +161,8 @@ struct Bufs {
     up: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     scores: CudaSlice<f32>,
+    /// The attention's key splits: `[n_q][splits][head_dim + 2]` (values, maximum, sum).
+    splits: CudaSlice<f32>,
     /// `dec_argmax`'s result: the packed (logit, id) key and the non-finite flag.
     best: CudaSlice<u64>,
     kq: ActBuf,
@@ -388,6 +412,7 @@ impl<'b> CudaDecoder<'b> {
         let max_qd = widest(|l| l.attention.n_q_heads * l.attention.head_dim);
         let max_inter = widest(|l| l.intermediate_size);
         let max_q = widest(|l| l.attention.n_q_heads);
+        let max_hd = widest(|l| l.attention.head_dim);
         // The widest product input: hidden, attention output or intermediate.
         let max_cols = h.max(max_qd).max(max_inter);
         let bufs = Bufs {
@@ -403,6 +428,10 @@ impl<'b> CudaDecoder<'b> {
             up: zeros(&stream, max_inter)?,
             logits: zeros(&stream, plan.vocab_size)?,
             scores: zeros(&stream, max_q * plan.context)?,
+            splits: zeros(
+                &stream,
+                max_q * attention_splits(plan.context) * (max_hd + 2),
+            )?,
             best: zeros(&stream, 2)?,
             kq: act_buf(&stream, max_cols)?,
             b32: act_buf(&stream, max_cols)?,
@@ -530,6 +559,70 @@ impl<'b> CudaDecoder<'b> {
     }
 }
 
+impl CudaDecoder<'_> {
+    /// Rows `start .. start + rows` of `layer` between this cache and the forward pass's
+    /// device tensors `k`, `v` (`[context, kv_dim]`), device to device: into this cache when
+    /// `into_decoder`, else out of it. `Ok(false)` when a tensor is not in this device's memory.
+    /// The backend's pending launches are finished first (they write or read the tensors).
+    fn copy_kv(
+        &mut self,
+        layer: usize,
+        start: usize,
+        rows: usize,
+        k: &Tensor,
+        v: &Tensor,
+        into_decoder: bool,
+    ) -> Result<bool, ComputeError> {
+        let kvd = self
+            .layers
+            .get(layer)
+            .map(|l| l.n_kv * l.head_dim)
+            .ok_or_else(|| dev_err(format!("decode: no layer {layer}")))?;
+        let n = rows * kvd;
+        let (_, off) = self.kv_range(layer, start, n, n)?;
+        let mut st = self.backend.lock();
+        let State { dev, rec, .. } = &mut *st;
+        let (Some(kp), Some(vp)) = (
+            tensor_ops::device_ptr(k, &dev.stream),
+            tensor_ops::device_ptr(v, &dev.stream),
+        ) else {
+            return Ok(false);
+        };
+        if off + n > k.len().min(v.len()) {
+            return Err(dev_err(format!(
+                "decode: KV rows {start}..{} past the forward pass's cache of {} values",
+                start + rows,
+                k.len().min(v.len())
+            )));
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+        rec.flush(&dev.stream)?;
+        rec.wait(&dev.stream)?;
+        let s = self.stream.clone();
+        let l = &self.layers[layer];
+        let bytes = n * std::mem::size_of::<f32>();
+        let at = (off * std::mem::size_of::<f32>()) as u64;
+        for (cache, src) in [(ptr(&l.k_cache, &s), kp), (ptr(&l.v_cache, &s), vp)] {
+            let (to, from) = if into_decoder {
+                (cache + at, src + at)
+            } else {
+                (src + at, cache + at)
+            };
+            // SAFETY: both ranges lie inside live allocations of this context (checked
+            // above: off + n values in the decoder's cache and in both tensors), and the
+            // copy completes before this function returns (synchronize below).
+            let r = unsafe {
+                cudarc::driver::result::memcpy_dtod_async(to, from, bytes, s.cu_stream())
+            };
+            drv("copy K/V rows on the device", r)?;
+        }
+        drv("synchronize", s.synchronize())?;
+        Ok(true)
+    }
+}
+
 impl TokenDecoder for CudaDecoder<'_> {
     fn write_kv(
         &mut self,
@@ -575,6 +668,28 @@ impl TokenDecoder for CudaDecoder<'_> {
             st.memcpy_dtoh(&l.v_cache.slice(off..off + v.len()), v),
         )?;
         drv("synchronize", st.synchronize())
+    }
+
+    fn write_kv_from(
+        &mut self,
+        layer: usize,
+        start: usize,
+        rows: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<bool, ComputeError> {
+        self.copy_kv(layer, start, rows, k, v, true)
+    }
+
+    fn read_kv_into(
+        &mut self,
+        layer: usize,
+        start: usize,
+        rows: usize,
+        k: &mut Tensor,
+        v: &mut Tensor,
+    ) -> Result<bool, ComputeError> {
+        self.copy_kv(layer, start, rows, k, v, false)
     }
 
     fn step(&mut self, token: u32, pos: usize, logits: &mut [f32]) -> Result<(), ComputeError> {
