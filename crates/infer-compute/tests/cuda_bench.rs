@@ -1,6 +1,6 @@
 //! Kernel benchmark of the CUDA backend (not a correctness test; `#[ignore]`d, run by
-//! `scripts/gpu-check.sh`): device time of one quantized mat-vec (activation quantization +
-//! mat-vec kernel, weights resident, rotated among copies larger than the L2 cache) per format
+//! `scripts/gpu-check.sh`): device time of one quantized mat-vec kernel (activations quantized
+//! before; weights resident, rotated among copies larger than the L2 cache) per format
 //! at the real models' shapes, as GB/s of weight bytes, next to the device copy bandwidth
 //! (read + write, the memory floor) and the empty-launch time (the launch floor).
 //!
@@ -74,24 +74,37 @@ fn kernel_bandwidth_table() {
         let bytes = random_blocks(&mut rng, fmt, rows * cols / fmt.block_elems());
         let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let iters = (2_000_000_000 / bytes.len()).clamp(20, 2000);
-        let t = gpu
-            .time_quant_matvec(fmt, &bytes, &x, rows, cols, iters)
-            .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"));
+        let w = Matrix {
+            data: MatData::Blocks {
+                format: fmt,
+                bytes: &bytes,
+            },
+            rows,
+            cols,
+        };
+        let time = |fused| {
+            gpu.time_quant_matvec(&w, &x, fused, iters)
+                .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"))
+        };
+        let (single, fused) = (time(false), time(true));
         let line = format!(
-            "{:<6} {:>6}x{:<5} {:<18} {:>9.3} MB {:>9.2} us {:>8.1} GB/s {:>5.1}% of copy",
+            "{:<6} {:>6}x{:<5} {:<18} {:>9.3} MB  single {:>8.2} us {:>7.1} GB/s {:>5.1}%  decoder {:>8.2} us {:>7.1} GB/s {:>5.1}% of copy",
             fmt.name(),
             rows,
             cols,
             what,
             bytes.len() as f64 / 1e6,
-            t.seconds * 1e6,
-            t.gb_per_s(),
-            100.0 * t.gb_per_s() / copy.gb_per_s()
+            single.seconds * 1e6,
+            single.gb_per_s(),
+            100.0 * single.gb_per_s() / copy.gb_per_s(),
+            fused.seconds * 1e6,
+            fused.gb_per_s(),
+            100.0 * fused.gb_per_s() / copy.gb_per_s()
         );
         table.push(line);
     }
     println!();
-    println!("== CUDA quantized mat-vec (m = 1, activation quantize + mat-vec, device time) ==");
+    println!("== CUDA quantized mat-vec (m = 1, the kernel alone, device time: the single product's, and the decode step's dec_mv_multi) ==");
     println!(
         "device copy bandwidth (1 GiB dtod, read+write): {:.0} GB/s; empty launch: {:.2} us; \
          empty kernel in a PDL graph: {:.2} us",

@@ -4,7 +4,6 @@
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use infer_quant::QuantFormat;
 
 use super::device::{capture_graph, dev_err, drv, int, launch_pdl, Device};
 use super::{blas, quant, CudaBackend};
@@ -96,24 +95,31 @@ const ONE_WARP: LaunchConfig = LaunchConfig {
 };
 
 impl CudaBackend {
-    /// Device time of [`quant_matvec`](crate::ComputeBackend::quant_matvec)'s device work
-    /// (activation quantization + mat-vec kernel, no host copies) on weights `bytes`
-    /// (`rows × cols` of `format`) and activations `x` (`cols`). The weights are copied
-    /// `copies` times on the device (enough copies to exceed the L2 cache: 512 MiB in all, at
-    /// most 64) and the launches rotate among them, so the time is that of reads from device
-    /// memory. `bytes` of the result: one weight matrix.
+    /// Device time of one one-row mat-vec kernel on weights `bytes` (`rows × cols` of
+    /// `format`) and activations `x` (`cols`, quantized once before the timing: in a decode
+    /// step the norm or activation kernel before the product quantizes them): the single
+    /// product's kernel ([`quant_matvec`](crate::ComputeBackend::quant_matvec) for one row,
+    /// `fused == false`) or the decode step's `dec_mv_multi` with this one matrix as its job
+    /// (`fused == true`, rows per warp as the decoder picks them). The weights are copied on
+    /// the device (enough copies to exceed the L2 cache: 512 MiB in all, at most 64) and the
+    /// launches rotate among them, so the time is that of reads from device memory. `bytes`
+    /// of the result: one weight matrix.
     ///
     /// Errors as `quant_matvec`, and [`ComputeError::Device`] for allocation or launch
     /// failures. Panics if `x.len() != cols`.
     pub fn time_quant_matvec(
         &self,
-        format: QuantFormat,
-        bytes: &[u8],
+        w: &Matrix<'_>,
         x: &[f32],
-        rows: usize,
-        cols: usize,
+        fused: bool,
         iters: usize,
     ) -> Result<KernelTime, ComputeError> {
+        let (rows, cols) = (w.rows, w.cols);
+        let MatData::Blocks { format, bytes } = w.data else {
+            return Err(dev_err(
+                "time_quant_matvec: the weights are not quantized blocks",
+            ));
+        };
         assert_eq!(x.len(), cols, "time_quant_matvec: x is not cols long");
         let mut st = self.lock();
         quant::check(&st.dev, format, bytes, rows, cols)?;
@@ -122,21 +128,54 @@ impl CudaBackend {
         let copies = ws.len();
         quant::upload_x(dev, s, x)?;
         s.y.at_least(&dev.stream, rows)?;
-        let secs = time_events(dev, &dev.stream, iters, |i| {
-            quant::quantize_acts(dev, s, Some(format), 1, cols)?;
-            quant::launch_mv(
-                dev,
-                s,
-                format,
-                &ws[i % copies],
-                quant::MvShape {
-                    m: 1,
-                    rows,
-                    cols,
-                    y_off: 0,
-                },
-            )
-        })?;
+        quant::quantize_acts(dev, s, Some(format), 1, cols)?;
+        let shape = quant::MvShape {
+            m: 1,
+            rows,
+            cols,
+            y_off: 0,
+        };
+        let secs = if fused {
+            let st_ = &dev.stream;
+            let yp = s.y.get().device_ptr(st_).0;
+            let tables = ws
+                .iter()
+                .map(|w| {
+                    let wp = w.device_ptr(st_).0;
+                    let (job, n) = quant::mv_job(format, wp, yp, rows, cols, 0)?;
+                    let t = drv("upload a mat-vec job", st_.clone_htod(&job))?;
+                    Ok((t, n))
+                })
+                .collect::<Result<Vec<_>, ComputeError>>()?;
+            let (kq, b32) = (&s.kq, &s.b32);
+            let a = [
+                b32.aq.get().device_ptr(st_).0,
+                b32.ad.get().device_ptr(st_).0,
+                kq.aq.get().device_ptr(st_).0,
+                kq.ad.get().device_ptr(st_).0,
+                kq.bsums.get().device_ptr(st_).0,
+            ];
+            let cols_i = int("cols", cols)?;
+            time_events(dev, st_, iters, |i| {
+                let (table, blocks) = &tables[i % copies];
+                let mut args = vec![table.device_ptr(st_).0, 1];
+                args.extend(a);
+                args.push(cols_i as u32 as u64);
+                let cfg = LaunchConfig {
+                    grid_dim: (int("mat-vec blocks", *blocks)? as u32, 1, 1),
+                    block_dim: (32 * super::device::ROWS_PER_BLOCK as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: `dec_mv_multi(jobs, njobs, aq32, ad32, aqk, adk, bsk, cols)`; the job
+                // table addresses a weight copy of rows × cols and `s.y` of rows values, the
+                // activation buffers hold the quantized `x`.
+                unsafe { launch_pdl(st_, &dev.k.dec_mv_multi, cfg, &mut args) }
+            })?
+        } else {
+            time_events(dev, &dev.stream, iters, |i| {
+                quant::launch_mv(dev, s, format, &ws[i % copies], shape)
+            })?
+        };
         Ok(KernelTime {
             seconds: secs,
             bytes: bytes.len(),
@@ -151,7 +190,7 @@ impl CudaBackend {
     /// of rows, `cublasGemmEx`; `gemm == true`), whatever the forward pass would choose for
     /// `m`. `bytes` of the result: one weight matrix.
     ///
-    /// Errors as [`CudaBackend::time_quant_matvec`], and [`ComputeError::Device`] when `w` is
+    /// Errors as `quant_matvec`, and [`ComputeError::Device`] when `w` is
     /// not quantized blocks, or when `gemm` is asked for without cuBLAS or a dequantization
     /// kernel for the format. Panics if `x.len() != m · cols`.
     pub fn time_quant_product(

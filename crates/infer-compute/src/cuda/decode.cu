@@ -540,9 +540,8 @@ extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, in
 // Several quantized mat-vecs of one input in one launch (fused QKV, gate+up, or one matrix):
 // jobs[6 j .. 6 j + 5] = {W, y, rows, format, first block, rows per warp}; block b runs the job
 // whose first block is the largest <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations
-// aq32/ad32), 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk; one row per warp, mvk_direct).
-// At most 64 registers (4 blocks of 8 warps per SM): the K-quant paths keep 2 super-blocks of
-// weights per lane in flight (ptxas sm_90: 4 bytes spilled; 93 registers unbounded).
+// aq32/ad32), 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk; mvk_stream). At most 64
+// registers (4 blocks of 8 warps per SM; ptxas sm_90: no spills, 93 registers unbounded).
 extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     dec_mv_multi(const long long* __restrict__ jobs, int njobs, const i8* aq32,
                  const float* ad32, const i8* aqk, const float* adk, const int* bsk, int cols) {
@@ -562,8 +561,8 @@ extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
         case 0: mv32<F_Q4_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
         case 1: mv32<F_Q5_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
         case 2: mv32<F_Q8_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
-        case 4: mvk_direct<Q4kLane>(W, aqk, adk, bsk, y, rows, cols, bx, 144); break;
-        default: mvk_direct<Q6kLane>(W, aqk, adk, bsk, y, rows, cols, bx, 210); break;
+        case 4: mvk_stream<Q4kLane>(W, aqk, adk, bsk, y, rows, cols, bx, rpw, 144); break;
+        default: mvk_stream<Q6kLane>(W, aqk, adk, bsk, y, rows, cols, bx, rpw, 210); break;
     }
 }
 

@@ -466,13 +466,11 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restri
 
 // ---------------------------------------------------------------------------------------------
 // Decode mat-vecs of the K-quants for one activation row (dec_mv_multi), reading the weights
-// straight into registers: four lanes per super-block (a warp iteration covers eight), each lane
-// 64 of its 256 values, the weights of KW super-blocks per lane loaded before any is used. One
+// straight into registers: four lanes per super-block (a warp step covers eight), each lane
+// 64 of its 256 values, the next step's weights loaded before this step's are used. One
 // 16-byte load per 16 quant bytes (Q4_K blocks are 16-byte aligned; Q6_K's 210-byte blocks are
 // read as aligned words funnel-shifted into place). Integer sums are exact, as in mvk_block.
 // ---------------------------------------------------------------------------------------------
-
-#define KW 2  // super-blocks per lane whose weights are in flight at once
 
 // A lane's share of one Q4_K super-block: quant bytes 32p .. 32p + 31 (q0, q1: sub-block 2p in
 // the low nibbles, 2p + 1 in the high) and the block's header h (d, dmin, 12 bytes of scales).
@@ -591,53 +589,60 @@ __device__ __forceinline__ float kq_term(const Q6kLane& r, int s4, const i8* __r
     return (f16_to_f32((u16)r.d) * yd) * (float)isum;
 }
 
-// The K-quant mat-vec of one activation row straight from device memory (see above): warp w
-// of block bx takes row bx * ROWS_PER_BLOCK + w; lane group g = lane / 4 takes its super-blocks
-// g, g + 8, ..., KW at a time. The first weights are loaded before pdl_wait (they are never
-// written).
+// The K-quant mat-vec of one activation row straight from device memory (see above): warp w of
+// block bx takes rows (bx * ROWS_PER_BLOCK + w) * rpw .. + rpw, software-pipelined: its work is
+// a sequence of chunks (row r, step t: super-block g + 8 t for lane group g = lane / 4) and
+// the weights of the next chunk are loaded before this one is used, across row ends too, so
+// every lane keeps a load in flight for the warp's whole run. The first weights are loaded
+// before pdl_wait (they are never written).
 template <typename L>
-__device__ __forceinline__ void mvk_direct(const u8* __restrict__ W, const i8* __restrict__ aq,
+__device__ __forceinline__ void mvk_stream(const u8* __restrict__ W, const i8* __restrict__ aq,
                                            const float* __restrict__ ad,
                                            const int* __restrict__ bsums,
                                            float* __restrict__ y, int rows, int cols, int bx,
-                                           int bb) {
-    int row = bx * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
+                                           int rpw, int bb) {
+    int row0 = (bx * ROWS_PER_BLOCK + (threadIdx.x >> 5)) * rpw, lane = threadIdx.x & 31;
+    if (row0 >= rows) return;
     int nb = cols / 256, g = lane >> 2, s4 = lane & 3;
-    const u8* wrow = W + (long long)row * nb * bb;
+    int nr = min(rpw, rows - row0), steps = (nb + 7) / 8;
+    const u8* w0 = W + (long long)row0 * nb * bb;
+    L cur, nxt;
+    int lr = 0, lt = 0;  // the chunk to load next: row, step
+    auto load = [&](L& w) {
+        int ib = g + 8 * lt;
+        if (ib < nb) kq_load(w0 + ((long long)lr * nb + ib) * bb, s4, w);
+        if (++lt == steps) {
+            lt = 0;
+            lr++;
+        }
+    };
+    load(cur);
+    pdl_wait();
     float acc = 0.0f;
-    bool waited = false;
-    for (int ib0 = g; ib0 < nb; ib0 += 8 * KW) {
-        L w[KW];
-#pragma unroll
-        for (int u = 0; u < KW; u++)
-            if (ib0 + 8 * u < nb) kq_load(wrow + (long long)(ib0 + 8 * u) * bb, s4, w[u]);
-        if (!waited) {
-            pdl_wait();
-            waited = true;
+    for (int r = 0; r < nr; r++) {
+        for (int t = 0; t < steps; t++) {
+            if (lr < nr) load(nxt);
+            int ib = g + 8 * t;
+            if (ib < nb) acc += kq_term(cur, s4, aq + ib * 256, ad[ib], bsums + ib * 16);
+            cur = nxt;
         }
-#pragma unroll
-        for (int u = 0; u < KW; u++) {
-            int ib = ib0 + 8 * u;
-            if (ib < nb) acc += kq_term(w[u], s4, aq + ib * 256, ad[ib], bsums + ib * 16);
-        }
+        acc = warp_sum(acc);
+        if (lane == 0) y[row0 + r] = acc;
+        acc = 0.0f;
     }
-    if (!waited) pdl_wait();
-    acc = warp_sum(acc);
-    if (lane == 0) y[row] = acc;
 }
 
-// mvk_direct for one activation row (m must be 1): the products of one
+// mvk_stream for one activation row (m must be 1), one row per warp: the products of one
 // sequence's decode step outside dec_mv_multi. The same arguments as mv_q4_k / mv_q6_k.
 extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     mv1_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
              int cols, int) {
-    mvk_direct<Q4kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 144);
+    mvk_stream<Q4kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 1, 144);
 }
 extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     mv1_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
              int cols, int) {
-    mvk_direct<Q6kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 210);
+    mvk_stream<Q6kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 1, 210);
 }
 
 extern "C" __global__ void mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums,

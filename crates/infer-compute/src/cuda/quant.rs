@@ -212,14 +212,16 @@ pub(super) fn format_code(f: QuantFormat) -> Result<i64, ComputeError> {
 }
 
 /// Matrices with at least this many rows have more one-row warps than the H200 holds at once
-/// (132 SMs × 64 warps = 8448): there a warp takes several rows.
+/// (132 SMs × 64 warps = 8448): there a warp of the 32-value formats takes several rows.
 const TALL_ROWS: usize = 16384;
 
 /// Rows per warp of `dec_mv_multi` for a `rows × cols` matrix of `format`: 1, or for tall
 /// matrices of the 32-value formats as many whole rows as one staged chunk holds (at most 4),
 /// so each warp keeps more weight bytes in flight (measured: the lm_head's one-row warps
-/// reached ~1 TB/s). The K-quants take one row per warp (`mvk_direct` splits a row over
-/// the warp's lanes).
+/// reached ~1 TB/s). The K-quants keep one row per warp: `mvk_stream` splits a row over the
+/// warp's lanes and pipelines its loads; several rows per warp measured slower on the H200
+/// (8 B gate/up at 3 rows per warp 1714 GB/s against 2103 at one, lm_head at 8: 2221 against
+/// 2346).
 pub(super) fn rows_per_warp(format: QuantFormat, rows: usize, cols: usize) -> usize {
     let row_bytes = cols / format.block_elems() * format.block_bytes();
     if rows < TALL_ROWS || row_bytes == 0 || is_kq(Some(format)) {
