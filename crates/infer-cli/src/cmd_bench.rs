@@ -174,6 +174,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let mut cache = model.new_cache(ctx);
         if !depth_ids.is_empty() {
             runner.forward_into(depth_ids, &mut cache, Logits::Last, logits)?;
+            // Its K/V reach the device decoder here, untimed (llama-bench times decode from a
+            // filled cache).
+            runner.sync_to_device(&cache)?;
         }
         anyhow::Ok(cache)
     };

@@ -435,7 +435,7 @@ struct FloatLayer {
     nq: usize,
     nkv: usize,
     hd: usize,
-    window: Option<usize>,
+    qk_norm: bool,
     softcap: Option<f32>,
     emb: Vec<f32>,
     ones: Vec<f32>,
@@ -446,7 +446,7 @@ impl FloatLayer {
     fn new(
         rng: &mut StdRng,
         (h, nq, nkv, hd): (usize, usize, usize, usize),
-        window: Option<usize>,
+        qk_norm: bool,
         softcap: Option<f32>,
     ) -> Self {
         let std = 1.0 / (h as f32).sqrt();
@@ -465,7 +465,7 @@ impl FloatLayer {
             nq,
             nkv,
             hd,
-            window,
+            qk_norm,
             softcap,
             emb: gauss(rng, 300 * h, 1.0),
             ones: vec![1.0; h],
@@ -475,7 +475,7 @@ impl FloatLayer {
 }
 
 /// A one-layer decode plan of `f`'s float weights (no activation quantization anywhere: the
-/// device decoder's float mat-vecs) with RoPE (and q/k norms when windowed), for a KV cache of
+/// device decoder's float mat-vecs) with RoPE (and q/k norms when asked), for a KV cache of
 /// `context` positions.
 fn float_layer_plan(f: &FloatLayer, context: usize) -> DecodePlan<'_> {
     use infer_compute::{MatData::F32, RopeConfig, RopeScaling};
@@ -485,9 +485,9 @@ fn float_layer_plan(f: &FloatLayer, context: usize) -> DecodePlan<'_> {
         post_attn_norm: None,
         pre_ffn_norm: &f.ones,
         post_ffn_norm: None,
-        // Per-head RMSNorm of q and k (Qwen3, Gemma-3) with the windowed layer.
-        q_norm: f.window.map(|_| &f.ones[..f.hd]),
-        k_norm: f.window.map(|_| &f.ones[..f.hd]),
+        // Per-head RMSNorm of q and k (Qwen3, Gemma-3).
+        q_norm: f.qk_norm.then(|| &f.ones[..f.hd]),
+        k_norm: f.qk_norm.then(|| &f.ones[..f.hd]),
         wq: F32(&w[0]),
         wk: F32(&w[1]),
         wv: F32(&w[2]),
@@ -501,7 +501,7 @@ fn float_layer_plan(f: &FloatLayer, context: usize) -> DecodePlan<'_> {
             n_kv_heads: f.nkv,
             head_dim: f.hd,
             scale: 1.0 / (f.hd as f32).sqrt(),
-            sliding_window: f.window,
+            sliding_window: None,
             softcap: f.softcap,
             sinks: None,
         },
@@ -538,22 +538,25 @@ fn float_layer_plan(f: &FloatLayer, context: usize) -> DecodePlan<'_> {
 /// (`dec_attn_merge`); the logits of 400 steps equal those of the same plan with a cache of 480
 /// positions (one `dec_attention` block per query head) within 1e-4 · their std (both f32:
 /// only the order of the attention's sums differs; a lost or doubled split moves them by
-/// ~0.1 · std). Head dims 64, 128 and 256 (the three split kernels), GQA groups of 1, 4 and 6,
-/// a sliding window shorter than the context (with q/k norms) and a soft-cap.
+/// ~0.1 · std). Head dims 64, 80, 128 and 256 (the three split kernels), GQA groups of 1, 4, 6
+/// and 8, q/k norms and soft-caps. (Sliding windows of up to 512 keys take one block per head
+/// whatever the cache, so a window case would compare that block with itself.)
 #[test]
 #[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
 fn decoder_key_splits_equal_one_block_per_head() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(5);
     let cases = [
-        ((256, 4, 1, 64), None, None),
-        ((256, 8, 2, 128), Some(100), Some(30.0)),
-        ((256, 12, 2, 128), None, None),
-        ((256, 2, 2, 256), None, Some(50.0)),
+        ((256, 4, 1, 64), false, None),
+        ((256, 8, 2, 128), true, Some(30.0)),
+        ((256, 12, 2, 128), false, None),
+        ((256, 2, 2, 256), false, Some(50.0)),
+        // head_dim 80 (not a multiple of 32), the largest GQA group the kernel holds.
+        ((256, 8, 1, 80), false, None),
     ];
     let mut worst = 0f64;
-    for (shape, window, softcap) in cases {
-        let f = FloatLayer::new(&mut rng, shape, window, softcap);
+    for (shape, qk_norm, softcap) in cases {
+        let f = FloatLayer::new(&mut rng, shape, qk_norm, softcap);
         let one_plan = float_layer_plan(&f, 480);
         let split_plan = float_layer_plan(&f, 1100);
         let mut one = gpu
@@ -582,19 +585,19 @@ fn decoder_key_splits_equal_one_block_per_head() {
             worst = worst.max(d / std);
             assert!(
                 d <= 1e-4 * std,
-                "{shape:?} window {window:?} cap {softcap:?} at {pos}: max|Δ| {d:e} > 1e-4 × std {std:e}"
+                "{shape:?} q/k norm {qk_norm} cap {softcap:?} at {pos}: max|Δ| {d:e} > 1e-4 × std {std:e}"
             );
         }
     }
     println!("parity decoder key splits: max|Δ|/std = {worst:.3e} (tolerance 1e-4)");
 }
 
-/// The device decoder's lm_head product (`dec_mv_multi` with several rows per warp, as for a
-/// tall matrix) and its on-device argmax, on [`zero_layer_plan`]: logits vs the CPU reference
-/// product of the same RMSNorm'd embedding row (same tolerance as above), `step_argmax` equal
-/// to the host argmax of those logits; a NaN embedding row through the float (tied) lm_head
-/// reported as not finite (a quantized lm_head's activation quantization turns NaN into a
-/// finite value, on the CPU as well).
+/// The device decoder's lm_head product (`dec_mv_multi`; several rows per warp for the 32-value
+/// formats of a tall matrix) and its on-device argmax, on [`zero_layer_plan`]: logits vs the
+/// CPU reference product of the same RMSNorm'd embedding row (same tolerance as above),
+/// `step_argmax` equal to the host argmax of those logits; a NaN embedding row through the
+/// float (tied) lm_head reported as not finite (a quantized lm_head's activation quantization
+/// turns NaN into a finite value, on the CPU as well).
 #[test]
 #[ignore = "needs a CUDA device: scripts/gpu-check.sh"]
 fn decoder_lm_head_and_argmax_match_cpu() {

@@ -305,6 +305,17 @@ impl<'m, 'a> TokenRunner<'m, 'a> {
         Ok(())
     }
 
+    /// Copy the K/V rows a host pass wrote into `cache` to the device decoder's cache now
+    /// (the next device step would copy them first), e.g. to keep that copy out of a timed
+    /// decode; nothing without a device decoder. Errors: a device failure.
+    pub fn sync_to_device(&mut self, cache: &KvCache) -> Result<(), InferenceError> {
+        if let Some(dev) = &mut self.device {
+            dev.device_valid = dev.device_valid.min(cache.len());
+            dev.upload_rows(self.backend, cache)?;
+        }
+        Ok(())
+    }
+
     /// One token at position `cache.len()` and the greedy next token: the largest logit, ties
     /// to the smaller id ([`crate::sampling::argmax`]). The device decoder chooses it where the
     /// logits are when it can ([`TokenDecoder::step_argmax`]: no logits copied back, `logits`

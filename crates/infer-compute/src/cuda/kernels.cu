@@ -15,6 +15,8 @@
 // warp), whatever the block size (Q5_0's 22 B and Q6_K's 210 B blocks are only 2-byte aligned);
 // the blocks are then decoded from shared memory. The device buffers carry 16 bytes of padding
 // (cache.rs WEIGHT_PAD), so the last aligned load of a row stays inside the allocation.
+// The one-row K-quant products (mvk_stream, below) read their weights straight into registers
+// instead, without shared memory.
 
 typedef unsigned char u8;
 typedef signed char i8;

@@ -177,6 +177,15 @@ impl CudaBackend {
     pub fn cached_weight_bytes(&self) -> usize {
         self.lock().cache.bytes()
     }
+
+    /// Device memory in use (total − free, `cuMemGetInfo`: by every process on the device) and
+    /// the device's total, in bytes; `None` when the driver cannot say.
+    pub fn memory_in_use(&self) -> Option<(usize, usize)> {
+        let st = self.lock();
+        st.dev.stream.context().bind_to_thread().ok()?;
+        let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+        Some((total.saturating_sub(free), total))
+    }
 }
 
 fn check_len(what: &str, got: usize, want: usize, shape: &str) {
@@ -202,10 +211,20 @@ impl ComputeBackend for CudaBackend {
              product on the tile kernels"
                 .into()
         };
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        let memory = self.memory_in_use().map_or(String::new(), |(used, total)| {
+            format!(
+                "; device memory in use {:.2} of {:.1} GiB ({:.2} GiB of cached weights, the \
+                 rest KV caches, activations and scratch)",
+                gib(used),
+                gib(total),
+                gib(self.cached_weight_bytes())
+            )
+        });
         Some(format!(
             "forward-pass steps on {}: {} CUDA graph replays, {} captured, {} launched kernel by \
              kernel; per replay {:.1} µs recording and {:.1} µs launching on the host, {:.1} µs \
-             waiting for the device; {products}",
+             waiting for the device; {products}{memory}",
             self.name,
             s.replayed,
             s.captured,

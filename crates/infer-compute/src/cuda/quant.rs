@@ -233,8 +233,8 @@ pub(super) fn rows_per_warp(format: QuantFormat, rows: usize, cols: usize) -> us
 /// One `dec_mv_multi` job `[W, y, rows, format, first block, rows per warp]` for the `rows ×
 /// cols` matrix of `format` at device address `w` into `y`, its warp blocks numbered from
 /// `first_block`; and the number of blocks it takes. Errors: a format without a mat-vec
-/// kernel; weights not 16-byte aligned (the K-quant kernels read them as 16-byte words;
-/// device allocations are 256-byte aligned).
+/// kernel; K-quant weights not 16-byte aligned (their kernels read them as 16-byte words;
+/// device allocations, one per weight, are 256-byte aligned).
 pub(super) fn mv_job(
     format: QuantFormat,
     w: u64,
@@ -243,9 +243,9 @@ pub(super) fn mv_job(
     cols: usize,
     first_block: usize,
 ) -> Result<([i64; 6], usize), ComputeError> {
-    if !w.is_multiple_of(16) {
+    if is_kq(Some(format)) && !w.is_multiple_of(16) {
         return Err(super::device::dev_err(format!(
-            "mat-vec weights at {w:#x} are not 16-byte aligned"
+            "{format:?} mat-vec weights at {w:#x} are not 16-byte aligned"
         )));
     }
     let rpw = rows_per_warp(format, rows, cols);

@@ -297,7 +297,7 @@ impl CudaDecoder<'_> {
             let quant = self.quant_targets(if fused { fam } else { (false, false) });
             let (nq, nkv) = (int("query heads", l.n_q)?, int("kv heads", l.n_kv)?);
             let (hd, rot) = (int("head_dim", l.head_dim)?, int("rotary dim", l.rot)?);
-            let splits = attention_splits(self.context);
+            let splits = attention_splits(self.context, l.window);
             if let Some(split_kernel) = self.split_kernel(dev, l, splits) {
                 let cfg = LaunchConfig {
                     grid_dim: (l.n_kv as u32, splits as u32, 1),

@@ -59,14 +59,25 @@ const ATT_SPLIT_THREADS: u32 = 256;
 /// Query heads per kv head that `dec_attn_split*` holds (`SPLIT_GRP` in decode.cu).
 const SPLIT_GRP: usize = 8;
 
-/// Key splits of the attention for a KV cache of `context` positions (see
-/// [`ATT_SPLIT_MIN_CONTEXT`]).
-fn attention_splits(context: usize) -> usize {
-    if context <= ATT_SPLIT_MIN_CONTEXT {
+/// Key splits of a layer's attention for a KV cache of `context` positions: by the keys the
+/// layer can attend to (`window` as `DevLayer::window`: > 0 a sliding window, < 0 none, 0 the
+/// whole cache); see [`ATT_SPLIT_MIN_CONTEXT`].
+fn attention_splits(context: usize, window: i32) -> usize {
+    let keys = match window {
+        w if w > 0 => context.min(w as usize),
+        w if w < 0 => 0,
+        _ => context,
+    };
+    if keys <= ATT_SPLIT_MIN_CONTEXT {
         return 1;
     }
-    context.div_ceil(ATT_SPLIT_KEYS).min(ATT_MAX_SPLITS)
+    keys.div_ceil(ATT_SPLIT_KEYS).min(ATT_MAX_SPLITS)
 }
+
+// decode.cu's limits: `dec_attn_merge` holds `wt[64]` and takes one split per thread of its
+// DEC_THREADS block; `dec_attn_split*` runs SPLIT_WARPS = 8 warps.
+const _: () = assert!(ATT_MAX_SPLITS <= 64 && ATT_MAX_SPLITS <= DEC_THREADS as usize);
+const _: () = assert!(ATT_SPLIT_THREADS == 8 * 32);
 
 /// A kernel argument: a device pointer, an int or a float.
 #[derive(Clone, Copy)]
@@ -430,7 +441,7 @@ impl<'b> CudaDecoder<'b> {
             scores: zeros(&stream, max_q * plan.context)?,
             splits: zeros(
                 &stream,
-                max_q * attention_splits(plan.context) * (max_hd + 2),
+                max_q * attention_splits(plan.context, 0) * (max_hd + 2),
             )?,
             best: zeros(&stream, 2)?,
             kq: act_buf(&stream, max_cols)?,
@@ -548,14 +559,13 @@ impl<'b> CudaDecoder<'b> {
             return Err(shape_err("K/V rows (n * kv_dim)", kvd, k_len));
         }
         let n = k_len / kvd;
-        if start + n > self.context {
-            return Err(dev_err(format!(
-                "decode: KV rows {start}..{} past the context {}",
-                start + n,
+        match start.checked_add(n) {
+            Some(end) if end <= self.context => Ok((kvd, start * kvd)),
+            _ => Err(dev_err(format!(
+                "decode: KV rows {start}..{start}+{n} past the context {}",
                 self.context
-            )));
+            ))),
         }
-        Ok((kvd, start * kvd))
     }
 }
 
@@ -578,8 +588,19 @@ impl CudaDecoder<'_> {
             .get(layer)
             .map(|l| l.n_kv * l.head_dim)
             .ok_or_else(|| dev_err(format!("decode: no layer {layer}")))?;
-        let n = rows * kvd;
+        let n = rows
+            .checked_mul(kvd)
+            .ok_or_else(|| dev_err(format!("decode: {rows} KV rows overflow")))?;
         let (_, off) = self.kv_range(layer, start, n, n)?;
+        // Same row width and length on the forward pass's side: rows `start..` hold the same
+        // positions there.
+        if k.len() != v.len() || !k.len().is_multiple_of(kvd) {
+            return Err(shape_err(
+                "forward-pass K/V cache (rows × kv_dim)",
+                kvd,
+                k.len(),
+            ));
+        }
         let mut st = self.backend.lock();
         let State { dev, rec, .. } = &mut *st;
         let (Some(kp), Some(vp)) = (
@@ -588,11 +609,10 @@ impl CudaDecoder<'_> {
         ) else {
             return Ok(false);
         };
-        if off + n > k.len().min(v.len()) {
+        if off + n > k.len() {
             return Err(dev_err(format!(
-                "decode: KV rows {start}..{} past the forward pass's cache of {} values",
-                start + rows,
-                k.len().min(v.len())
+                "decode: KV rows {start}..{start}+{rows} past the forward pass's cache of {} rows",
+                k.len() / kvd
             )));
         }
         if n == 0 {
@@ -601,6 +621,7 @@ impl CudaDecoder<'_> {
         rec.flush(&dev.stream)?;
         rec.wait(&dev.stream)?;
         let s = self.stream.clone();
+        drv("bind the CUDA context", s.context().bind_to_thread())?;
         let l = &self.layers[layer];
         let bytes = n * std::mem::size_of::<f32>();
         let at = (off * std::mem::size_of::<f32>()) as u64;
