@@ -29,6 +29,16 @@
 #                                # decoder and with --host-loop, and llama.cpp's CUDA llama-bench
 #                                # on the same GGUF when scripts/gpu-llamacpp.sh has built it;
 #                                # `prep`: only make the files (no timing)
+#   scripts/gpu-check.sh configs [NAME[:LAYERS]...]  # here: copy ../shared/configs/NAME/config.json
+#                                # (default: llama-3.2-1b llama-3.1-8b:4 llama-3.1-8b; ":4" keeps
+#                                # 4 layers) into .gpu/cfg/NAME[-4l]/ with llama.cpp's
+#                                # ggml-vocab-llama-bpe.gguf (scripts/fetch-vocabs.sh)
+#   scripts/gpu-check.sh decode  # on the GPU machine (carry .gpu/bin, .gpu/cfg, optionally
+#                                # .gpu/skel and .gpu/llama after `gpu-llamacpp.sh start`): a
+#                                # Q4_K_M GGUF of each config (`infer synth --gguf Q4_K_M
+#                                # --vocab`) and of each skeleton, a vindex of each, then per
+#                                # model `infer bench -p 0 -n 128` at depth 0 and DEPTH (default
+#                                # 4096) and llama-bench's tg128 on the same GGUF when built
 #   scripts/gpu-check.sh         # build + run, where cargo and a GPU are on one machine
 #
 # Full logs go to $OUT/gpu-check.log when OUT is set (the device tool), else .gpu/gpu-check.log.
@@ -239,6 +249,80 @@ synth() {
     done
 }
 
+# Real-size configs for `decode`, with the tokenizer vocabulary their GGUFs carry.
+configs() {
+    local shared="${INFER_SHARED:-$(cd .. && pwd)/shared}" spec name layers out vocabs
+    [[ $# -gt 0 ]] || set -- llama-3.2-1b llama-3.1-8b:4 llama-3.1-8b
+    vocabs=$(bash scripts/fetch-vocabs.sh)
+    rm -rf "$GPU_DIR/cfg"
+    mkdir -p "$GPU_DIR/cfg"
+    cp "$vocabs/ggml-vocab-llama-bpe.gguf" "$GPU_DIR/cfg/"
+    for spec in "$@"; do
+        name=${spec%%:*}
+        layers=${spec#"$name"}
+        layers=${layers#:}
+        [[ -f "$shared/configs/$name/config.json" ]] || { echo "gpu-check: no $shared/configs/$name/config.json" >&2; exit 1; }
+        out="$GPU_DIR/cfg/$name${layers:+-${layers}l}"
+        mkdir -p "$out"
+        python3 - "$shared/configs/$name/config.json" "$out/config.json" "$layers" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+if sys.argv[3]:
+    c["num_hidden_layers"] = int(sys.argv[3])
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+    done
+    du -sh "$GPU_DIR/cfg"/*
+}
+
+# Decode at real sizes: tg128 at depth 0 and DEPTH, infer vs llama.cpp on the same GGUFs.
+decode() {
+    need "$BIN/infer" "$GPU_DIR/cfg/ggml-vocab-llama-bpe.gguf"
+    local log work=/tmp/infer-decode c s n depth="${DEPTH:-4096}" bench=/tmp/llama-build/bin/llama-bench
+    log=$(log_path gpu-decode.log)
+    find_libs
+    mkdir -p "$work"
+    make_model() { # NAME LIKE [synth args...]
+        local n=$1 like=$2
+        shift 2
+        [[ -f "$work/$n.gguf" ]] || "$BIN/infer" synth --like "$like" "$@" -o "$work/$n.gguf" 2>&1 | tail -1
+        [[ -d "$work/$n.vindex" ]] || "$BIN/infer" extract "$work/$n.gguf" -o "$work/$n.vindex" --no-tokenizer 2>&1 | tail -1
+    }
+    local names=()
+    for c in "$GPU_DIR"/cfg/*/config.json; do
+        n=$(basename "$(dirname "$c")")
+        names+=("$n")
+        make_model "$n" "$c" --gguf Q4_K_M --vocab "$GPU_DIR/cfg/ggml-vocab-llama-bpe.gguf" &
+    done
+    for s in "$GPU_DIR"/skel/*.gguf; do
+        [[ -f "$s" ]] || continue
+        n=$(basename "$s" .gguf)
+        names+=("$n")
+        make_model "$n" "$s" &
+    done
+    wait
+    {
+        for n in "${names[@]}"; do
+            for d in 0 "$depth"; do
+                echo "== $n: infer tg128 @ d$d"
+                if "$BIN/infer" bench "$work/$n.vindex" --device cuda -p 0 -n 128 -d "$d" -r 3 >"$work/bench.out" 2>&1; then
+                    grep -E '^\|.*tg|decode reads' "$work/bench.out"
+                else
+                    echo "infer bench failed: $(tail -1 "$work/bench.out")"
+                fi
+            done
+        done
+        if [[ -x "$bench" ]]; then
+            for n in "${names[@]}"; do
+                echo "== $n: llama-bench tg128 @ d0,$depth"
+                "$bench" -m "$work/$n.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d "0,$depth" -r 3 -o md 2>/dev/null | grep tg128 || true
+            done
+        else
+            echo "== llama-bench not built (scripts/gpu-llamacpp.sh start, then wait)"
+        fi
+    } 2>&1 | tee -a "$log"
+}
+
 case "$mode" in
 build) build ;;
 run) run ;;
@@ -246,6 +330,8 @@ split) split_model "${2:?usage: $0 split GGUF}" ;;
 model) model ;;
 skel) shift; skel "$@" ;;
 synth) synth "${2:-}" ;;
+configs) shift; configs "$@" ;;
+decode) decode ;;
 all) build && run ;;
-*) echo "usage: $0 [build|run|split GGUF|model|skel GGUF...|synth]" >&2; exit 2 ;;
+*) echo "usage: $0 [build|run|split GGUF|model|skel GGUF...|synth|configs [NAME[:LAYERS]...]|decode]" >&2; exit 2 ;;
 esac
