@@ -46,9 +46,13 @@ pub struct BenchArgs {
     #[arg(short = 'B', long = "batch")]
     pub batch: Option<usize>,
     /// With a device decoder (`--device cuda`): also run one decode step kernel by kernel with
-    /// timing events and print the device time per kernel kind.
+    /// timing events and print the device time per kernel kind (table output, single-sequence
+    /// protocol).
     #[arg(long)]
     pub profile: bool,
+    /// Print the format plan (which tier each operation reads) to stderr before the runs.
+    #[arg(long)]
+    pub explain: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -104,15 +108,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening vindex {}", args.vindex.display()))?;
     let model = crate::cmd_run::build_model(&vindex, &args.vindex, &args.formats)?;
     let backend = args.device.backend()?;
+    if args.explain {
+        eprint!("{}", model.explain());
+    }
     let ctx = args
         .depth
         .checked_add(args.n_prompt)
         .and_then(|c| c.checked_add(args.n_gen))
         .and_then(|c| c.checked_add(1))
         .with_context(|| {
+            let depth = (args.depth > 0).then(|| format!("-d {} + ", args.depth));
             format!(
-                "-d {} + -p {} + -n {}: the context overflows",
-                args.depth, args.n_prompt, args.n_gen
+                "{}-p {} + -n {}: the context overflows",
+                depth.unwrap_or_default(),
+                args.n_prompt,
+                args.n_gen
             )
         })?;
     let max = model.arch.config().max_position_embeddings;
@@ -158,6 +168,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .collect();
 
     if let Some(b) = args.batch {
+        if args.profile {
+            eprintln!(
+                "note: --profile times the single-sequence decode; with --batch it is not run"
+            );
+        }
         return batched(&args, b, &model, &*backend, &ids, ctx);
     }
     let mut runner = TokenRunner::new(&model, &*backend, ctx, !args.device.host_loop)?;
@@ -165,6 +180,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.profile && !runner.on_device() {
         eprintln!(
             "note: --profile times the device decoder's kernels; this run has none ({decode})"
+        );
+    }
+    if args.profile && runner.on_device() && (args.json || args.n_gen == 0) {
+        eprintln!(
+            "note: --profile prints a table of one decode step: it needs -n > 0 and no --json"
         );
     }
     let mut logits = Vec::new();
@@ -245,7 +265,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "model_type": model.arch.config().model_type,
             "threads": threads,
             "device": args.device.device.to_string(),
-            "decode": decode,
+            "decode": decode.trim_start_matches("decode: "),
             "n_prompt": args.n_prompt,
             "n_gen": args.n_gen,
             "depth": args.depth,
@@ -289,8 +309,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             );
         }
         if let Some(g) = gbs {
+            let kv = if args.depth > 0 {
+                " (weights only: the KV cache of the context adds its own reads)"
+            } else {
+                ""
+            };
             println!(
-                "decode reads {:.1} MB of weights per token: {g:.1} GB/s effective",
+                "decode reads {:.1} MB of weights per token: {g:.1} GB/s effective{kv}",
                 bytes / 1e6
             );
         }

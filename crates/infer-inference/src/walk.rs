@@ -87,6 +87,14 @@ impl<'a> Model<'a> {
             }
             let w = match &layer.ffn {
                 Ffn::Walk(w) if w.down_layout == DownLayout::FeatureMajor => w,
+                Ffn::Walk(_) => {
+                    return Err(InferenceError::Plan(format!(
+                        "--walk-k needs the float tier's feature-major down rows: layer {l} runs \
+                         {} (K {kl} of {}); rebuild the vindex with `infer extract --float f16` \
+                         (or f32)",
+                        layer.ffn_path, g.intermediate_size
+                    )))
+                }
                 _ => {
                     return Err(InferenceError::Plan(format!(
                         "--walk-k needs --ffn walk: layer {l} runs {} (K {kl} of {})",
