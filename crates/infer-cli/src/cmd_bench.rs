@@ -273,7 +273,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "pp_tokens_per_s": pp_med,
             "tg_tokens_per_s": tg_med,
             "walk_k": args.formats.walk_k.to_string(),
-            "walk_select": args.formats.walk_select.to_string(),
+            // The selection only exists for a sparse walk (K below all).
+            "walk_select": (!args.formats.walk_k.is_all())
+                .then(|| args.formats.walk_select.to_string()),
             "walk_ffn_ms_per_token": ffn_med,
             "weight_bytes_per_token": bytes,
             "tg_effective_gb_per_s": gbs,
@@ -297,9 +299,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             println!("| {name} | {threads} | tg{}{at} | {v:.2} |", args.n_gen);
         }
         if let Some(f) = ffn_med {
+            let selection = if args.formats.walk_k.is_all() {
+                String::new()
+            } else {
+                format!(", selection by the {}", args.formats.walk_select)
+            };
             println!(
-                "walk FFN (--walk-k {}, selection by the {}): {f:.3} ms per decoded token",
-                args.formats.walk_k, args.formats.walk_select
+                "walk FFN (--walk-k {}{selection}): {f:.3} ms per decoded token",
+                args.formats.walk_k
             );
         }
         if let (Some(g), Some(p)) = (gbs, probe) {
