@@ -265,7 +265,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "model_type": model.arch.config().model_type,
             "threads": threads,
             "device": args.device.device.to_string(),
-            "decode": decode.trim_start_matches("decode: "),
+            "decode": decode,
             "n_prompt": args.n_prompt,
             "n_gen": args.n_gen,
             "depth": args.depth,
@@ -284,7 +284,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         });
         crate::print_stdout(&format!("{j}\n"));
     } else {
-        println!("{decode}");
+        println!("decode: {decode}");
         println!("| vindex | threads | test | tokens/s |");
         println!("|---|---|---|---|");
         let at = if args.depth > 0 {

@@ -75,7 +75,7 @@ impl DeviceArgs {
         let runner = gen.runner()?;
         if explain {
             eprintln!("{}", prompt_mode(self));
-            eprintln!("{}", decode_mode(runner, self));
+            eprintln!("decode: {}", decode_mode(runner, self));
         }
         Ok(())
     }
@@ -116,28 +116,28 @@ pub fn prompt_mode(args: &DeviceArgs) -> String {
     }
 }
 
-/// `decode: …` line of `--explain`: where single tokens run.
+/// Where single tokens run, in words: the `decode: …` line of `--explain` and of `bench`.
 pub fn decode_mode(runner: &TokenRunner<'_, '_>, args: &DeviceArgs) -> String {
     if runner.on_device() {
         return format!(
-            "decode: whole tokens on {} (weights, KV cache and activations resident, one CUDA \
+            "whole tokens on {} (weights, KV cache and activations resident, one CUDA \
              graph per token)",
             args.device
         );
     }
     match (&runner.host_reason, args.device, args.host_loop) {
-        (_, Device::Cpu, _) => "decode: CPU forward loop".into(),
+        (_, Device::Cpu, _) => "CPU forward loop".into(),
         (_, d, true) => format!(
-            "decode: the forward pass's operations on {d}, each step replayed as a CUDA graph \
+            "the forward pass's operations on {d}, each step replayed as a CUDA graph \
              (--host-loop)"
         ),
         (Some(why), d, false) => format!(
-            "decode: the forward pass's operations on {d}, each step replayed as a CUDA graph \
+            "the forward pass's operations on {d}, each step replayed as a CUDA graph \
              (the fused decoder does not cover {why})"
         ),
-        (None, d, false) => format!(
-            "decode: the forward pass's operations on {d}, each step replayed as a CUDA graph"
-        ),
+        (None, d, false) => {
+            format!("the forward pass's operations on {d}, each step replayed as a CUDA graph")
+        }
     }
 }
 

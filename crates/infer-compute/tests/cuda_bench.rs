@@ -10,7 +10,7 @@
 #![cfg(feature = "cuda")]
 
 use infer_compute::cuda::CudaBackend;
-use infer_compute::{ComputeBackend, MatData, Matrix, QuantFormat};
+use infer_compute::{ComputeBackend, Matrix, QuantFormat};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn random_blocks(rng: &mut StdRng, fmt: QuantFormat, n_blocks: usize) -> Vec<u8> {
@@ -74,14 +74,7 @@ fn kernel_bandwidth_table() {
         let bytes = random_blocks(&mut rng, fmt, rows * cols / fmt.block_elems());
         let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let iters = (2_000_000_000 / bytes.len()).clamp(20, 2000);
-        let w = Matrix {
-            data: MatData::Blocks {
-                format: fmt,
-                bytes: &bytes,
-            },
-            rows,
-            cols,
-        };
+        let w = Matrix::blocks(fmt, &bytes, rows, cols);
         let time = |fused| {
             gpu.time_quant_matvec(&w, &x, fused, iters)
                 .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols}: {e}"))
@@ -140,15 +133,8 @@ fn product_paths(gpu: &CudaBackend, rng: &mut StdRng) {
         let bytes = random_blocks(rng, fmt, rows * cols / fmt.block_elems());
         for &m in PRODUCT_MS {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let w = Matrix::blocks(fmt, &bytes, rows, cols);
             let time = |gemm: bool| {
-                let w = Matrix {
-                    data: MatData::Blocks {
-                        format: fmt,
-                        bytes: &bytes,
-                    },
-                    rows,
-                    cols,
-                };
                 gpu.time_quant_product(&w, &x, m, gemm, 20)
                     .unwrap_or_else(|e| panic!("{fmt} {rows}x{cols} m={m} gemm={gemm}: {e}"))
                     .seconds

@@ -201,6 +201,24 @@ __device__ void head_quant(float* res, int h, int hd, i8* q32, float* d32, i8* q
             quant_block_k(res + b * 256, qk, dk, bsk, h * (hd / 256) + b, lane);
 }
 
+// The first key position a query at position pos attends to: pos - window + 1 for a sliding
+// window (window > 0), 0 without one (window == 0), pos + 1, no key at all, when window < 0.
+__device__ __forceinline__ int first_key(int window, int pos) {
+    if (window > 0) return max(0, pos - window + 1);
+    return window < 0 ? pos + 1 : 0;
+}
+
+// Row pos of kv head g in the caches kc / vc ([ctx][kvd]) set to k / v (hd values each), by the
+// block's threads.
+__device__ __forceinline__ void store_kv_row(float* kc, float* vc, const float* k, const float* v,
+                                             int pos, int kvd, int g, int hd) {
+    long long o = (long long)pos * kvd + (long long)g * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        kc[o + d] = k[d];
+        vc[o + d] = v[d];
+    }
+}
+
 // Decode attention of this token, one block (ATT_THREADS) per query head h, kv head
 // g = h / (nq / nkv):
 // 1. q head h and k head g of the projections: optional per-head RMSNorm (q_norm, k_norm), RoPE
@@ -238,16 +256,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
     head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
     const float* vcur = v + (long long)g * hd;
-    if (h % grp == 0) {
-        long long o = (long long)pos * kvd + (long long)g * hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            kc[o + d] = ks[d];
-            vc[o + d] = vcur[d];
-        }
-    }
-    int lo = 0;
-    if (window > 0) lo = max(0, pos - window + 1);
-    if (window < 0) lo = pos + 1;
+    if (h % grp == 0) store_kv_row(kc, vc, ks, vcur, pos, kvd, g, hd);
+    int lo = first_key(window, pos);
     float* sc = scores + (long long)h * ctx;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     // Scores: T threads per key (T a power of two, T | hd / 4), thread t reading the float4s
@@ -353,16 +363,8 @@ __device__ void attn_split(const float* q, const float* k, const float* v, const
     const float* vcur = v + (long long)g * hd;
     const float* kbase = kc + (long long)g * hd;
     const float* vbase = vc + (long long)g * hd;
-    if (blockIdx.y == 0) {
-        long long o = (long long)pos * kvd + (long long)g * hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            kc[o + d] = ks[d];
-            vc[o + d] = vcur[d];
-        }
-    }
-    int lo = 0;
-    if (window > 0) lo = max(0, pos - window + 1);
-    if (window < 0) lo = pos + 1;
+    if (blockIdx.y == 0) store_kv_row(kc, vc, ks, vcur, pos, kvd, g, hd);
+    int lo = first_key(window, pos);
     int part_len = (pos - lo + 1 + nsplit - 1) / nsplit;
     lo += blockIdx.y * part_len;
     int hi = min(pos, lo + part_len - 1);

@@ -95,9 +95,7 @@ __device__ void attend_head(const float* qh, const float* kc, const float* vc, c
                             float scale, float cap, const float* sink, float* o, float* o2) {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][S * 32];
-    int lo = 0;
-    if (window > 0) lo = max(0, pos - window + 1);
-    if (window < 0) lo = pos + 1;
+    int lo = first_key(window, pos);
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float qv[S], acc[S];
 #pragma unroll
@@ -493,13 +491,7 @@ __device__ void rope_attn_row(const float* q, const float* k, const float* v,
     head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, mscale, shd);
     head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, mscale, shd);
     const float* vcur = v + r * kvd + (long long)g * hd;
-    if (h % grp == 0) {
-        long long o = (long long)pos * kvd + (long long)g * hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            kc[o + d] = ks[d];
-            vc[o + d] = vcur[d];
-        }
-    }
+    if (h % grp == 0) store_kv_row(kc, vc, ks, vcur, pos, kvd, g, hd);
     attend_head<S>(qs, kc + (long long)g * hd, vc + (long long)g * hd, ks, vcur, kvd, hd, window,
                    pos, scale, cap, sinks ? sinks + h : 0, out + (r * nq + h) * hd, qs);
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -298,35 +298,43 @@ impl CudaDecoder<'_> {
             let (nq, nkv) = (int("query heads", l.n_q)?, int("kv heads", l.n_kv)?);
             let (hd, rot) = (int("head_dim", l.head_dim)?, int("rotary dim", l.rot)?);
             let splits = attention_splits(self.context, l.window);
+            // Arguments both attention kernels take: the projections' heads and the norms,
+            // RoPE and caches they go through, then (after kernel-specific outputs and the
+            // step's {token, position}) the head geometry.
+            let heads = [
+                A::P(q),
+                A::P(kk),
+                A::P(v),
+                A::P(l.q_norm),
+                A::P(l.k_norm),
+                A::P(inv),
+                A::P(self.p(&l.k_cache)),
+                A::P(self.p(&l.v_cache)),
+            ];
+            let geometry = [
+                A::I(nq),
+                A::I(nkv),
+                A::I(hd),
+                A::I(rot),
+                A::I(l.interleaved as i32),
+                A::F(l.eps),
+                A::F(l.off),
+            ];
             if let Some(split_kernel) = self.split_kernel(dev, l, splits) {
                 let cfg = LaunchConfig {
                     grid_dim: (l.n_kv as u32, splits as u32, 1),
                     block_dim: (ATT_SPLIT_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let args = [
-                    A::P(q),
-                    A::P(kk),
-                    A::P(v),
-                    A::P(l.q_norm),
-                    A::P(l.k_norm),
-                    A::P(inv),
-                    A::P(self.p(&l.k_cache)),
-                    A::P(self.p(&l.v_cache)),
-                    A::P(self.p(&b.splits)),
-                    A::P(pp),
-                    A::I(nq),
-                    A::I(nkv),
-                    A::I(hd),
-                    A::I(rot),
-                    A::I(l.interleaved as i32),
-                    A::F(l.eps),
-                    A::F(l.off),
+                let mut args = heads.to_vec();
+                args.extend([A::P(self.p(&b.splits)), A::P(pp)]);
+                args.extend(geometry);
+                args.extend([
                     A::F(l.scale),
                     A::I(l.window),
                     A::F(l.softcap),
                     A::I(splits as i32),
-                ];
+                ]);
                 self.go(
                     "attention (rope, kv store, key splits)",
                     split_kernel,
@@ -357,30 +365,15 @@ impl CudaDecoder<'_> {
                     block_dim: (ATT_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let mut args = vec![
-                    A::P(q),
-                    A::P(kk),
-                    A::P(v),
-                    A::P(l.q_norm),
-                    A::P(l.k_norm),
-                    A::P(inv),
-                    A::P(self.p(&l.k_cache)),
-                    A::P(self.p(&l.v_cache)),
-                    A::P(attn),
-                    A::P(self.p(&b.scores)),
-                    A::P(pp),
-                    A::I(nq),
-                    A::I(nkv),
-                    A::I(hd),
-                    A::I(rot),
-                    A::I(l.interleaved as i32),
-                    A::F(l.eps),
-                    A::F(l.off),
+                let mut args = heads.to_vec();
+                args.extend([A::P(attn), A::P(self.p(&b.scores)), A::P(pp)]);
+                args.extend(geometry);
+                args.extend([
                     A::I(int("context", self.context)?),
                     A::F(l.scale),
                     A::I(l.window),
                     A::F(l.softcap),
-                ];
+                ]);
                 args.extend(quant);
                 self.go(
                     "attention (rope, kv store, quantize)",
