@@ -514,6 +514,9 @@ fn sigterm_exits_143() {
         .spawn()
         .unwrap();
     let mut err = child.stderr.take().unwrap();
+    // Held open past `wait` (which would close it): end of input would race the signal and
+    // end the chat normally, with 0.
+    let _stdin = child.stdin.take().unwrap();
     let mut prompt = [0u8; 2];
     err.read_exact(&mut prompt).unwrap();
     assert_eq!(&prompt, b"> ");
