@@ -22,6 +22,8 @@ pub(crate) mod avx512_q4k;
 pub(crate) mod avx512_q6k;
 pub mod generic;
 mod layout;
+#[cfg(target_arch = "x86_64")]
+mod q4k_row;
 mod q8_act;
 #[cfg(target_arch = "x86_64")]
 mod vnni_gemm;
@@ -32,6 +34,32 @@ use crate::ComputeError;
 use infer_quant::QuantFormat;
 
 pub use avx2_dispatch::avx2_available;
+
+/// How far past the block being read the one-row K-quant kernels ([`q4k_row`],
+/// `vnni_gemm_k`'s Q6_K rows) prefetch their weight row, in bytes. Decode reads every weight
+/// once per token from memory, one row after another; on this project's AMD EPYC test host the
+/// hardware prefetchers alone left a single core at ~75% of its read bandwidth
+/// (Llama-3.2-1B shapes, Q4_K_M, tg64 at 1 thread: 33.6 → 37.3 tok/s with hints 8 KiB ahead,
+/// 2 threads: 55.0 → 65.2; 1 KiB ahead gained nothing). A hint past the end of a mapping is
+/// dropped.
+#[cfg(target_arch = "x86_64")]
+const STREAM_AHEAD: usize = 8192;
+
+/// Prefetch (into L1) the cache lines of the `bytes` bytes [`STREAM_AHEAD`] past `p`.
+///
+/// # Safety
+/// None beyond a valid `p` provenance: prefetches never fault.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_stream(p: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = p.wrapping_add(STREAM_AHEAD);
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
+        off += 64;
+    }
+}
 
 /// A fused dot product: `(n, weight_blocks, activation_blocks) -> Σ w·a` for a row of `n` values
 /// (`n` a multiple of the block size). Panics if a slice holds fewer than `n / block` blocks.

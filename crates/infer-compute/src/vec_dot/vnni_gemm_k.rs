@@ -12,10 +12,10 @@
 //! `acc = fma(d_w·d_a, isum, acc)` (Q6_K: `isum` net of the offset term) and, for Q4_K,
 //! `acc = fma(−(dmin_w·d_a), msum, acc)`, over the super-blocks in order from `acc = 0` — the same
 //! f32 sequence for any number of activation rows, so a mat-vec and any row of a mat-mat give the
-//! same bits. Fewer than [`MIN_ROWS`] activation rows go row by row straight from the weights
-//! ([`row_exact`]: ggml's AVX2 `maddubs`/`madd` per unit, lanes summed exactly).
+//! same bits. Fewer than [`MIN_ROWS`] activation rows go row by row straight from the weights:
+//! Q4_K through [`super::q4k_row`] (512-bit units), Q6_K through [`row_exact_q6k`] (ggml's AVX2
+//! `maddubs`/`madd` per unit, lanes summed exactly).
 
-use super::avx2::scale_shuffle_k4;
 use super::avx512_q6k::SCALE_SHUFFLE;
 use super::layout::q4k_scales_mins;
 use super::vnni_gemm::{prefetch_next_group, put_lanes, transpose8, GROUP};
@@ -28,8 +28,8 @@ use std::cell::Cell;
 /// Activation rows per tile of the transposed path.
 const TILE: usize = 8;
 /// From this many activation rows on, the transposed group pays for itself; below it rows are
-/// streamed one at a time ([`row_exact`], as the 1 × N tile kernels do: eight-row groups ran
-/// mat-vecs from memory ~20% slower).
+/// streamed one at a time ([`super::q4k_row`], [`row_exact_q6k`]; eight-row groups ran mat-vecs
+/// from memory ~20% slower).
 const MIN_ROWS: usize = 4;
 /// 32-value units per super-block.
 const UNITS: usize = 8;
@@ -317,34 +317,6 @@ unsafe fn group_tile<const N: usize>(
     acc
 }
 
-/// One Q4_K row's super-block at `xb` against the Q8_K quants `y`: i32 lanes summing to
-/// `Σ_s scale_s · dot_s` (ggml's AVX2 `madd(scale, maddubs(q4, y))` per unit), and lanes
-/// summing to `Σ_s min_s · asum_s` (`asum`: the eight 32-value sums as i16).
-#[inline(always)]
-unsafe fn row_ints_q4k(xb: *const u8, y: *const u8, asum: __m128i) -> (__m256i, __m256i) {
-    let m4 = _mm256_set1_epi8(0xF);
-    let sm = q4k_scales_mins(std::slice::from_raw_parts(xb.add(q4_k::SCALES_OFFSET), 12));
-    let ms = _mm256_cvtepu8_epi16(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
-    let sc128 = _mm256_castsi256_si128(ms);
-    let scales = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(sc128), sc128);
-    let q = xb.add(q4_k::QS_OFFSET);
-    let mut sum = _mm256_setzero_si256();
-    for t in 0..4 {
-        let bits = _mm256_loadu_si256(q.add(32 * t) as *const __m256i);
-        let lo = _mm256_and_si256(bits, m4);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-        let ylo = _mm256_loadu_si256(y.add(64 * t) as *const __m256i);
-        let yhi = _mm256_loadu_si256(y.add(64 * t + 32) as *const __m256i);
-        let slo = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * t));
-        let shi = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * t + 1));
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(slo, _mm256_maddubs_epi16(lo, ylo)));
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(shi, _mm256_maddubs_epi16(hi, yhi)));
-    }
-    let m = _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), asum);
-    let m = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(m), _mm_setzero_si128());
-    (sum, m)
-}
-
 /// One Q6_K row's super-block at `xb` against the Q8_K quants `y`: i32 lanes summing to
 /// `Σ_s scale_s · dot_s` over the stored quants `q + 32`, and lanes summing to
 /// `Σ_s scale_s · bsum_s` (`bs`: the 16 bsums).
@@ -362,39 +334,24 @@ unsafe fn row_ints_q6k(xb: *const u8, y: *const u8, bs: __m256i) -> (__m256i, __
     (sum, _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bs))
 }
 
-/// One weight row (`row`, `nb` super-blocks) · one Q8_K activation row `a`, row by row as the
-/// 1 × N tile kernels stream it, with the arithmetic of [`group_tile`]: each super-block's
-/// integer lanes ([`row_ints_q4k`], [`row_ints_q6k`]) summed exactly, then the same FMAs in
-/// scalar f32.
+/// One Q6_K weight row (`row`, `nb` super-blocks) · one Q8_K activation row `a`, row by row as
+/// the 1 × N tile kernels stream it, with the arithmetic of [`group_tile`]: each super-block's
+/// integer lanes ([`row_ints_q6k`]) summed exactly, then the same FMA in scalar f32.
 #[inline(always)]
-unsafe fn row_exact(fmt: KQuant, row: *const u8, nb: usize, a: *const u8) -> f32 {
-    let bb = fmt.block_bytes();
+unsafe fn row_exact_q6k(row: *const u8, nb: usize, a: *const u8) -> f32 {
+    let bb = q6_k::BLOCK_BYTES;
     let mut acc = 0f32;
     for b in 0..nb {
         let xb = row.add(b * bb);
+        super::prefetch_stream(xb, bb);
         let yb = a.add(b * q8_k::BLOCK_BYTES);
         let y = yb.add(q8_k::QS_OFFSET);
         let bs = _mm256_loadu_si256(yb.add(q8_k::BSUMS_OFFSET) as *const __m256i);
         let da = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
-        let (d, dmin) = d_dmin(fmt, xb);
-        match fmt {
-            KQuant::Q4K => {
-                // The eight 32-value sums as i16.
-                let asum = _mm_hadd_epi16(
-                    _mm256_castsi256_si128(bs),
-                    _mm256_extracti128_si256::<1>(bs),
-                );
-                let (v, c) = row_ints_q4k(xb, y, asum);
-                let (isum, msum) = hsum2_i32(v, c);
-                acc = (d * da).mul_add(isum as f32, acc);
-                acc = (-(dmin * da)).mul_add(msum as f32, acc);
-            }
-            KQuant::Q6K => {
-                let (v, c) = row_ints_q6k(xb, y, bs);
-                let (isum, _) = hsum2_i32(_mm256_sub_epi32(v, _mm256_slli_epi32(c, 5)), v);
-                acc = (d * da).mul_add(isum as f32, acc);
-            }
-        }
+        let (d, _) = d_dmin(KQuant::Q6K, xb);
+        let (v, c) = row_ints_q6k(xb, y, bs);
+        let (isum, _) = hsum2_i32(_mm256_sub_epi32(v, _mm256_slli_epi32(c, 5)), v);
+        acc = (d * da).mul_add(isum as f32, acc);
     }
     acc
 }
@@ -449,10 +406,13 @@ unsafe fn rows_for<const Q4: bool>(
     }
     let ar = nb * q8_k::BLOCK_BYTES;
     let ap = acts.as_ptr();
+    if m < MIN_ROWS && Q4 {
+        return super::q4k_row::rows_times_acts(ws, row_bytes, nb, acts, m, out);
+    }
     if m < MIN_ROWS {
         for (r, row) in ws.chunks_exact(row_bytes).enumerate() {
             for i in 0..m {
-                out.put(r, i, row_exact(fmt, row.as_ptr(), nb, ap.add(i * ar)));
+                out.put(r, i, row_exact_q6k(row.as_ptr(), nb, ap.add(i * ar)));
             }
         }
         return;
@@ -550,6 +510,7 @@ mod tests {
                 (1, 5, 2),
                 (3, 11, 13),
                 (2, 8, 8),
+                (8, 3, 1),
             ] {
                 let bb = fmt.block_bytes();
                 let cols = nb * 256;
