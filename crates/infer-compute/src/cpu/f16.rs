@@ -286,6 +286,7 @@ mod simd {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 32 <= n {
+            crate::vec_dot::prefetch_stream(pb.add(i) as *const u8, 64);
             for (u, s) in acc.iter_mut().enumerate() {
                 let w = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(i + 8 * u) as *const __m128i));
                 *s = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * u)), w, *s);
@@ -316,6 +317,9 @@ mod simd {
         let va = _mm256_set1_ps(alpha);
         let mut i = 0;
         while i + 16 <= n {
+            if i % 32 == 0 {
+                crate::vec_dot::prefetch_stream(px.add(i) as *const u8, 64);
+            }
             let x0 = _mm256_cvtph_ps(_mm_loadu_si128(px.add(i) as *const __m128i));
             let x1 = _mm256_cvtph_ps(_mm_loadu_si128(px.add(i + 8) as *const __m128i));
             _mm256_storeu_ps(

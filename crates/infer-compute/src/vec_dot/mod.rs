@@ -21,9 +21,9 @@ pub(crate) mod avx512_q4k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_q6k;
 pub mod generic;
-mod layout;
 #[cfg(target_arch = "x86_64")]
-mod q4k_row;
+mod kquant_row;
+mod layout;
 mod q8_act;
 #[cfg(target_arch = "x86_64")]
 mod vnni_gemm;
@@ -35,8 +35,9 @@ use infer_quant::QuantFormat;
 
 pub use avx2_dispatch::avx2_available;
 
-/// How far past the block being read the one-row K-quant kernels ([`q4k_row`],
-/// `vnni_gemm_k`'s Q6_K rows) prefetch their weight row, in bytes. Decode reads every weight
+/// How far past the block being read the one-row kernels (K-quants: [`kquant_row`]; f16:
+/// `cpu::f16`'s dot and axpy) prefetch their weight rows, in
+/// bytes. Decode reads every weight
 /// once per token from memory, one row after another; on this project's AMD EPYC test host the
 /// hardware prefetchers alone left a single core at ~75% of its read bandwidth
 /// (Llama-3.2-1B shapes, Q4_K_M, tg64 at 1 thread: 33.6 → 37.3 tok/s with hints 8 KiB ahead,
@@ -51,7 +52,7 @@ const STREAM_AHEAD: usize = 8192;
 /// None beyond a valid `p` provenance: prefetches never fault.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn prefetch_stream(p: *const u8, bytes: usize) {
+pub(crate) unsafe fn prefetch_stream(p: *const u8, bytes: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let ahead = p.wrapping_add(STREAM_AHEAD);
     let mut off = 0;

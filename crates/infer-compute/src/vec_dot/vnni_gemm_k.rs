@@ -12,11 +12,9 @@
 //! `acc = fma(d_w·d_a, isum, acc)` (Q6_K: `isum` net of the offset term) and, for Q4_K,
 //! `acc = fma(−(dmin_w·d_a), msum, acc)`, over the super-blocks in order from `acc = 0` — the same
 //! f32 sequence for any number of activation rows, so a mat-vec and any row of a mat-mat give the
-//! same bits. Fewer than [`MIN_ROWS`] activation rows go row by row straight from the weights:
-//! Q4_K through [`super::q4k_row`] (512-bit units), Q6_K through [`row_exact_q6k`] (ggml's AVX2
-//! `maddubs`/`madd` per unit, lanes summed exactly).
+//! same bits. Fewer than [`MIN_ROWS`] activation rows go row by row straight from the weights
+//! ([`super::kquant_row`]).
 
-use super::avx512_q6k::SCALE_SHUFFLE;
 use super::layout::q4k_scales_mins;
 use super::vnni_gemm::{prefetch_next_group, put_lanes, transpose8, GROUP};
 use super::OutMat;
@@ -28,8 +26,8 @@ use std::cell::Cell;
 /// Activation rows per tile of the transposed path.
 const TILE: usize = 8;
 /// From this many activation rows on, the transposed group pays for itself; below it rows are
-/// streamed one at a time ([`super::q4k_row`], [`row_exact_q6k`]; eight-row groups ran mat-vecs
-/// from memory ~20% slower).
+/// streamed one at a time ([`super::kquant_row`]; eight-row groups ran mat-vecs from memory ~20%
+/// slower).
 const MIN_ROWS: usize = 4;
 /// 32-value units per super-block.
 const UNITS: usize = 8;
@@ -317,54 +315,6 @@ unsafe fn group_tile<const N: usize>(
     acc
 }
 
-/// One Q6_K row's super-block at `xb` against the Q8_K quants `y`: i32 lanes summing to
-/// `Σ_s scale_s · dot_s` over the stored quants `q + 32`, and lanes summing to
-/// `Σ_s scale_s · bsum_s` (`bs`: the 16 bsums).
-#[inline(always)]
-unsafe fn row_ints_q6k(xb: *const u8, y: *const u8, bs: __m256i) -> (__m256i, __m256i) {
-    let un = unpack(KQuant::Q6K, xb);
-    let scales = _mm_loadu_si128(xb.add(q6_k::SCALES_OFFSET) as *const __m128i);
-    let mut sum = _mm256_setzero_si256();
-    for (u, q) in un.units.iter().enumerate() {
-        let shuf = _mm_loadu_si128(SCALE_SHUFFLE[u].as_ptr() as *const __m128i);
-        let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
-        let yv = _mm256_loadu_si256(y.add(32 * u) as *const __m256i);
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(sc, _mm256_maddubs_epi16(*q, yv)));
-    }
-    (sum, _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bs))
-}
-
-/// One Q6_K weight row (`row`, `nb` super-blocks) · one Q8_K activation row `a`, row by row as
-/// the 1 × N tile kernels stream it, with the arithmetic of [`group_tile`]: each super-block's
-/// integer lanes ([`row_ints_q6k`]) summed exactly, then the same FMA in scalar f32.
-#[inline(always)]
-unsafe fn row_exact_q6k(row: *const u8, nb: usize, a: *const u8) -> f32 {
-    let bb = q6_k::BLOCK_BYTES;
-    let mut acc = 0f32;
-    for b in 0..nb {
-        let xb = row.add(b * bb);
-        super::prefetch_stream(xb, bb);
-        let yb = a.add(b * q8_k::BLOCK_BYTES);
-        let y = yb.add(q8_k::QS_OFFSET);
-        let bs = _mm256_loadu_si256(yb.add(q8_k::BSUMS_OFFSET) as *const __m256i);
-        let da = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
-        let (d, _) = d_dmin(KQuant::Q6K, xb);
-        let (v, c) = row_ints_q6k(xb, y, bs);
-        let (isum, _) = hsum2_i32(_mm256_sub_epi32(v, _mm256_slli_epi32(c, 5)), v);
-        acc = (d * da).mul_add(isum as f32, acc);
-    }
-    acc
-}
-
-/// The sums of the eight i32 lanes of `v` and of `w` (exact, wrapping).
-#[inline(always)]
-unsafe fn hsum2_i32(v: __m256i, w: __m256i) -> (i32, i32) {
-    let t = _mm256_hadd_epi32(v, w);
-    let s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
-    let s = _mm_hadd_epi32(s, s);
-    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
-}
-
 /// Element (r, i) of `out` = `W_r · A_i` for the `fmt` weight rows `ws` (`row_bytes` each, `nb`
 /// super-blocks) and the `m` Q8_K activation rows `acts` (`nb` blocks each).
 ///
@@ -406,16 +356,8 @@ unsafe fn rows_for<const Q4: bool>(
     }
     let ar = nb * q8_k::BLOCK_BYTES;
     let ap = acts.as_ptr();
-    if m < MIN_ROWS && Q4 {
-        return super::q4k_row::rows_times_acts(ws, row_bytes, nb, acts, m, out);
-    }
     if m < MIN_ROWS {
-        for (r, row) in ws.chunks_exact(row_bytes).enumerate() {
-            for i in 0..m {
-                out.put(r, i, row_exact_q6k(row.as_ptr(), nb, ap.add(i * ar)));
-            }
-        }
-        return;
+        return super::kquant_row::rows_times_acts(fmt, ws, row_bytes, nb, acts, m, out);
     }
     let mut blocks = scratch::take(&BLOCKS, nb);
     for g in (0..n_rows).step_by(GROUP) {
