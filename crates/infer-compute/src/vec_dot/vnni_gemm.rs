@@ -1,12 +1,16 @@
 //! AVX-512 VNNI products of Q4_0 / Q5_0 / Q8_0 (and the seed's split Q8) weights with Q8_0
 //! activation rows ([`super::Q8Rows`]), eight weight rows at a time.
 //!
-//! The eight rows' blocks are unpacked to unsigned bytes and transposed (once per group of rows
-//! and product, into a per-thread buffer) so that dword lane `r` of register `k` holds row `r`'s
-//! quants `4k..4k+3`. One `vpdpbusd` with an activation dword broadcast then advances the block
-//! dot of all eight rows, and one FMA per block and activation row scales and accumulates the
-//! eight dots: the layout of llama.cpp's repacked `ggml_gemm_q4_0_8x8_q8_0` (ggml-cpu
-//! `repack.cpp`), built per product instead of stored.
+//! Sixteen rows' blocks are unpacked to unsigned bytes and transposed (once per group of rows
+//! and product, into a per-thread buffer) so that dword lane `r` of 512-bit register `k` holds
+//! row `r`'s quants `4k..4k+3`. One `vpdpbusd` with an activation dword broadcast then advances
+//! the block dot of all sixteen rows, and one FMA per block and activation row scales and
+//! accumulates the sixteen dots: the layout of llama.cpp's repacked `ggml_gemm_q4_0_8x8_q8_0`
+//! (ggml-cpu `repack.cpp`) at twice its width, built per product instead of stored. (With eight
+//! rows in 256-bit registers a Llama-3.2-1B Q4_0 prompt ran at 0.77–0.84× llama.cpp; the
+//! sixteen-row groups use the full width of CPUs with 512-bit units.) Fewer than
+//! [`DIRECT_BELOW`] activation rows take eight rows at a time straight from the weights
+//! ([`group_direct`]).
 //!
 //! Signed weights become unsigned by an offset (Q4_0 `+8`, Q5_0 `+16`, Q8_0 `+128`); the offset
 //! times the activation block's quant sum starts the integer accumulator, so every block dot is
@@ -22,21 +26,33 @@ use infer_quant::{q4_0, q5_0, q8_0};
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-/// Weight rows per group: one dword lane per row of a 256-bit register.
+/// Weight rows per group of the direct path (and of `vnni_gemm_k`): one dword lane per row of a
+/// 256-bit register.
 pub(super) const GROUP: usize = 8;
+/// Weight rows per transposed group: one dword lane per row of a 512-bit register.
+pub(super) const WIDE: usize = 16;
 /// Activation rows per tile: 16 accumulators + 8 weight registers of the 32.
 const TILE: usize = 16;
 /// Below this many activation rows, groups are multiplied straight from the weight blocks
 /// ([`group_direct`]); from it on, transposed once per group ([`prepare_group`]).
 const DIRECT_BELOW: usize = 4;
 
-/// One transposed block of a group: eight registers of unsigned quants, then the eight rows'
-/// f32 scales. 32-byte aligned.
-#[derive(Clone, Copy, Default)]
-#[repr(C, align(32))]
+/// One transposed block of a group: eight 512-bit registers of unsigned quants (lane `r`:
+/// row `r`), then the sixteen rows' f32 scales. 64-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
 struct TBlock {
-    quants: [[u8; 32]; 8],
-    scales: [f32; GROUP],
+    quants: [[u8; 64]; 8],
+    scales: [f32; WIDE],
+}
+
+impl Default for TBlock {
+    fn default() -> Self {
+        TBlock {
+            quants: [[0; 64]; 8],
+            scales: [0.0; WIDE],
+        }
+    }
 }
 
 thread_local! {
@@ -179,35 +195,48 @@ unsafe fn scales_at(
 
 /// The weights stream from memory and eight rows are eight streams, which the hardware
 /// prefetchers follow poorly: block `b` of a group fetches the `b`-th share of the next group
-/// (the eight rows after `rows`, `row_bytes` apart; `bb` bytes per block). A hint past the end
+/// (the `n` rows after `rows`, `row_bytes` apart; `bb` bytes per block). A hint past the end
 /// of the weights is dropped.
 #[inline(always)]
-pub(super) unsafe fn prefetch_next_group(rows: *const u8, row_bytes: usize, b: usize, bb: usize) {
-    let ahead = rows.wrapping_add(GROUP * row_bytes + b * GROUP * bb);
+pub(super) unsafe fn prefetch_next_group(
+    rows: *const u8,
+    (n, row_bytes): (usize, usize),
+    b: usize,
+    bb: usize,
+) {
+    let ahead = rows.wrapping_add(n * row_bytes + b * n * bb);
     let mut off = 0;
-    while off < GROUP * bb {
+    while off < n * bb {
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
         off += 64;
     }
 }
 
-/// Unpacks and transposes the `out.len()` blocks of the eight weight rows `rows` (`wd`: their
-/// f32 scales for [`Q0::Q8S`]; `row_bytes`: the matrix's row stride) into `out`.
+/// Unpacks and transposes the `out.len()` blocks of the sixteen weight rows `rows` (`wd`: their
+/// f32 scales for [`Q0::Q8S`]; `row_bytes`: the matrix's row stride) into `out`, as two
+/// eight-row halves (rows 0-7 in the low 256 bits of each register, 8-15 in the high).
 #[inline(always)]
 unsafe fn prepare_group(
     fmt: Q0,
-    rows: [*const u8; GROUP],
-    wd: [*const f32; GROUP],
+    rows: [*const u8; WIDE],
+    wd: [*const f32; WIDE],
     row_bytes: usize,
     out: &mut [TBlock],
 ) {
     let bb = block_bytes(fmt);
     for (b, tb) in out.iter_mut().enumerate() {
-        prefetch_next_group(rows[0], row_bytes, b, bb);
-        let t = transpose8(&unpack8(fmt, &rows, b, bb));
-        _mm256_store_ps(tb.scales.as_mut_ptr(), scales_at(fmt, &rows, &wd, b, bb));
-        for (q, tk) in tb.quants.iter_mut().zip(t) {
-            _mm256_store_si256(q.as_mut_ptr() as *mut __m256i, tk);
+        prefetch_next_group(rows[0], (WIDE, row_bytes), b, bb);
+        for half in 0..2 {
+            let r8: [*const u8; GROUP] = std::array::from_fn(|r| rows[GROUP * half + r]);
+            let w8: [*const f32; GROUP] = std::array::from_fn(|r| wd[GROUP * half + r]);
+            let t = transpose8(&unpack8(fmt, &r8, b, bb));
+            _mm256_store_ps(
+                tb.scales.as_mut_ptr().add(GROUP * half),
+                scales_at(fmt, &r8, &w8, b, bb),
+            );
+            for (q, tk) in tb.quants.iter_mut().zip(t) {
+                _mm256_store_si256(q.as_mut_ptr().add(32 * half) as *mut __m256i, tk);
+            }
         }
     }
 }
@@ -229,7 +258,7 @@ unsafe fn group_direct<const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     for b in 0..nb {
         let p = rows.add(b * bb);
-        prefetch_next_group(rows, row_bytes, b, bb);
+        prefetch_next_group(rows, (GROUP, row_bytes), b, bb);
         let mut u = [_mm256_setzero_si256(); GROUP];
         let mut h = [0i16; GROUP];
         for r in 0..GROUP {
@@ -257,8 +286,9 @@ unsafe fn group_direct<const N: usize>(
     acc
 }
 
-/// The eight outputs of a group for `N` activation rows (quants `qs[j]`, scales `d[j]`, block
-/// quant sums `sums[j]`, `blocks.len()` blocks each): lane `r` of result `j` = row `r` · act `j`.
+/// The sixteen outputs of a group for `N` activation rows (quants `qs[j]`, scales `d[j]`,
+/// block quant sums `sums[j]`, `blocks.len()` blocks each): lane `r` of result `j` = row `r` ·
+/// act `j`.
 #[inline(always)]
 unsafe fn group_tile<const N: usize>(
     blocks: &[TBlock],
@@ -266,22 +296,22 @@ unsafe fn group_tile<const N: usize>(
     qs: [*const i8; N],
     d: [*const f32; N],
     sums: [*const i32; N],
-) -> [__m256; N] {
-    let mut acc = [_mm256_setzero_ps(); N];
+) -> [__m512; N] {
+    let mut acc = [_mm512_setzero_ps(); N];
     for (b, tb) in blocks.iter().enumerate() {
-        let mut w = [_mm256_setzero_si256(); 8];
+        let mut w = [_mm512_setzero_si512(); 8];
         for (wk, q) in w.iter_mut().zip(&tb.quants) {
-            *wk = _mm256_load_si256(q.as_ptr() as *const __m256i);
+            *wk = _mm512_load_si512(q.as_ptr() as *const __m512i);
         }
-        let dw = _mm256_load_ps(tb.scales.as_ptr());
+        let dw = _mm512_load_ps(tb.scales.as_ptr());
         for j in 0..N {
             let a = qs[j].add(b * 32) as *const i32;
-            let mut s = _mm256_set1_epi32(-(*sums[j].add(b) << shift));
+            let mut s = _mm512_set1_epi32(-(*sums[j].add(b) << shift));
             for (k, wk) in w.iter().enumerate() {
-                s = _mm256_dpbusd_epi32(s, *wk, _mm256_set1_epi32(a.add(k).read_unaligned()));
+                s = _mm512_dpbusd_epi32(s, *wk, _mm512_set1_epi32(a.add(k).read_unaligned()));
             }
-            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d[j].add(b)));
-            acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc[j]);
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d[j].add(b)));
+            acc[j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[j]);
         }
     }
     acc
@@ -292,6 +322,16 @@ unsafe fn group_tile<const N: usize>(
 pub(super) unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v: __m256) {
     let mut lanes = [0f32; GROUP];
     _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+    for (r, &x) in lanes.iter().enumerate().take(valid) {
+        out.put(g + r, i, x);
+    }
+}
+
+/// Stores lanes `..valid` of the sixteen-lane `v` as outputs (g + r, i) of `out`.
+#[inline(always)]
+pub(super) unsafe fn put_wide(out: OutMat, g: usize, i: usize, valid: usize, v: __m512) {
+    let mut lanes = [0f32; WIDE];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), v);
     for (r, &x) in lanes.iter().enumerate().take(valid) {
         out.put(g + r, i, x);
     }
@@ -318,7 +358,7 @@ unsafe fn tiles<const N: usize>(
             std::array::from_fn(|j| sums.as_ptr().add((i + j) * nb)),
         );
         for (j, x) in v.into_iter().enumerate() {
-            put_lanes(out, g, i + j, valid, x);
+            put_wide(out, g, i + j, valid, x);
         }
         i += N;
     }
@@ -379,23 +419,32 @@ pub(super) unsafe fn rows_times_acts(
         *s = block_sum(q.as_ptr());
     }
     let shift = offset_shift(fmt);
-    let direct = acts.m < DIRECT_BELOW;
-    let mut blocks = scratch::take(&BLOCKS, nb);
-    for g in (0..n_rows).step_by(GROUP) {
-        let valid = GROUP.min(n_rows - g);
-        // A short last group repeats its last row in the unused lanes (never stored).
-        let row = |r: usize| (g + r).min(n_rows - 1);
-        let rows = std::array::from_fn(|r| ws.as_ptr().add(row(r) * row_bytes));
-        let wds = std::array::from_fn(|r| wd.wrapping_add(row(r) * nb));
-        if direct && valid == GROUP {
-            let group = (rows[0], wds[0], nb, row_bytes);
+    // Few activation rows: whole groups of eight straight from the weights; what is left (all
+    // rows otherwise) in transposed groups of sixteen.
+    let mut first = 0;
+    if acts.m < DIRECT_BELOW {
+        first = n_rows / GROUP * GROUP;
+        for g in (0..first).step_by(GROUP) {
+            let group = (
+                ws.as_ptr().add(g * row_bytes),
+                wd.wrapping_add(g * nb),
+                nb,
+                row_bytes,
+            );
             match acts.m {
                 1 => direct_rows::<1>(fmt, group, shift, acts, &sums, (out, g)),
                 2 => direct_rows::<2>(fmt, group, shift, acts, &sums, (out, g)),
                 _ => direct_rows::<3>(fmt, group, shift, acts, &sums, (out, g)),
             }
-            continue;
         }
+    }
+    let mut blocks = scratch::take(&BLOCKS, nb);
+    for g in (first..n_rows).step_by(WIDE) {
+        let valid = WIDE.min(n_rows - g);
+        // A short last group repeats its last row in the unused lanes (never stored).
+        let row = |r: usize| (g + r).min(n_rows - 1);
+        let rows = std::array::from_fn(|r| ws.as_ptr().add(row(r) * row_bytes));
+        let wds = std::array::from_fn(|r| wd.wrapping_add(row(r) * nb));
         prepare_group(fmt, rows, wds, row_bytes, &mut blocks[..nb]);
         let bl = &blocks[..nb];
         let at = (out, g, valid);

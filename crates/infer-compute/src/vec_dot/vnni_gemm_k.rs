@@ -16,7 +16,7 @@
 //! ([`super::kquant_row`]).
 
 use super::layout::q4k_scales_mins;
-use super::vnni_gemm::{prefetch_next_group, put_lanes, transpose8, GROUP};
+use super::vnni_gemm::{prefetch_next_group, put_wide, transpose8, GROUP, WIDE};
 use super::OutMat;
 use crate::scratch;
 use infer_quant::{q4_k, q6_k, q8_k};
@@ -48,28 +48,28 @@ impl KQuant {
     }
 }
 
-/// One super-block of a group, transposed: unit `u`'s dword `k` of the eight rows at
-/// `quants[8u + k]`; the rows' sub-block scales as i32 lanes (Q4_K: 8, Q6_K: 16); the i16 pairs
-/// the offset term multiplies with the activation sums (Q4_K: mins `(m_2t, m_2t+1)`, t < 4;
-/// Q6_K: scales `(s_2t, s_2t+1)`, t < 8); `d` and `dmin` (Q4_K) as f32.
+/// One super-block of a group of sixteen rows, transposed: unit `u`'s dword `k` of the rows at
+/// `quants[8u + k]` (lane `r`: row `r`); the rows' sub-block scales as i32 lanes (Q4_K: 8,
+/// Q6_K: 16); the i16 pairs the offset term multiplies with the activation sums (Q4_K: mins
+/// `(m_2t, m_2t+1)`, t < 4; Q6_K: scales `(s_2t, s_2t+1)`, t < 8); `d` and `dmin` (Q4_K) as f32.
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C, align(64))]
 struct KBlock {
-    quants: [[u8; 32]; 64],
-    scales: [[i32; GROUP]; 16],
-    pairs: [[i32; GROUP]; 8],
-    d: [f32; GROUP],
-    dmin: [f32; GROUP],
+    quants: [[u8; 64]; 64],
+    scales: [[i32; WIDE]; 16],
+    pairs: [[i32; WIDE]; 8],
+    d: [f32; WIDE],
+    dmin: [f32; WIDE],
 }
 
 impl Default for KBlock {
     fn default() -> Self {
         KBlock {
-            quants: [[0; 32]; 64],
-            scales: [[0; GROUP]; 16],
-            pairs: [[0; GROUP]; 8],
-            d: [0.0; GROUP],
-            dmin: [0.0; GROUP],
+            quants: [[0; 64]; 64],
+            scales: [[0; WIDE]; 16],
+            pairs: [[0; WIDE]; 8],
+            d: [0.0; WIDE],
+            dmin: [0.0; WIDE],
         }
     }
 }
@@ -149,20 +149,21 @@ unsafe fn d_dmin(fmt: KQuant, xb: *const u8) -> (f32, f32) {
     }
 }
 
-/// Unpacks and transposes the `out.len()` super-blocks of the eight rows `rows` into `out`.
+/// Unpacks and transposes the `out.len()` super-blocks of the sixteen rows `rows` into `out`
+/// (two eight-row transposes per unit: rows 0-7 in the low 256 bits, 8-15 in the high).
 #[inline(always)]
 unsafe fn prepare_group(
     fmt: KQuant,
-    rows: [*const u8; GROUP],
+    rows: [*const u8; WIDE],
     row_bytes: usize,
     out: &mut [KBlock],
 ) {
     let bb = fmt.block_bytes();
     for (b, kb) in out.iter_mut().enumerate() {
-        prefetch_next_group(rows[0], row_bytes, b, bb);
-        let xb: [*const u8; GROUP] = std::array::from_fn(|r| rows[r].add(b * bb));
-        let mut units = [[_mm256_setzero_si256(); GROUP]; UNITS];
-        for r in 0..GROUP {
+        prefetch_next_group(rows[0], (WIDE, row_bytes), b, bb);
+        let xb: [*const u8; WIDE] = std::array::from_fn(|r| rows[r].add(b * bb));
+        let mut units = [[_mm256_setzero_si256(); WIDE]; UNITS];
+        for r in 0..WIDE {
             let un = unpack(fmt, xb[r]);
             for (unit, v) in units.iter_mut().zip(un.units) {
                 unit[r] = v;
@@ -180,8 +181,11 @@ unsafe fn prepare_group(
             }
         }
         for (unit, q) in units.iter().zip(kb.quants.chunks_exact_mut(8)) {
-            for (qk, tk) in q.iter_mut().zip(transpose8(unit)) {
-                _mm256_store_si256(qk.as_mut_ptr() as *mut __m256i, tk);
+            for half in 0..2 {
+                let rows8: [__m256i; GROUP] = std::array::from_fn(|r| unit[GROUP * half + r]);
+                for (qk, tk) in q.iter_mut().zip(transpose8(&rows8)) {
+                    _mm256_store_si256(qk.as_mut_ptr().add(32 * half) as *mut __m256i, tk);
+                }
             }
         }
         for (r, x) in xb.iter().enumerate() {
@@ -194,9 +198,9 @@ unsafe fn prepare_group(
 /// the result broadcast by the caller: Q4_K `(Σ_32 a of sub-block 2t, of 2t + 1)`, Q6_K the
 /// `bsums` themselves.
 #[inline(always)]
-unsafe fn act_pairs(fmt: KQuant, yb: *const u8) -> [__m256i; 8] {
+unsafe fn act_pairs(fmt: KQuant, yb: *const u8) -> [__m512i; 8] {
     let bs = yb.add(q8_k::BSUMS_OFFSET);
-    let mut out = [_mm256_setzero_si256(); 8];
+    let mut out = [_mm512_setzero_si512(); 8];
     match fmt {
         KQuant::Q4K => {
             let lo = _mm_loadu_si128(bs as *const __m128i);
@@ -205,12 +209,12 @@ unsafe fn act_pairs(fmt: KQuant, yb: *const u8) -> [__m256i; 8] {
             let mut w = [0i32; 4];
             _mm_storeu_si128(w.as_mut_ptr() as *mut __m128i, s32);
             for t in 0..4 {
-                out[t] = _mm256_set1_epi32(w[t]);
+                out[t] = _mm512_set1_epi32(w[t]);
             }
         }
         KQuant::Q6K => {
             for (t, o) in out.iter_mut().enumerate() {
-                *o = _mm256_set1_epi32((bs.add(4 * t) as *const i32).read_unaligned());
+                *o = _mm512_set1_epi32((bs.add(4 * t) as *const i32).read_unaligned());
             }
         }
     }
@@ -220,15 +224,15 @@ unsafe fn act_pairs(fmt: KQuant, yb: *const u8) -> [__m256i; 8] {
 /// Activation dword `k` at `y`, broadcast. (No closures in the kernels: a closure would not
 /// inherit the target features and its intrinsics would not be inlined.)
 #[inline(always)]
-unsafe fn bcast(y: *const i32, k: usize) -> __m256i {
-    _mm256_set1_epi32(y.add(k).read_unaligned())
+unsafe fn bcast(y: *const i32, k: usize) -> __m512i {
+    _mm512_set1_epi32(y.add(k).read_unaligned())
 }
 
-/// Eight i32 lanes from an aligned array.
+/// Sixteen i32 lanes from an aligned array.
 #[inline(always)]
-unsafe fn lanes(v: &[i32; GROUP]) -> __m256i {
-    debug_assert!((v.as_ptr() as usize).is_multiple_of(32));
-    _mm256_load_si256(v.as_ptr() as *const __m256i)
+unsafe fn lanes(v: &[i32; WIDE]) -> __m512i {
+    debug_assert!((v.as_ptr() as usize).is_multiple_of(64));
+    _mm512_load_si512(v.as_ptr() as *const __m512i)
 }
 
 /// Folds one super-block's integers into the accumulator: `fma(d·d_a, isum − Q6_K's 32·corr)`,
@@ -236,77 +240,77 @@ unsafe fn lanes(v: &[i32; GROUP]) -> __m256i {
 #[inline(always)]
 unsafe fn accumulate(
     fmt: KQuant,
-    acc: __m256,
-    (d, dmin): (__m256, __m256),
+    acc: __m512,
+    (d, dmin): (__m512, __m512),
     da: f32,
-    isum: __m256i,
-    corr: __m256i,
-) -> __m256 {
-    let da = _mm256_set1_ps(da);
+    isum: __m512i,
+    corr: __m512i,
+) -> __m512 {
+    let da = _mm512_set1_ps(da);
     match fmt {
         KQuant::Q4K => {
-            let acc = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum), acc);
-            _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(corr), acc)
+            let acc = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(isum), acc);
+            _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(corr), acc)
         }
         KQuant::Q6K => {
-            let s = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5));
-            _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(s), acc)
+            let s = _mm512_sub_epi32(isum, _mm512_slli_epi32(corr, 5));
+            _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s), acc)
         }
     }
 }
 
-/// The eight outputs of a group for `N` activation rows `a[j]` (Q8_K rows of `blocks.len()`
+/// The sixteen outputs of a group for `N` activation rows `a[j]` (Q8_K rows of `blocks.len()`
 /// super-blocks): lane `r` of result `j` = row `r` · act `j`.
 #[inline(always)]
 unsafe fn group_tile<const N: usize>(
     fmt: KQuant,
     blocks: &[KBlock],
     a: [*const u8; N],
-) -> [__m256; N] {
-    let mut acc = [_mm256_setzero_ps(); N];
+) -> [__m512; N] {
+    let mut acc = [_mm512_setzero_ps(); N];
     let n_pairs = if fmt == KQuant::Q4K { 4 } else { 8 };
     for (b, kb) in blocks.iter().enumerate() {
-        let mut isum = [_mm256_setzero_si256(); N];
+        let mut isum = [_mm512_setzero_si512(); N];
         for u in 0..UNITS {
-            let mut w = [_mm256_setzero_si256(); 8];
+            let mut w = [_mm512_setzero_si512(); 8];
             for (k, wk) in w.iter_mut().enumerate() {
-                *wk = _mm256_load_si256(kb.quants[8 * u + k].as_ptr() as *const __m256i);
+                *wk = _mm512_load_si512(kb.quants[8 * u + k].as_ptr() as *const __m512i);
             }
             for j in 0..N {
                 let y = a[j].add(b * q8_k::BLOCK_BYTES + q8_k::QS_OFFSET + 32 * u) as *const i32;
-                let z = _mm256_setzero_si256();
-                let lo = _mm256_dpbusd_epi32(z, w[0], bcast(y, 0));
-                let lo = _mm256_dpbusd_epi32(lo, w[1], bcast(y, 1));
-                let lo = _mm256_dpbusd_epi32(lo, w[2], bcast(y, 2));
-                let lo = _mm256_dpbusd_epi32(lo, w[3], bcast(y, 3));
+                let z = _mm512_setzero_si512();
+                let lo = _mm512_dpbusd_epi32(z, w[0], bcast(y, 0));
+                let lo = _mm512_dpbusd_epi32(lo, w[1], bcast(y, 1));
+                let lo = _mm512_dpbusd_epi32(lo, w[2], bcast(y, 2));
+                let lo = _mm512_dpbusd_epi32(lo, w[3], bcast(y, 3));
                 if fmt == KQuant::Q4K {
-                    let dot = _mm256_dpbusd_epi32(lo, w[4], bcast(y, 4));
-                    let dot = _mm256_dpbusd_epi32(dot, w[5], bcast(y, 5));
-                    let dot = _mm256_dpbusd_epi32(dot, w[6], bcast(y, 6));
-                    let dot = _mm256_dpbusd_epi32(dot, w[7], bcast(y, 7));
+                    let dot = _mm512_dpbusd_epi32(lo, w[4], bcast(y, 4));
+                    let dot = _mm512_dpbusd_epi32(dot, w[5], bcast(y, 5));
+                    let dot = _mm512_dpbusd_epi32(dot, w[6], bcast(y, 6));
+                    let dot = _mm512_dpbusd_epi32(dot, w[7], bcast(y, 7));
                     isum[j] =
-                        _mm256_add_epi32(isum[j], _mm256_mullo_epi32(dot, lanes(&kb.scales[u])));
+                        _mm512_add_epi32(isum[j], _mm512_mullo_epi32(dot, lanes(&kb.scales[u])));
                 } else {
-                    let hi = _mm256_dpbusd_epi32(z, w[4], bcast(y, 4));
-                    let hi = _mm256_dpbusd_epi32(hi, w[5], bcast(y, 5));
-                    let hi = _mm256_dpbusd_epi32(hi, w[6], bcast(y, 6));
-                    let hi = _mm256_dpbusd_epi32(hi, w[7], bcast(y, 7));
-                    let p = _mm256_add_epi32(
-                        _mm256_mullo_epi32(lo, lanes(&kb.scales[2 * u])),
-                        _mm256_mullo_epi32(hi, lanes(&kb.scales[2 * u + 1])),
+                    let hi = _mm512_dpbusd_epi32(z, w[4], bcast(y, 4));
+                    let hi = _mm512_dpbusd_epi32(hi, w[5], bcast(y, 5));
+                    let hi = _mm512_dpbusd_epi32(hi, w[6], bcast(y, 6));
+                    let hi = _mm512_dpbusd_epi32(hi, w[7], bcast(y, 7));
+                    let p = _mm512_add_epi32(
+                        _mm512_mullo_epi32(lo, lanes(&kb.scales[2 * u])),
+                        _mm512_mullo_epi32(hi, lanes(&kb.scales[2 * u + 1])),
                     );
-                    isum[j] = _mm256_add_epi32(isum[j], p);
+                    isum[j] = _mm512_add_epi32(isum[j], p);
                 }
             }
         }
-        let d = _mm256_load_ps(kb.d.as_ptr());
-        let dmin = _mm256_load_ps(kb.dmin.as_ptr());
+        let d = _mm512_load_ps(kb.d.as_ptr());
+        let dmin = _mm512_load_ps(kb.dmin.as_ptr());
         for j in 0..N {
             let yb = a[j].add(b * q8_k::BLOCK_BYTES);
             let ap = act_pairs(fmt, yb);
-            let mut corr = _mm256_setzero_si256();
+            let mut corr = _mm512_setzero_si512();
             for (wp, apt) in kb.pairs.iter().zip(ap).take(n_pairs) {
-                corr = _mm256_add_epi32(corr, _mm256_madd_epi16(lanes(wp), apt));
+                corr = _mm512_add_epi32(corr, _mm512_madd_epi16(lanes(wp), apt));
             }
             let da = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
             acc[j] = accumulate(fmt, acc[j], (d, dmin), da, isum[j], corr);
@@ -360,8 +364,8 @@ unsafe fn rows_for<const Q4: bool>(
         return super::kquant_row::rows_times_acts(fmt, ws, row_bytes, nb, acts, m, out);
     }
     let mut blocks = scratch::take(&BLOCKS, nb);
-    for g in (0..n_rows).step_by(GROUP) {
-        let valid = GROUP.min(n_rows - g);
+    for g in (0..n_rows).step_by(WIDE) {
+        let valid = WIDE.min(n_rows - g);
         // A short last group repeats its last row in the unused lanes (never stored).
         let rows = std::array::from_fn(|r| ws.as_ptr().add((g + r).min(n_rows - 1) * row_bytes));
         prepare_group(fmt, rows, row_bytes, &mut blocks[..nb]);
@@ -370,13 +374,13 @@ unsafe fn rows_for<const Q4: bool>(
         while i + TILE <= m {
             let v = group_tile::<TILE>(fmt, bl, std::array::from_fn(|j| ap.add((i + j) * ar)));
             for (j, x) in v.into_iter().enumerate() {
-                put_lanes(out, g, i + j, valid, x);
+                put_wide(out, g, i + j, valid, x);
             }
             i += TILE;
         }
         while i < m {
             let v = group_tile::<1>(fmt, bl, [ap.add(i * ar)]);
-            put_lanes(out, g, i, valid, v[0]);
+            put_wide(out, g, i, valid, v[0]);
             i += 1;
         }
     }
@@ -453,6 +457,7 @@ mod tests {
                 (3, 11, 13),
                 (2, 8, 8),
                 (8, 3, 1),
+                (2, 33, 9),
             ] {
                 let bb = fmt.block_bytes();
                 let cols = nb * 256;
