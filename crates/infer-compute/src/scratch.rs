@@ -15,14 +15,16 @@ use std::thread::LocalKey;
 /// A thread's reusable buffer of `T`.
 pub(crate) type Slot<T> = LocalKey<Cell<Vec<T>>>;
 
-/// Smallest capacity a buffer grows to, in elements: buffers sized by a growing quantity (the
-/// number of attended keys in decode) then reallocate only at powers of two above this.
-const MIN_CAP: usize = 1024;
+/// Smallest size a buffer grows to, in bytes (1024 f32): buffers sized by a growing quantity
+/// (the number of attended keys in decode) then reallocate only at powers of two above this.
+/// Buffers of large elements (a transposed super-block group is ~6 KiB) are not padded to it.
+const MIN_BYTES: usize = 4096;
 
-/// The capacity a buffer needs for `len` elements: `len` rounded up to a power of two, at least
-/// [`MIN_CAP`].
-pub(crate) fn grown_len(len: usize) -> usize {
-    len.checked_next_power_of_two().unwrap_or(len).max(MIN_CAP)
+/// The capacity a buffer of `T` needs for `len` elements: `len` rounded up to a power of two,
+/// at least [`MIN_BYTES`] worth of elements (at least one).
+pub(crate) fn grown_len<T>(len: usize) -> usize {
+    let min = (MIN_BYTES / std::mem::size_of::<T>().max(1)).max(1);
+    len.checked_next_power_of_two().unwrap_or(len).max(min)
 }
 
 /// Take this thread's buffer out of `slot` (empty if none, or if an outer call on this thread
@@ -30,7 +32,7 @@ pub(crate) fn grown_len(len: usize) -> usize {
 pub(crate) fn take<T: Copy + Default>(slot: &'static Slot<T>, len: usize) -> Vec<T> {
     let mut v = slot.take();
     if v.len() < len {
-        let cap = grown_len(len);
+        let cap = grown_len::<T>(len);
         v.reserve_exact(cap - v.len());
         v.resize(cap, T::default());
     }
@@ -72,8 +74,10 @@ mod tests {
 
     #[test]
     fn buffers_grow_geometrically_and_survive_reentrant_use() {
-        assert_eq!(grown_len(1), MIN_CAP);
-        assert_eq!(grown_len(MIN_CAP + 1), 2 * MIN_CAP);
+        assert_eq!(grown_len::<u32>(1), 1024);
+        assert_eq!(grown_len::<u32>(1025), 2048);
+        assert_eq!(grown_len::<[u8; 6000]>(1), 1);
+        assert_eq!(grown_len::<[u8; 6000]>(3), 4);
         let outer = with(&S, 10, |a| {
             a.fill(7);
             // A re-entrant user of the same slot gets its own buffer.
@@ -87,6 +91,6 @@ mod tests {
         assert_eq!(outer, 5010);
         // The larger (inner) buffer was kept.
         let v = S.take();
-        assert_eq!(v.len(), grown_len(5000));
+        assert_eq!(v.len(), grown_len::<u32>(5000));
     }
 }

@@ -59,6 +59,10 @@ const MIN_TASK_BYTES: usize = 16 * 1024;
 /// weight rows are swept over them.
 const ACT_TILE: usize = 32;
 
+/// Tasks hold whole multiples of this many weight rows: the sixteen-row groups of the VNNI
+/// kernels (`vec_dot::vnni_gemm`), so that no task leaves rows to the slower remainder path.
+const TASK_ROW_MULTIPLE: usize = 16;
+
 /// How a product over `rows` weight rows is cut into tasks.
 pub(crate) struct Split {
     /// Run on the calling thread.
@@ -77,7 +81,10 @@ impl Split {
         let by_size = MIN_TASK_BYTES.div_ceil(cost_per_row.max(1));
         Split {
             serial,
-            rows_per_task: by_balance.max(by_size).max(1),
+            rows_per_task: by_balance
+                .max(by_size)
+                .max(1)
+                .next_multiple_of(TASK_ROW_MULTIPLE),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Q4_K and Q6_K weight rows against one to three Q8_K activation rows, one weight row at a
 //! time, on 512-bit registers (AVX-512BW + VNNI): the mat-vec path of [`super::vnni_gemm_k`].
 //!
-//! Same integers and the same f32 sequence as the eight-row groups of `vnni_gemm_k` (so a
+//! Same integers and the same f32 sequence as the sixteen-row groups of `vnni_gemm_k` (so a
 //! mat-vec and any row of a mat-mat give the same bits): per super-block the exact integer sums
 //! — Q4_K: `isum = Σ_s scale_s · Σ_{i∈s} q_i·a_i` and `msum = Σ_s min_s · Σ_{i∈s} a_i`; Q6_K:
 //! `isum = Σ_s scale_s · Σ_{i∈s} (q_i − 32)·a_i` — then `acc = fma(d·d_a, isum, acc)` (and for
@@ -259,7 +259,9 @@ unsafe fn row_q6k(w: *const u8, nb: usize, a: *const u8) -> f32 {
         );
         let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
         let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2));
-        let d = _mm_cvtss_f32(super::avx2::f16_pair(xb.add(q6_k::D_OFFSET)));
+        // d is the block's last two bytes: a 2-byte read (a wider one would pass the weights' end).
+        let d =
+            super::layout::f16_bits_to_f32((xb.add(q6_k::D_OFFSET) as *const u16).read_unaligned());
         let da = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
         acc = (d * da).mul_add(_mm_cvtsi128_si32(s1) as f32, acc);
     }

@@ -36,8 +36,7 @@ use infer_quant::QuantFormat;
 pub use avx2_dispatch::avx2_available;
 
 /// How far past the block being read the one-row kernels (K-quants: [`kquant_row`]; f16:
-/// `cpu::f16`'s dot and axpy) prefetch their weight rows, in
-/// bytes. Decode reads every weight
+/// `cpu::f16`'s dot and axpy) prefetch their weight rows, in bytes. Decode reads every weight
 /// once per token from memory, one row after another; on this project's AMD EPYC test host the
 /// hardware prefetchers alone left a single core at ~75% of its read bandwidth
 /// (Llama-3.2-1B shapes, Q4_K_M, tg64 at 1 thread: 33.6 → 37.3 tok/s with hints 8 KiB ahead,

@@ -1,8 +1,8 @@
-//! AVX-512 VNNI products of Q4_K / Q6_K weights with Q8_K activation rows, eight weight rows at
-//! a time: the K-quant counterpart of [`super::vnni_gemm`] (same group layout, same reasons).
+//! AVX-512 VNNI products of Q4_K / Q6_K weights with Q8_K activation rows, sixteen weight rows
+//! at a time: the K-quant counterpart of [`super::vnni_gemm`] (same group layout, same reasons).
 //!
-//! A 256-value super-block is eight units of 32 values. Each unit of the eight rows is
-//! transposed so that one `vpdpbusd` with a broadcast activation dword advances eight dots; a
+//! A 256-value super-block is eight units of 32 values. Each unit of the sixteen rows is
+//! transposed so that one `vpdpbusd` with a broadcast activation dword advances sixteen dots; a
 //! unit's dot is then multiplied by its sub-block scale (Q4_K: one 6-bit scale per 32 values;
 //! Q6_K: one signed 8-bit scale per 16, so two dots per unit) and summed in i32. The offset terms
 //! come from the Q8_K group sums (`bsums`, 16 values each): Q4_K's `Σ min_s · Σ_{i∈s} a_i`
