@@ -104,22 +104,6 @@ unsafe fn block_sum(q: *const i8) -> i32 {
     (_mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s)) as i32 - 4096
 }
 
-/// Lane `r` = the sum of the eight lanes of `v[r]` (exact, wrapping i32).
-#[inline(always)]
-pub(super) unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
-    let a01 = _mm256_hadd_epi32(v[0], v[1]);
-    let a23 = _mm256_hadd_epi32(v[2], v[3]);
-    let a45 = _mm256_hadd_epi32(v[4], v[5]);
-    let a67 = _mm256_hadd_epi32(v[6], v[7]);
-    // Rows 0-3 (low 128 bits: lanes 0-3 of each row, high: lanes 4-7), then rows 4-7.
-    let b0 = _mm256_hadd_epi32(a01, a23);
-    let b1 = _mm256_hadd_epi32(a45, a67);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(b0, b1),
-        _mm256_permute2x128_si256::<0x31>(b0, b1),
-    )
-}
-
 /// 8 × 8 transpose of 32-bit lanes: lane `r` of output `k` = lane `k` of input `r`.
 #[inline(always)]
 pub(super) unsafe fn transpose8(u: &[__m256i; 8]) -> [__m256i; 8] {
@@ -243,8 +227,9 @@ unsafe fn prepare_group(
 
 /// [`group_tile`] for few activation rows, straight from eight consecutive weight rows
 /// (`rows`: the first, `row_bytes` apart; `wd`: the first row's f32 scales for [`Q0::Q8S`]):
-/// each row's block dot is reduced across lanes ([`reduce8`]) instead of transposing the
-/// weights first, so nothing is written. Same integers, same f32 sequence.
+/// rows `2k` and `2k + 1` share a 512-bit register ([`unpack_pair`]) and each row's block dot
+/// is reduced across its half ([`reduce_pairs`]) instead of transposing the weights first, so
+/// nothing is written. Same integers, same f32 sequence.
 #[inline(always)]
 unsafe fn group_direct<const N: usize>(
     fmt: Q0,
@@ -259,11 +244,13 @@ unsafe fn group_direct<const N: usize>(
     for b in 0..nb {
         let p = rows.add(b * bb);
         prefetch_next_group(rows, (GROUP, row_bytes), b, bb);
-        let mut u = [_mm256_setzero_si256(); GROUP];
+        let mut u = [_mm512_setzero_si512(); GROUP / 2];
         let mut h = [0i16; GROUP];
-        for r in 0..GROUP {
-            u[r] = unpack_unsigned(fmt, p.add(r * row_bytes));
-            h[r] = (p.add(r * row_bytes) as *const i16).read_unaligned();
+        for (k, uk) in u.iter_mut().enumerate() {
+            let (r0, r1) = (p.add(2 * k * row_bytes), p.add((2 * k + 1) * row_bytes));
+            *uk = unpack_pair(fmt, r0, r1);
+            h[2 * k] = (r0 as *const i16).read_unaligned();
+            h[2 * k + 1] = (r1 as *const i16).read_unaligned();
         }
         let dw = if fmt == Q0::Q8S {
             let f = |r: usize| *wd.add(r * nb + b);
@@ -272,18 +259,72 @@ unsafe fn group_direct<const N: usize>(
             _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
         };
         for j in 0..N {
-            let a = _mm256_loadu_si256(qs[j].add(b * 32) as *const __m256i);
-            let mut v = [_mm256_setzero_si256(); GROUP];
-            for r in 0..GROUP {
-                v[r] = _mm256_dpbusd_epi32(v[r], u[r], a);
+            let a = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs[j].add(b * 32) as *const __m256i));
+            let mut v = [_mm512_setzero_si512(); GROUP / 2];
+            for (vk, uk) in v.iter_mut().zip(&u) {
+                *vk = _mm512_dpbusd_epi32(*vk, *uk, a);
             }
-            let dots = reduce8(v);
+            let dots = reduce_pairs(v);
             let s = _mm256_sub_epi32(dots, _mm256_set1_epi32(*sums[j].add(b) << shift));
             let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d[j].add(b)));
             acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc[j]);
         }
     }
     acc
+}
+
+/// The unsigned quants of the blocks at `r0` (low 256 bits) and `r1` (high). Q4_0 unpacks
+/// both rows' nibbles in one register.
+#[inline(always)]
+unsafe fn unpack_pair(fmt: Q0, r0: *const u8, r1: *const u8) -> __m512i {
+    if fmt != Q0::Q4_0 {
+        return _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(unpack_unsigned(fmt, r0)),
+            unpack_unsigned(fmt, r1),
+        );
+    }
+    let q = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_loadu_si128(r0.add(q4_0::QS_OFFSET) as *const __m128i)),
+        _mm_loadu_si128(r1.add(q4_0::QS_OFFSET) as *const __m128i),
+    );
+    // 128-bit lanes [r0 low nibbles, r1 low, r0 high, r1 high] → [r0 low, r0 high, r1 low, r1 high]
+    // (ggml's order: a block's 16 low nibbles are its values 0-15, the high ones 16-31).
+    let both = _mm512_and_si512(
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q), _mm256_srli_epi16::<4>(q)),
+        _mm512_set1_epi8(0xF),
+    );
+    _mm512_shuffle_i64x2::<0b11_01_10_00>(both, both)
+}
+
+/// Lane `r` = the sum of row `r`'s eight lanes, where row `2k` is the low half of `v[k]` and
+/// row `2k + 1` its high half (exact, wrapping i32).
+#[inline(always)]
+unsafe fn reduce_pairs(v: [__m512i; 4]) -> __m256i {
+    // s[m]: 128-bit lane i holds row 4m + i's four partial sums.
+    let s: [__m512i; 2] = std::array::from_fn(|m| {
+        let (a, b) = (v[2 * m], v[2 * m + 1]);
+        _mm512_add_epi32(
+            _mm512_shuffle_i64x2::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_i64x2::<0b11_01_11_01>(a, b),
+        )
+    });
+    // 128-bit lane i: [row i, row 4 + i, row i, row 4 + i].
+    let h = hadd_lanes(s[0], s[1]);
+    let f = hadd_lanes(h, h);
+    const ORDER: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0];
+    let order = _mm512_loadu_si512(ORDER.as_ptr() as *const __m512i);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, f))
+}
+
+/// `vphaddd` on each 128-bit lane of two 512-bit registers (AVX-512 has no 512-bit form):
+/// lane i = `[a₀+a₁, a₂+a₃, b₀+b₁, b₂+b₃]` of the lanes i of `a` and `b`.
+#[inline(always)]
+unsafe fn hadd_lanes(a: __m512i, b: __m512i) -> __m512i {
+    let (a, b) = (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b));
+    _mm512_add_epi32(
+        _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(a, b)),
+        _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(a, b)),
+    )
 }
 
 /// The sixteen outputs of a group for `N` activation rows (quants `qs[j]`, scales `d[j]`,
