@@ -273,22 +273,43 @@ unsafe fn group_direct<const N: usize>(
     acc
 }
 
-/// The unsigned quants of the blocks at `r0` (low 256 bits) and `r1` (high). Q4_0 unpacks
-/// both rows' nibbles in one register.
+/// The unsigned quants of the blocks at `r0` (low 256 bits) and `r1` (high), both rows
+/// unpacked in one register: as [`unpack_unsigned`] of each.
 #[inline(always)]
 unsafe fn unpack_pair(fmt: Q0, r0: *const u8, r1: *const u8) -> __m512i {
-    if fmt != Q0::Q4_0 {
-        return _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(unpack_unsigned(fmt, r0)),
-            unpack_unsigned(fmt, r1),
-        );
+    match fmt {
+        Q0::Q4_0 => nibbles_pair(r0.add(q4_0::QS_OFFSET), r1.add(q4_0::QS_OFFSET)),
+        Q0::Q5_0 => {
+            // u = nibble + 16·(fifth bit); bit j of a row's qh is its value j.
+            let qh = |r: *const u8| (r.add(q5_0::QH_OFFSET) as *const u32).read_unaligned() as u64;
+            let n = nibbles_pair(r0.add(q5_0::QS_OFFSET), r1.add(q5_0::QS_OFFSET));
+            _mm512_mask_add_epi8(
+                n,
+                _cvtu64_mask64(qh(r0) | qh(r1) << 32),
+                n,
+                _mm512_set1_epi8(16),
+            )
+        }
+        Q0::Q8_0 | Q0::Q8S => {
+            let off = if fmt == Q0::Q8_0 { q8_0::QS_OFFSET } else { 0 };
+            let q = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(r0.add(off) as *const __m256i)),
+                _mm256_loadu_si256(r1.add(off) as *const __m256i),
+            );
+            _mm512_xor_si512(q, _mm512_set1_epi8(i8::MIN))
+        }
     }
+}
+
+/// The 32 nibbles of each of two blocks (16 bytes at `q0`, at `q1`) as bytes: values 0-15 the
+/// low nibbles, 16-31 the high ones (ggml's order), `q0`'s block in the low 256 bits.
+#[inline(always)]
+unsafe fn nibbles_pair(q0: *const u8, q1: *const u8) -> __m512i {
     let q = _mm256_inserti128_si256::<1>(
-        _mm256_castsi128_si256(_mm_loadu_si128(r0.add(q4_0::QS_OFFSET) as *const __m128i)),
-        _mm_loadu_si128(r1.add(q4_0::QS_OFFSET) as *const __m128i),
+        _mm256_castsi128_si256(_mm_loadu_si128(q0 as *const __m128i)),
+        _mm_loadu_si128(q1 as *const __m128i),
     );
-    // 128-bit lanes [r0 low nibbles, r1 low, r0 high, r1 high] → [r0 low, r0 high, r1 low, r1 high]
-    // (ggml's order: a block's 16 low nibbles are its values 0-15, the high ones 16-31).
+    // 128-bit lanes [q0 low nibbles, q1 low, q0 high, q1 high] → [q0 low, q0 high, q1 low, q1 high].
     let both = _mm512_and_si512(
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q), _mm256_srli_epi16::<4>(q)),
         _mm512_set1_epi8(0xF),
