@@ -384,9 +384,7 @@ unsafe fn group_tile<const N: usize>(
 pub(super) unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v: __m256) {
     let mut lanes = [0f32; GROUP];
     _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-    for (r, &x) in lanes.iter().enumerate().take(valid) {
-        out.put(g + r, i, x);
-    }
+    put_first(out, g, i, &lanes[..valid]);
 }
 
 /// Stores lanes `..valid` of the sixteen-lane `v` as outputs (g + r, i) of `out`.
@@ -394,7 +392,13 @@ pub(super) unsafe fn put_lanes(out: OutMat, g: usize, i: usize, valid: usize, v:
 pub(super) unsafe fn put_wide(out: OutMat, g: usize, i: usize, valid: usize, v: __m512) {
     let mut lanes = [0f32; WIDE];
     _mm512_storeu_ps(lanes.as_mut_ptr(), v);
-    for (r, &x) in lanes.iter().enumerate().take(valid) {
+    put_first(out, g, i, &lanes[..valid]);
+}
+
+/// Outputs (g + r, i) of `out` = `lanes[r]`.
+#[inline(always)]
+unsafe fn put_first(out: OutMat, g: usize, i: usize, lanes: &[f32]) {
+    for (r, &x) in lanes.iter().enumerate() {
         out.put(g + r, i, x);
     }
 }
