@@ -11,6 +11,7 @@ use infer_vindex::Vindex;
 
 use crate::device_args::DeviceArgs;
 use crate::format_args::FormatArgs;
+use crate::kv_memory::{self, Workload};
 
 /// Arguments of `infer bench`.
 #[derive(Args)]
@@ -140,27 +141,51 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
              more than the model's maximum context {max}"
         );
     }
-    if args.device.device == crate::device_args::Device::Cpu {
-        let seqs = args.batch.unwrap_or(1);
-        crate::kv_memory::check(
-            vindex.config(),
-            seqs,
-            ctx,
-            &format!(
-                "{seqs} sequences × {ctx} positions ({} + 1)",
-                if args.depth > 0 {
-                    "-d + -p + -n"
-                } else {
-                    "-p + -n"
-                }
-            ),
-            if args.depth > 0 {
-                "lower -d, -p or -n"
-            } else {
-                "lower -B, -p or -n"
-            },
-        )?;
-    }
+    // Weights, KV caches and scratch against the device's free memory (the host's available
+    // memory for the KV caches on the CPU), before anything is uploaded or allocated.
+    let seqs = args.batch.unwrap_or(1);
+    let work = match args.batch {
+        Some(b) => {
+            // Prefill steps of whole prompts (at most MAX_STEP_TOKENS), then B tokens a step.
+            let prompt = args.n_prompt.max(1);
+            let per_step = (MAX_STEP_TOKENS / prompt).clamp(1, b);
+            Workload {
+                sequences: b,
+                positions: ctx,
+                step_tokens: (per_step * prompt).max(b),
+                logit_rows: b,
+                fused_decoder: false,
+            }
+        }
+        None => Workload {
+            sequences: 1,
+            positions: ctx,
+            step_tokens: args.depth.max(args.n_prompt).max(1),
+            logit_rows: 1,
+            fused_decoder: args.device.fused_decoder(&model, ctx),
+        },
+    };
+    let what = format!(
+        "{seqs} sequence{} × {ctx} positions ({} + 1)",
+        if seqs == 1 { "" } else { "s" },
+        if args.depth > 0 {
+            "-d + -p + -n"
+        } else {
+            "-p + -n"
+        }
+    );
+    let fix = if args.batch.is_some() {
+        "lower -B, -p or -n"
+    } else if args.depth > 0 {
+        "lower -d, -p or -n"
+    } else {
+        "lower -p or -n"
+    };
+    // The table prints the `memory:` line; with --json, --explain prints it on stderr.
+    let explain = args.explain && args.json;
+    let memory = args
+        .device
+        .check_memory(&model, &*backend, &work, &what, fix, explain)?;
     // Deterministic pseudo-random prompt ids, as llama-bench uses random tokens.
     let vocab = model.vocab_size as u64;
     let ids: Vec<u32> = (0..(args.depth + args.n_prompt).max(1) as u64)
@@ -173,7 +198,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 "note: --profile times the single-sequence decode; with --batch it is not run"
             );
         }
-        return batched(&args, b, &model, &*backend, &ids, ctx);
+        return batched(&args, b, &model, &*backend, &ids, ctx, &memory);
     }
     let mut runner = TokenRunner::new(&model, &*backend, ctx, !args.device.host_loop)?;
     let decode = crate::device_args::decode_mode(&runner, &args.device);
@@ -207,6 +232,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         // prefill's shapes too.
         let mut cache = context(&mut runner, &mut logits)?;
         runner.forward_into(&ids[..1], &mut cache, Logits::Last, &mut logits)?;
+        // One forward-pass cache at a time (the memory check counts one beside the fused
+        // decoder's).
+        drop(cache);
         if args.n_prompt > 1 {
             let mut cache = context(&mut runner, &mut logits)?;
             let prompt = &prompt_ids[..args.n_prompt];
@@ -281,10 +309,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "tg_effective_gb_per_s": gbs,
             "read_probe_gb_per_s": probe,
             "peak_rss_bytes": rss,
+            "memory": kv_memory::json(&memory.0, &memory.1),
         });
         crate::print_stdout(&format!("{j}\n"));
     } else {
         println!("decode: {decode}");
+        println!("{}", kv_memory::line(&memory.0, &memory.1));
         println!("| vindex | threads | test | tokens/s |");
         println!("|---|---|---|---|");
         let at = if args.depth > 0 {
@@ -352,6 +382,7 @@ fn batched(
     backend: &dyn infer_compute::ComputeBackend,
     ids: &[u32],
     ctx: usize,
+    memory: &(kv_memory::Need, kv_memory::Room),
 ) -> anyhow::Result<()> {
     use infer_inference::forward::{BatchBuffers, BatchSeq};
     // Every sequence gets its own prompt (rotated ids), as the server would see.
@@ -435,6 +466,7 @@ fn batched(
             "tg_tokens_per_s_per_sequence": tg_med.map(|t| t / b as f64),
             "weight_bytes_per_token": model.weight_bytes_per_token(),
             "peak_rss_bytes": peak_rss_bytes(),
+            "memory": kv_memory::json(&memory.0, &memory.1),
         });
         crate::print_stdout(&format!("{j}\n"));
     } else {
@@ -442,6 +474,7 @@ fn batched(
             "batched forward: {b} sequences per step on {}",
             backend.name()
         );
+        println!("{}", kv_memory::line(&memory.0, &memory.1));
         println!(
             "| vindex | threads | B | test | tokens/s (all sequences) | tokens/s per sequence |"
         );

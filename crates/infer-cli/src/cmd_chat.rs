@@ -21,6 +21,13 @@ use crate::cmd_run::{
     SamplingArgs,
 };
 
+/// Tokens of one prompt pass (a message with its template markup, or the first with the
+/// system prompt) that the memory check assumes: the activations of longer passes grow with
+/// them (a message is one pass, up to the context).
+const CHAT_STEP_ESTIMATE: usize = 2048;
+/// Tokens of template markup added to the `-p` message and system prompt in that estimate.
+const CHAT_MARKUP_ESTIMATE: usize = 64;
+
 /// Arguments of `infer chat`.
 #[derive(Args)]
 pub struct ChatArgs {
@@ -94,9 +101,16 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let vindex_name = args.vindex.display().to_string();
     let template = chat_template(&l.vindex, &l.tokenizer)
         .with_context(|| format!("{vindex_name}: chat template"))?;
+    // The memory check counts prompt passes of CHAT_STEP_ESTIMATE tokens, or of the -p
+    // message and system prompt with their markup when longer (at most the context).
+    let mut given = CHAT_MARKUP_ESTIMATE;
+    for text in [&args.prompt, &args.system].into_iter().flatten() {
+        given += l.tokenizer.encode(text, false)?.len();
+    }
+    let longest = CHAT_STEP_ESTIMATE.max(given);
     let mut d = args
         .sampling
-        .decoding(&model, &*backend, &l.tokenizer, ctx)?;
+        .decoding(&model, &*backend, &l.tokenizer, ctx, longest)?;
     let interrupt = interrupt_flag();
     let new_conversation = || {
         let mut c = Conversation::new(args.system.as_deref());

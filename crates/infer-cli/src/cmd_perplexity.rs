@@ -136,6 +136,19 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
             tokens.len(),
         );
     }
+    // Before the output file is started.
+    let backend = args.device.backend()?;
+    // One window at a time: its cache, its prompt pass and every position's logits.
+    let work = crate::kv_memory::Workload {
+        sequences: 1,
+        positions: ctx,
+        step_tokens: ctx,
+        logit_rows: ctx,
+        fused_decoder: false,
+    };
+    let what = format!("windows of --ctx {ctx}");
+    args.device
+        .check_memory(&model, &*backend, &work, &what, "lower --ctx (-c)", false)?;
     let mut writer = match &args.kl_divergence_base {
         Some(path) => {
             crate::cmd_vindex::install_interrupt_cleanup(path);
@@ -145,7 +158,6 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     };
     let mut stats = KlStats::default();
     let mut base_rows = Vec::new();
-    let backend = args.device.backend()?;
     let vocab = model.vocab_size;
     let r = perplexity(
         &model,

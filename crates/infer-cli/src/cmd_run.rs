@@ -126,15 +126,34 @@ impl Decoding<'_, '_> {
 }
 
 impl SamplingArgs {
-    /// The [`Decoding`] of these flags for `model` on `backend` with a context of `ctx`.
-    /// Errors: the device fails while setting up.
+    /// The [`Decoding`] of these flags for `model` on `backend` with a context of `ctx`, for
+    /// prompt passes of up to `longest_prompt` tokens. First checks that the weights, the KV
+    /// cache and the scratch fit in the device's memory (the KV cache in the host's on the CPU;
+    /// `--explain` prints the `memory:` line). Errors: a context that does not fit (naming
+    /// `--ctx`), the device fails while setting up.
     pub(crate) fn decoding<'m, 'a>(
         &self,
         model: &'m Model<'a>,
         backend: &'m dyn infer_compute::ComputeBackend,
         tokenizer: &'m Tokenizer,
         ctx: usize,
+        longest_prompt: usize,
     ) -> anyhow::Result<Decoding<'m, 'a>> {
+        let work = crate::kv_memory::Workload {
+            sequences: 1,
+            positions: ctx,
+            step_tokens: longest_prompt.clamp(1, ctx),
+            logit_rows: 1,
+            fused_decoder: self.device.fused_decoder(model, ctx),
+        };
+        self.device.check_memory(
+            model,
+            backend,
+            &work,
+            &format!("--ctx {ctx} positions"),
+            "lower --ctx (-c)",
+            self.explain,
+        )?;
         let mut gen = Generator::new(model, backend, tokenizer, ctx);
         self.device.prepare(&mut gen, self.explain)?;
         Ok(Decoding {
@@ -365,7 +384,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     warn_double_bos(&model, &prompt);
     let mut d = args
         .sampling
-        .decoding(&model, &*backend, &l.tokenizer, ctx)?;
+        .decoding(&model, &*backend, &l.tokenizer, ctx, prompt.len())?;
     let interrupt = interrupt_flag();
     let stats = d.generate_to_stdout(&prompt, &interrupt, |_| {})?;
     exit_if_interrupted(&stats);
@@ -400,6 +419,17 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
         );
     }
     let backend = args.device.backend()?;
+    let work = crate::kv_memory::Workload {
+        sequences: 1,
+        positions: ids.len(),
+        step_tokens: ids.len(),
+        logit_rows: ids.len(),
+        fused_decoder: false,
+    };
+    let what = format!("{} tokens", ids.len());
+    let fix = "give fewer tokens";
+    args.device
+        .check_memory(&model, &*backend, &work, &what, fix, false)?;
     let mut cache = model.new_cache(ids.len());
     let logits = model.forward(&*backend, &ids, &mut cache, Logits::All)?;
     if logits.iter().any(|v| !v.is_finite()) {

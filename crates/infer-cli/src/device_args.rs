@@ -5,7 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use anyhow::Result;
-use infer_compute::{ComputeBackend, CpuBackend};
+use infer_compute::{ComputeBackend, CpuBackend, KvType};
 use infer_inference::{Generator, TokenRunner};
 
 /// The error of `--device cuda` in a binary built without the `cuda` feature.
@@ -64,6 +64,11 @@ pub struct DeviceArgs {
     /// graphs) even where the fused whole-token decoder could run (for comparison).
     #[arg(long)]
     pub host_loop: bool,
+    /// How the KV cache stores keys and values: f32, f16 or q8_0 (ggml's 8-bit blocks: half
+    /// of f16's memory; needs head_dim a multiple of 32), as llama.cpp's `-ctk/-ctv`. Default:
+    /// f16 on cuda (llama.cpp's default), f32 on cpu (the only type the CPU backend stores).
+    #[arg(long, value_parser = KvType::from_str)]
+    pub kv_type: Option<KvType>,
 }
 
 impl DeviceArgs {
@@ -80,27 +85,53 @@ impl DeviceArgs {
         Ok(())
     }
 
+    /// True when single-sequence decode on this device may run the backend's fused
+    /// whole-token decoder for `model` with caches of `ctx` positions (it then keeps a KV
+    /// cache of its own: the memory check counts two).
+    pub fn fused_decoder(&self, model: &infer_inference::Model<'_>, ctx: usize) -> bool {
+        self.device != Device::Cpu && !self.host_loop && model.decode_plan(ctx).is_ok()
+    }
+
+    /// [`crate::kv_memory::check`] of `w` for `model` on `backend` (this device): prints the
+    /// `memory:` line with `explain`; errors when it does not fit, naming `what` and `fix`.
+    pub fn check_memory(
+        &self,
+        model: &infer_inference::Model<'_>,
+        backend: &dyn ComputeBackend,
+        w: &crate::kv_memory::Workload,
+        what: &str,
+        fix: &str,
+        explain: bool,
+    ) -> Result<(crate::kv_memory::Need, crate::kv_memory::Room)> {
+        let device = self.device.to_string();
+        crate::kv_memory::check(model, backend, &device, w, what, fix, explain)
+    }
+
     /// The backend of the chosen device. Errors: `cuda` in a build without the `cuda`
     /// feature ([`NO_CUDA`]), or a CUDA device that cannot be opened (no driver, no NVRTC, no
     /// such GPU; the message says which).
     pub fn backend(&self) -> Result<Box<dyn ComputeBackend>> {
-        match self.device {
-            Device::Cpu => Ok(Box::new(CpuBackend::new())),
-            Device::Cuda(n) => cuda_backend(n),
+        match (self.device, self.kv_type) {
+            (Device::Cpu, None | Some(KvType::F32)) => Ok(Box::new(CpuBackend::new())),
+            (Device::Cpu, Some(kv)) => anyhow::bail!(
+                "--kv-type {kv}: the CPU backend stores its KV cache as f32 only \
+                 (f16 and q8_0 caches are for --device cuda)"
+            ),
+            (Device::Cuda(n), kv) => cuda_backend(n, kv.unwrap_or(KvType::F16)),
         }
     }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_backend(ordinal: usize) -> Result<Box<dyn ComputeBackend>> {
+fn cuda_backend(ordinal: usize, kv: KvType) -> Result<Box<dyn ComputeBackend>> {
     use anyhow::Context;
     let b = infer_compute::cuda::CudaBackend::new(ordinal)
         .with_context(|| format!("opening CUDA device {ordinal}"))?;
-    Ok(Box::new(b))
+    Ok(Box::new(b.with_kv_type(kv)))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_backend(_ordinal: usize) -> Result<Box<dyn ComputeBackend>> {
+fn cuda_backend(_ordinal: usize, _kv: KvType) -> Result<Box<dyn ComputeBackend>> {
     anyhow::bail!(NO_CUDA)
 }
 
@@ -159,6 +190,22 @@ mod tests {
     fn cpu_backend_is_the_default() {
         let b = DeviceArgs::default().backend().expect("cpu backend");
         assert_eq!(b.name(), CpuBackend::new().name());
+        assert_eq!(b.kv_type(), KvType::F32);
+    }
+
+    #[test]
+    fn cpu_refuses_a_kv_type_it_cannot_store() {
+        let mut a = DeviceArgs {
+            kv_type: Some(KvType::F32),
+            ..DeviceArgs::default()
+        };
+        assert!(a.backend().is_ok());
+        a.kv_type = Some(KvType::Q8_0);
+        let e = a.backend().err().expect("an error").to_string();
+        assert!(
+            e.contains("--kv-type q8_0") && e.contains("--device cuda"),
+            "{e}"
+        );
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -167,6 +214,7 @@ mod tests {
         let a = DeviceArgs {
             device: Device::Cuda(0),
             host_loop: false,
+            kv_type: None,
         };
         let e = a.backend().err().expect("an error").to_string();
         assert_eq!(e, NO_CUDA);

@@ -704,6 +704,15 @@ fn bench_measures_at_depth_and_counts_it_in_the_context() {
     for test in ["| pp4 @ d8 |", "| tg2 @ d8 |"] {
         assert!(out.contains(test), "{out}");
     }
+    // The memory line: mapped weights, the f32 KV cache of -d + -p + -n + 1 positions.
+    assert!(
+        out.contains("\nmemory: weights ")
+            && out.contains(
+                " (mapped from the vindex), KV cache 0.7 MiB (f32, 15 positions × 1 sequence), \
+                 scratch ~"
+            ),
+        "{out}"
+    );
     let o = infer(&[
         "bench",
         s(&vx),
@@ -720,6 +729,16 @@ fn bench_measures_at_depth_and_counts_it_in_the_context() {
     assert!(o.status.success(), "{}", text(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["depth"], 8);
+    // 30 layers × 3 KV heads × 64 × 8 bytes (f32 K and V) per position; a dense model with
+    // tied embeddings stores the weights one token reads.
+    let m = &j["memory"];
+    assert_eq!(m["kv_cache_bytes"], 15 * 46080, "{j}");
+    assert_eq!(m["kv_type"], "f32", "{j}");
+    assert_eq!(
+        m["weights_bytes"].as_f64(),
+        j["weight_bytes_per_token"].as_f64(),
+        "{j}"
+    );
     assert!(j["tg_tokens_per_s"].as_f64().unwrap() > 0.0, "{j}");
     let o = infer(&[
         "bench",

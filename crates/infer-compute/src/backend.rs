@@ -193,6 +193,27 @@ pub trait ComputeBackend: Send + Sync {
         Ok(())
     }
 
+    /// The element type this backend stores KV cache rows in ([`crate::KvType`]; F32 unless the
+    /// backend was set up otherwise, always F32 on the CPU).
+    fn kv_type(&self) -> crate::KvType {
+        crate::KvType::F32
+    }
+
+    /// Make `t` a KV cache tensor of `len` values, rows of heads of `head_dim` values, stored
+    /// as [`kv_type`](Self::kv_type) (its reads and writes still see f32 values). The default:
+    /// [`fit`](Self::fit). Errors: a head_dim the type cannot store
+    /// ([`crate::KvType::check_head_dim`]), allocation failure.
+    fn fit_kv(&self, t: &mut Tensor, len: usize, head_dim: usize) -> Result<(), ComputeError> {
+        self.kv_type().check_head_dim(head_dim)?;
+        self.fit(t, len)
+    }
+
+    /// Free and total bytes of the backend's device memory (`cuMemGetInfo`); `None` for host
+    /// memory (the CPU backend).
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     /// Copy `src` into `dst`, which is [`fit`](Self::fit) to `src.len()` values. Errors:
     /// allocation or copy failure.
     fn upload(&self, src: &[f32], dst: &mut Tensor) -> Result<(), ComputeError> {

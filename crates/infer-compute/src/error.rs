@@ -34,6 +34,9 @@ pub enum ComputeError {
     /// of another backend).
     #[error("{op}: the tensor is in device memory, not on the host (a tensor of another backend)")]
     NotOnHost { op: &'static str },
+    /// The KV cache element type cannot hold this model's rows on this backend.
+    #[error("KV cache type {kv}: {reason}")]
+    KvType { kv: crate::KvType, reason: String },
     /// Error from the block-format layer (bad block alignment, byte count, unsupported format).
     #[error(transparent)]
     Quant(#[from] QuantError),

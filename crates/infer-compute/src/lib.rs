@@ -15,6 +15,7 @@ pub mod cuda;
 mod decode_plan;
 mod error;
 mod host_ops;
+mod kv_type;
 mod matrix;
 mod op_args;
 pub mod ops;
@@ -31,6 +32,7 @@ pub use cpu::{axpy_f16, dot_f16, CpuBackend};
 pub use decode_plan::{DecodePlan, PlanLayer, TokenDecoder};
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;
+pub use kv_type::KvType;
 pub use matrix::{MatData, Matrix, Proj, TensorProj};
 pub use op_args::{
     Argmax, Attend, AttentionInput, FloatTable, KvSlot, Norm, NormKind, ResidualNorm, RopeAttend,

@@ -146,7 +146,8 @@ impl Model<'_> {
 
     /// A KV cache for `context` positions.
     pub fn new_cache(&self, context: usize) -> KvCache {
-        KvCache::new(&self.kv_dims(), context)
+        let head_dims: Vec<usize> = self.layers.iter().map(|l| l.geometry.head_dim).collect();
+        KvCache::new(&self.kv_dims(), &head_dims, context)
     }
 
     /// Run `tokens` at positions `cache.len()..` through every layer, append their K/V to the

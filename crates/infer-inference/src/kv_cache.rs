@@ -1,5 +1,6 @@
-//! KV cache: per layer, K and V rows `[capacity, kv_dim]` f32 in the memory of the backend
-//! that runs the forward pass (allocated on its first pass).
+//! KV cache: per layer, K and V rows `[capacity, kv_dim]` in the memory of the backend that
+//! runs the forward pass (allocated on its first pass), stored as the backend's
+//! [`infer_compute::KvType`] (f32 on the CPU; f32, f16 or q8_0 on CUDA).
 
 use infer_compute::{ComputeBackend, Tensor};
 
@@ -14,6 +15,7 @@ pub struct KvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     kv_dims: Vec<usize>,
+    head_dims: Vec<usize>,
     len: usize,
     capacity: usize,
     /// Activation buffers reused by every forward pass on this cache (no allocation per token).
@@ -21,13 +23,15 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache for `capacity` positions; `kv_dims[l]` = `num_kv_heads · head_dim` of layer `l`.
-    /// Allocates nothing until the first forward pass.
-    pub fn new(kv_dims: &[usize], capacity: usize) -> Self {
+    /// A cache for `capacity` positions; `kv_dims[l]` = `num_kv_heads · head_dim` of layer `l`,
+    /// `head_dims[l]` its head_dim (a q8_0 cache needs multiples of 32). Allocates nothing until
+    /// the first forward pass.
+    pub fn new(kv_dims: &[usize], head_dims: &[usize], capacity: usize) -> Self {
         KvCache {
             k: kv_dims.iter().map(|_| Tensor::default()).collect(),
             v: kv_dims.iter().map(|_| Tensor::default()).collect(),
             kv_dims: kv_dims.to_vec(),
+            head_dims: head_dims.to_vec(),
             len: 0,
             capacity,
             scratch: Scratch::default(),
@@ -36,14 +40,15 @@ impl KvCache {
 
     /// Allocate the rows in `backend`'s memory unless they are there already (the first
     /// forward pass does it; call it to reserve the memory up front). Errors: the cache holds
-    /// positions in another backend's memory (a cache belongs to one backend), allocation
-    /// failure.
+    /// positions in another backend's memory (a cache belongs to one backend), a head_dim the
+    /// backend's KV type cannot store, allocation failure.
     pub fn ensure(&mut self, backend: &dyn ComputeBackend) -> Result<(), InferenceError> {
-        for (t, &d) in self
+        let dims = self.kv_dims.iter().zip(&self.head_dims);
+        for (t, (&d, &hd)) in self
             .k
             .iter_mut()
             .chain(self.v.iter_mut())
-            .zip(self.kv_dims.iter().cycle())
+            .zip(dims.clone().chain(dims))
         {
             let want = d * self.capacity;
             if t.len() == want {
@@ -56,7 +61,7 @@ impl KvCache {
                     },
                 ));
             }
-            backend.fit(t, want)?;
+            backend.fit_kv(t, want, hd)?;
         }
         Ok(())
     }
@@ -250,7 +255,7 @@ mod tests {
     fn copy_prefix_from_copies_the_first_rows() {
         let b = CpuBackend::new();
         let dims = [4, 2];
-        let mut src = KvCache::new(&dims, 8);
+        let mut src = KvCache::new(&dims, &dims, 8);
         src.ensure(&b).unwrap();
         for (l, &d) in dims.iter().enumerate() {
             let k: Vec<f32> = (0..5 * d).map(|i| (l * 100 + i) as f32).collect();
@@ -258,7 +263,7 @@ mod tests {
             src.write_rows(&b, l, 0, &k, &v).unwrap();
         }
         src.advance(5);
-        let mut dst = KvCache::new(&dims, 8);
+        let mut dst = KvCache::new(&dims, &dims, 8);
         dst.copy_prefix_from(&b, &src, 3).unwrap();
         assert_eq!(dst.len(), 3);
         for (l, &d) in dims.iter().enumerate() {
@@ -271,7 +276,7 @@ mod tests {
         // More than the source holds, or other kv_dims: an error, and the copy is empty.
         assert!(dst.copy_prefix_from(&b, &src, 6).is_err());
         assert_eq!(dst.len(), 0);
-        let mut other = KvCache::new(&[4, 4], 8);
+        let mut other = KvCache::new(&[4, 4], &[4, 4], 8);
         assert!(other.copy_prefix_from(&b, &src, 2).is_err());
     }
 }

@@ -485,6 +485,23 @@ impl WalkFfn<'_> {
         }
     }
 
+    /// Bytes of all its weights as stored: gate, up and down of every feature, the biases, and
+    /// the sparse walk's Q4_0 gate copy (`--walk-select q4`).
+    fn stored_bytes(&self) -> usize {
+        let bias = |b: &Option<Cow<'_, [f32]>>| b.as_ref().map_or(0, |b| b.len() * 4);
+        self.gate.as_ref().map_or(0, |g| g.byte_len())
+            + self.up.byte_len()
+            + self.down.byte_len()
+            + bias(&self.gate_bias)
+            + bias(&self.up_bias)
+            + bias(&self.down_bias)
+            + self
+                .sparse
+                .as_ref()
+                .and_then(|s| s.gate_q4)
+                .map_or(0, |q| q.len())
+    }
+
     /// `" (K 768 of 1536 features per token, selected by the float-tier gate)"` or
     /// `" (all 1536 features, exact)"` (`--explain`).
     pub fn describe_k(&self) -> String {
@@ -504,6 +521,49 @@ impl WalkFfn<'_> {
 }
 
 impl FullPipelineLayer<'_> {
+    /// Bytes of this layer's weights as stored (blocks at their size, f16, f32, biases and
+    /// norms included): `(device, host)`, the part a device backend holds resident (norms,
+    /// attention, attention sinks, a dense FFN) and the part that runs on the host even then (a
+    /// walk or MoE FFN: every expert, router and shared expert).
+    pub fn stored_weight_bytes(&self) -> (usize, usize) {
+        let norms: usize = [
+            &self.pre_attn_norm,
+            &self.post_attn_norm,
+            &self.pre_ffn_norm,
+            &self.post_ffn_norm,
+            &self.q_norm,
+            &self.k_norm,
+        ]
+        .iter()
+        .map(|n| n.as_ref().map_or(0, |n| n.byte_len()))
+        .sum();
+        let attn = self.wq.byte_len()
+            + self.wk.byte_len()
+            + self.wv.byte_len()
+            + self.wo.byte_len()
+            + self.attn_sinks.as_ref().map_or(0, |s| s.len() * 4);
+        let device = norms + attn;
+        match &self.ffn {
+            Ffn::Dense(d) => (
+                device
+                    + d.gate.as_ref().map_or(0, |g| g.byte_len())
+                    + d.up.byte_len()
+                    + d.down.byte_len(),
+                0,
+            ),
+            Ffn::Walk(w) => (device, w.stored_bytes()),
+            Ffn::Moe(m) => {
+                let f32s = |v: &Option<Cow<'_, [f32]>>| v.as_ref().map_or(0, |v| v.len() * 4);
+                let host = m.router.len() * 4
+                    + f32s(&m.router_bias)
+                    + f32s(&m.shared_gate)
+                    + m.experts.iter().map(|e| e.stored_bytes()).sum::<usize>()
+                    + m.shared.as_ref().map_or(0, |s| s.stored_bytes());
+                (device, host)
+            }
+        }
+    }
+
     /// `" (gate Q4_K, up Q4_K, down Q6_K)"` for quantized dense FFNs, the features used per
     /// token for walk FFNs ([`WalkFfn::describe_k`]), empty otherwise.
     pub fn ffn_formats(&self) -> String {

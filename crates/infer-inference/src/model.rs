@@ -343,6 +343,32 @@ impl<'a> Model<'a> {
         layer_bytes + self.final_norm.weight.len() * 4 + lm
     }
 
+    /// Bytes of this model's weights as stored (quantized blocks at their size, f16, f32):
+    /// `(device, host)`. `device`: what a device backend uploads and keeps resident, the
+    /// embeddings (also the output projection when tied), learned position embeddings, every
+    /// layer's norms, attention and dense FFN ([`FullPipelineLayer::stored_weight_bytes`]),
+    /// the final norm and an untied output projection with its bias; `host`: the walk and MoE
+    /// FFNs, which run on the host even with a device (every expert counted). On the CPU both
+    /// parts are read from the vindex's mapping. A device may hold a little more than
+    /// `device`: the fused decoder keeps an f32 copy of a quantized embedding table (a vindex
+    /// without a float tier).
+    pub fn stored_weight_bytes(&self) -> (usize, usize) {
+        let (mut device, mut host) = (0, 0);
+        for l in &self.layers {
+            let (d, h) = l.stored_weight_bytes();
+            device += d;
+            host += h;
+        }
+        let f32s = |v: &Option<Cow<'_, [f32]>>| v.as_ref().map_or(0, |v| v.len() * 4);
+        device += self.embeddings.byte_len()
+            + f32s(&self.position_embeddings)
+            + self.final_norm.weight.len() * 4
+            + f32s(&self.final_norm.bias)
+            + self.lm_head.as_ref().map_or(0, |w| w.byte_len())
+            + f32s(&self.lm_head_bias);
+        (device, host)
+    }
+
     /// One line per layer: which path its attention and FFN take (`--explain`).
     pub fn explain(&self) -> String {
         let lm = self.lm_head.as_ref().map_or(

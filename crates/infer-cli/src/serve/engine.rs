@@ -255,14 +255,13 @@ impl<'t> Engine<'_, '_, 't> {
             .map(|_| {
                 let mut c = self.model.new_cache(self.ctx);
                 c.ensure(self.backend).with_context(|| {
+                    let dims: Vec<usize> = (0..c.layers()).map(|l| c.kv_dim(l)).collect();
+                    let kv = self.backend.kv_type();
                     format!(
-                        "KV cache: {} slots × {} positions ({:.1} MiB each)",
+                        "KV cache: {} slots × {} positions ({} each, {kv})",
                         self.config.parallel,
                         self.ctx,
-                        (0..c.layers()).map(|l| c.kv_dim(l)).sum::<usize>() as f64
-                            * self.ctx as f64
-                            * 8.0
-                            / (1 << 20) as f64
+                        crate::kv_memory::size(crate::kv_memory::kv_bytes(&dims, kv, self.ctx))
                     )
                 })?;
                 Ok(c)

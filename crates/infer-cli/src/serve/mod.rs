@@ -92,7 +92,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let vindex = open_vindex(&args.vindex)?;
     let ctx = context_size(vindex.config(), args.ctx_size, "--ctx-size")?;
     if args.device.device == crate::device_args::Device::Cpu {
-        crate::kv_memory::check(
+        // Before listening; a device's memory is checked once the model is assembled (the
+        // engine, below), before the weights and slots are allocated.
+        crate::kv_memory::check_host_config(
             vindex.config(),
             args.parallel as usize,
             ctx,
@@ -237,6 +239,25 @@ fn run_engine(
             batch_tokens: args.batch_tokens as usize,
         },
     };
+    // Weights + slot caches + step scratch against the device's free memory (on the CPU the
+    // slots against the host's, as checked before listening), before they are allocated.
+    let slots = args.parallel as usize;
+    let work = crate::kv_memory::Workload {
+        sequences: slots,
+        positions: ctx,
+        step_tokens: (args.batch_tokens as usize).max(slots),
+        logit_rows: slots,
+        fused_decoder: false,
+    };
+    let (need, room) = args.device.check_memory(
+        &model,
+        &*backend,
+        &work,
+        &format!("--parallel {slots} slots × --ctx-size {ctx} positions"),
+        "lower --parallel or --ctx-size (or --batch-tokens)",
+        false,
+    )?;
+    eprintln!("infer serve: {}", crate::kv_memory::line(&need, &room));
     let caches = engine.slot_caches()?;
     if stop.load(std::sync::atomic::Ordering::SeqCst) {
         // SIGTERM while loading: never announce a server that is shutting down.

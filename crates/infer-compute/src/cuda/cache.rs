@@ -208,6 +208,9 @@ pub(super) struct Scratch {
     pub wb: Grow<u16>,
     /// Attention scores / probabilities of the long prompt chunks (`tensor_ops::attend_gemm`).
     pub att: Grow<f32>,
+    /// The keys and values of a long prompt chunk widened to f32 from a cache stored as f16 or
+    /// q8_0 (`tensor_ops::widen_kv`).
+    pub kvw: Grow<f32>,
 }
 
 impl Scratch {
@@ -221,6 +224,7 @@ impl Scratch {
             xb: Grow::new(stream)?,
             wb: Grow::new(stream)?,
             att: Grow::new(stream)?,
+            kvw: Grow::new(stream)?,
         })
     }
 }

@@ -163,23 +163,122 @@ __device__ void head_norm_rope(float* row, const float* nw, const double* inv_fr
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// KV cache rows (crate::KvType): kt = KV_F32 (float), KV_F16 (IEEE half) or KV_Q8_0 (ggml
+// block_q8_0: f16 d, then 32 int8 q; value = d * q; 34 bytes per 32 values, 2-byte aligned).
+// Value index i counts from the cache's start; a Q8_0 block never straddles two heads (head_dim
+// % 32 == 0, checked on the host), so a head's values i0 .. i0 + hd - 1 start a block.
+// ---------------------------------------------------------------------------------------------
+#define KV_F32 0
+#define KV_F16 1
+#define KV_Q8_0 2
+
+__device__ __forceinline__ float kv_get(const void* c, long long i, int kt) {
+    if (kt == KV_F16) return f16_to_f32(((const u16*)c)[i]);
+    if (kt == KV_Q8_0) {
+        const u8* b = (const u8*)c + (i >> 5) * 34;
+        return ld_f16(b) * (float)(i8)b[2 + (i & 31)];
+    }
+    return ((const float*)c)[i];
+}
+
+// Values i, i + 1 (i even).
+__device__ __forceinline__ float2 kv_get2(const void* c, long long i, int kt) {
+    if (kt == KV_F16) {
+        u32 w = ((const u32*)c)[i >> 1];
+        return make_float2(f16_to_f32((u16)(w & 0xffff)), f16_to_f32((u16)(w >> 16)));
+    }
+    if (kt == KV_Q8_0) {
+        const u8* b = (const u8*)c + (i >> 5) * 34;
+        float d = ld_f16(b);
+        u16 q = ld_u16(b + 2 + (i & 31));
+        return make_float2(d * (float)(i8)(q & 0xff), d * (float)(i8)(q >> 8));
+    }
+    return ((const float2*)c)[i >> 1];
+}
+
+// Values i .. i + 3 (i % 4 == 0).
+__device__ __forceinline__ float4 kv_get4(const void* c, long long i, int kt) {
+    if (kt == KV_F32) return ((const float4*)c)[i >> 2];
+    float2 a = kv_get2(c, i, kt), b = kv_get2(c, i + 2, kt);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// The Q8_0 block of the 32 values of this warp's lanes (v: lane's value), ggml
+// quantize_row_q8_0_ref: d = amax / 127, q = roundf(v / d) (by the f32 1 / d; 0 when d = 0),
+// d stored as f16. Returns the value the block holds for this lane, d16 * q.
+__device__ __forceinline__ float q8_0_block(float v, u8* blk, int lane) {
+    float a = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, o));
+    float d = a / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q = (int)roundf(v * id);
+    u16 d16 = f32_to_f16(d);
+    if (blk) {
+        blk[2 + lane] = (u8)(i8)q;
+        if (lane == 0) *(u16*)blk = d16;
+    }
+    return f16_to_f32(d16) * (float)q;
+}
+
+// Values i0 .. i0 + n - 1 of cache c set to src[0 .. n) (n % 32 == 0 and i0 % 32 == 0 for
+// Q8_0), by the block's threads (all of them call it).
+__device__ void kv_put_row(void* c, long long i0, const float* src, int n, int kt) {
+    if (kt == KV_Q8_0) {
+        int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+        for (int b = w; b < n / 32; b += nw)
+            q8_0_block(src[b * 32 + lane], (u8*)c + ((i0 >> 5) + b) * 34, lane);
+        return;
+    }
+    for (int d = threadIdx.x; d < n; d += blockDim.x) {
+        if (kt == KV_F16) ((u16*)c)[i0 + d] = f32_to_f16(src[d]);
+        else ((float*)c)[i0 + d] = src[d];
+    }
+}
+
+// x[0 .. n) (shared memory) replaced by the values a cache of type kt stores for it, so a
+// token attends to its own key and value as later tokens will read them. By the block's
+// threads; starts and ends with __syncthreads (the caller's store may still read x).
+__device__ void kv_round_row(float* x, int n, int kt) {
+    if (kt == KV_F32) return;
+    __syncthreads();
+    if (kt == KV_Q8_0) {
+        int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+        for (int b = w; b < n / 32; b += nw) x[b * 32 + lane] = q8_0_block(x[b * 32 + lane], 0, lane);
+    } else {
+        for (int d = threadIdx.x; d < n; d += blockDim.x) x[d] = round_to_f16(x[d]);
+    }
+    __syncthreads();
+}
+
+// Row pos of kv head g in the caches kc / vc ([ctx][kvd] of type kt) set to k / v (hd values
+// each), by the block's threads (all of them call it).
+__device__ __forceinline__ void store_kv_row(void* kc, void* vc, const float* k, const float* v,
+                                             int pos, int kvd, int g, int hd, int kt) {
+    long long o = (long long)pos * kvd + (long long)g * hd;
+    kv_put_row(kc, o, k, hd, kt);
+    kv_put_row(vc, o, v, hd, kt);
+}
+
 // Attention values of warp w of nv: keys j = lo + w, lo + w + nv, ... <= pos (p_j = sc[j], rows
-// vbase + j * kvd, this token's at vcur), lane d of each 32 dims, S >= hd / 32 register sums,
-// written to part[w * hd + d].
+// at value vb + j * kvd of cache vc of type kt, this token's at vcur), lane d of each 32 dims,
+// S >= hd / 32 register sums, written to part[w * hd + d].
 template <int S>
-__device__ __forceinline__ void attn_values(const float* sc, const float* vbase,
+__device__ __forceinline__ void attn_values(const float* sc, const void* vc, long long vb,
                                             const float* vcur, float* part, int lo, int pos,
-                                            int kvd, int hd, int w, int nv, int lane) {
+                                            int kvd, int hd, int w, int nv, int lane, int kt) {
     float acc[S];
 #pragma unroll
     for (int i = 0; i < S; i++) acc[i] = 0.0f;
 #pragma unroll 2
     for (int j = lo + w; j <= pos; j += nv) {
         float pj = sc[j];
-        const float* vr = j == pos ? vcur : vbase + (long long)j * kvd;
+        long long r = vb + (long long)j * kvd;
 #pragma unroll
-        for (int i = 0; i < S; i++)
-            if (i * 32 + lane < hd) acc[i] += pj * vr[i * 32 + lane];
+        for (int i = 0; i < S; i++) {
+            int d = i * 32 + lane;
+            if (d < hd) acc[i] += pj * (j == pos ? vcur[d] : kv_get(vc, r + d, kt));
+        }
     }
 #pragma unroll
     for (int i = 0; i < S; i++)
@@ -208,22 +307,12 @@ __device__ __forceinline__ int first_key(int window, int pos) {
     return window < 0 ? pos + 1 : 0;
 }
 
-// Row pos of kv head g in the caches kc / vc ([ctx][kvd]) set to k / v (hd values each), by the
-// block's threads.
-__device__ __forceinline__ void store_kv_row(float* kc, float* vc, const float* k, const float* v,
-                                             int pos, int kvd, int g, int hd) {
-    long long o = (long long)pos * kvd + (long long)g * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        kc[o + d] = k[d];
-        vc[o + d] = v[d];
-    }
-}
-
 // Decode attention of this token, one block (ATT_THREADS) per query head h, kv head
 // g = h / (nq / nkv):
 // 1. q head h and k head g of the projections: optional per-head RMSNorm (q_norm, k_norm), RoPE
 //    on the first rot dims at position pos = p[1]; the first query head of each group writes
-//    K and V of position pos into the cache (kc, vc: [ctx, nkv * hd]).
+//    K and V of position pos into the cache (kc, vc: [ctx, nkv * hd] of type kt), then uses
+//    its own k and v as the cache holds them (kv_round_row).
 // 2. s_j = scale * q.k_j (soft-capped when cap > 0) over keys lo..pos (the cache for j < pos,
 //    this token's k for j = pos), softmax, out[h] = sum_j p_j v_j.
 //    window > 0: keys with pos - j < window; 0: no limit; < 0: no key (zeros).
@@ -232,16 +321,17 @@ __device__ __forceinline__ void store_kv_row(float* kc, float* vc, const float* 
 // scores: [nq, ctx] scratch.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     dec_attention(const float* q, const float* k, const float* v, const float* q_norm,
-                  const float* k_norm, const double* inv_freq, float* kc, float* vc, float* out,
+                  const float* k_norm, const double* inv_freq, void* kc, void* vc, float* out,
                   float* scores, const int* p, int nq, int nkv, int hd, int rot, int interleaved,
                   float eps, float off, int ctx, float scale, int window, float cap, i8* q32,
-                  float* d32, i8* qk, float* dk, int* bsk) {
+                  float* d32, i8* qk, float* dk, int* bsk, int kt) {
     pdl_trigger();
     pdl_wait();
     __shared__ double shd[32];
     __shared__ float shf[32];
     __shared__ __align__(16) float qs[MAX_HD];
     __shared__ __align__(16) float ks[MAX_HD];
+    __shared__ __align__(16) float vs[MAX_HD];
     __shared__ float part[ATT_PART];
     int h = blockIdx.x;
     int grp = nq / nkv;
@@ -251,12 +341,15 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         qs[d] = q[(long long)h * hd + d];
         ks[d] = k[(long long)g * hd + d];
+        vs[d] = v[(long long)g * hd + d];
     }
     __syncthreads();
     head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
     head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
-    const float* vcur = v + (long long)g * hd;
-    if (h % grp == 0) store_kv_row(kc, vc, ks, vcur, pos, kvd, g, hd);
+    if (h % grp == 0) store_kv_row(kc, vc, ks, vs, pos, kvd, g, hd, kt);
+    kv_round_row(ks, hd, kt);
+    kv_round_row(vs, hd, kt);
+    const float* vcur = vs;
     int lo = first_key(window, pos);
     float* sc = scores + (long long)h * ctx;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -272,19 +365,19 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     for (int j0 = lo; j0 <= pos; j0 += blockDim.x / T) {
         int j = j0 + threadIdx.x / T;
         bool live = j <= pos;
-        const float* kr = j == pos ? ks : kc + (long long)j * kvd + (long long)g * hd;
+        long long kb = (long long)j * kvd + (long long)g * hd;
         float acc = 0.0f;
         if (live) {
             if ((hd & 3) == 0) {
-                const float4* k4 = (const float4*)kr;
                 const float4* q4 = (const float4*)qs;
 #pragma unroll 4
                 for (int d4 = sub; d4 < hd / 4; d4 += T) {
-                    float4 kv = k4[d4], qv = q4[d4];
+                    float4 kv = j == pos ? ((const float4*)ks)[d4] : kv_get4(kc, kb + 4 * d4, kt);
+                    float4 qv = q4[d4];
                     acc += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
                 }
             } else {
-                for (int d = 0; d < hd; d++) acc += qs[d] * kr[d];
+                for (int d = 0; d < hd; d++) acc += qs[d] * (j == pos ? ks[d] : kv_get(kc, kb + d, kt));
             }
         }
         for (int o = T / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL, acc, o);
@@ -310,12 +403,14 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     // row reads, the sums in registers); the warps' partial sums meet in shared memory.
     int nv = min(nw, ATT_PART / hd);
     if (w < nv) {
-        const float* vbase = vc + (long long)g * hd;
+        long long vb = (long long)g * hd;
         int slots = (hd + 31) / 32;
-        if (slots <= 2) attn_values<2>(sc, vbase, vcur, part, lo, pos, kvd, hd, w, nv, lane);
-        else if (slots <= 4) attn_values<4>(sc, vbase, vcur, part, lo, pos, kvd, hd, w, nv, lane);
-        else if (slots <= 8) attn_values<8>(sc, vbase, vcur, part, lo, pos, kvd, hd, w, nv, lane);
-        else attn_values<MAX_HD / 32>(sc, vbase, vcur, part, lo, pos, kvd, hd, w, nv, lane);
+#define AV_ARGS sc, vc, vb, vcur, part, lo, pos, kvd, hd, w, nv, lane, kt
+        if (slots <= 2) attn_values<2>(AV_ARGS);
+        else if (slots <= 4) attn_values<4>(AV_ARGS);
+        else if (slots <= 8) attn_values<8>(AV_ARGS);
+        else attn_values<MAX_HD / 32>(AV_ARGS);
+#undef AV_ARGS
     }
     __syncthreads();
     float* res = ks;  // the head's output, for the quantizing warps
@@ -332,38 +427,44 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 // blockIdx.x, s = blockIdx.y) takes the grp = nq / nkv query heads of kv head g (GQA: each
 // key and value row is read once for all of them) and the s-th of nsplit equal parts of keys
 // lo..pos (lo as dec_attention). Like dec_attention it normalises and rotates the heads (q_norm,
-// k_norm, inv_freq) and, for s = 0, stores K and V of position pos. Each warp takes every
-// SPLIT_WARPS-th key of the part, lane L dims L, L + 32, ... (S slots, S * 32 >= hd), keeping an
-// online softmax (maximum m, sum l, values acc) per query head; the warps then meet in shared
-// memory and the block writes, per query head h, its unnormalised values sum_j e_j v_j (e_j =
-// exp(s_j - m)), m and l to splits[(h * nsplit + s) * (hd + 2) ..] (m = -inf, l = 0 for an
-// empty part); dec_attn_merge combines the parts. grp <= SPLIT_GRP and grp * hd <= MAX_HD
-// (checked on the host).
+// k_norm, inv_freq), for s = 0 stores K and V of position pos (caches of type kt), and attends
+// to its own k and v as the cache holds them. Each warp takes every SPLIT_WARPS-th key of the
+// part; lane L holds the dim pairs (e / 2) * 64 + 2 L + {0, 1} of slots e (S slots, S even,
+// S * 32 >= hd, hd even), read as pairs from the cache, keeping an online softmax (maximum m,
+// sum l, values acc) per query head; the warps then meet in shared memory and the block
+// writes, per query head h, its unnormalised values sum_j e_j v_j (e_j = exp(s_j - m)), m and l
+// to splits[(h * nsplit + s) * (hd + 2) ..] (m = -inf, l = 0 for an empty part);
+// dec_attn_merge combines the parts. grp <= SPLIT_GRP and grp * hd <= MAX_HD (checked on the
+// host).
 #define SPLIT_WARPS 8
 #define SPLIT_GRP 8
 template <int S>
 __device__ void attn_split(const float* q, const float* k, const float* v, const float* q_norm,
-                           const float* k_norm, const double* inv_freq, float* kc, float* vc,
+                           const float* k_norm, const double* inv_freq, void* kc, void* vc,
                            float* splits, const int* p, int nq, int nkv, int hd, int rot,
                            int interleaved, float eps, float off, float scale, int window,
-                           float cap, int nsplit) {
+                           float cap, int nsplit, int kt) {
     __shared__ double shd[32];
     __shared__ __align__(16) float qs[MAX_HD];  // the group's query heads, [grp][hd]
     __shared__ __align__(16) float ks[S * 32];
+    __shared__ __align__(16) float vs[S * 32];
     __shared__ float wm[SPLIT_WARPS][SPLIT_GRP], wl[SPLIT_WARPS][SPLIT_GRP];
     __shared__ float wacc[SPLIT_WARPS][S * 32];
     int g = blockIdx.x, grp = nq / nkv, pos = p[1], kvd = nkv * hd;
     for (int i = threadIdx.x; i < grp * hd; i += blockDim.x) qs[i] = q[(long long)g * grp * hd + i];
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) ks[d] = k[(long long)g * hd + d];
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        ks[d] = k[(long long)g * hd + d];
+        vs[d] = v[(long long)g * hd + d];
+    }
     __syncthreads();
     for (int i = 0; i < grp; i++)
         head_norm_rope(qs + i * hd, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0,
                        shd);
     head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
-    const float* vcur = v + (long long)g * hd;
-    const float* kbase = kc + (long long)g * hd;
-    const float* vbase = vc + (long long)g * hd;
-    if (blockIdx.y == 0) store_kv_row(kc, vc, ks, vcur, pos, kvd, g, hd);
+    if (blockIdx.y == 0) store_kv_row(kc, vc, ks, vs, pos, kvd, g, hd, kt);
+    kv_round_row(ks, hd, kt);
+    kv_round_row(vs, hd, kt);
+    long long gb = (long long)g * hd;
     int lo = first_key(window, pos);
     int part_len = (pos - lo + 1 + nsplit - 1) / nsplit;
     lo += blockIdx.y * part_len;
@@ -383,14 +484,24 @@ __device__ void attn_split(const float* q, const float* k, const float* v, const
 #pragma unroll
         for (int t = 0; t < 2; t++) {
             int j = j0 + t * SPLIT_WARPS;
-            const float* kr = j == pos ? ks : kbase + (long long)j * kvd;
-            const float* vr = j == pos ? vcur : vbase + (long long)j * kvd;
+            long long r = gb + (long long)j * kvd;
 #pragma unroll
-            for (int e = 0; e < S; e++) {
-                int d = e * 32 + lane;
-                bool ok = j <= hi && d < hd;
-                kv[t][e] = ok ? kr[d] : 0.0f;
-                vv[t][e] = ok ? vr[d] : 0.0f;
+            for (int e = 0; e < S; e += 2) {
+                int d = (e >> 1) * 64 + 2 * lane;
+                float2 kp = make_float2(0.0f, 0.0f), vp = kp;
+                if (j <= hi && d < hd) {
+                    if (j == pos) {
+                        kp = make_float2(ks[d], ks[d + 1]);
+                        vp = make_float2(vs[d], vs[d + 1]);
+                    } else {
+                        kp = kv_get2(kc, r + d, kt);
+                        vp = kv_get2(vc, r + d, kt);
+                    }
+                }
+                kv[t][e] = kp.x;
+                kv[t][e + 1] = kp.y;
+                vv[t][e] = vp.x;
+                vv[t][e + 1] = vp.y;
             }
         }
 #pragma unroll
@@ -401,9 +512,12 @@ __device__ void attn_split(const float* q, const float* k, const float* v, const
                 if (i >= grp) break;
                 float dot = 0.0f;
 #pragma unroll
-                for (int e = 0; e < S; e++) {
-                    int d = e * 32 + lane;
-                    if (d < hd) dot += qs[i * hd + d] * kv[t][e];
+                for (int e = 0; e < S; e += 2) {
+                    int d = (e >> 1) * 64 + 2 * lane;
+                    if (d < hd) {
+                        float2 qv = *(const float2*)(qs + i * hd + d);
+                        dot += qv.x * kv[t][e] + qv.y * kv[t][e + 1];
+                    }
                 }
                 for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL, dot, o);
                 float sc = dot * scale;
@@ -430,7 +544,7 @@ __device__ void attn_split(const float* q, const float* k, const float* v, const
     for (int i = 0; i < SPLIT_GRP; i++) {
         if (i >= grp) break;
 #pragma unroll
-        for (int e = 0; e < S; e++) wacc[w][e * 32 + lane] = acc[i][e];
+        for (int e = 0; e < S; e++) wacc[w][(e >> 1) * 64 + 2 * lane + (e & 1)] = acc[i][e];
         __syncthreads();
         float mx = NEG_INF;
         for (int t = 0; t < SPLIT_WARPS; t++) mx = fmaxf(mx, wm[t][i]);
@@ -455,13 +569,13 @@ __device__ void attn_split(const float* q, const float* k, const float* v, const
 #define ATTN_SPLIT_KERNEL(NAME, S)                                                             \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)                             \
         NAME(const float* q, const float* k, const float* v, const float* q_norm,              \
-             const float* k_norm, const double* inv_freq, float* kc, float* vc, float* splits, \
+             const float* k_norm, const double* inv_freq, void* kc, void* vc, float* splits,   \
              const int* p, int nq, int nkv, int hd, int rot, int interleaved, float eps,        \
-             float off, float scale, int window, float cap, int nsplit) {                      \
+             float off, float scale, int window, float cap, int nsplit, int kt) {              \
         pdl_trigger();                                                                         \
         pdl_wait();                                                                            \
         attn_split<S>(q, k, v, q_norm, k_norm, inv_freq, kc, vc, splits, p, nq, nkv, hd, rot,  \
-                      interleaved, eps, off, scale, window, cap, nsplit);                      \
+                      interleaved, eps, off, scale, window, cap, nsplit, kt);                  \
     }
 ATTN_SPLIT_KERNEL(dec_attn_split64, 2)
 ATTN_SPLIT_KERNEL(dec_attn_split128, 4)

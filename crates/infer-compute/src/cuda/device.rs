@@ -105,6 +105,7 @@ pub(super) struct Kernels {
     pub t_norm: CudaFunction,
     pub t_rope: CudaFunction,
     pub t_kv_store: CudaFunction,
+    pub t_kv_widen: CudaFunction,
     pub t_attention: CudaFunction,
     pub t_attention_tiles: [CudaFunction; 3],
     pub t_attn_softmax: CudaFunction,
@@ -262,6 +263,7 @@ impl Device {
             t_norm: f("t_norm")?,
             t_rope: f("t_rope")?,
             t_kv_store: f("t_kv_store")?,
+            t_kv_widen: f("t_kv_widen")?,
             t_attention: f("t_attention")?,
             t_attention_tiles: [
                 f("t_attention_tiles64")?,

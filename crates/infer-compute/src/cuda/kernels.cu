@@ -51,12 +51,15 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
     return f;
 }
 
-// f32 -> nearest-even f16 -> f32 (the value ggml stores in a Q8_0 block).
-__device__ __forceinline__ float round_to_f16(float x) {
+// f32 -> nearest-even f16 bits.
+__device__ __forceinline__ u16 f32_to_f16(float x) {
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return f16_to_f32(h);
+    return h;
 }
+
+// f32 -> nearest-even f16 -> f32 (the value ggml stores in a Q8_0 block).
+__device__ __forceinline__ float round_to_f16(float x) { return f16_to_f32(f32_to_f16(x)); }
 
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
 __device__ __forceinline__ float ld_f16(const u8* p) { return f16_to_f32(ld_u16(p)); }

@@ -46,8 +46,9 @@ use half::f16;
 use crate::backend::check_product;
 use crate::ops::Activation;
 use crate::{
-    Argmax, Attend, AttentionParams, ComputeBackend, ComputeError, DecodePlan, FloatTable, MatData,
-    Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, Tensor, TensorProj, TokenDecoder,
+    Argmax, Attend, AttentionParams, ComputeBackend, ComputeError, DecodePlan, FloatTable, KvType,
+    MatData, Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, Tensor, TensorProj,
+    TokenDecoder,
 };
 use cache::{Scratch, WeightCache};
 use device::Device;
@@ -74,6 +75,8 @@ struct State {
     /// [`tensor_ops::PreQuant`].
     pq_next: Option<tensor_ops::PreQuant>,
     pq: Option<tensor_ops::PreQuant>,
+    /// How KV caches made by `fit_kv` (and the device decoder's) store their values.
+    kv: KvType,
 }
 
 /// [`ComputeBackend`] on one CUDA device. See the [module docs](self) for numerics and caching.
@@ -107,9 +110,17 @@ impl CudaBackend {
                 generation: 0,
                 pq_next: None,
                 pq: None,
+                kv: KvType::F32,
             }),
             name,
         })
+    }
+
+    /// This backend with its KV caches (those made by [`ComputeBackend::fit_kv`] from now on,
+    /// and the device decoder's) stored as `kv` (f32 after [`CudaBackend::new`]).
+    pub fn with_kv_type(self, kv: KvType) -> Self {
+        self.lock().kv = kv;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -330,6 +341,22 @@ impl ComputeBackend for CudaBackend {
 
     fn fit(&self, t: &mut Tensor, len: usize) -> Result<(), ComputeError> {
         self.tensor_op(|st| tensor_ops::fit(st, t, len))
+    }
+
+    fn kv_type(&self) -> KvType {
+        self.lock().kv
+    }
+
+    fn fit_kv(&self, t: &mut Tensor, len: usize, head_dim: usize) -> Result<(), ComputeError> {
+        self.tensor_op(|st| {
+            st.kv.check_head_dim(head_dim)?;
+            let kv = st.kv;
+            tensor_ops::fit_kv(st, t, len, kv)
+        })
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.lock().dev.ctx.mem_get_info().ok()
     }
 
     fn upload(&self, src: &[f32], dst: &mut Tensor) -> Result<(), ComputeError> {

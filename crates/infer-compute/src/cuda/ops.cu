@@ -67,32 +67,43 @@ extern "C" __global__ void t_rope(float* x, const int* pos, const double* inv_fr
 }
 
 // The KV store of a batch: row blockIdx.x of k and v ([rows, kvd]) goes to position pos of
-// its sequence's caches. info[3 r .. 3 r + 2] = {k cache, v cache, position} of row r.
+// its sequence's caches (of type kt). info[3 r .. 3 r + 2] = {k cache, v cache, position} of
+// row r.
 extern "C" __global__ void t_kv_store(const float* k, const float* v, const long long* info,
-                                      int kvd) {
+                                      int kvd, int kt) {
     pdl_trigger();
     pdl_wait();
     long long r = blockIdx.x;
-    float* kc = (float*)info[3 * r];
-    float* vc = (float*)info[3 * r + 1];
+    void* kc = (void*)info[3 * r];
+    void* vc = (void*)info[3 * r + 1];
     long long p = info[3 * r + 2];
-    for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
-        kc[p * kvd + i] = k[r * kvd + i];
-        vc[p * kvd + i] = v[r * kvd + i];
-    }
+    kv_put_row(kc, p * kvd, k + r * kvd, kvd, kt);
+    kv_put_row(vc, p * kvd, v + r * kvd, kvd, kt);
+}
+
+// out[0 .. n) = values i0 .. i0 + n - 1 of cache c of type kt, as f32 (for the cuBLAS
+// attention of long chunks; i0 % 32 == 0 for Q8_0).
+extern "C" __global__ void t_kv_widen(const void* c, float* out, long long i0, long long n,
+                                      int kt) {
+    pdl_trigger();
+    pdl_wait();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = kv_get(c, i0 + i, kt);
 }
 
 // The online softmax of one query head (qh[0..hd)) over keys 0..pos of its sequence's cache
-// (pos - window + 1..pos when window > 0, none when window < 0; kc / vc: the head's kv column at
-// position 0, row stride kvd; key and value pos read from kcur / vcur instead when given): ATTN_WARPS warps take every ATTN_WARPS-th key, each keeping
+// (pos - window + 1..pos when window > 0, none when window < 0; kc / vc: caches of type kt, the
+// head's kv column starting at value gb, row stride kvd; key and value pos read from kcur /
+// vcur instead when given): ATTN_WARPS warps take every ATTN_WARPS-th key, each keeping
 // a running maximum m, sum l and S register values per lane (dims lane, lane + 32, ...;
 // S * 32 >= hd); the warps' partial results meet in shared memory at the end. sink (null: none)
 // is one logit that joins the softmax denominator (gpt-oss attention sinks). The head's output
 // goes to o[0..hd), and to o2 too when given (o2 may be qh: it is read before the merge).
 template <int S>
-__device__ void attend_head(const float* qh, const float* kc, const float* vc, const float* kcur,
-                            const float* vcur, int kvd, int hd, int window, int pos,
-                            float scale, float cap, const float* sink, float* o, float* o2) {
+__device__ void attend_head(const float* qh, const void* kc, const void* vc, long long gb,
+                            const float* kcur, const float* vcur, int kvd, int hd, int window,
+                            int pos, float scale, float cap, const float* sink, float* o,
+                            float* o2, int kt) {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
     __shared__ float sm_acc[ATTN_WARPS][S * 32];
     int lo = first_key(window, pos);
@@ -106,12 +117,13 @@ __device__ void attend_head(const float* qh, const float* kc, const float* vc, c
     }
     float m = NEG_INF, l = 0.0f;
     for (int j = lo + w; j <= pos; j += ATTN_WARPS) {
-        const float* kr = j == pos && kcur ? kcur : kc + (long long)j * kvd;
+        bool own = j == pos && kcur;
+        long long r = gb + (long long)j * kvd;
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < S; i++) {
             int d = i * 32 + lane;
-            if (d < hd) dot += qv[i] * kr[d];
+            if (d < hd) dot += qv[i] * (own ? kcur[d] : kv_get(kc, r + d, kt));
         }
         for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL, dot, o);
         float s = dot * scale;
@@ -120,11 +132,11 @@ __device__ void attend_head(const float* qh, const float* kc, const float* vc, c
         float corr = expf(m - mn);  // 0 on the first key (m = -inf)
         float p = expf(s - mn);
         l = l * corr + p;
-        const float* vr = j == pos && vcur ? vcur : vc + (long long)j * kvd;
+        bool ownv = j == pos && vcur;
 #pragma unroll
         for (int i = 0; i < S; i++) {
             int d = i * 32 + lane;
-            acc[i] = acc[i] * corr + (d < hd ? p * vr[d] : 0.0f);
+            acc[i] = acc[i] * corr + (d < hd ? p * (ownv ? vcur[d] : kv_get(vc, r + d, kt)) : 0.0f);
         }
         m = mn;
     }
@@ -157,28 +169,30 @@ __device__ void attend_head(const float* qh, const float* kc, const float* vc, c
 // (info as t_kv_store), by attend_head. sinks (null: none) holds one logit per query head.
 template <int S>
 __device__ void attn_row(const float* q, const long long* info, float* out, int nq, int nkv,
-                         int hd, float scale, int window, float cap, const float* sinks) {
+                         int hd, float scale, int window, float cap, const float* sinks, int kt) {
     int h = blockIdx.x;
     long long r = blockIdx.y;
     int g = h / (nq / nkv);
     int kvd = nkv * hd;
-    const float* kc = (const float*)info[3 * r] + (long long)g * hd;
-    const float* vc = (const float*)info[3 * r + 1] + (long long)g * hd;
+    const void* kc = (const void*)info[3 * r];
+    const void* vc = (const void*)info[3 * r + 1];
     int pos = (int)info[3 * r + 2];
     long long head = (r * nq + h) * hd;
-    attend_head<S>(q + head, kc, vc, 0, 0, kvd, hd, window, pos, scale, cap,
-                   sinks ? sinks + h : 0, out + head, 0);
+    attend_head<S>(q + head, kc, vc, (long long)g * hd, 0, 0, kvd, hd, window, pos, scale, cap,
+                   sinks ? sinks + h : 0, out + head, 0, kt);
 }
 
 extern "C" __global__ void t_attention(const float* q, const long long* info, float* out, int nq,
                                        int nkv, int hd, float scale, int window, float cap,
-                                       const float* sinks) {
+                                       const float* sinks, int kt) {
     pdl_trigger();
     pdl_wait();
-    if (hd <= 64) attn_row<2>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
-    else if (hd <= 128) attn_row<4>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
-    else if (hd <= 256) attn_row<8>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
-    else attn_row<16>(q, info, out, nq, nkv, hd, scale, window, cap, sinks);
+#define AR_ARGS q, info, out, nq, nkv, hd, scale, window, cap, sinks, kt
+    if (hd <= 64) attn_row<2>(AR_ARGS);
+    else if (hd <= 128) attn_row<4>(AR_ARGS);
+    else if (hd <= 256) attn_row<8>(AR_ARGS);
+    else attn_row<16>(AR_ARGS);
+#undef AR_ARGS
 }
 
 // Causal attention of prompt chunks, a tile of up to ATT_BQ consecutive query rows of one
@@ -192,13 +206,14 @@ extern "C" __global__ void t_attention(const float* q, const long long* info, fl
 // each row (lo = pos - window + 1 when window > 0; none when window < 0); cap > 0: soft-cap;
 // sinks as t_attention. Dynamic shared memory: (ATT_BQ hd + ATT_BK (hd + 1) + ATT_BK hd +
 // ATT_WARPS * 4 * ATT_BK) floats (att_tile_smem in tensor_ops.rs). hd % 4 == 0 (the
-// caches are read as float4).
+// caches, of type kt, are read four values at a time).
 #define ATT_BQ 32
 #define ATT_BK 32
 #define ATT_WARPS 8
 template <int S>
 __device__ void attn_tile(const float* q, const long long* tiles, float* out, int nq, int nkv,
-                          int hd, float scale, int window, float cap, const float* sinks) {
+                          int hd, float scale, int window, float cap, const float* sinks,
+                          int kvt) {
     extern __shared__ __align__(16) float att_sm[];
     float* sq = att_sm;                     // [ATT_BQ][hd]
     float* sk = sq + ATT_BQ * hd;           // [ATT_BK][hd + 1]
@@ -206,8 +221,9 @@ __device__ void attn_tile(const float* q, const long long* tiles, float* out, in
     float* sp = sv + ATT_BK * hd;           // [ATT_WARPS][4][ATT_BK]
     int h = blockIdx.x, g = h / (nq / nkv), kvd = nkv * hd;
     const long long* t = tiles + 5 * (long long)blockIdx.y;
-    const float* kc = (const float*)t[0] + (long long)g * hd;
-    const float* vc = (const float*)t[1] + (long long)g * hd;
+    const void* kc = (const void*)t[0];
+    const void* vc = (const void*)t[1];
+    long long gb = (long long)g * hd;
     long long r0 = t[2];
     int p0 = (int)t[3], nr = (int)t[4];
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -234,9 +250,9 @@ __device__ void attn_tile(const float* q, const long long* tiles, float* out, in
         for (int k = 0; k < NL; k++) {
             int i = threadIdx.x + ATT_WARPS * 32 * k, j = i / hq, c = i % hq;
             bool ok = i < ATT_BK * hq && kt + j <= khi;
-            long long off = (long long)(kt + j) * kvd + 4 * c;
-            kreg[k] = ok ? *(const float4*)(kc + off) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            vreg[k] = ok ? *(const float4*)(vc + off) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            long long off = gb + (long long)(kt + j) * kvd + 4 * c;
+            kreg[k] = ok ? kv_get4(kc, off, kvt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            vreg[k] = ok ? kv_get4(vc, off, kvt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
     if (klo <= khi) fetch(klo);
@@ -321,10 +337,10 @@ __device__ void attn_tile(const float* q, const long long* tiles, float* out, in
 #define ATT_TILES_KERNEL(NAME, S)                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                               \
         NAME(const float* q, const long long* tiles, float* out, int nq, int nkv, int hd,      \
-             float scale, int window, float cap, const float* sinks) {                         \
+             float scale, int window, float cap, const float* sinks, int kvt) {                \
         pdl_trigger();                                                                         \
         pdl_wait();                                                                            \
-        attn_tile<S>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks);                   \
+        attn_tile<S>(q, tiles, out, nq, nkv, hd, scale, window, cap, sinks, kvt);              \
     }
 ATT_TILES_KERNEL(t_attention_tiles64, 2)
 ATT_TILES_KERNEL(t_attention_tiles128, 4)
@@ -461,9 +477,9 @@ extern "C" __global__ void __launch_bounds__(RN_THREADS)
 // blockIdx.x, kv head g = h / (nq / nkv), ATTN_WARPS warps: the q head and k head g of the row
 // are normalised per head (q_norm / k_norm, null: none) and rotated (inv_freq, null: no RoPE;
 // cos/sin times mscale) in shared memory; the first query head of each group stores K and V of
-// position pos in the caches (info as t_kv_store); then attend_head's online softmax, reading
-// this row's own key and value (j = pos) from shared memory and v, so no block waits for
-// another's store. sinks as t_attention. The head's output is quantized for the o
+// position pos in the caches (info as t_kv_store, type kt); then attend_head's online softmax,
+// reading this row's own key and value (j = pos), as the cache holds them, from shared memory,
+// so no block waits for another's store. sinks as t_attention. The head's output is quantized for the o
 // product when given (the host passes q32 / qk only when hd is a multiple of 32 / 256).
 template <int S>
 __device__ void rope_attn_row(const float* q, const float* k, const float* v,
@@ -471,29 +487,32 @@ __device__ void rope_attn_row(const float* q, const float* k, const float* v,
                               const double* inv_freq, float* out, int nq, int nkv, int hd,
                               int rot, int interleaved, float eps, float off, double mscale,
                               float scale, int window, float cap, const float* sinks, i8* q32,
-                              float* d32, i8* qk, float* dk, int* bsk) {
+                              float* d32, i8* qk, float* dk, int* bsk, int kt) {
     __shared__ double shd[32];
     __shared__ __align__(16) float qs[S * 32];
     __shared__ __align__(16) float ks[S * 32];
+    __shared__ __align__(16) float vs[S * 32];
     int h = blockIdx.x;
     long long r = blockIdx.y;
     int grp = nq / nkv;
     int g = h / grp;
     int kvd = nkv * hd;
-    float* kc = (float*)info[3 * r];
-    float* vc = (float*)info[3 * r + 1];
+    void* kc = (void*)info[3 * r];
+    void* vc = (void*)info[3 * r + 1];
     int pos = (int)info[3 * r + 2];
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         qs[d] = q[(r * nq + h) * hd + d];
         ks[d] = k[r * kvd + (long long)g * hd + d];
+        vs[d] = v[r * kvd + (long long)g * hd + d];
     }
     __syncthreads();
     head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, mscale, shd);
     head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, mscale, shd);
-    const float* vcur = v + r * kvd + (long long)g * hd;
-    if (h % grp == 0) store_kv_row(kc, vc, ks, vcur, pos, kvd, g, hd);
-    attend_head<S>(qs, kc + (long long)g * hd, vc + (long long)g * hd, ks, vcur, kvd, hd, window,
-                   pos, scale, cap, sinks ? sinks + h : 0, out + (r * nq + h) * hd, qs);
+    if (h % grp == 0) store_kv_row(kc, vc, ks, vs, pos, kvd, g, hd, kt);
+    kv_round_row(ks, hd, kt);
+    kv_round_row(vs, hd, kt);
+    attend_head<S>(qs, kc, vc, (long long)g * hd, ks, vs, kvd, hd, window, pos, scale, cap,
+                   sinks ? sinks + h : 0, out + (r * nq + h) * hd, qs, kt);
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (!q32 && !qk) return;
     __syncthreads();
@@ -511,11 +530,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
                   const float* q_norm, const float* k_norm, const double* inv_freq, float* out,
                   int nq, int nkv, int hd, int rot, int interleaved, float eps, float off,
                   double mscale, float scale, int window, float cap, const float* sinks, i8* q32,
-                  float* d32, i8* qk, float* dk, int* bsk) {
+                  float* d32, i8* qk, float* dk, int* bsk, int kt) {
     pdl_trigger();
     pdl_wait();
 #define RA_ARGS q, k, v, info, q_norm, k_norm, inv_freq, out, nq, nkv, hd, rot, interleaved, eps, \
-                off, mscale, scale, window, cap, sinks, q32, d32, qk, dk, bsk
+                off, mscale, scale, window, cap, sinks, q32, d32, qk, dk, bsk, kt
     if (hd <= 64) rope_attn_row<2>(RA_ARGS);
     else if (hd <= 128) rope_attn_row<4>(RA_ARGS);
     else if (hd <= 256) rope_attn_row<8>(RA_ARGS);

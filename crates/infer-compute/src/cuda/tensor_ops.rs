@@ -20,6 +20,7 @@ use super::step::Recorder;
 use super::State;
 use crate::host_ops::check;
 use crate::ops::Activation;
+use crate::KvType;
 use crate::{
     Argmax, Attend, AttentionParams, ComputeError, DeviceBuffer, FloatTable, MatData, Matrix, Norm,
     NormKind, ResidualNorm, RopeAttend, RopeConfig, Tensor, TensorProj,
@@ -71,18 +72,24 @@ pub(super) struct PreQuant {
     b32: bool,
 }
 
-/// A tensor's device memory.
-pub(super) struct DevBuf(Arc<CudaSlice<f32>>);
+/// A tensor's device memory: f32 values, or (a KV cache made by [`fit_kv`]) values stored as
+/// `.1` (the kernels' `kt` argument, [`kv_code`]) in f32 words.
+pub(super) struct DevBuf(Arc<CudaSlice<f32>>, KvType);
 
 impl std::fmt::Debug for DevBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DevBuf({} f32)", self.0.len())
+        write!(f, "DevBuf({} words of {})", self.0.len(), self.1)
     }
 }
 
 impl DeviceBuffer for DevBuf {
     fn capacity(&self) -> usize {
-        self.0.len()
+        let bytes = 4 * self.0.len();
+        match self.1 {
+            KvType::F32 => self.0.len(),
+            KvType::F16 => bytes / 2,
+            KvType::Q8_0 => bytes / 34 * 32,
+        }
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -104,24 +111,70 @@ fn ptr<T>(s: &CudaSlice<T>, st: &Arc<CudaStream>) -> u64 {
     s.device_ptr(st).0
 }
 
-/// The device pointer of tensor `t` when it lives in this backend's device memory.
-pub(super) fn device_ptr(t: &Tensor, stream: &Arc<CudaStream>) -> Option<u64> {
+/// The device pointer and storage type of tensor `t` when it lives in this backend's device
+/// memory.
+pub(super) fn device_ptr(t: &Tensor, stream: &Arc<CudaStream>) -> Option<(u64, KvType)> {
     let b = t.device()?.as_any().downcast_ref::<DevBuf>()?;
-    Some(ptr(&b.0, stream))
+    Some((ptr(&b.0, stream), b.1))
 }
 
-/// The device pointer of tensor `t` for a recorded launch (the tensor is kept alive until the
-/// launch is enqueued). Errors: a host tensor or another backend's.
+/// The kernels' code of a KV cache type (`KV_F32`, `KV_F16`, `KV_Q8_0` in decode.cu).
+pub(super) fn kv_code(kv: KvType) -> i32 {
+    match kv {
+        KvType::F32 => 0,
+        KvType::F16 => 1,
+        KvType::Q8_0 => 2,
+    }
+}
+
+/// The device pointer of f32 tensor `t` for a recorded launch (the tensor is kept alive until
+/// the launch is enqueued). Errors: a host tensor or another backend's, a KV cache stored in
+/// another type (only the attention operations read those: [`tp_kv`]).
 fn tp(st: &mut State, t: &Tensor, op: &str) -> Result<u64, ComputeError> {
+    match tp_kv(st, t, op)? {
+        (p, KvType::F32) => Ok(p),
+        (_, kv) => Err(dev_err(format!(
+            "{op}: the tensor is a KV cache stored as {kv}, not f32 values"
+        ))),
+    }
+}
+
+/// [`tp`] of a KV cache tensor: its pointer and storage type.
+fn tp_kv(st: &mut State, t: &Tensor, op: &str) -> Result<(u64, KvType), ComputeError> {
     match t.device().and_then(|d| d.as_any().downcast_ref::<DevBuf>()) {
         Some(b) => {
             st.rec.keep(&b.0);
-            Ok(ptr(&b.0, &st.dev.stream))
+            Ok((ptr(&b.0, &st.dev.stream), b.1))
         }
         None => Err(dev_err(format!(
             "{op}: the tensor is not in this CUDA device's memory (make it with the backend's fit/upload)"
         ))),
     }
+}
+
+/// The K and V caches of a batch's sequences: their pointers per sequence and their one storage
+/// type. Errors: as [`tp_kv`], caches of different types in one batch.
+fn kv_ptrs(
+    st: &mut State,
+    seqs: &[crate::KvSlot<'_>],
+    op: &str,
+) -> Result<(Vec<(u64, u64)>, KvType), ComputeError> {
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut kind = None;
+    for s in seqs {
+        let (kc, kk) = tp_kv(st, s.k_cache, op)?;
+        let (vc, vk) = tp_kv(st, s.v_cache, op)?;
+        for k in [kk, vk] {
+            if *kind.get_or_insert(k) != k {
+                return Err(dev_err(format!(
+                    "{op}: KV caches of types {} and {k} in one batch",
+                    kind.unwrap_or(k)
+                )));
+            }
+        }
+        out.push((kc, vc));
+    }
+    Ok((out, kind.unwrap_or_default()))
 }
 
 /// The device memory of `t` to write from the host: pending launches are enqueued first
@@ -136,6 +189,10 @@ fn dev_buf_mut<'t>(
         .device_mut()
         .and_then(|d| d.as_any_mut().downcast_mut::<DevBuf>())
     {
+        Some(b) if b.1 != KvType::F32 => Err(dev_err(format!(
+            "{op}: the tensor is a KV cache stored as {}, not f32 values",
+            b.1
+        ))),
         Some(b) => match Arc::get_mut(&mut b.0) {
             Some(s) => Ok(s),
             None => Err(dev_err(format!(
@@ -230,18 +287,108 @@ fn to_i32(what: &str, v: usize) -> Result<i32, ComputeError> {
 }
 
 pub(super) fn fit(st: &mut State, t: &mut Tensor, len: usize) -> Result<(), ComputeError> {
-    let mine = t
+    fit_as(st, t, len, KvType::F32)
+}
+
+/// [`fit`] of a KV cache tensor stored as `kv` (`len` a multiple of 32 for Q8_0: whole rows of
+/// heads checked by `KvType::check_head_dim`).
+pub(super) fn fit_kv(
+    st: &mut State,
+    t: &mut Tensor,
+    len: usize,
+    kv: KvType,
+) -> Result<(), ComputeError> {
+    fit_as(st, t, len, kv)
+}
+
+fn fit_as(st: &mut State, t: &mut Tensor, len: usize, kv: KvType) -> Result<(), ComputeError> {
+    let same = t
         .device()
-        .is_some_and(|d| d.as_any().downcast_ref::<DevBuf>().is_some());
-    if mine && t.set_len(len) {
+        .and_then(|d| d.as_any().downcast_ref::<DevBuf>())
+        .is_some_and(|b| b.1 == kv);
+    if same && t.set_len(len) {
         return Ok(());
     }
+    let words = kv.row_bytes(len).div_ceil(4);
     let buf = drv(
         "allocate a tensor",
-        st.dev.stream.alloc_zeros::<f32>(len.max(1)),
+        st.dev.stream.alloc_zeros::<f32>(words.max(1)),
     )?;
-    *t = Tensor::device_from(Box::new(DevBuf(Arc::new(buf))), len);
+    *t = Tensor::device_from(Box::new(DevBuf(Arc::new(buf), kv)), len);
     Ok(())
+}
+
+/// Values `r` of a KV cache stored as `kv` in `buf`, as f32 (host conversion: f16 widening,
+/// ggml `dequantize_row_q8_0`). `r` starts and ends on a Q8_0 block for Q8_0.
+fn read_kv_values(
+    st: &mut State,
+    buf: &CudaSlice<f32>,
+    kv: KvType,
+    r: std::ops::Range<usize>,
+    dst: &mut [f32],
+) -> Result<(), ComputeError> {
+    let bytes = kv_bytes(kv, &r)?;
+    let mut raw = vec![0f32; (bytes.end - bytes.start).div_ceil(4) + 1];
+    let (w0, w1) = (bytes.start / 4, bytes.end.div_ceil(4));
+    drv(
+        "copy to the host",
+        st.dev
+            .stream
+            .memcpy_dtoh(&buf.slice(w0..w1), &mut raw[..w1 - w0]),
+    )?;
+    st.rec.wait(&st.dev.stream)?;
+    let all = super::cache::as_bytes(&raw);
+    decode_kv(kv, &all[bytes.start - 4 * w0..bytes.end - 4 * w0], dst)
+}
+
+/// `dst.len()` values stored as `kv` in `b`, as f32 (f16 widening, ggml
+/// `dequantize_row_q8_0`). Errors: `b` of another length.
+pub(super) fn decode_kv(kv: KvType, b: &[u8], dst: &mut [f32]) -> Result<(), ComputeError> {
+    check("KV cache bytes", b.len(), kv.row_bytes(dst.len()), "bytes")?;
+    match kv {
+        KvType::F32 => {
+            for (o, c) in dst.iter_mut().zip(b.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        KvType::F16 => {
+            for (o, c) in dst.iter_mut().zip(b.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        KvType::Q8_0 => infer_quant::dequantize(infer_quant::QuantFormat::Q8_0, b, dst)?,
+    }
+    Ok(())
+}
+
+/// The byte range of values `r` in a cache stored as `kv`. Errors: a Q8_0 range that does not
+/// start and end on a block.
+fn kv_bytes(
+    kv: KvType,
+    r: &std::ops::Range<usize>,
+) -> Result<std::ops::Range<usize>, ComputeError> {
+    if kv == KvType::Q8_0 && !(r.start.is_multiple_of(32) && r.end.is_multiple_of(32)) {
+        return Err(dev_err(format!(
+            "KV cache values {}..{}: a q8_0 cache is read and written in whole 32-value blocks",
+            r.start, r.end
+        )));
+    }
+    Ok(kv.row_bytes(r.start)..kv.row_bytes(r.end))
+}
+
+/// `src` stored as `kv` (f16 rounding to nearest even; ggml `quantize_row_q8_0_ref`, as the
+/// kernels' `kv_put_row`).
+pub(super) fn encode_kv(kv: KvType, src: &[f32]) -> Result<Vec<u8>, ComputeError> {
+    Ok(match kv {
+        KvType::F32 => super::cache::as_bytes(src).to_vec(),
+        KvType::F16 => src
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+        KvType::Q8_0 => {
+            infer_quant::quantize(infer_quant::QuantFormat::Q8_0, src, src.len(), None)?
+        }
+    })
 }
 
 pub(super) fn upload(st: &mut State, src: &[f32], dst: &mut Tensor) -> Result<(), ComputeError> {
@@ -265,6 +412,10 @@ pub(super) fn download(st: &mut State, src: &Tensor, dst: &mut [f32]) -> Result<
             "download: the tensor is not in this CUDA device's memory",
         ));
     };
+    if b.1 != KvType::F32 {
+        let buf = b.0.clone();
+        return read_kv_values(st, &buf, b.1, 0..src.len(), dst);
+    }
     let view = b.0.slice(0..src.len());
     let stream = &st.dev.stream;
     st.rec.timed_wait(|| {
@@ -289,6 +440,10 @@ pub(super) fn read_at(
             "read_at: the tensor is not in this CUDA device's memory",
         ));
     };
+    if b.1 != KvType::F32 {
+        let buf = b.0.clone();
+        return read_kv_values(st, &buf, b.1, r, dst);
+    }
     let view = b.0.slice(r);
     drv("copy to the host", st.dev.stream.memcpy_dtoh(&view, dst))?;
     st.rec.wait(&st.dev.stream)
@@ -301,12 +456,55 @@ pub(super) fn write_at(
     offset: usize,
 ) -> Result<(), ComputeError> {
     let r = crate::host_ops::range("write_at", dst.len(), offset, src.len())?;
+    if let Some(kv) = dst
+        .device()
+        .and_then(|d| d.as_any().downcast_ref::<DevBuf>())
+        .map(|b| b.1)
+        .filter(|&kv| kv != KvType::F32)
+    {
+        return write_kv_values(st, src, dst, kv, r);
+    }
     let buf = dev_buf_mut(st, dst, "write_at")?;
     let mut view = buf.slice_mut(r);
     drv(
         "copy to the device",
         st.dev.stream.memcpy_htod(src, &mut view),
     )
+}
+
+/// [`write_at`] into a KV cache stored as `kv`: `src` encoded on the host ([`encode_kv`]),
+/// then copied byte for byte.
+fn write_kv_values(
+    st: &mut State,
+    src: &[f32],
+    dst: &mut Tensor,
+    kv: KvType,
+    r: std::ops::Range<usize>,
+) -> Result<(), ComputeError> {
+    let bytes = kv_bytes(kv, &r)?;
+    let enc = encode_kv(kv, src)?;
+    st.rec.flush(&st.dev.stream)?;
+    let Some(b) = dst
+        .device_mut()
+        .and_then(|d| d.as_any_mut().downcast_mut::<DevBuf>())
+    else {
+        return Err(dev_err(
+            "write_at: the tensor is not in this CUDA device's memory",
+        ));
+    };
+    let Some(buf) = Arc::get_mut(&mut b.0) else {
+        return Err(dev_err(
+            "write_at: the tensor's memory is shared (a recorded launch still holds it)",
+        ));
+    };
+    let base = ptr(buf, &st.dev.stream) + bytes.start as u64;
+    let stream = &st.dev.stream;
+    // SAFETY: `bytes` lies inside the allocation (its values `r` were range-checked against the
+    // tensor's length, and the allocation holds `kv.row_bytes(len)` bytes); `enc` lives until
+    // the stream is synchronized below.
+    let res = unsafe { cudarc::driver::result::memcpy_htod_async(base, &enc, stream.cu_stream()) };
+    drv("copy to the device", res)?;
+    drv("synchronize", stream.synchronize())
 }
 
 pub(super) fn copy_rows(
@@ -838,10 +1036,15 @@ const ATT_GEMM_MAX_SCORES: usize = 128 << 20;
 /// row's window start to the last row's position) as one batched f32 GEMM into `st.s.att`
 /// (`[nq][rows][keys]`), the masked softmax in place (`t_attn_softmax`: causal, sliding window,
 /// soft-cap, sinks), then `O_h = P_h V_g` as a second batched GEMM straight into the output
-/// rows. Same f32 arithmetic as the tile kernel, in another order.
+/// rows. Same f32 arithmetic as the tile kernel, in another order. A cache stored in another
+/// type than f32 (`kv`) is first widened to f32 scratch over the keys the chunk sees
+/// (`t_kv_widen`).
+#[allow(clippy::too_many_arguments)]
 fn attend_gemm(
     st: &mut State,
     s: &crate::KvSlot<'_>,
+    cache: (u64, u64),
+    kv: KvType,
     qp: u64,
     op: u64,
     p: &AttentionParams,
@@ -851,7 +1054,11 @@ fn attend_gemm(
     let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
     let end = s.start + s.rows;
     let piece = (ATT_GEMM_MAX_SCORES / (nq * end).max(1)).clamp(1, ATT_GEMM_PIECE_ROWS);
-    let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
+    let first_key = |first: usize| match p.sliding_window {
+        Some(w) if w > 0 => (first + 1).saturating_sub(w),
+        _ => 0,
+    };
+    let (kc, vc, base) = widen_kv(st, cache, kv, first_key(s.start), end, nkv * hd)?;
     {
         let State {
             dev, s: sc, rec, ..
@@ -871,13 +1078,10 @@ fn attend_gemm(
         let row = (s.row0 + t0) as u64;
         // The keys the piece's rows see: k0 ..= the last row's position.
         let first = s.start + t0;
-        let k0 = match p.sliding_window {
-            Some(w) if w > 0 => (first + 1).saturating_sub(w),
-            _ => 0,
-        };
+        let k0 = first_key(first);
         let keys = first + m - k0;
         let keys_i = to_i32("attention keys", keys)?;
-        let g = |h: usize| ((h / (nq / nkv)) * hd + k0 * nkv * hd) as u64;
+        let g = |h: usize| ((h / (nq / nkv)) * hd + (k0 - base) * nkv * hd) as u64;
         // Per head: K_g / V_g, the head's query (output) columns of the piece's first row, its
         // score matrix.
         let kv_ptrs = |cache: u64| -> Vec<u64> { (0..nq).map(|h| cache + g(h) * f32b).collect() };
@@ -949,6 +1153,38 @@ fn attend_gemm(
     Ok(())
 }
 
+/// The K and V caches `cache` as f32 for [`attend_gemm`]: as they are when stored as f32, else
+/// rows `k0..end` (of `kvd` values) widened into `st.s.kvw` (`t_kv_widen`). Returns the two
+/// pointers and the cache row at which they start. Errors: allocation failure.
+fn widen_kv(
+    st: &mut State,
+    cache: (u64, u64),
+    kv: KvType,
+    k0: usize,
+    end: usize,
+    kvd: usize,
+) -> Result<(u64, u64, usize), ComputeError> {
+    if kv == KvType::F32 {
+        return Ok((cache.0, cache.1, 0));
+    }
+    let n = (end - k0) * kvd;
+    {
+        let State {
+            dev, s: sc, rec, ..
+        } = st;
+        if let Some(old) = sc.kvw.at_least_keep(&dev.stream, 2 * n)? {
+            rec.keep_any(old);
+        }
+    }
+    let wp = ptr(st.s.kvw.get(), &st.dev.stream);
+    let to = [wp, wp + (n * std::mem::size_of::<f32>()) as u64];
+    for (src, dst) in [cache.0, cache.1].into_iter().zip(to) {
+        let mut a = [src, dst, (k0 * kvd) as u64, n as u64, i(kv_code(kv))];
+        go(&mut st.rec, &st.dev.k.t_kv_widen, flat(n), &mut a)?;
+    }
+    Ok((to[0], to[1], k0))
+}
+
 /// What `t_attention` and `t_rope_attend` take of `p` alike: the window code (0 none, -1 no
 /// keys, else the window's length), the attention sinks' device copy (0: none) and the launch
 /// (one block of `ATTN_THREADS` per query head and row). Errors: a window above `i32::MAX`;
@@ -992,10 +1228,11 @@ pub(super) fn attend(
     let rows: usize = at.seqs.iter().map(|s| s.rows).sum();
     fit(st, out, at.q.len())?;
     let mut info = Vec::with_capacity(rows * 3);
-    for s in at.seqs.iter() {
-        let end = s.start + s.rows;
-        let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
-        for pos in s.start..end {
+    let (caches, kv) = kv_ptrs(st, at.seqs, "attend")?;
+    kv.check_head_dim(p.head_dim)?;
+    let kt = i(kv_code(kv));
+    for (s, &(kc, vc)) in at.seqs.iter().zip(&caches) {
+        for pos in s.start..s.start + s.rows {
             info.extend([kc as i64, vc as i64, pos as i64]);
         }
     }
@@ -1011,7 +1248,7 @@ pub(super) fn attend(
         tp(st, out, "attend")?,
     );
     let kvd_i = to_i32("kv_dim", kvd)?;
-    let mut a = [kp, vp, ip, i(kvd_i)];
+    let mut a = [kp, vp, ip, i(kvd_i), kt];
     go(
         &mut st.rec,
         &st.dev.k.t_kv_store,
@@ -1036,15 +1273,26 @@ pub(super) fn attend(
         })
         .collect();
     let tiled = tiles_fit && (longest >= ATT_TILE_MIN_ROWS || by_gemm.contains(&true));
-    for (s, _) in at.seqs.iter().zip(&by_gemm).filter(|(_, &g)| g) {
-        attend_gemm(st, s, qp, op, p, window, sinks)?;
+    for ((s, &cache), _) in at
+        .seqs
+        .iter()
+        .zip(&caches)
+        .zip(&by_gemm)
+        .filter(|(_, &g)| g)
+    {
+        attend_gemm(st, s, cache, kv, qp, op, p, window, sinks)?;
     }
     // Per row (`info`) or, for prompt chunks, per tile of up to ATT_BQ consecutive rows of one
     // sequence: {k cache, v cache, first row, its position, rows}.
     let (table, cfg) = if tiled {
         let mut tiles = Vec::new();
-        for (s, _) in at.seqs.iter().zip(&by_gemm).filter(|(_, &g)| !g) {
-            let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
+        for ((s, &(kc, vc)), _) in at
+            .seqs
+            .iter()
+            .zip(&caches)
+            .zip(&by_gemm)
+            .filter(|(_, &g)| !g)
+        {
             for t0 in (0..s.rows).step_by(ATT_BQ) {
                 let n = ATT_BQ.min(s.rows - t0);
                 let (row, pos) = ((s.row0 + t0) as i64, (s.start + t0) as i64);
@@ -1078,6 +1326,7 @@ pub(super) fn attend(
         i(window),
         f(p.softcap.unwrap_or(0.0)),
         sinks,
+        kt,
     ];
     let k = &st.dev.k;
     let func = if tiled {
@@ -1413,8 +1662,9 @@ pub(super) fn rope_attend(
         return Ok(true);
     }
     let mut info = Vec::with_capacity(rows * 3);
-    for s in a.seqs.iter() {
-        let (kc, vc) = (tp(st, s.k_cache, "attend")?, tp(st, s.v_cache, "attend")?);
+    let (caches, kv) = kv_ptrs(st, a.seqs, "rope_attend")?;
+    kv.check_head_dim(hd)?;
+    for (s, &(kc, vc)) in a.seqs.iter().zip(&caches) {
         info.extend([kc as i64, vc as i64, s.start as i64]);
     }
     let ip = st.rec.stage(&st.dev.stream, as_bytes(&info))?;
@@ -1476,6 +1726,7 @@ pub(super) fn rope_attend(
         t[2],
         t[3],
         t[4],
+        i(kv_code(kv)),
     ];
     go(&mut st.rec, &st.dev.k.t_rope_attend, cfg, &mut args)?;
     st.pq_next = Some(PreQuant { x: op, n, kq, b32 });

@@ -137,7 +137,8 @@ impl CudaDecoder<'_> {
     }
 
     /// The key-split attention kernel (`dec_attn_split*`, then `dec_attn_merge`) for layer `l`
-    /// when its cache has `splits > 1` key splits, head_dim is at most 256, a kv head has at
+    /// when its cache has `splits > 1` key splits, head_dim is even and at most 256 (the
+    /// kernel reads dim pairs), a kv head has at
     /// most `SPLIT_GRP` query heads and their heads fit the kernel's shared memory; `None`:
     /// one `dec_attention` block per query head.
     fn split_kernel<'d>(
@@ -147,7 +148,11 @@ impl CudaDecoder<'_> {
         splits: usize,
     ) -> Option<&'d CudaFunction> {
         let grp = l.n_q / l.n_kv.max(1);
-        if splits < 2 || grp > SPLIT_GRP || grp * l.head_dim > MAX_HEAD_DIM {
+        if splits < 2
+            || grp > SPLIT_GRP
+            || grp * l.head_dim > MAX_HEAD_DIM
+            || !l.head_dim.is_multiple_of(2)
+        {
             return None;
         }
         let k = &dev.k;
@@ -298,6 +303,7 @@ impl CudaDecoder<'_> {
             let (nq, nkv) = (int("query heads", l.n_q)?, int("kv heads", l.n_kv)?);
             let (hd, rot) = (int("head_dim", l.head_dim)?, int("rotary dim", l.rot)?);
             let splits = attention_splits(self.context, l.window);
+            let kt = super::super::tensor_ops::kv_code(self.kv);
             // Arguments both attention kernels take: the projections' heads and the norms,
             // RoPE and caches they go through, then (after kernel-specific outputs and the
             // step's {token, position}) the head geometry.
@@ -334,6 +340,7 @@ impl CudaDecoder<'_> {
                     A::I(l.window),
                     A::F(l.softcap),
                     A::I(splits as i32),
+                    A::I(kt),
                 ]);
                 self.go(
                     "attention (rope, kv store, key splits)",
@@ -375,6 +382,7 @@ impl CudaDecoder<'_> {
                     A::F(l.softcap),
                 ]);
                 args.extend(quant);
+                args.push(A::I(kt));
                 self.go(
                     "attention (rope, kv store, quantize)",
                     &k.dec_attention,

@@ -35,6 +35,7 @@ use super::device::{dev_err, drv, int};
 use super::quant::check;
 use super::{tensor_ops, CudaBackend, State};
 use crate::ops::Activation;
+use crate::KvType;
 use crate::{
     Argmax, ComputeError, DecodePlan, FloatTable, MatData, PlanLayer, Tensor, TokenDecoder,
 };
@@ -145,8 +146,9 @@ struct DevLayer {
     eps: f32,
     off: f32,
     mult: f32,
-    k_cache: CudaSlice<f32>,
-    v_cache: CudaSlice<f32>,
+    /// `[context, n_kv · head_dim]` keys and values, stored as the decoder's [`KvType`].
+    k_cache: CudaSlice<u8>,
+    v_cache: CudaSlice<u8>,
 }
 
 /// Quantized activations of one family, sized for the widest input.
@@ -190,6 +192,8 @@ pub(super) struct CudaDecoder<'b> {
     hidden: usize,
     vocab: usize,
     context: usize,
+    /// How the KV cache stores its values (the backend's at creation).
+    kv: KvType,
     embed: (u64, bool),
     embed_scale: f32,
     final_norm: u64,
@@ -302,6 +306,7 @@ impl<'b> CudaDecoder<'b> {
             return Err(dev_err("decode: hidden_size 0"));
         }
         let stream = drv("create the decode stream", st.dev.ctx.new_stream())?;
+        let kv = st.kv;
         let mut layers = Vec::with_capacity(plan.layers.len());
         for l in &plan.layers {
             let a = &l.attention;
@@ -316,6 +321,7 @@ impl<'b> CudaDecoder<'b> {
                     a.n_q_heads, a.n_kv_heads
                 )));
             }
+            kv.check_head_dim(hd)?;
             // The fused kernels have neither attention sinks nor scaled cos/sin (YaRN): such
             // models run the tensor operations instead.
             if a.sinks.is_some() || l.rope.is_some_and(|r| r.attention_factor() != 1.0) {
@@ -369,8 +375,8 @@ impl<'b> CudaDecoder<'b> {
                 eps: l.eps,
                 off: l.norm_offset,
                 mult: l.residual_multiplier,
-                k_cache: zeros(&stream, plan.context * kvd)?,
-                v_cache: zeros(&stream, plan.context * kvd)?,
+                k_cache: zeros(&stream, kv.row_bytes(plan.context * kvd))?,
+                v_cache: zeros(&stream, kv.row_bytes(plan.context * kvd))?,
             });
         }
         // A quantized table (a vindex without a float tier) is dequantized once into an f32
@@ -484,6 +490,7 @@ impl<'b> CudaDecoder<'b> {
             hidden: h,
             vocab: plan.vocab_size,
             context: plan.context,
+            kv,
             embed: (embed_ptr, embed_f16),
             embed_scale: plan.embedding_scale,
             final_norm,
@@ -603,12 +610,18 @@ impl CudaDecoder<'_> {
         }
         let mut st = self.backend.lock();
         let State { dev, rec, .. } = &mut *st;
-        let (Some(kp), Some(vp)) = (
+        let (Some((kp, kt)), Some((vp, vt))) = (
             tensor_ops::device_ptr(k, &dev.stream),
             tensor_ops::device_ptr(v, &dev.stream),
         ) else {
             return Ok(false);
         };
+        if kt != self.kv || vt != self.kv {
+            return Err(dev_err(format!(
+                "decode: the forward pass's KV cache is stored as {kt}/{vt}, the decoder's as {}",
+                self.kv
+            )));
+        }
         if off + n > k.len() {
             return Err(dev_err(format!(
                 "decode: KV rows {start}..{start}+{rows} past the forward pass's cache of {} rows",
@@ -623,8 +636,8 @@ impl CudaDecoder<'_> {
         let s = self.stream.clone();
         drv("bind the CUDA context", s.context().bind_to_thread())?;
         let l = &self.layers[layer];
-        let bytes = n * std::mem::size_of::<f32>();
-        let at = (off * std::mem::size_of::<f32>()) as u64;
+        let bytes = self.kv.row_bytes(n);
+        let at = self.kv.row_bytes(off) as u64;
         for (cache, src) in [(ptr(&l.k_cache, &s), kp), (ptr(&l.v_cache, &s), vp)] {
             let (to, from) = if into_decoder {
                 (cache + at, src + at)
@@ -658,11 +671,14 @@ impl TokenDecoder for CudaDecoder<'_> {
         }
         let _guard = self.backend.lock();
         let st = self.stream.clone();
+        let kv = self.kv;
+        let bytes = kv.row_bytes(off)..kv.row_bytes(off + k.len());
         let l = &mut self.layers[layer];
-        let mut kview = l.k_cache.slice_mut(off..off + k.len());
-        drv("upload K rows", st.memcpy_htod(k, &mut kview))?;
-        let mut vview = l.v_cache.slice_mut(off..off + v.len());
-        drv("upload V rows", st.memcpy_htod(v, &mut vview))?;
+        let (ke, ve) = (tensor_ops::encode_kv(kv, k)?, tensor_ops::encode_kv(kv, v)?);
+        let mut kview = l.k_cache.slice_mut(bytes.clone());
+        drv("upload K rows", st.memcpy_htod(&ke, &mut kview))?;
+        let mut vview = l.v_cache.slice_mut(bytes);
+        drv("upload V rows", st.memcpy_htod(&ve, &mut vview))?;
         drv("synchronize", st.synchronize())
     }
 
@@ -680,15 +696,20 @@ impl TokenDecoder for CudaDecoder<'_> {
         let _guard = self.backend.lock();
         let l = &self.layers[layer];
         let st = &self.stream;
+        let kv = self.kv;
+        let bytes = kv.row_bytes(off)..kv.row_bytes(off + k.len());
+        let (mut kb, mut vb) = (vec![0u8; bytes.len()], vec![0u8; bytes.len()]);
         drv(
             "download K rows",
-            st.memcpy_dtoh(&l.k_cache.slice(off..off + k.len()), k),
+            st.memcpy_dtoh(&l.k_cache.slice(bytes.clone()), &mut kb),
         )?;
         drv(
             "download V rows",
-            st.memcpy_dtoh(&l.v_cache.slice(off..off + v.len()), v),
+            st.memcpy_dtoh(&l.v_cache.slice(bytes), &mut vb),
         )?;
-        drv("synchronize", st.synchronize())
+        drv("synchronize", st.synchronize())?;
+        tensor_ops::decode_kv(kv, &kb, k)?;
+        tensor_ops::decode_kv(kv, &vb, v)
     }
 
     fn write_kv_from(
