@@ -280,7 +280,7 @@ fn head_attention(
             };
         }
     }
-    head_attention_impl::<0>(qh, kv, pos, params, sink, scores, o)
+    head_attention_impl::<0>(qh, kv, pos, params, sink, scores, o, dot_generic)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -305,15 +305,18 @@ unsafe fn head_avx2<const HD: usize>(
     scores: &mut [f32],
     o: &mut [f32],
 ) {
-    head_attention_impl::<HD>(qh, kv, pos, params, sink, scores, o)
+    // SAFETY: AVX2 is available (this function's contract).
+    let dot = |a: &[f32], b: &[f32]| unsafe { crate::cpu::dot_avx2(a, b) };
+    head_attention_impl::<HD>(qh, kv, pos, params, sink, scores, o, dot)
 }
 
 /// The body of [`head_attention`]. `HD`: the head dim when known at compile time (`qh.len()`),
 /// 0 for any length. Scores are `scale · dot(q, k_j)` with `crate::cpu::dot`'s summation order
-/// ([`crate::cpu::dot_generic`]), soft-capped; softmax with the max subtracted, sums in key order; the
+/// (`dot`: [`crate::cpu::dot_generic`] or its bit-identical AVX2 copy), soft-capped; softmax with the max subtracted, sums in key order; the
 /// output is `Σ_j (p_j / Σp) · v_j` accumulated in key order from 0 with a multiply and an add
 /// (no FMA), per element. A `sink` joins the max and adds `exp(sink − max)` to `Σp` last.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn head_attention_impl<const HD: usize>(
     qh: &[f32],
     kv: KvHead<'_>,
@@ -322,6 +325,7 @@ fn head_attention_impl<const HD: usize>(
     sink: Option<f32>,
     scores: &mut [f32],
     o: &mut [f32],
+    dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
     let KvHead {
         k,
@@ -344,7 +348,7 @@ fn head_attention_impl<const HD: usize>(
     let mut max = f32::NEG_INFINITY;
     for (j, sj) in (lo..=hi).zip(scores.iter_mut()) {
         let kj = &k[j * kv_row + col..][..hd];
-        let mut s = dot_generic(qh, kj) * params.scale;
+        let mut s = dot(qh, kj) * params.scale;
         if let Some(cap) = params.softcap {
             s = cap * (s / cap).tanh();
         }
@@ -452,7 +456,16 @@ mod tests {
                     };
                     head_attention(&q, kv, pos, &params, sink, &mut s, &mut got);
                     let mut want = vec![f32::NAN; hd];
-                    head_attention_impl::<0>(&q, kv, pos, &params, sink, &mut s, &mut want);
+                    head_attention_impl::<0>(
+                        &q,
+                        kv,
+                        pos,
+                        &params,
+                        sink,
+                        &mut s,
+                        &mut want,
+                        dot_generic,
+                    );
                     let (g, w): (Vec<u32>, Vec<u32>) = (
                         got.iter().map(|x| x.to_bits()).collect(),
                         want.iter().map(|x| x.to_bits()).collect(),

@@ -16,6 +16,8 @@ use crate::vec_dot::Isa;
 use crate::{ComputeBackend, ComputeError, MatData, Matrix, Proj};
 
 pub use dot::dot;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use dot::dot_avx2;
 pub(crate) use dot::dot_generic;
 pub use f16::{axpy_f16, dot_f16};
 pub(crate) use quant::Split;
