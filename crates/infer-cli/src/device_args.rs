@@ -64,8 +64,8 @@ pub struct DeviceArgs {
     /// graphs) even where the fused whole-token decoder could run (for comparison).
     #[arg(long)]
     pub host_loop: bool,
-    /// How the KV cache stores keys and values: f32, f16 or q8_0 (ggml's 8-bit blocks: half
-    /// of f16's memory; needs head_dim a multiple of 32), as llama.cpp's `-ctk/-ctv`. Default:
+    /// How the KV cache stores keys and values: f32, f16 or q8_0 (ggml's 8-bit blocks: 17/32 of
+    /// f16's memory; needs head_dim a multiple of 32), as llama.cpp's `-ctk/-ctv`. Default:
     /// f16 on cuda (llama.cpp's default), f32 on cpu (the only type the CPU backend stores).
     #[arg(long, value_parser = KvType::from_str)]
     pub kv_type: Option<KvType>,
@@ -111,13 +111,27 @@ impl DeviceArgs {
     /// feature ([`NO_CUDA`]), or a CUDA device that cannot be opened (no driver, no NVRTC, no
     /// such GPU; the message says which).
     pub fn backend(&self) -> Result<Box<dyn ComputeBackend>> {
+        self.check()?;
+        match self.device {
+            Device::Cpu => Ok(Box::new(CpuBackend::new())),
+            Device::Cuda(n) => cuda_backend(n, self.kv_type.unwrap_or(KvType::F16)),
+        }
+    }
+
+    /// The flags' own errors, before anything is loaded (`serve` checks them before it
+    /// listens): `cuda` in a build without the `cuda` feature ([`NO_CUDA`]), a `--kv-type` the
+    /// CPU backend cannot store.
+    pub fn check(&self) -> Result<()> {
+        #[cfg(not(feature = "cuda"))]
+        if self.device != Device::Cpu {
+            anyhow::bail!(NO_CUDA);
+        }
         match (self.device, self.kv_type) {
-            (Device::Cpu, None | Some(KvType::F32)) => Ok(Box::new(CpuBackend::new())),
-            (Device::Cpu, Some(kv)) => anyhow::bail!(
-                "--kv-type {kv}: the CPU backend stores its KV cache as f32 only \
-                 (f16 and q8_0 caches are for --device cuda)"
+            (Device::Cpu, Some(kv)) if kv != KvType::F32 => anyhow::bail!(
+                "--kv-type {kv}: the CPU backend stores its KV cache as f32 only (f16 and q8_0 \
+                 caches are for --device cuda, in a build with --features cuda)"
             ),
-            (Device::Cuda(n), kv) => cuda_backend(n, kv.unwrap_or(KvType::F16)),
+            _ => Ok(()),
         }
     }
 }
@@ -201,6 +215,7 @@ mod tests {
         };
         assert!(a.backend().is_ok());
         a.kv_type = Some(KvType::Q8_0);
+        assert!(a.check().is_err(), "refused before anything is loaded");
         let e = a.backend().err().expect("an error").to_string();
         assert!(
             e.contains("--kv-type q8_0") && e.contains("--device cuda"),

@@ -51,6 +51,9 @@ pub struct Shape {
     /// or MoE FFNs that run on the host.
     pub weights: u64,
     pub host_weights: u64,
+    /// The f32 copy of a quantized embedding table that the fused decoder makes on the device
+    /// (`vocab · hidden · 4` bytes; 0 for an f32 or f16 table, which it reads in place).
+    pub embed_copy: u64,
 }
 
 impl Shape {
@@ -74,6 +77,12 @@ impl Shape {
             vocab: model.vocab_size,
             weights: weights as u64,
             host_weights: host_weights as u64,
+            embed_copy: match model.embeddings {
+                infer_inference::FloatRows::Blocks { .. } => {
+                    (model.vocab_size * model.hidden_size * 4) as u64
+                }
+                _ => 0,
+            },
         }
     }
 }
@@ -132,7 +141,8 @@ impl Need {
 /// product buffers (input and output copies, bf16 and quantized activations, about 16 bytes per
 /// value of the widest product); the logits; on a device for a prompt step, the attention
 /// scores of a long chunk, an f32 copy of the keys and values it reads from an f16 or q8_0
-/// cache, and the dequantized weight rows of its GEMMs; the fused decoder's buffers; and
+/// cache, and the dequantized weight rows of its GEMMs; the fused decoder's buffers and its f32
+/// copy of a quantized embedding table ([`Shape::embed_copy`]); and
 /// [`DEVICE_RESERVE`].
 pub fn estimate(shape: &Shape, kv: KvType, device: bool, w: &Workload) -> Need {
     let copies = if w.fused_decoder { 2 } else { 1 };
@@ -160,7 +170,7 @@ pub fn estimate(shape: &Shape, kv: KvType, device: bool, w: &Workload) -> Need {
             scratch += DEQUANT_BYTES;
         }
         if w.fused_decoder {
-            scratch += 2 * shape.q_heads as u64 * positions * 4;
+            scratch += 2 * shape.q_heads as u64 * positions * 4 + shape.embed_copy;
         }
         scratch += DEVICE_RESERVE;
     }
@@ -405,6 +415,8 @@ mod tests {
             vocab: 128256,
             weights: 4_920_000_000,
             host_weights: 0,
+            // A q4k vindex: the fused decoder's f32 copy of the quantized embedding table.
+            embed_copy: 128256 * 4096 * 4,
         }
     }
 
@@ -454,6 +466,11 @@ mod tests {
         w.fused_decoder = true;
         let fused = estimate(&s, KvType::F16, true, &w);
         assert_eq!((fused.kv, fused.kv_copies), (1024 * MIB, 2));
+        // The fused decoder's f32 embedding copy (2 GiB for the 8B vocabulary) is counted.
+        let mut no_copy = s.clone();
+        no_copy.embed_copy = 0;
+        let plain = estimate(&no_copy, KvType::F16, true, &w);
+        assert_eq!(fused.scratch - plain.scratch, 128256 * 4096 * 4);
         // A decode-only step needs no prompt buffers: less scratch than a 512-token step.
         w.step_tokens = 1;
         assert!(estimate(&s, KvType::F16, true, &w).scratch < fused.scratch);
@@ -506,6 +523,7 @@ mod tests {
             vocab: 49152,
             weights: 3 << 30,
             host_weights: 0,
+            embed_copy: 0,
         };
         let mut w = one(8101);
         w.sequences = 4096;

@@ -810,6 +810,12 @@ fn impossible_queue_timeout_device_and_kv_size_are_refused_before_listening() {
         let err = serve_refused(&[vx, "--device", "cuda"]);
         assert!(err.contains("built without CUDA"), "{err}");
     }
+    // A KV cache type the CPU cannot store (a newcomer saw it refused only after "listening").
+    let err = serve_refused(&[vx, "--kv-type", "f16"]);
+    assert!(
+        err.contains("--kv-type f16: the CPU backend stores its KV cache as f32 only"),
+        "{err}"
+    );
     // 30 layers × 3 KV heads × 64 × 8 bytes (f32 K and V) per position.
     let need = 1024.0 * 8192.0 * 46080.0;
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();

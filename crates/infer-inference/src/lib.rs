@@ -26,7 +26,7 @@ pub use device_decode::TokenRunner;
 pub use error::InferenceError;
 pub use generate::{GenerateOptions, GenerationStats, Generator, StopFilter, StopReason};
 pub use kv_cache::KvCache;
-pub use layer::{AttnPath, FfnPath, FullPipelineLayer, LayerGeometry};
+pub use layer::{AttnPath, FfnPath, FloatRows, FullPipelineLayer, LayerGeometry};
 pub use model::Model;
 pub use plan::{AttnChoice, FfnChoice, FormatPlan, FormatRequest, LmHeadChoice, LmHeadPath};
 pub use sampling::{Sampler, SamplingParams};

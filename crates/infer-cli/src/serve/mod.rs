@@ -85,10 +85,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.timeout == 0 {
         bail!("--timeout 0: must be at least 1 (seconds a request may take)");
     }
-    #[cfg(not(feature = "cuda"))]
-    if args.device.device != crate::device_args::Device::Cpu {
-        bail!(crate::device_args::NO_CUDA);
-    }
+    args.device.check()?;
     let vindex = open_vindex(&args.vindex)?;
     let ctx = context_size(vindex.config(), args.ctx_size, "--ctx-size")?;
     if args.device.device == crate::device_args::Device::Cpu {
