@@ -37,8 +37,10 @@
 #                                # .gpu/skel and .gpu/llama after `gpu-llamacpp.sh start`): a
 #                                # Q4_K_M GGUF of each config (`infer synth --gguf Q4_K_M
 #                                # --vocab`) and of each skeleton, a vindex of each, then per
-#                                # model `infer bench -p 0 -n 128` at depth 0 and DEPTH (default
-#                                # 4096) and llama-bench's tg128 on the same GGUF when built
+#                                # model `infer bench -p 0 -n 128` at depth 0 and each of DEPTHS
+#                                # (default "4096 16384") with each KV cache type of KV_TYPES
+#                                # (default f16), and llama-bench's tg128 (f16 cache) at the same
+#                                # depths on the same GGUF when built
 #   scripts/gpu-check.sh         # build + run, where cargo and a GPU are on one machine
 #
 # Full logs go to $OUT/gpu-check.log when OUT is set (the device tool), else .gpu/gpu-check.log.
@@ -275,10 +277,11 @@ PY
     du -sh "$GPU_DIR/cfg"/*
 }
 
-# Decode at real sizes: tg128 at depth 0 and DEPTH, infer vs llama.cpp on the same GGUFs.
+# Decode at real sizes: tg128 at depth 0 and DEPTHS, infer (each of KV_TYPES) vs llama.cpp on
+# the same GGUFs.
 decode() {
     need "$BIN/infer" "$GPU_DIR/cfg/ggml-vocab-llama-bpe.gguf"
-    local log work=/tmp/infer-decode c s n depth="${DEPTH:-4096}" bench=/tmp/llama-build/bin/llama-bench
+    local log work=/tmp/infer-decode c s n d kv depths="${DEPTHS:-4096 16384}" bench=/tmp/llama-build/bin/llama-bench
     log=$(log_path gpu-decode.log)
     find_libs
     mkdir -p "$work"
@@ -303,19 +306,22 @@ decode() {
     wait
     {
         for n in "${names[@]}"; do
-            for d in 0 "$depth"; do
-                echo "== $n: infer tg128 @ d$d"
-                if "$BIN/infer" bench "$work/$n.vindex" --device cuda -p 0 -n 128 -d "$d" -r 3 >"$work/bench.out" 2>&1; then
-                    grep -E '^\|.*tg|decode reads' "$work/bench.out"
-                else
-                    echo "infer bench failed: $(tail -1 "$work/bench.out")"
-                fi
+            for kv in ${KV_TYPES:-f16}; do
+                for d in 0 $depths; do
+                    echo "== $n: infer tg128 @ d$d, --kv-type $kv"
+                    if "$BIN/infer" bench "$work/$n.vindex" --device cuda --kv-type "$kv" -p 0 -n 128 -d "$d" -r 3 >"$work/bench.out" 2>&1; then
+                        grep -E '^\|.*tg|decode reads|^memory' "$work/bench.out"
+                    else
+                        echo "infer bench failed: $(tail -1 "$work/bench.out")"
+                    fi
+                done
             done
         done
         if [[ -x "$bench" ]]; then
+            local dl="0,${depths// /,}"
             for n in "${names[@]}"; do
-                echo "== $n: llama-bench tg128 @ d0,$depth"
-                "$bench" -m "$work/$n.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d "0,$depth" -r 3 -o md 2>/dev/null | grep tg128 || true
+                echo "== $n: llama-bench tg128 @ d$dl (f16 cache)"
+                "$bench" -m "$work/$n.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d "$dl" -r 3 -o md 2>/dev/null | grep tg128 || true
             done
         else
             echo "== llama-bench not built (scripts/gpu-llamacpp.sh start, then wait)"
