@@ -1185,18 +1185,18 @@ fn kv_rounded(kv: KvType, x: &[f32]) -> Vec<f32> {
     }
 }
 
-/// A tensor of `b` holding `v`.
-fn up(b: &dyn ComputeBackend, v: &[f32]) -> Tensor {
-    let mut t = Tensor::default();
-    b.upload(v, &mut t).expect("upload");
-    t
-}
+use common::ops_parity::{down, kv_slots, up};
 
-/// The values of a tensor of `b`.
-fn down(b: &dyn ComputeBackend, t: &Tensor) -> Vec<f32> {
-    let mut v = vec![f32::NAN; t.len()];
-    b.download(t, &mut v).expect("download");
-    v
+/// max |got − want| / (1 + |want|), asserted within 2e-5 (`what` names the case).
+fn kv_close(what: &str, got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0f64;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() as f64 / (1.0 + w.abs() as f64);
+        worst = worst.max(err);
+        assert!(err <= 2e-5, "{what}: output {i}: got {g}, want {w}");
+    }
+    worst
 }
 
 /// A KV cache tensor of `b` (stored as its KV type) holding `v`.
@@ -1260,21 +1260,7 @@ fn kv_cache_types_equal_f32_on_the_rounded_values() {
             let run =
                 |b: &CudaBackend, caches: &mut Vec<(Tensor, Tensor)>, k: &[f32], v: &[f32]| {
                     let (qt, kt, vt) = (up(b, &q), up(b, k), up(b, v));
-                    let mut row0 = 0;
-                    let mut slots: Vec<KvSlot<'_>> = caches
-                        .iter_mut()
-                        .zip(seqs)
-                        .map(|((kc, vc), &(start, n))| {
-                            row0 += n;
-                            KvSlot {
-                                k_cache: kc,
-                                v_cache: vc,
-                                row0: row0 - n,
-                                rows: n,
-                                start,
-                            }
-                        })
-                        .collect();
+                    let mut slots = kv_slots(caches, seqs);
                     let mut a = Attend {
                         q: &qt,
                         k: &kt,
@@ -1303,11 +1289,7 @@ fn kv_cache_types_equal_f32_on_the_rounded_values() {
                 &kv_rounded(kv, &k),
                 &kv_rounded(kv, &v),
             );
-            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                let err = (g - w).abs() as f64 / (1.0 + w.abs() as f64);
-                worst = worst.max(err);
-                assert!(err <= 2e-5, "{what}: output {i}: got {g}, want {w}");
-            }
+            worst = worst.max(kv_close(&what, &got, &want));
             let mut row0 = 0;
             for ((kc, vc), &(start, n)) in tc.iter().zip(seqs) {
                 let mut back = vec![0f32; n * kvd];
@@ -1397,14 +1379,11 @@ fn kv_cache_types_equal_f32_on_the_rounded_values() {
             &kv_rounded(kv, &k),
             &kv_rounded(kv, &v),
         );
-        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-            let err = (g - w).abs() as f64 / (1.0 + w.abs() as f64);
-            worst = worst.max(err);
-            assert!(
-                err <= 2e-5,
-                "{kv} rope_attend decode rows: output {i}: got {g}, want {w}"
-            );
-        }
+        worst = worst.max(kv_close(
+            &format!("{kv} rope_attend decode rows"),
+            &got,
+            &want,
+        ));
         let mut back = vec![0f32; kvd];
         typed
             .read_at(&tc[2], seqs[1].0 * kvd, &mut back)

@@ -526,17 +526,7 @@ impl FullPipelineLayer<'_> {
     /// attention, attention sinks, a dense FFN) and the part that runs on the host even then (a
     /// walk or MoE FFN: every expert, router and shared expert).
     pub fn stored_weight_bytes(&self) -> (usize, usize) {
-        let norms: usize = [
-            &self.pre_attn_norm,
-            &self.post_attn_norm,
-            &self.pre_ffn_norm,
-            &self.post_ffn_norm,
-            &self.q_norm,
-            &self.k_norm,
-        ]
-        .iter()
-        .map(|n| n.as_ref().map_or(0, |n| n.byte_len()))
-        .sum();
+        let norms = self.norm_bytes();
         let attn = self.wq.byte_len()
             + self.wk.byte_len()
             + self.wv.byte_len()
@@ -588,10 +578,9 @@ impl FullPipelineLayer<'_> {
         }
     }
 
-    /// Bytes of weights one token reads in this layer (MoE: the first top-k experts as
-    /// representative, plus router and shared expert).
-    pub fn weight_bytes(&self) -> usize {
-        let norms = [
+    /// Bytes of the layer's norm weights (and biases), f32.
+    fn norm_bytes(&self) -> usize {
+        [
             &self.pre_attn_norm,
             &self.post_attn_norm,
             &self.pre_ffn_norm,
@@ -601,7 +590,13 @@ impl FullPipelineLayer<'_> {
         ]
         .iter()
         .map(|n| n.as_ref().map_or(0, |n| n.byte_len()))
-        .sum::<usize>();
+        .sum()
+    }
+
+    /// Bytes of weights one token reads in this layer (MoE: the first top-k experts as
+    /// representative, plus router and shared expert).
+    pub fn weight_bytes(&self) -> usize {
+        let norms = self.norm_bytes();
         let attn =
             self.wq.byte_len() + self.wk.byte_len() + self.wv.byte_len() + self.wo.byte_len();
         let ffn = match &self.ffn {

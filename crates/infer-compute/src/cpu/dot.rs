@@ -54,17 +54,7 @@ pub(crate) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi);
     }
     let done = chunks * LANES;
-    for ((s, &p), &q) in acc.iter_mut().zip(&a[done..n]).zip(&b[done..n]) {
-        *s += p * q;
-    }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-        width /= 2;
-    }
-    acc[0]
+    finish(acc, &a[done..n], &b[done..n])
 }
 
 /// [`dot`]'s body (16 interleaved partial sums, then the remainder, reduced pairwise),
@@ -81,10 +71,16 @@ pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
             *s += p * q;
         }
     }
+    finish(acc, ra, rb)
+}
+
+/// The end of [`dot_generic`] (and [`dot_avx2`]): the remainder `ra · rb` added to the first
+/// partial sums, then the pairwise reduction 16 → 8 → 4 → 2 → 1.
+#[inline(always)]
+fn finish(mut acc: [f32; LANES], ra: &[f32], rb: &[f32]) -> f32 {
     for ((s, &p), &q) in acc.iter_mut().zip(ra).zip(rb) {
         *s += p * q;
     }
-    // Pairwise reduction 16 → 8 → 4 → 2 → 1.
     let mut width = LANES / 2;
     while width > 0 {
         for i in 0..width {

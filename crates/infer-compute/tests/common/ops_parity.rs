@@ -25,14 +25,14 @@ fn randv(rng: &mut StdRng, n: usize) -> Vec<f32> {
 }
 
 /// `v` in a tensor of `b`.
-fn up(b: &dyn ComputeBackend, v: &[f32]) -> Tensor {
+pub fn up(b: &dyn ComputeBackend, v: &[f32]) -> Tensor {
     let mut t = Tensor::default();
     b.upload(v, &mut t).expect("upload");
     t
 }
 
 /// The values of a tensor of `b`.
-fn down(b: &dyn ComputeBackend, t: &Tensor) -> Vec<f32> {
+pub fn down(b: &dyn ComputeBackend, t: &Tensor) -> Vec<f32> {
     let mut v = vec![f32::NAN; t.len()];
     b.download(t, &mut v).expect("download");
     v
@@ -1049,7 +1049,10 @@ fn check_argmax_rows(b: &dyn ComputeBackend, rng: &mut StdRng) {
 
 /// One [`KvSlot`] per sequence of `seqs` (`(start, rows)`: its cache's length before the batch
 /// and its rows, laid end to end in the batch) over the matching pair of `caches`.
-fn kv_slots<'a>(caches: &'a mut [(Tensor, Tensor)], seqs: &[(usize, usize)]) -> Vec<KvSlot<'a>> {
+pub fn kv_slots<'a>(
+    caches: &'a mut [(Tensor, Tensor)],
+    seqs: &[(usize, usize)],
+) -> Vec<KvSlot<'a>> {
     let mut row0 = 0;
     caches
         .iter_mut()
