@@ -23,7 +23,7 @@ use infer_compute::cuda::CudaBackend;
 use infer_compute::ops::Activation;
 use infer_compute::{
     Attend, AttentionParams, ComputeBackend, ComputeError, CpuBackend, DecodePlan, FloatTable, Isa,
-    KvSlot, KvType, PlanLayer, QuantFormat, RopeAttend, Tensor,
+    KvType, PlanLayer, QuantFormat, RopeAttend, Tensor,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -1187,6 +1187,49 @@ fn kv_rounded(kv: KvType, x: &[f32]) -> Vec<f32> {
 
 use common::ops_parity::{down, kv_slots, up};
 
+/// Attention of `nq` query heads over `nkv` kv heads of `hd` values, scale `hd^-0.5`, no
+/// soft-cap or sinks.
+fn plain_attention(
+    nq: usize,
+    nkv: usize,
+    hd: usize,
+    window: Option<usize>,
+) -> AttentionParams<'static> {
+    AttentionParams {
+        n_q_heads: nq,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        sliding_window: window,
+        softcap: None,
+        sinks: None,
+    }
+}
+
+/// The K/V caches `prior` twice: in `typed`'s KV type, and as f32 tensors of `reference`
+/// holding the values that type stores ([`kv_rounded`]).
+#[allow(clippy::type_complexity)]
+fn typed_and_rounded(
+    typed: &CudaBackend,
+    reference: &CudaBackend,
+    prior: &[(Vec<f32>, Vec<f32>)],
+    hd: usize,
+) -> (Vec<(Tensor, Tensor)>, Vec<(Tensor, Tensor)>) {
+    let kv = typed.kv_type();
+    prior
+        .iter()
+        .map(|(pk, pv)| {
+            (
+                (kv_tensor(typed, pk, hd), kv_tensor(typed, pv, hd)),
+                (
+                    up(reference, &kv_rounded(kv, pk)),
+                    up(reference, &kv_rounded(kv, pv)),
+                ),
+            )
+        })
+        .unzip()
+}
+
 /// max |got − want| / (1 + |want|), asserted within 2e-5 (`what` names the case).
 fn kv_close(what: &str, got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -1233,15 +1276,7 @@ fn kv_cache_types_equal_f32_on_the_rounded_values() {
         assert_eq!(typed.kv_type(), kv);
         for (nq, nkv, hd, window, seqs) in &cases {
             let (nq, nkv, hd) = (*nq, *nkv, *hd);
-            let p = AttentionParams {
-                n_q_heads: nq,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                sliding_window: *window,
-                softcap: None,
-                sinks: None,
-            };
+            let p = plain_attention(nq, nkv, hd, *window);
             let (qd, kvd) = (nq * hd, nkv * hd);
             let rows: usize = seqs.iter().map(|s| s.1).sum();
             let (q, k, v) = (
@@ -1271,17 +1306,7 @@ fn kv_cache_types_equal_f32_on_the_rounded_values() {
                     b.attend(&mut a, &p, &mut out).expect("attend");
                     down(b, &out)
                 };
-            let mut tc: Vec<(Tensor, Tensor)> = prior
-                .iter()
-                .map(|(pk, pv)| (kv_tensor(&typed, pk, hd), kv_tensor(&typed, pv, hd)))
-                .collect();
-            let mut rc: Vec<(Tensor, Tensor)> = prior
-                .iter()
-                .map(|(pk, pv)| {
-                    let (a, b) = (kv_rounded(kv, pk), kv_rounded(kv, pv));
-                    (up(&reference, &a), up(&reference, &b))
-                })
-                .collect();
+            let (mut tc, mut rc) = typed_and_rounded(&typed, &reference, &prior, hd);
             let got = run(&typed, &mut tc, &k, &v);
             let want = run(
                 &reference,
@@ -1311,48 +1336,22 @@ fn kv_cache_types_equal_f32_on_the_rounded_values() {
         let (nq, nkv, hd) = (8, 2, 128);
         let kvd = nkv * hd;
         let seqs = [(9usize, 1usize), (700, 1)];
-        let p = AttentionParams {
-            n_q_heads: nq,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            sliding_window: None,
-            softcap: None,
-            sinks: None,
-        };
+        let p = plain_attention(nq, nkv, hd, None);
         let q = gauss(&mut rng, 2 * nq * hd, 1.0);
         let (k, v) = (gauss(&mut rng, 2 * kvd, 1.0), gauss(&mut rng, 2 * kvd, 1.0));
-        let prior: Vec<Vec<f32>> = seqs
+        let prior: Vec<(Vec<f32>, Vec<f32>)> = seqs
             .iter()
-            .flat_map(|&(st, _)| {
-                [
+            .map(|&(st, _)| {
+                (
                     gauss(&mut rng, (st + 2) * kvd, 1.0),
                     gauss(&mut rng, (st + 2) * kvd, 1.0),
-                ]
+                )
             })
             .collect();
         let positions: Vec<usize> = seqs.iter().map(|s| s.0).collect();
-        let run = |b: &CudaBackend, caches: &mut [Tensor], k: &[f32], v: &[f32]| {
+        let run = |b: &CudaBackend, caches: &mut Vec<(Tensor, Tensor)>, k: &[f32], v: &[f32]| {
             let (mut qt, mut kt, vt) = (up(b, &q), up(b, k), up(b, v));
-            let (c0, c1) = caches.split_at_mut(2);
-            let (k0, v0) = c0.split_at_mut(1);
-            let (k1, v1) = c1.split_at_mut(1);
-            let mut slots = [
-                KvSlot {
-                    k_cache: &mut k0[0],
-                    v_cache: &mut v0[0],
-                    row0: 0,
-                    rows: 1,
-                    start: seqs[0].0,
-                },
-                KvSlot {
-                    k_cache: &mut k1[0],
-                    v_cache: &mut v1[0],
-                    row0: 1,
-                    rows: 1,
-                    start: seqs[1].0,
-                },
-            ];
+            let mut slots = kv_slots(caches, &seqs);
             let mut a = RopeAttend {
                 q: &mut qt,
                 k: &mut kt,
@@ -1367,11 +1366,7 @@ fn kv_cache_types_equal_f32_on_the_rounded_values() {
             b.rope_attend(&mut a, &p, &mut out).expect("rope_attend");
             down(b, &out)
         };
-        let mut tc: Vec<Tensor> = prior.iter().map(|c| kv_tensor(&typed, c, hd)).collect();
-        let mut rc: Vec<Tensor> = prior
-            .iter()
-            .map(|c| up(&reference, &kv_rounded(kv, c)))
-            .collect();
+        let (mut tc, mut rc) = typed_and_rounded(&typed, &reference, &prior, hd);
         let got = run(&typed, &mut tc, &k, &v);
         let want = run(
             &reference,
@@ -1386,7 +1381,7 @@ fn kv_cache_types_equal_f32_on_the_rounded_values() {
         ));
         let mut back = vec![0f32; kvd];
         typed
-            .read_at(&tc[2], seqs[1].0 * kvd, &mut back)
+            .read_at(&tc[1].0, seqs[1].0 * kvd, &mut back)
             .expect("read keys");
         assert_eq!(
             back,
