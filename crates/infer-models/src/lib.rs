@@ -21,4 +21,6 @@ pub mod tokenizer;
 pub use arch::{architecture_for, Activation, FfnType, ModelArchitecture, NormType};
 pub use config::{LayerKind, ModelConfig, RopeScaling};
 pub use error::ModelError;
-pub use source::{open_source, ModelSource, SourceKind, Tensor, TensorInfo, TensorSource};
+pub use source::{
+    open_source, EncodedRows, ModelSource, SourceKind, Tensor, TensorInfo, TensorSource,
+};

@@ -26,6 +26,17 @@ pub struct Tensor {
     pub data: Vec<f32>,
 }
 
+/// A tensor's stored bytes in HF row order (see [`TensorSource::encoded_rows`]): `bytes` is the
+/// rows concatenated, each `format.bytes_for(row length)` bytes (whole ggml blocks for a
+/// quantized GGUF tensor, little-endian F32/F16/BF16 values for safetensors).
+#[derive(Clone, Debug)]
+pub struct EncodedRows<'a> {
+    /// Storage format of `bytes`.
+    pub format: QuantFormat,
+    /// The rows, borrowed from the mapped file, or owned when rows had to be reordered.
+    pub bytes: std::borrow::Cow<'a, [u8]>,
+}
+
 /// Tensors of a checkpoint by Hugging Face name, decoded to `f32` on demand (one at a time, so a
 /// caller streaming layer by layer never holds the whole model).
 pub trait TensorSource: Send + Sync {
@@ -35,6 +46,16 @@ pub trait TensorSource: Send + Sync {
     /// llama.cpp's Q/K row permutation, Gemma's `+1` on norms).
     /// Errors: [`ModelError::NoSuchTensor`], or a decode error naming the file.
     fn read_f32(&self, name: &str) -> Result<Tensor, ModelError>;
+    /// The tensor's stored bytes in HF row order with their format, when decoding them with
+    /// [`infer_quant::dequantize`] (any number of whole rows at a time) gives exactly
+    /// [`TensorSource::read_f32`]'s values: a caller can then decode and re-encode a large tensor
+    /// in row chunks, in parallel, without holding it in `f32`. `Ok(None)` when a source
+    /// convention changes values (Gemma's `+1` on GGUF norms) or the source cannot slice (the
+    /// default). Errors: [`ModelError::NoSuchTensor`], or a layout error naming the file.
+    fn encoded_rows(&self, name: &str) -> Result<Option<EncodedRows<'_>>, ModelError> {
+        let _ = name;
+        Ok(None)
+    }
     /// Look up a tensor's info by HF name.
     fn info(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors().iter().find(|t| t.name == name)

@@ -33,7 +33,7 @@ mod util;
 
 pub use dequant::{dequantize, dequantize_to_vec};
 pub use format::QuantFormat;
-pub use quant::quantize;
+pub use quant::{quantize, quantize_into};
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]

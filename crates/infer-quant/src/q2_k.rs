@@ -74,7 +74,6 @@ fn requantize(x: &[f32; 256], y: &mut [u8], dm: f32, mm: f32, l: &mut [u8; 256])
 /// Reference quantizer (ggml `quantize_row_q2_K_ref`).
 pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
     let mut l = [0u8; 256];
-    let mut laux = [0u8; 16];
     let mut weights = [0.0f32; 16];
     let mut mins = [0.0f32; 16];
     let mut scales = [0.0f32; 16];
@@ -93,8 +92,7 @@ pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
             for i in 0..16 {
                 weights[i] = xs[i].abs();
             }
-            let (s, m) =
-                make_qkx2_quants(3, xs, &weights, &mut l[16 * j..16 * j + 16], &mut laux, p);
+            let (s, m) = make_qkx2_quants(3, xs, &weights, &mut l[16 * j..16 * j + 16], p);
             scales[j] = s;
             mins[j] = m;
             if s > max_scale {

@@ -64,7 +64,6 @@ pub(crate) fn requantize_k(x: &[f32; 256], y: &[u8], nmax: i32, l: &mut [u8; 256
 /// weights `av_x + |x|`, then 6-bit scales/mins relative to the maxima. Writes `d`, `dmin`,
 /// `scales` and leaves the levels in `l`.
 pub(crate) fn ref_scales(x: &[f32; 256], y: &mut [u8], nmax: i32, p: QkxSearch, l: &mut [u8; 256]) {
-    let mut laux = [0u8; 32];
     let mut weights = [0.0f32; 32];
     let mut mins = [0.0f32; 8];
     let mut scales = [0.0f32; 8];
@@ -80,14 +79,7 @@ pub(crate) fn ref_scales(x: &[f32; 256], y: &mut [u8], nmax: i32, p: QkxSearch, 
         for i in 0..32 {
             weights[i] = av_x + xs[i].abs();
         }
-        let (s, m) = make_qkx2_quants(
-            nmax,
-            xs,
-            &weights,
-            &mut l[32 * j..32 * j + 32],
-            &mut laux,
-            p,
-        );
+        let (s, m) = make_qkx2_quants(nmax, xs, &weights, &mut l[32 * j..32 * j + 32], p);
         scales[j] = s;
         mins[j] = m;
         if s > max_scale {

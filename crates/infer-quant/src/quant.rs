@@ -30,13 +30,44 @@ pub fn quantize(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<Vec<u8>, QuantError> {
+    let row_bytes = check_rows(format, src, n_per_row)?;
+    let mut out = vec![0u8; src.len() / n_per_row * row_bytes];
+    quantize_into(format, src, n_per_row, imatrix, &mut out)?;
+    Ok(out)
+}
+
+/// Rows of `n_per_row` values and the bytes of one encoded row. Errors as [`quantize`].
+fn check_rows(format: QuantFormat, src: &[f32], n_per_row: usize) -> Result<usize, QuantError> {
     if n_per_row == 0 || src.len() % n_per_row != 0 {
         return Err(QuantError::BadShape(format!(
             "{} values are not a whole number of rows of {n_per_row}",
             src.len()
         )));
     }
-    let row_bytes = format.bytes_for(n_per_row)?;
+    format.bytes_for(n_per_row)
+}
+
+/// [`quantize`] into a caller's buffer: `out.len()` must be `rows * format.bytes_for(n_per_row)`
+/// (it is zeroed, then every row written). Errors as [`quantize`], and [`QuantError::WrongByteCount`] for an
+/// `out` of another length.
+pub fn quantize_into(
+    format: QuantFormat,
+    src: &[f32],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    out: &mut [u8],
+) -> Result<(), QuantError> {
+    let row_bytes = check_rows(format, src, n_per_row)?;
+    let expected = src.len() / n_per_row * row_bytes;
+    if out.len() != expected {
+        return Err(QuantError::WrongByteCount {
+            format,
+            expected,
+            got: out.len(),
+        });
+    }
+    // Some row functions pack bit fields into bytes they expect zeroed (Q4_K/Q5_K scales).
+    out.fill(0);
     if let Some(w) = imatrix {
         if w.len() != n_per_row {
             return Err(QuantError::BadImatrix {
@@ -45,8 +76,6 @@ pub fn quantize(
             });
         }
     }
-    let rows = src.len() / n_per_row;
-    let mut out = vec![0u8; rows * row_bytes];
 
     let (reference, weighted): (RowFn, Option<ImplFn>) = match format {
         QuantFormat::F32 => (f32_row, None),
@@ -80,7 +109,7 @@ pub fn quantize(
             _ => reference(x, y),
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn f32_row(x: &[f32], y: &mut [u8]) {

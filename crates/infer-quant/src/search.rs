@@ -46,7 +46,7 @@ pub(crate) fn make_qx_quants(
         l_out[..n].fill(0);
         return 0.0;
     }
-    let mut iscale = -(nmax as f32) / max;
+    let iscale = -(nmax as f32) / max;
     let clamp = |l: i32| l.min(nmax - 1).max(-nmax);
     if rmse_type == 0 {
         for i in 0..n {
@@ -79,23 +79,19 @@ pub(crate) fn make_qx_quants(
         };
     }
     let mut best = scale * sumlx;
-    for is in -9i32..=9 {
-        if is == 0 {
-            continue;
-        }
-        iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
-        sumlx = 0.0;
-        suml2 = 0.0;
-        for i in 0..n {
-            let l = clamp(nearest_int(iscale * x[i]));
-            let w = qx_weight(qw, i, x[i], rmse_type);
-            let lf = l as f32;
-            sumlx += w * x[i] * lf;
-            suml2 += w * lf * lf;
-        }
+    // ggml tries the 18 scales `is = -9..=9, is != 0` one after the other; their sums do not
+    // depend on which earlier one won, so all 18 are accumulated side by side (each in ggml's
+    // order of additions: the same bits) and then compared in ggml's order.
+    let mut iscales = [0f32; QX_STEPS];
+    for (k, is) in (-9i32..=9).filter(|&is| is != 0).enumerate() {
+        iscales[k] = -(nmax as f32 + 0.1f32 * is as f32) / max;
+    }
+    let (sumlxs, suml2s) = qx_step_sums(nmax, x, &iscales, |i| qx_weight(qw, i, x[i], rmse_type));
+    for k in 0..QX_STEPS {
+        let (sumlx, suml2) = (sumlxs[k], suml2s[k]);
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
             for i in 0..n {
-                let l = nearest_int(iscale * x[i]);
+                let l = nearest_int(iscales[k] * x[i]);
                 l_out[i] = (nmax + clamp(l)) as i8;
             }
             scale = sumlx / suml2;
@@ -103,6 +99,37 @@ pub(crate) fn make_qx_quants(
         }
     }
     scale
+}
+
+/// Steps of `make_qkx2_quants` evaluated side by side.
+const QKX_LANES: usize = 8;
+
+/// The scales `make_qx_quants` tries after its first guess.
+const QX_STEPS: usize = 18;
+
+/// For each trial inverse scale `iscales[k]`: `Σ w·x·l` and `Σ w·l·l` over `x` in index order,
+/// `l = clamp(nearest_int(iscales[k]·x))` (ggml's inner loop of `make_qx_quants`), the 18
+/// trials in independent accumulators.
+#[inline(always)]
+fn qx_step_sums(
+    nmax: i32,
+    x: &[f32],
+    iscales: &[f32; QX_STEPS],
+    weight: impl Fn(usize) -> f32,
+) -> ([f32; QX_STEPS], [f32; QX_STEPS]) {
+    let mut sumlx = [0f32; QX_STEPS];
+    let mut suml2 = [0f32; QX_STEPS];
+    for (i, &xi) in x.iter().enumerate() {
+        let w = weight(i);
+        let wx = w * xi;
+        for k in 0..QX_STEPS {
+            let lf = nearest_int(iscales[k] * xi).min(nmax - 1).max(-nmax) as f32;
+            // ggml: `sumlx += w*x[i]*l; suml2 += w*l*l;` (left to right).
+            sumlx[k] += wx * lf;
+            suml2[k] += w * lf * lf;
+        }
+    }
+    (sumlx, suml2)
 }
 
 /// ggml `make_q3_quants` (Q3_K reference path).
@@ -188,7 +215,6 @@ pub(crate) fn make_qkx2_quants(
     x: &[f32],
     weights: &[f32],
     l_out: &mut [u8],
-    laux: &mut [u8],
     p: QkxSearch,
 ) -> (f32, f32) {
     let n = x.len();
@@ -215,7 +241,7 @@ pub(crate) fn make_qkx2_quants(
         return (0.0, -min);
     }
     let nmaxf = nmax as f32;
-    let mut iscale = nmaxf / (max - min);
+    let iscale = nmaxf / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
     for i in 0..n {
@@ -228,37 +254,62 @@ pub(crate) fn make_qkx2_quants(
     if p.nstep < 1 {
         return (scale, -min);
     }
-    for is in 0..=p.nstep {
-        iscale = (p.rmin + p.rdelta * is as f32 + nmaxf) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..n {
-            let l = nearest_int(iscale * (x[i] - min)).min(nmax).max(0);
-            laux[i] = l as u8;
-            let w = weights[i];
-            let lf = l as f32;
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
+    // ggml tries `is = 0..=nstep` in order, and an accepted step moves `min`, which the later
+    // steps use. The steps are evaluated QKX_LANES at a time side by side, speculating that
+    // `min` stays; at the first accepted step the state moves and the next group starts right
+    // after it. Every sum keeps ggml's order of additions: the same bits.
+    let steps = p.nstep as usize + 1;
+    let mut next = 0;
+    while next < steps {
+        let g = (steps - next).min(QKX_LANES);
+        let mut iscales = [0f32; QKX_LANES];
+        for (k, s) in iscales[..g].iter_mut().enumerate() {
+            *s = (p.rmin + p.rdelta * (next + k) as f32 + nmaxf) / (max - min);
         }
-        let d = sum_w * sum_l2 - sum_l * sum_l;
-        if d > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / d;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / d;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+        let level = |s: f32, xi: f32| nearest_int(s * (xi - min)).min(nmax).max(0);
+        let (mut sum_l, mut sum_l2, mut sum_xl) =
+            ([0f32; QKX_LANES], [0f32; QKX_LANES], [0f32; QKX_LANES]);
+        for (&xi, &w) in x.iter().zip(&weights[..n]) {
+            for k in 0..QKX_LANES {
+                let lf = level(iscales[k], xi) as f32;
+                sum_l[k] += w * lf;
+                sum_l2[k] += w * lf * lf;
+                sum_xl[k] += w * lf * xi;
             }
-            let mut cur_error = 0.0f32;
-            for i in 0..n {
-                let mut diff = this_scale * laux[i] as f32 + this_min - x[i];
-                diff = if p.use_mad { diff.abs() } else { diff * diff };
-                cur_error += weights[i] * diff;
+        }
+        let (mut this_scale, mut this_min, mut ok) =
+            ([0f32; QKX_LANES], [0f32; QKX_LANES], [false; QKX_LANES]);
+        for k in 0..g {
+            let d = sum_w * sum_l2[k] - sum_l[k] * sum_l[k];
+            ok[k] = d > 0.0;
+            if ok[k] {
+                this_scale[k] = (sum_w * sum_xl[k] - sum_x * sum_l[k]) / d;
+                this_min[k] = (sum_l2[k] * sum_x - sum_l[k] * sum_xl[k]) / d;
+                if this_min[k] > 0.0 {
+                    this_min[k] = 0.0;
+                    this_scale[k] = sum_xl[k] / sum_l2[k];
+                }
             }
-            if cur_error < best_error {
-                l_out[..n].copy_from_slice(&laux[..n]);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
+        }
+        let mut cur_error = [0f32; QKX_LANES];
+        for (&xi, &w) in x.iter().zip(&weights[..n]) {
+            for k in 0..QKX_LANES {
+                let lf = level(iscales[k], xi) as f32;
+                let diff = this_scale[k] * lf + this_min[k] - xi;
+                let diff = if p.use_mad { diff.abs() } else { diff * diff };
+                cur_error[k] += w * diff;
+            }
+        }
+        match (0..g).find(|&k| ok[k] && cur_error[k] < best_error) {
+            None => next += g,
+            Some(k) => {
+                for (l, &xi) in l_out[..n].iter_mut().zip(x) {
+                    *l = level(iscales[k], xi) as u8;
+                }
+                best_error = cur_error[k];
+                scale = this_scale[k];
+                min = this_min[k];
+                next += k + 1;
             }
         }
     }

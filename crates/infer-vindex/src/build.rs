@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -17,11 +18,11 @@ use infer_quant::QuantFormat;
 use crate::atomic::{check_replaceable, TempBuildDir};
 use crate::classify::{check_layer_count, classify, split_layer, Placement, Role};
 use crate::files;
-use crate::hash::sha256_file;
+use crate::hash::sha256_file_until;
 use crate::index::{
     Dtype, FileHash, LayerEntries, Provenance, Shapes, VindexIndex, FORMAT_VERSION,
 };
-use crate::quant_build::QuantBuilder;
+use crate::quant_build::{find_non_finite, NonFinite, QuantBuilder, Values};
 use crate::tier::QuantTiers;
 use crate::tokenizer_src::resolve_tokenizer;
 use crate::transform::{apply, plan_outputs, transpose};
@@ -155,7 +156,31 @@ pub fn build(
     let tokenizer_json = resolve_tokenizer(source, opts)?;
     let plan = plan(source)?;
     let tmp = TempBuildDir::create(target, opts.force)?;
-    let mut index = write_all(source, &plan, tmp.path(), opts, tokenizer_json.as_deref())?;
+    // The source's sha256 (a whole read of its weight files) runs beside the quantization; an
+    // error of the build stops it at its next chunk.
+    let stop = AtomicBool::new(false);
+    let written = std::thread::scope(|s| {
+        let hashing = s.spawn(|| provenance(source, &stop));
+        let provenance = || {
+            hashing.join().unwrap_or_else(|_| {
+                Err(bad_source(
+                    source,
+                    "internal: the source hashing thread panicked".into(),
+                ))
+            })
+        };
+        let r = write_all(
+            source,
+            &plan,
+            tmp.path(),
+            opts,
+            tokenizer_json.as_deref(),
+            provenance,
+        );
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
+    let mut index = written?;
     if let Some(n) = opts.down_meta {
         // Computed from the finished float tier in the temp dir, then listed in index.json.
         let hash = crate::down_meta_build::write_down_meta(tmp.path(), n, opts.progress)?;
@@ -426,6 +451,61 @@ fn progress_bar(opts: &BuildOptions, total: usize) -> ProgressBar {
     pb
 }
 
+/// Refuse a tensor holding NaN or infinity (`values`: rows of `row_len`), naming it and the
+/// first such value. Errors: [`VindexError::BadSource`].
+fn check_finite(
+    source: &ModelSource,
+    name: &str,
+    values: Values<'_>,
+    row_len: usize,
+) -> Result<(), VindexError> {
+    let found = find_non_finite(values, row_len)
+        .map_err(|e| bad_source(source, format!("tensor '{name}': {e}")))?;
+    match found {
+        None => Ok(()),
+        Some(NonFinite { count, first, value }) => Err(bad_source(
+            source,
+            format!(
+                "tensor '{name}' holds {count} non-finite values (NaN or infinity; the first, {value}, at flat index {first}): the weights are corrupt"
+            ),
+        )),
+    }
+}
+
+/// Store a source tensor that maps 1:1 to one output only in the quantized tiers, straight
+/// from its encoded rows (decoded and quantized in parallel row chunks, never held in `f32`):
+/// a vindex without a float tier, for the embeddings and every matrix a quantized tier covers.
+/// Returns false, having done nothing, when the tensor needs the `f32` path (a float copy, a
+/// 1-D tensor, a source that cannot hand out its rows).
+fn stream_quantized(
+    source: &ModelSource,
+    p: &Planned<'_>,
+    qb: &mut QuantBuilder,
+    w: &mut Writers,
+    opts: &BuildOptions,
+) -> Result<bool, VindexError> {
+    let [o] = p.outs.as_slice() else {
+        return Ok(false);
+    };
+    let role = o.place.role;
+    let quantized_only = !opts.float_tier && (role == Role::Embedding || qb.covers(role, &o.key));
+    if !quantized_only || o.shape.len() != 2 || o.shape != p.info.shape {
+        return Ok(false);
+    }
+    let Some(rows) = source.tensors.encoded_rows(&p.info.name)? else {
+        return Ok(false);
+    };
+    let name = p.info.name.as_str();
+    let values = Values::Encoded(&rows);
+    check_finite(source, name, values, o.shape[1])?;
+    qb.add(role, o.place.layer, &o.key, &o.shape, values, Some(name))?;
+    if role == Role::Embedding {
+        let (format, bytes) = qb.embedding(&o.key, &o.shape, values, Some(name))?;
+        w.embeddings.write_raw(&o.key, &o.shape, format, bytes)?;
+    }
+    Ok(true)
+}
+
 /// Write every file into `dir` and return the index (also written as `index.json`).
 fn write_all(
     source: &ModelSource,
@@ -433,6 +513,7 @@ fn write_all(
     dir: &Path,
     opts: &BuildOptions,
     tokenizer_json: Option<&str>,
+    provenance: impl FnOnce() -> Result<Provenance, VindexError>,
 ) -> Result<VindexIndex, VindexError> {
     let cfg = &source.config;
     let num_layers = cfg.num_hidden_layers;
@@ -473,6 +554,13 @@ fn write_all(
             Some(l) => format!("layer {l}/{num_layers}"),
             None => "global tensors".to_string(),
         });
+        // GGUF passthrough needs the stored tensor to be the source tensor unchanged.
+        let one_to_one = matches!(p.transform, TensorTransform::AsIs) && p.outs.len() == 1;
+        let src_name = one_to_one.then_some(p.info.name.as_str());
+        if one_to_one && stream_quantized(source, p, &mut qb, &mut w, opts)? {
+            pb.inc(1);
+            continue;
+        }
         let t = source.tensors.read_f32(&p.info.name)?;
         if t.shape != p.info.shape || t.data.len() != t.shape.iter().product::<usize>() {
             return Err(bad_source(
@@ -486,27 +574,17 @@ fn write_all(
                 ),
             ));
         }
-        if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
-            let n = t.data.iter().filter(|v| !v.is_finite()).count();
-            return Err(bad_source(
-                source,
-                format!(
-                    "tensor '{}' holds {n} non-finite values (NaN or infinity; the first, {}, at flat index {i}): the weights are corrupt",
-                    p.info.name, t.data[i]
-                ),
-            ));
-        }
+        let row_len = t.shape.last().copied().unwrap_or(1);
+        check_finite(source, &p.info.name, Values::F32(&t.data), row_len)?;
         let parts = apply(cfg, t.data, &t.shape, p.transform);
-        // GGUF passthrough needs the stored tensor to be the source tensor unchanged.
-        let one_to_one = matches!(p.transform, TensorTransform::AsIs) && p.outs.len() == 1;
-        let src_name = one_to_one.then_some(p.info.name.as_str());
         for (o, data) in p.outs.iter().zip(parts) {
             let role = o.place.role;
-            qb.add(role, o.place.layer, &o.key, &o.shape, &data, src_name)?;
+            let values = Values::F32(&data);
+            qb.add(role, o.place.layer, &o.key, &o.shape, values, src_name)?;
             if !opts.float_tier {
                 if role == Role::Embedding {
-                    let (format, bytes) = qb.embedding(&o.key, &o.shape, &data, src_name)?;
-                    w.embeddings.write_raw(&o.key, &o.shape, format, &bytes)?;
+                    let (format, bytes) = qb.embedding(&o.key, &o.shape, values, src_name)?;
+                    w.embeddings.write_raw(&o.key, &o.shape, format, bytes)?;
                     continue;
                 }
                 if qb.covers(role, &o.key) {
@@ -592,7 +670,7 @@ fn write_all(
         format_version: FORMAT_VERSION,
         model_type: cfg.model_type.clone(),
         model_name: model_name(&source.path),
-        provenance: provenance(source)?,
+        provenance: provenance()?,
         config: cfg.clone(),
         shapes: Shapes {
             vocab_size: embeddings.shape[0],
@@ -641,7 +719,8 @@ fn model_name(path: &Path) -> String {
 }
 
 /// Provenance: source path and kind, sha256 of its weight files, tool version, build time.
-fn provenance(source: &ModelSource) -> Result<Provenance, VindexError> {
+/// `stop` set: give up at the next chunk (the build failed; the result is not used).
+fn provenance(source: &ModelSource, stop: &AtomicBool) -> Result<Provenance, VindexError> {
     let (kind, weight_files): (&str, Vec<PathBuf>) = match source.kind {
         SourceKind::Gguf => ("gguf", vec![source.path.clone()]),
         SourceKind::HfFolder => {
@@ -658,7 +737,7 @@ fn provenance(source: &ModelSource) -> Result<Provenance, VindexError> {
     };
     let mut hashes = Vec::new();
     for f in weight_files {
-        let (sha256, bytes) = sha256_file(&f)?;
+        let (sha256, bytes) = sha256_file_until(&f, stop)?;
         hashes.push(FileHash {
             name: f
                 .file_name()

@@ -2,6 +2,7 @@
 
 use std::io::Read;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -15,6 +16,12 @@ pub fn hex(digest: &[u8]) -> String {
 /// sha256 and byte count of the file at `path`, read in 1 MiB chunks.
 /// Errors: [`VindexError::Io`] / [`VindexError::MissingFile`] naming `path`.
 pub fn sha256_file(path: &Path) -> Result<(String, u64), VindexError> {
+    sha256_file_until(path, &AtomicBool::new(false))
+}
+
+/// [`sha256_file`] that another thread can cut short: `stop` set ends the read at the next
+/// chunk (the result is then meaningless; the caller discards it).
+pub fn sha256_file_until(path: &Path, stop: &AtomicBool) -> Result<(String, u64), VindexError> {
     let mut f = std::fs::File::open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             VindexError::MissingFile {
@@ -29,7 +36,7 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64), VindexError> {
     let mut total = 0u64;
     loop {
         let n = f.read(&mut buf).map_err(|e| VindexError::io(path, e))?;
-        if n == 0 {
+        if n == 0 || stop.load(Ordering::Relaxed) {
             break;
         }
         hasher.update(&buf[..n]);

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use infer_models::gguf::GgufTensors;
-use infer_models::ModelSource;
+use infer_models::{EncodedRows, ModelSource};
 use infer_quant::{q8_0, QuantFormat};
 use rayon::prelude::*;
 
@@ -56,24 +56,133 @@ pub const Q4K_TIER_FORMATS: [QuantFormat; 4] = [
     QuantFormat::Q8_0,
 ];
 
-/// Quantize `data` (rows of `n_per_row`) to `format` with ggml's reference quantizer
-/// ([`infer_quant::quantize`], no imatrix), in parallel over row chunks on the current rayon
-/// pool. The bytes equal a serial call's: every row is quantized independently.
+/// The values of a tensor to quantize: already decoded to `f32`, or still encoded in the source
+/// (decoded here in row chunks, never whole).
+#[derive(Clone, Copy)]
+pub enum Values<'a> {
+    /// Row-major `f32` values.
+    F32(&'a [f32]),
+    /// The source's rows in HF order ([`infer_models::TensorSource::encoded_rows`]).
+    Encoded(&'a EncodedRows<'a>),
+}
+
+/// Values per rayon task when a tensor is quantized in row chunks: enough work per task,
+/// enough tasks to balance, and a decode buffer that stays in L2.
+const CHUNK_VALUES: usize = 65536;
+
+/// Quantize `values` (rows of `n_per_row`) to `format` with ggml's reference quantizer
+/// ([`infer_quant::quantize_into`], no imatrix), in parallel over row chunks on the current
+/// rayon pool, into one output buffer; encoded values are decoded chunk by chunk
+/// ([`infer_quant::dequantize`]). The bytes equal a serial [`infer_quant::quantize`] of the
+/// decoded values: every row is quantized independently.
+/// Errors: a shape that is not whole rows, a row length the format cannot hold, an encoding
+/// that does not decode.
 pub fn quantize_rows_par(
     format: QuantFormat,
-    data: &[f32],
+    values: Values<'_>,
     n_per_row: usize,
 ) -> Result<Vec<u8>, infer_quant::QuantError> {
-    if n_per_row == 0 || data.len() % n_per_row != 0 {
-        return infer_quant::quantize(format, data, n_per_row, None);
+    let numel = match values {
+        Values::F32(d) => d.len(),
+        Values::Encoded(e) => encoded_numel(e, n_per_row)?,
+    };
+    if n_per_row == 0 || numel % n_per_row != 0 {
+        return Err(infer_quant::QuantError::BadShape(format!(
+            "{numel} values are not a whole number of rows of {n_per_row}"
+        )));
     }
-    // About 64 Ki values per task: enough work per task, enough tasks to balance.
-    let rows_per_chunk = (65536 / n_per_row).max(1);
-    let parts: Result<Vec<Vec<u8>>, _> = data
-        .par_chunks(rows_per_chunk * n_per_row)
-        .map(|c| infer_quant::quantize(format, c, n_per_row, None))
-        .collect();
-    Ok(parts?.concat())
+    let row_bytes = format.bytes_for(n_per_row)?;
+    let rows_per_chunk = (CHUNK_VALUES / n_per_row).max(1);
+    let mut out = vec![0u8; numel / n_per_row * row_bytes];
+    out.par_chunks_mut(rows_per_chunk * row_bytes)
+        .enumerate()
+        .try_for_each_init(Vec::new, |buf, (i, dst)| {
+            let rows = dst.len() / row_bytes;
+            let first = i * rows_per_chunk * n_per_row;
+            let src = match values {
+                Values::F32(d) => &d[first..first + rows * n_per_row],
+                Values::Encoded(e) => decode_chunk(e, n_per_row, i * rows_per_chunk, rows, buf)?,
+            };
+            infer_quant::quantize_into(format, src, n_per_row, None, dst)
+        })?;
+    Ok(out)
+}
+
+/// Values held by encoded rows of `n_per_row`. Errors: bytes that are not whole rows.
+fn encoded_numel(e: &EncodedRows<'_>, n_per_row: usize) -> Result<usize, infer_quant::QuantError> {
+    let row_bytes = e.format.bytes_for(n_per_row)?;
+    if e.bytes.len() % row_bytes != 0 {
+        return Err(infer_quant::QuantError::WrongByteCount {
+            format: e.format,
+            expected: (e.bytes.len() / row_bytes + 1) * row_bytes,
+            got: e.bytes.len(),
+        });
+    }
+    Ok(e.bytes.len() / row_bytes * n_per_row)
+}
+
+/// Decode `rows` rows starting at row `first` into `buf` (resized) and return them.
+fn decode_chunk<'b>(
+    e: &EncodedRows<'_>,
+    n_per_row: usize,
+    first: usize,
+    rows: usize,
+    buf: &'b mut Vec<f32>,
+) -> Result<&'b [f32], infer_quant::QuantError> {
+    let row_bytes = e.format.bytes_for(n_per_row)?;
+    buf.resize(rows * n_per_row, 0.0);
+    let bytes = &e.bytes[first * row_bytes..(first + rows) * row_bytes];
+    infer_quant::dequantize(e.format, bytes, buf)?;
+    Ok(buf)
+}
+
+/// Non-finite values of a tensor: how many, the first one's flat index and value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct NonFinite {
+    pub count: usize,
+    pub first: usize,
+    pub value: f32,
+}
+
+/// The non-finite values (NaN, ±inf) of `values`, if any; encoded rows are decoded in parallel
+/// row chunks. Errors: an encoding that does not decode.
+pub(crate) fn find_non_finite(
+    values: Values<'_>,
+    n_per_row: usize,
+) -> Result<Option<NonFinite>, infer_quant::QuantError> {
+    let scan = |offset: usize, d: &[f32]| {
+        let count = d.iter().filter(|v| !v.is_finite()).count();
+        (count > 0).then(|| {
+            let i = d.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            NonFinite {
+                count,
+                first: offset + i,
+                value: d[i],
+            }
+        })
+    };
+    let merge = |a: Option<NonFinite>, b: Option<NonFinite>| match (a, b) {
+        (Some(a), Some(b)) => Some(NonFinite {
+            count: a.count + b.count,
+            ..if a.first <= b.first { a } else { b }
+        }),
+        (a, b) => a.or(b),
+    };
+    let e = match values {
+        Values::F32(d) => return Ok(scan(0, d)),
+        Values::Encoded(e) => e,
+    };
+    let rows = encoded_numel(e, n_per_row)? / n_per_row.max(1);
+    let rows_per_chunk = (CHUNK_VALUES / n_per_row.max(1)).max(1);
+    (0..rows.div_ceil(rows_per_chunk))
+        .into_par_iter()
+        .map_init(Vec::new, |buf, c| {
+            let first = c * rows_per_chunk;
+            let n = rows_per_chunk.min(rows - first);
+            let d = decode_chunk(e, n_per_row, first, n, buf)?;
+            Ok(scan(first * n_per_row, d))
+        })
+        .try_reduce(|| None, |a, b| Ok(merge(a, b)))
 }
 
 /// Split Q8_0 blocks into the int8 value plane and the f32 scale plane (one `d` per 32 values,
@@ -259,8 +368,8 @@ impl QuantBuilder {
         v
     }
 
-    /// Quantize one stored tensor (`data` row-major in HF layout `shape = [out, in]`) into every
-    /// selected tier it belongs to. `src`: the source tensor's name when it maps 1:1 (no
+    /// Quantize one stored tensor (`data`: its values in HF layout `shape = [out, in]`) into
+    /// every selected tier it belongs to. `src`: the source tensor's name when it maps 1:1 (no
     /// split/transpose), which allows GGUF passthrough.
     /// Errors: [`VindexError::BadSource`] for a row length no target format can hold.
     pub fn add(
@@ -269,7 +378,7 @@ impl QuantBuilder {
         layer: Option<usize>,
         key: &str,
         shape: &[usize],
-        data: &[f32],
+        data: Values<'_>,
         src: Option<&str>,
     ) -> Result<(), VindexError> {
         let targets = self.targets(role, key);
@@ -285,7 +394,7 @@ impl QuantBuilder {
             return Err(bad("a quantized tier needs a 2-D matrix".into()));
         }
         let row = shape[1];
-        let mut cache: HashMap<QuantFormat, Encoded> = HashMap::new();
+        let mut stored = Vec::with_capacity(targets.len());
         for (file, rank, desired, out_key) in targets {
             let mut format =
                 storage_format(desired, row).map_err(|m| bad(format!("{file}: {m}")))?;
@@ -304,17 +413,26 @@ impl QuantBuilder {
                      not a multiple of 32 (build without the q8 tier: --quant q4k or none)"
                 )));
             }
+            stored.push((file, rank, format, out_key));
+        }
+        // Each format is encoded once, and its bytes moved to the last target that stores it.
+        let mut cache: HashMap<QuantFormat, Encoded> = HashMap::new();
+        for (i, (file, rank, format, out_key)) in stored.iter().cloned().enumerate() {
             if let std::collections::hash_map::Entry::Vacant(slot) = cache.entry(format) {
                 slot.insert(self.encode(key, shape, data, format, src)?);
             }
-            let (bytes, pass) = &cache[&format];
+            let (bytes, pass) = if stored[i + 1..].iter().any(|t| t.2 == format) {
+                cache[&format].clone()
+            } else {
+                cache.remove(&format).unwrap_or_default()
+            };
             if let Some((source_tensor, rows_unpermuted)) = pass {
                 self.passthrough.push(Passthrough {
                     file: file.to_string(),
                     key: out_key.clone(),
                     format,
-                    source_tensor: source_tensor.clone(),
-                    rows_unpermuted: *rows_unpermuted,
+                    source_tensor,
+                    rows_unpermuted,
                 });
             }
             let p = Pending {
@@ -323,7 +441,7 @@ impl QuantBuilder {
                 key: out_key,
                 shape: shape.to_vec(),
                 format,
-                bytes: bytes.clone(),
+                bytes,
             };
             if layer.is_some() {
                 self.pending.push(p);
@@ -350,7 +468,7 @@ impl QuantBuilder {
         &self,
         key: &str,
         shape: &[usize],
-        data: &[f32],
+        data: Values<'_>,
         format: QuantFormat,
         src: Option<&str>,
     ) -> Result<Encoded, VindexError> {
@@ -388,7 +506,7 @@ impl QuantBuilder {
         &mut self,
         key: &str,
         shape: &[usize],
-        data: &[f32],
+        data: Values<'_>,
         src: Option<&str>,
     ) -> Result<(QuantFormat, Vec<u8>), VindexError> {
         if let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) {
@@ -436,13 +554,14 @@ impl QuantBuilder {
     fn write(&mut self, p: Pending) -> Result<(), VindexError> {
         if p.file == files::ATTN_Q8_BIN {
             let (values, scales) = split_q8_0(&p.bytes);
-            let offset = self.writer(files::ATTN_Q8_BIN)?.append_aligned(&values)?;
+            let length = values.len();
+            let offset = self.writer(files::ATTN_Q8_BIN)?.append_aligned(values)?;
             self.q8_values.push(I8Entry {
                 key: p.key.clone(),
                 shape: p.shape.clone(),
                 format: I8_TAG.to_string(),
                 offset,
-                length: values.len(),
+                length,
             });
             let sshape = [p.shape[0], p.shape[1] / q8_0::BLOCK_ELEMS];
             self.writer(files::ATTN_Q8_SCALES_BIN)?.write_tensor(
@@ -453,7 +572,7 @@ impl QuantBuilder {
             )?;
         } else {
             self.writer(p.file)?
-                .write_raw(&p.key, &p.shape, p.format, &p.bytes)?;
+                .write_raw(&p.key, &p.shape, p.format, p.bytes)?;
         }
         Ok(())
     }
@@ -559,7 +678,7 @@ mod tests {
             .map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5)
             .collect();
         for f in [QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::Q4_0] {
-            let a = quantize_rows_par(f, &data, 512).unwrap();
+            let a = quantize_rows_par(f, Values::F32(&data), 512).unwrap();
             let b = infer_quant::quantize(f, &data, 512, None).unwrap();
             assert_eq!(a, b, "{f}");
         }

@@ -1,9 +1,13 @@
 //! [`BinWriter`]: appends tensors to one `.bin` file at [`TENSOR_ALIGN`]-aligned offsets,
 //! converting `f32` to the stored format (little-endian) and hashing every byte as it goes.
+//! The writing and hashing run on a thread of their own, so that the builder quantizes the next
+//! tensor meanwhile.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::thread::JoinHandle;
 
 use infer_quant::QuantFormat;
 use sha2::{Digest, Sha256};
@@ -16,12 +20,19 @@ use crate::VindexError;
 /// Values converted per write call (bounds the conversion buffer to 256 KiB).
 const CHUNK: usize = 64 * 1024;
 
+/// Buffers queued for the writing thread before the builder waits for it.
+const QUEUE: usize = 4;
+
+/// What the writing thread hands back: the file and the sha256 of every byte written.
+type Written = std::io::Result<(File, [u8; 32])>;
+
 /// One output `.bin` file being written.
 pub struct BinWriter {
     name: &'static str,
     path: PathBuf,
-    out: BufWriter<File>,
-    hasher: Sha256,
+    /// Buffers for the writing thread (`None` once finished).
+    tx: Option<SyncSender<Vec<u8>>>,
+    thread: Option<JoinHandle<Written>>,
     pos: usize,
     entries: Vec<TensorEntry>,
 }
@@ -31,22 +42,66 @@ impl BinWriter {
     pub fn create(dir: &Path, name: &'static str) -> Result<Self, VindexError> {
         let path = dir.join(name);
         let file = File::create(&path).map_err(|e| VindexError::io(&path, e))?;
+        let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name(format!("write {name}"))
+            .spawn(move || {
+                let mut out = BufWriter::with_capacity(1 << 20, file);
+                let mut hasher = Sha256::new();
+                for buf in rx {
+                    out.write_all(&buf)?;
+                    hasher.update(&buf);
+                }
+                out.flush()?;
+                let file = out.into_inner().map_err(|e| e.into_error())?;
+                Ok((file, hasher.finalize().into()))
+            })
+            .map_err(|e| VindexError::io(&path, e))?;
         Ok(BinWriter {
             name,
             path,
-            out: BufWriter::with_capacity(1 << 20, file),
-            hasher: Sha256::new(),
+            tx: Some(tx),
+            thread: Some(thread),
             pos: 0,
             entries: Vec::new(),
         })
     }
 
-    fn write_bytes(&mut self, bytes: &[u8]) -> Result<(), VindexError> {
-        self.out
-            .write_all(bytes)
-            .map_err(|e| VindexError::io(&self.path, e))?;
-        self.hasher.update(bytes);
-        self.pos += bytes.len();
+    /// Queue `bytes` for the writing thread. Errors: the thread's I/O error, naming the file.
+    fn write_bytes(&mut self, bytes: Vec<u8>) -> Result<(), VindexError> {
+        let n = bytes.len();
+        let sent = self.tx.as_ref().map(|tx| tx.send(bytes).is_ok());
+        if sent != Some(true) {
+            // The thread stopped (an I/O error): report it.
+            return Err(self.join().err().unwrap_or_else(|| {
+                VindexError::io(&self.path, std::io::Error::other("the file was finished"))
+            }));
+        }
+        self.pos += n;
+        Ok(())
+    }
+
+    /// Stop the writing thread and take the file and its digest.
+    fn join(&mut self) -> Result<(File, [u8; 32]), VindexError> {
+        self.tx = None;
+        let thread = self.thread.take().ok_or_else(|| {
+            VindexError::io(&self.path, std::io::Error::other("the file was finished"))
+        })?;
+        match thread.join() {
+            Ok(r) => r.map_err(|e| VindexError::io(&self.path, e)),
+            Err(_) => Err(VindexError::io(
+                &self.path,
+                std::io::Error::other("the writing thread panicked"),
+            )),
+        }
+    }
+
+    /// Pad with zeros to the next [`TENSOR_ALIGN`] boundary.
+    fn align(&mut self) -> Result<(), VindexError> {
+        let pad = (TENSOR_ALIGN - self.pos % TENSOR_ALIGN) % TENSOR_ALIGN;
+        if pad > 0 {
+            self.write_bytes(vec![0u8; pad])?;
+        }
         Ok(())
     }
 
@@ -72,12 +127,10 @@ impl BinWriter {
                 ),
             });
         }
-        let pad = (TENSOR_ALIGN - self.pos % TENSOR_ALIGN) % TENSOR_ALIGN;
-        self.write_bytes(&[0u8; TENSOR_ALIGN][..pad])?;
+        self.align()?;
         let offset = self.pos;
-        let mut buf: Vec<u8> = Vec::with_capacity(CHUNK * 4);
         for chunk in data.chunks(CHUNK) {
-            buf.clear();
+            let mut buf: Vec<u8> = Vec::with_capacity(chunk.len() * format.block_bytes());
             match format {
                 QuantFormat::F16 => {
                     for &v in chunk {
@@ -90,7 +143,7 @@ impl BinWriter {
                     }
                 }
             }
-            self.write_bytes(&buf)?;
+            self.write_bytes(buf)?;
         }
         let entry = TensorEntry {
             key: key.to_string(),
@@ -105,9 +158,8 @@ impl BinWriter {
 
     /// Pad to the next [`TENSOR_ALIGN`] boundary, append `bytes` unchanged, and return the
     /// offset they start at (records no entry: for planes whose entries the caller keeps).
-    pub fn append_aligned(&mut self, bytes: &[u8]) -> Result<usize, VindexError> {
-        let pad = (TENSOR_ALIGN - self.pos % TENSOR_ALIGN) % TENSOR_ALIGN;
-        self.write_bytes(&[0u8; TENSOR_ALIGN][..pad])?;
+    pub fn append_aligned(&mut self, bytes: Vec<u8>) -> Result<usize, VindexError> {
+        self.align()?;
         let offset = self.pos;
         self.write_bytes(bytes)?;
         Ok(offset)
@@ -122,7 +174,7 @@ impl BinWriter {
         key: &str,
         shape: &[usize],
         format: QuantFormat,
-        bytes: &[u8],
+        bytes: Vec<u8>,
     ) -> Result<TensorEntry, VindexError> {
         let expected = format.expected_bytes(shape).map_err(|e| e.to_string());
         if expected.as_ref() != Ok(&bytes.len()) {
@@ -135,13 +187,14 @@ impl BinWriter {
                 ),
             });
         }
+        let length = bytes.len();
         let offset = self.append_aligned(bytes)?;
         let entry = TensorEntry {
             key: key.to_string(),
             shape: shape.to_vec(),
             format,
             offset,
-            length: bytes.len(),
+            length,
         };
         self.entries.push(entry.clone());
         Ok(entry)
@@ -152,32 +205,38 @@ impl BinWriter {
         self.entries.is_empty()
     }
 
-    /// Flush and sync to disk; returns the file's name, size and sha256.
+    /// Wait for the writing thread, flush and sync to disk; returns the file's name, size and
+    /// sha256. Errors: the first I/O error of the file, naming it.
     pub fn finish(mut self) -> Result<(FileHash, Vec<TensorEntry>), VindexError> {
-        self.out
-            .flush()
-            .map_err(|e| VindexError::io(&self.path, e))?;
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| VindexError::io(&self.path, e.into_error()))?;
+        let (file, digest) = self.join()?;
         file.sync_all()
             .map_err(|e| VindexError::io(&self.path, e))?;
         Ok((
             FileHash {
                 name: self.name.to_string(),
                 bytes: self.pos as u64,
-                sha256: hex(&self.hasher.finalize()),
+                sha256: hex(&digest),
             },
-            self.entries,
+            std::mem::take(&mut self.entries),
         ))
     }
 
     /// Remove the (unused) file.
-    pub fn discard(self) -> Result<(), VindexError> {
-        let path = self.path.clone();
-        drop(self.out);
-        std::fs::remove_file(&path).map_err(|e| VindexError::io(&path, e))
+    pub fn discard(mut self) -> Result<(), VindexError> {
+        let joined = self.join();
+        std::fs::remove_file(&self.path).map_err(|e| VindexError::io(&self.path, e))?;
+        joined.map(|_| ())
+    }
+}
+
+impl Drop for BinWriter {
+    /// A writer dropped unfinished (the build failed) stops its thread; the temp directory
+    /// holding the file is removed by the builder.
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

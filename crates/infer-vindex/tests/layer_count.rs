@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::{model_file, shared_dir};
 use infer_models::gguf::{encode_header, GgufHeader, GgufValue};
-use infer_vindex::{extract, BuildOptions};
+use infer_vindex::{extract, BuildOptions, QuantTiers};
 
 fn opts() -> BuildOptions {
     BuildOptions {
@@ -23,9 +23,14 @@ fn opts() -> BuildOptions {
 /// Extract `src` into a fresh empty directory; the build must fail. Returns the error text
 /// after checking that the output directory is still empty (no target, no temp directory).
 fn extract_fails(src: &Path) -> String {
+    extract_fails_with(src, &opts())
+}
+
+/// [`extract_fails`] with the given options.
+fn extract_fails_with(src: &Path, opts: &BuildOptions) -> String {
     let out = tempfile::tempdir().expect("tempdir");
     let target = out.path().join("m.vindex");
-    let err = match extract(src, &target, &opts()) {
+    let err = match extract(src, &target, opts) {
         Ok(_) => panic!("{}: extract succeeded on a doctored source", src.display()),
         Err(e) => e.to_string(),
     };
@@ -298,10 +303,20 @@ fn extract_names_a_tensor_with_non_finite_weights() {
     let mut patched = bytes.clone();
     patched[offset + 40..offset + 44].copy_from_slice(&f32::NAN.to_le_bytes());
     std::fs::write(&st_path, patched).expect("write");
-    let err = extract_fails(src.path());
-    assert!(
-        err.contains(&format!("tensor '{name}' holds 1 non-finite values"))
-            && err.contains("index 10"),
-        "{err}"
-    );
+    // With a float tier the tensor is read whole in f32; without one (the CLI default) it is
+    // decoded and quantized in row chunks: both name it and the first bad value.
+    let quantized_only = BuildOptions {
+        float_tier: false,
+        quant: QuantTiers::Q4K,
+        ..opts()
+    };
+    for o in [opts(), quantized_only] {
+        let err = extract_fails_with(src.path(), &o);
+        assert!(
+            err.contains(&format!("tensor '{name}' holds 1 non-finite values"))
+                && err.contains("index 10"),
+            "float tier {}: {err}",
+            o.float_tier
+        );
+    }
 }

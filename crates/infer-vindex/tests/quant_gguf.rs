@@ -13,7 +13,7 @@ use common::model_file;
 use infer_models::gguf::{GgufFile, GgufTensors};
 use infer_models::TensorSource;
 use infer_quant::QuantFormat;
-use infer_vindex::quant_build::quantize_rows_par;
+use infer_vindex::quant_build::{quantize_rows_par, Values};
 use infer_vindex::{
     build, dequantize_stored, files, quant_stats, reference_f32, verify, BuildOptions, QuantTiers,
     Tier, Vindex,
@@ -281,7 +281,8 @@ fn quantize_throughput() {
             let mut best = f64::MAX;
             for _ in 0..3 {
                 let s = Instant::now();
-                let q = pool.install(|| quantize_rows_par(f, &t.data, t.shape[1]).unwrap());
+                let q = pool
+                    .install(|| quantize_rows_par(f, Values::F32(&t.data), t.shape[1]).unwrap());
                 best = best.min(s.elapsed().as_secs_f64());
                 assert!(!q.is_empty());
             }

@@ -9,7 +9,7 @@
 //! block scale `d` (ggml stores `d` as f16; a tiny block quantizes to zeros, see [`slack`]).
 
 use infer_quant::{dequantize_to_vec, QuantFormat};
-use infer_vindex::quant_build::quantize_rows_par;
+use infer_vindex::quant_build::{quantize_rows_par, Values};
 use proptest::prelude::*;
 
 const N: usize = 512;
@@ -87,7 +87,8 @@ fn row() -> impl Strategy<Value = Vec<f32>> {
 }
 
 fn check(f: QuantFormat, x: &[f32]) -> Result<(), TestCaseError> {
-    let q = quantize_rows_par(f, x, N).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let q =
+        quantize_rows_par(f, Values::F32(x), N).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let d = dequantize_to_vec(f, &q, N).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let block = if matches!(f, QuantFormat::Q4_K | QuantFormat::Q6_K) {
         256

@@ -208,6 +208,16 @@ impl TensorSource for GgufTensors {
     fn info(&self, name: &str) -> Option<&TensorInfo> {
         self.index.get(name).map(|&i| &self.infos[i])
     }
+
+    /// [`GgufTensors::raw_blocks_hf_order`]: the ggml blocks, Q/K rows un-permuted.
+    fn encoded_rows(&self, name: &str) -> Result<Option<crate::EncodedRows<'_>>, ModelError> {
+        Ok(self
+            .raw_blocks_hf_order(name)?
+            .map(|(bytes, info)| crate::EncodedRows {
+                format: info.dtype,
+                bytes,
+            }))
+    }
 }
 
 /// Read `dir/name` when it exists. Errors: it exists but cannot be read.

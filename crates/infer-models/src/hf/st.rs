@@ -237,17 +237,10 @@ impl SafetensorsSource {
     }
 }
 
-impl TensorSource for SafetensorsSource {
-    fn tensors(&self) -> &[TensorInfo] {
-        &self.infos
-    }
-
-    fn info(&self, name: &str) -> Option<&TensorInfo> {
-        self.by_name.get(name).map(|&i| &self.infos[i])
-    }
-
-    /// Decode F32 / F16 / BF16 (little-endian) to `f32`; F16/BF16 via the `half` crate.
-    fn read_f32(&self, name: &str) -> Result<Tensor, ModelError> {
+impl SafetensorsSource {
+    /// A tensor's info, its shard and its bytes in the mapped file.
+    /// Errors: [`ModelError::NoSuchTensor`]; data outside the file.
+    fn stored(&self, name: &str) -> Result<(&TensorInfo, &Shard, &[u8]), ModelError> {
         let i = *self
             .by_name
             .get(name)
@@ -268,6 +261,34 @@ impl TensorSource for SafetensorsSource {
                 path: shard.path.clone(),
                 msg: format!("tensor '{name}' data lies outside the file"),
             })?;
+        Ok((info, shard, bytes))
+    }
+}
+
+impl TensorSource for SafetensorsSource {
+    fn tensors(&self) -> &[TensorInfo] {
+        &self.infos
+    }
+
+    fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.infos[i])
+    }
+
+    /// The mapped F32 / F16 / BF16 bytes as they are (safetensors rows are HF rows); `None` when
+    /// their length disagrees with the shape (then [`TensorSource::read_f32`] reports it).
+    fn encoded_rows(&self, name: &str) -> Result<Option<crate::EncodedRows<'_>>, ModelError> {
+        let (info, _, bytes) = self.stored(name)?;
+        let numel: usize = info.shape.iter().product();
+        let whole = info.dtype.bytes_for(numel).ok() == Some(bytes.len());
+        Ok(whole.then_some(crate::EncodedRows {
+            format: info.dtype,
+            bytes: std::borrow::Cow::Borrowed(bytes),
+        }))
+    }
+
+    /// Decode F32 / F16 / BF16 (little-endian) to `f32`; F16/BF16 via the `half` crate.
+    fn read_f32(&self, name: &str) -> Result<Tensor, ModelError> {
+        let (info, shard, bytes) = self.stored(name)?;
         let data: Vec<f32> = match info.dtype {
             QuantFormat::F32 => bytes
                 .chunks_exact(4)
