@@ -23,9 +23,51 @@ fn qx_weight(qw: Option<&[f32]>, i: usize, x: f32, rmse_type: i32) -> f32 {
     }
 }
 
-/// ggml `make_qx_quants`: symmetric quantization of `x` to levels `L[i] = l + nmax`,
-/// `l ∈ [-nmax, nmax-1]`; returns the scale.
-pub(crate) fn make_qx_quants(
+/// `fn $name(args) -> R` that runs `$body(args)` compiled for AVX-512F or AVX2 when the CPU
+/// has them (detected per call, a cached load): the side-by-side trial sums of the searches get
+/// wider lanes. No fused multiply-add is enabled, so every variant gives the same bits.
+macro_rules! wide_lanes {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $body:ident;) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: AVX-512F was just detected.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 was just detected.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+wide_lanes! {
+    /// ggml `make_qx_quants`: symmetric quantization of `x` to levels `L[i] = l + nmax`,
+    /// `l ∈ [-nmax, nmax-1]`; returns the scale.
+    pub(crate) fn make_qx_quants(
+        nmax: i32,
+        x: &[f32],
+        l_out: &mut [i8],
+        rmse_type: i32,
+        qw: Option<&[f32]>,
+    ) -> f32 = make_qx_quants_body;
+}
+
+#[inline(always)]
+fn make_qx_quants_body(
     nmax: i32,
     x: &[f32],
     l_out: &mut [i8],
@@ -208,9 +250,20 @@ pub(crate) struct QkxSearch {
     pub use_mad: bool,
 }
 
-/// ggml `make_qkx2_quants`: asymmetric (scale + min) quantization to `[0, nmax]`.
-/// Returns `(scale, the_min)` where `the_min = -min >= 0`.
-pub(crate) fn make_qkx2_quants(
+wide_lanes! {
+    /// ggml `make_qkx2_quants`: asymmetric (scale + min) quantization to `[0, nmax]`.
+    /// Returns `(scale, the_min)` where `the_min = -min >= 0`.
+    pub(crate) fn make_qkx2_quants(
+        nmax: i32,
+        x: &[f32],
+        weights: &[f32],
+        l_out: &mut [u8],
+        p: QkxSearch,
+    ) -> (f32, f32) = make_qkx2_quants_body;
+}
+
+#[inline(always)]
+fn make_qkx2_quants_body(
     nmax: i32,
     x: &[f32],
     weights: &[f32],
@@ -490,5 +543,63 @@ pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], quant_weigh
         sumlx / suml2
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values with the spread of real weights (a few outliers per block).
+    fn block(seed: u32, n: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                let u = (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                if s % 17 == 0 {
+                    u * 8.0
+                } else {
+                    u
+                }
+            })
+            .collect()
+    }
+
+    /// The wide-lane variants the CPU picks give the bits of the baseline build of the same
+    /// body (the quant vectors check the dispatched one against ggml).
+    #[test]
+    fn wide_lane_searches_equal_the_baseline() {
+        for seed in 0..2000 {
+            let x = block(seed, 32);
+            let w: Vec<f32> = x.iter().map(|v| v.abs() + 0.1).collect();
+            let (mut a, mut b) = ([0i8; 32], [0i8; 32]);
+            let sa = make_qx_quants(32, &x[..16], &mut a, 1, None);
+            let sb = make_qx_quants_body(32, &x[..16], &mut b, 1, None);
+            assert_eq!((sa.to_bits(), a), (sb.to_bits(), b), "qx seed {seed}");
+            let sa = make_qx_quants(16, &x, &mut a, 1, Some(&w));
+            let sb = make_qx_quants_body(16, &x, &mut b, 1, Some(&w));
+            assert_eq!(
+                (sa.to_bits(), a),
+                (sb.to_bits(), b),
+                "qx weighted seed {seed}"
+            );
+            let p = QkxSearch {
+                rmin: -1.0,
+                rdelta: 0.1,
+                nstep: 20,
+                use_mad: false,
+            };
+            let (mut la, mut lb) = ([0u8; 32], [0u8; 32]);
+            let ra = make_qkx2_quants(15, &x, &w, &mut la, p);
+            let rb = make_qkx2_quants_body(15, &x, &w, &mut lb, p);
+            assert_eq!(
+                (ra.0.to_bits(), ra.1.to_bits(), la),
+                (rb.0.to_bits(), rb.1.to_bits(), lb),
+                "qkx2 seed {seed}"
+            );
+        }
     }
 }
