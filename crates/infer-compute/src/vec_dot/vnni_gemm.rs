@@ -228,8 +228,9 @@ unsafe fn prepare_group(
 /// [`group_tile`] for few activation rows, straight from eight consecutive weight rows
 /// (`rows`: the first, `row_bytes` apart; `wd`: the first row's f32 scales for [`Q0::Q8S`]):
 /// rows `2k` and `2k + 1` share a 512-bit register ([`unpack_pair`]) and each row's block dot
-/// is reduced across its half ([`reduce_pairs`]) instead of transposing the weights first, so
-/// nothing is written. Same integers, same f32 sequence.
+/// is reduced across its half instead of transposing the weights first, so nothing is written;
+/// blocks go two at a time through one reduction ([`reduce_pairs2`]). Same integers, same f32
+/// sequence.
 #[inline(always)]
 unsafe fn group_direct<const N: usize>(
     fmt: Q0,
@@ -241,36 +242,79 @@ unsafe fn group_direct<const N: usize>(
 ) -> [__m256; N] {
     let bb = block_bytes(fmt);
     let mut acc = [_mm256_setzero_ps(); N];
-    for b in 0..nb {
-        let p = rows.add(b * bb);
+    let load = |b: usize| {
         prefetch_next_group(rows, (GROUP, row_bytes), b, bb);
-        let mut u = [_mm512_setzero_si512(); GROUP / 2];
-        let mut h = [0i16; GROUP];
-        for (k, uk) in u.iter_mut().enumerate() {
-            let (r0, r1) = (p.add(2 * k * row_bytes), p.add((2 * k + 1) * row_bytes));
-            *uk = unpack_pair(fmt, r0, r1);
-            h[2 * k] = (r0 as *const i16).read_unaligned();
-            h[2 * k + 1] = (r1 as *const i16).read_unaligned();
-        }
-        let dw = if fmt == Q0::Q8S {
-            let f = |r: usize| *wd.add(r * nb + b);
-            _mm256_setr_ps(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7))
-        } else {
-            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
-        };
+        direct_block(fmt, (rows, wd, nb, row_bytes), b)
+    };
+    // `acc = fma(d_w·d_a, dot, acc)` for block `b` of activation row `j`.
+    let step = |acc: __m256, dots: __m256i, dw: __m256, j: usize, b: usize| {
+        let s = _mm256_sub_epi32(dots, _mm256_set1_epi32(*sums[j].add(b) << shift));
+        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d[j].add(b)));
+        _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc)
+    };
+    let mut b = 0;
+    while b + 2 <= nb {
+        let ((u0, dw0), (u1, dw1)) = (load(b), load(b + 1));
         for j in 0..N {
-            let a = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs[j].add(b * 32) as *const __m256i));
-            let mut v = [_mm512_setzero_si512(); GROUP / 2];
-            for (vk, uk) in v.iter_mut().zip(&u) {
-                *vk = _mm512_dpbusd_epi32(*vk, *uk, a);
-            }
-            let dots = reduce_pairs(v);
-            let s = _mm256_sub_epi32(dots, _mm256_set1_epi32(*sums[j].add(b) << shift));
-            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d[j].add(b)));
-            acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc[j]);
+            let (d0, d1) = reduce_pairs2(
+                block_dots(&u0, qs[j].add(b * 32)),
+                block_dots(&u1, qs[j].add((b + 1) * 32)),
+            );
+            acc[j] = step(acc[j], d0, dw0, j, b);
+            acc[j] = step(acc[j], d1, dw1, j, b + 1);
+        }
+        b += 2;
+    }
+    if b < nb {
+        let (u, dw) = load(b);
+        for j in 0..N {
+            acc[j] = step(
+                acc[j],
+                reduce_pairs(block_dots(&u, qs[j].add(b * 32))),
+                dw,
+                j,
+                b,
+            );
         }
     }
     acc
+}
+
+/// Block `b` of the eight rows of [`group_direct`]: the unsigned quants of rows `2k`, `2k + 1`
+/// in register `k`, and the rows' f32 scales.
+#[inline(always)]
+unsafe fn direct_block(
+    fmt: Q0,
+    (rows, wd, nb, row_bytes): (*const u8, *const f32, usize, usize),
+    b: usize,
+) -> ([__m512i; GROUP / 2], __m256) {
+    let p = rows.add(b * block_bytes(fmt));
+    let mut u = [_mm512_setzero_si512(); GROUP / 2];
+    let mut h = [0i16; GROUP];
+    for (k, uk) in u.iter_mut().enumerate() {
+        let (r0, r1) = (p.add(2 * k * row_bytes), p.add((2 * k + 1) * row_bytes));
+        *uk = unpack_pair(fmt, r0, r1);
+        h[2 * k] = (r0 as *const i16).read_unaligned();
+        h[2 * k + 1] = (r1 as *const i16).read_unaligned();
+    }
+    let dw = if fmt == Q0::Q8S {
+        let f = |r: usize| *wd.add(r * nb + b);
+        _mm256_setr_ps(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7))
+    } else {
+        _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+    };
+    (u, dw)
+}
+
+/// The eight rows' lane partial dots of one block with the 32 activation quants at `a`.
+#[inline(always)]
+unsafe fn block_dots(u: &[__m512i; GROUP / 2], a: *const i8) -> [__m512i; GROUP / 2] {
+    let a = _mm512_broadcast_i64x4(_mm256_loadu_si256(a as *const __m256i));
+    let mut v = [_mm512_setzero_si512(); GROUP / 2];
+    for (vk, uk) in v.iter_mut().zip(u) {
+        *vk = _mm512_dpbusd_epi32(*vk, *uk, a);
+    }
+    v
 }
 
 /// The unsigned quants of the blocks at `r0` (low 256 bits) and `r1` (high), both rows
@@ -335,6 +379,31 @@ unsafe fn reduce_pairs(v: [__m512i; 4]) -> __m256i {
     const ORDER: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0];
     let order = _mm512_loadu_si512(ORDER.as_ptr() as *const __m512i);
     _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, f))
+}
+
+/// [`reduce_pairs`] of two blocks at once, sharing the last two steps (whose registers were
+/// half idle): the first result is `v`'s, the second `w`'s.
+#[inline(always)]
+unsafe fn reduce_pairs2(v: [__m512i; 4], w: [__m512i; 4]) -> (__m256i, __m256i) {
+    let quads = |v: [__m512i; 4]| {
+        let s: [__m512i; 2] = std::array::from_fn(|m| {
+            let (a, b) = (v[2 * m], v[2 * m + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0b10_00_10_00>(a, b),
+                _mm512_shuffle_i64x2::<0b11_01_11_01>(a, b),
+            )
+        });
+        hadd_lanes(s[0], s[1])
+    };
+    // 128-bit lane i: [v row i, v row 4 + i, w row i, w row 4 + i].
+    let f = hadd_lanes(quads(v), quads(w));
+    const ORDER: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+    let order = _mm512_loadu_si512(ORDER.as_ptr() as *const __m512i);
+    let both = _mm512_permutexvar_epi32(order, f);
+    (
+        _mm512_castsi512_si256(both),
+        _mm512_extracti64x4_epi64::<1>(both),
+    )
 }
 
 /// `vphaddd` on each 128-bit lane of two 512-bit registers (AVX-512 has no 512-bit form):
