@@ -169,7 +169,16 @@ pub(crate) fn install_interrupt_cleanup(target: &std::path::Path) {
     };
     let tmp = parent.join(infer_vindex::files::temp_dir_name(name, std::process::id()));
     crate::signals::set_handler(move || {
-        let _ = std::fs::remove_dir_all(&tmp).or_else(|_| std::fs::remove_file(&tmp));
+        // The build goes on while this runs: move the directory out of its way first (the
+        // builder then fails to create anything more there by path, and a concurrent commit
+        // either happened already or fails), so that removing it cannot race new files.
+        let mut away = tmp.clone().into_os_string();
+        away.push(".removing");
+        let victim = match std::fs::rename(&tmp, &away) {
+            Ok(()) => PathBuf::from(away),
+            Err(_) => tmp.clone(),
+        };
+        let _ = std::fs::remove_dir_all(&victim).or_else(|_| std::fs::remove_file(&victim));
         eprintln!("interrupted; removed {}", tmp.display());
         std::process::exit(crate::signals::exit_code());
     });
