@@ -41,40 +41,26 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 }
 
 /// Decode little-endian f16 values (`bytes.len() == 2 * out.len()`, checked by the caller).
-/// Eight values per F16C instruction where the CPU has it (detected once per call), the same
-/// exact widening as [`f16_to_f32`] (which `half` also runs on F16C).
+/// Through `half`'s slice conversion (F16C, eight values at a time, where the CPU has it; the
+/// same exact widening as [`f16_to_f32`]), via a stack buffer since `bytes` need not be
+/// 2-aligned.
 pub(crate) fn f16_row_to_f32(bytes: &[u8], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: the two features were just detected.
-        unsafe { f16_row_to_f32_f16c(bytes, out) };
-        return;
+    use half::slice::HalfFloatSliceExt;
+    let mut buf = [half::f16::ZERO; 1024];
+    for (b, o) in bytes.chunks(2 * buf.len()).zip(out.chunks_mut(buf.len())) {
+        let h = &mut buf[..o.len()];
+        for (x, p) in h.iter_mut().zip(b.chunks_exact(2)) {
+            *x = half::f16::from_le_bytes([p[0], p[1]]);
+        }
+        h.convert_to_f32_slice(o);
     }
-    f16_row_to_f32_scalar(bytes, out);
 }
 
+#[cfg(test)]
 fn f16_row_to_f32_scalar(bytes: &[u8], out: &mut [f32]) {
     for (b, o) in bytes.chunks_exact(2).zip(out.iter_mut()) {
         *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
     }
-}
-
-/// # Safety
-/// The CPU must have AVX and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn f16_row_to_f32_f16c(bytes: &[u8], out: &mut [f32]) {
-    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
-    let n = out.len().min(bytes.len() / 2);
-    let whole = n / 8 * 8;
-    for i in (0..whole).step_by(8) {
-        // SAFETY: i + 8 <= n, so 16 bytes from 2i and 8 floats from i are in bounds.
-        unsafe {
-            let v = _mm_loadu_si128(bytes.as_ptr().add(2 * i) as *const __m128i);
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(v));
-        }
-    }
-    f16_row_to_f32_scalar(&bytes[2 * whole..], &mut out[whole..]);
 }
 
 /// Decode little-endian bf16 values (`bytes.len() == 2 * out.len()`, checked by the caller).
@@ -96,7 +82,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn f16c_rows_equal_the_scalar_widening() {
+    fn slice_widening_equals_the_scalar_one() {
         // Every f16 bit pattern (NaNs, infinities, subnormals), at an odd length so the tail
         // runs too.
         let bytes: Vec<u8> = (0..=u16::MAX)

@@ -365,6 +365,25 @@ unsafe fn nibbles_pair(q0: *const u8, q1: *const u8) -> __m512i {
 /// row `2k + 1` its high half (exact, wrapping i32).
 #[inline(always)]
 unsafe fn reduce_pairs(v: [__m512i; 4]) -> __m256i {
+    let h = half_sums(v);
+    _mm512_castsi512_si256(order_rows(hadd_lanes(h, h)))
+}
+
+/// [`reduce_pairs`] of two blocks at once, sharing the last two steps (whose registers are
+/// half idle for one block): the first result is `v`'s, the second `w`'s.
+#[inline(always)]
+unsafe fn reduce_pairs2(v: [__m512i; 4], w: [__m512i; 4]) -> (__m256i, __m256i) {
+    let both = order_rows(hadd_lanes(half_sums(v), half_sums(w)));
+    (
+        _mm512_castsi512_si256(both),
+        _mm512_extracti64x4_epi64::<1>(both),
+    )
+}
+
+/// The first reduction steps of [`reduce_pairs`]: 128-bit lane i holds two partial sums of
+/// row i, then two of row 4 + i.
+#[inline(always)]
+unsafe fn half_sums(v: [__m512i; 4]) -> __m512i {
     // s[m]: 128-bit lane i holds row 4m + i's four partial sums.
     let s: [__m512i; 2] = std::array::from_fn(|m| {
         let (a, b) = (v[2 * m], v[2 * m + 1]);
@@ -373,37 +392,15 @@ unsafe fn reduce_pairs(v: [__m512i; 4]) -> __m256i {
             _mm512_shuffle_i64x2::<0b11_01_11_01>(a, b),
         )
     });
-    // 128-bit lane i: [row i, row 4 + i, row i, row 4 + i].
-    let h = hadd_lanes(s[0], s[1]);
-    let f = hadd_lanes(h, h);
-    const ORDER: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0];
-    let order = _mm512_loadu_si512(ORDER.as_ptr() as *const __m512i);
-    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, f))
+    hadd_lanes(s[0], s[1])
 }
 
-/// [`reduce_pairs`] of two blocks at once, sharing the last two steps (whose registers were
-/// half idle): the first result is `v`'s, the second `w`'s.
+/// From 128-bit lanes `[x row i, x row 4 + i, y row i, y row 4 + i]` (i = 0..4) to x's rows
+/// 0..8 in the low 256 bits and y's in the high.
 #[inline(always)]
-unsafe fn reduce_pairs2(v: [__m512i; 4], w: [__m512i; 4]) -> (__m256i, __m256i) {
-    let quads = |v: [__m512i; 4]| {
-        let s: [__m512i; 2] = std::array::from_fn(|m| {
-            let (a, b) = (v[2 * m], v[2 * m + 1]);
-            _mm512_add_epi32(
-                _mm512_shuffle_i64x2::<0b10_00_10_00>(a, b),
-                _mm512_shuffle_i64x2::<0b11_01_11_01>(a, b),
-            )
-        });
-        hadd_lanes(s[0], s[1])
-    };
-    // 128-bit lane i: [v row i, v row 4 + i, w row i, w row 4 + i].
-    let f = hadd_lanes(quads(v), quads(w));
+unsafe fn order_rows(f: __m512i) -> __m512i {
     const ORDER: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
-    let order = _mm512_loadu_si512(ORDER.as_ptr() as *const __m512i);
-    let both = _mm512_permutexvar_epi32(order, f);
-    (
-        _mm512_castsi512_si256(both),
-        _mm512_extracti64x4_epi64::<1>(both),
-    )
+    _mm512_permutexvar_epi32(_mm512_loadu_si512(ORDER.as_ptr() as *const __m512i), f)
 }
 
 /// `vphaddd` on each 128-bit lane of two 512-bit registers (AVX-512 has no 512-bit form):
