@@ -423,20 +423,50 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     head_quant(res, h, hd, q32, d32, qk, dk, bsk);
 }
 
+// Values i .. i + 7 of cache c of type kt into v (i % 8 == 0; the cache's values at i start 16
+// bytes apart for f16, 32 for f32: 16-byte aligned loads).
+__device__ __forceinline__ void kv_get8(const void* c, long long i, int kt, float (&v)[8]) {
+    if (kt == KV_F16) {
+        uint4 w = *(const uint4*)((const u16*)c + i);
+        u32 u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            v[2 * t] = f16_to_f32((u16)(u[t] & 0xffff));
+            v[2 * t + 1] = f16_to_f32((u16)(u[t] >> 16));
+        }
+    } else if (kt == KV_Q8_0) {
+        const u8* b = (const u8*)c + (i >> 5) * 34;
+        float d = ld_f16(b);
+        const u8* q = b + 2 + (i & 31);
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            u16 x = ld_u16(q + 2 * t);
+            v[2 * t] = d * (float)(i8)(x & 0xff);
+            v[2 * t + 1] = d * (float)(i8)(x >> 8);
+        }
+    } else {
+        float4 x = *(const float4*)((const float*)c + i), y = *(const float4*)((const float*)c + i + 4);
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+        v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+    }
+}
+
 // Long contexts (flash decoding): the keys of each kv head split over blocks. Block (g =
 // blockIdx.x, s = blockIdx.y) takes the grp = nq / nkv query heads of kv head g (GQA: each
 // key and value row is read once for all of them) and the s-th of nsplit equal parts of keys
 // lo..pos (lo as dec_attention). Like dec_attention it normalises and rotates the heads (q_norm,
 // k_norm, inv_freq), for s = 0 stores K and V of position pos (caches of type kt), and attends
-// to its own k and v as the cache holds them. Each warp takes every SPLIT_WARPS-th key of the
-// part; lane L holds the dim pairs (e / 2) * 64 + 2 L + {0, 1} of slots e (S slots, S even,
-// S * 32 >= hd, hd even), read as pairs from the cache, keeping an online softmax (maximum m,
-// sum l, values acc) per query head; the warps then meet in shared memory and the block
-// writes, per query head h, its unnormalised values sum_j e_j v_j (e_j = exp(s_j - m)), m and l
-// to splits[(h * nsplit + s) * (hd + 2) ..] (m = -inf, l = 0 for an empty part);
-// dec_attn_merge combines the parts. grp <= SPLIT_GRP and grp * hd <= MAX_HD (checked on the
-// host).
-#define SPLIT_WARPS 8
+// to its own k and v as the cache holds them. Warp w takes the part's tiles of 32 keys w, w +
+// SPLIT_WARPS, ...: lane L scores key L of the tile against every query head (its whole key
+// row, 8 values per load, q broadcast from shared memory: no shuffles per key), the online
+// softmax (maximum m, sum l) moves once per tile and head, then the warp sums the tile's value
+// rows (each row read once, coalesced: lane L holds the dim pairs (e / 2) * 64 + 2 L + {0, 1} of
+// slots e; S slots, S even, S * 32 >= hd) weighted by the lanes' probabilities. The warps then
+// meet in shared memory and the block writes, per query head h, its unnormalised values
+// sum_j e_j v_j (e_j = exp(s_j - m)), m and l to splits[(h * nsplit + s) * (hd + 2) ..] (m =
+// -inf, l = 0 for an empty part); dec_attn_merge combines the parts. grp <= SPLIT_GRP,
+// grp * hd <= MAX_HD and hd % 8 == 0 (checked on the host).
+#define SPLIT_WARPS 4
 #define SPLIT_GRP 8
 template <int S>
 __device__ void attn_split(const float* q, const float* k, const float* v, const float* q_norm,
@@ -478,57 +508,77 @@ __device__ void attn_split(const float* q, const float* k, const float* v, const
 #pragma unroll
         for (int e = 0; e < S; e++) acc[i][e] = 0.0f;
     }
-    // Two keys per iteration, both rows loaded before either is used.
-    for (int j0 = lo + w; j0 <= hi; j0 += 2 * SPLIT_WARPS) {
-        float kv[2][S], vv[2][S];
+    for (int base = lo + 32 * w; base <= hi; base += 32 * SPLIT_WARPS) {
+        // Scores: lane L, key j = base + L, against every query head of the group.
+        int j = base + lane;
+        bool live = j <= hi;
+        float dot[SPLIT_GRP];
 #pragma unroll
-        for (int t = 0; t < 2; t++) {
-            int j = j0 + t * SPLIT_WARPS;
-            long long r = gb + (long long)j * kvd;
+        for (int i = 0; i < SPLIT_GRP; i++) dot[i] = 0.0f;
+        long long r = gb + (long long)j * kvd;
+        for (int d = 0; d < hd; d += 8) {
+            float kk[8];
+            if (!live) {
 #pragma unroll
-            for (int e = 0; e < S; e += 2) {
-                int d = (e >> 1) * 64 + 2 * lane;
-                float2 kp = make_float2(0.0f, 0.0f), vp = kp;
-                if (j <= hi && d < hd) {
-                    if (j == pos) {
-                        kp = make_float2(ks[d], ks[d + 1]);
-                        vp = make_float2(vs[d], vs[d + 1]);
-                    } else {
-                        kp = kv_get2(kc, r + d, kt);
-                        vp = kv_get2(vc, r + d, kt);
-                    }
-                }
-                kv[t][e] = kp.x;
-                kv[t][e + 1] = kp.y;
-                vv[t][e] = vp.x;
-                vv[t][e + 1] = vp.y;
+                for (int t = 0; t < 8; t++) kk[t] = 0.0f;
+            } else if (j == pos) {
+#pragma unroll
+                for (int t = 0; t < 8; t++) kk[t] = ks[d + t];
+            } else {
+                kv_get8(kc, r + d, kt, kk);
             }
-        }
-#pragma unroll
-        for (int t = 0; t < 2; t++) {
-            if (j0 + t * SPLIT_WARPS > hi) break;  // warp-uniform
 #pragma unroll
             for (int i = 0; i < SPLIT_GRP; i++) {
                 if (i >= grp) break;
-                float dot = 0.0f;
+                float4 q0 = *(const float4*)(qs + i * hd + d);
+                float4 q1 = *(const float4*)(qs + i * hd + d + 4);
+                dot[i] += q0.x * kk[0] + q0.y * kk[1] + q0.z * kk[2] + q0.w * kk[3] +
+                          q1.x * kk[4] + q1.y * kk[5] + q1.z * kk[6] + q1.w * kk[7];
+            }
+        }
+        // The online softmax, once per tile and head; pj: this lane's key's probability term.
+        float pj[SPLIT_GRP];
 #pragma unroll
-                for (int e = 0; e < S; e += 2) {
-                    int d = (e >> 1) * 64 + 2 * lane;
-                    if (d < hd) {
-                        float2 qv = *(const float2*)(qs + i * hd + d);
-                        dot += qv.x * kv[t][e] + qv.y * kv[t][e + 1];
-                    }
-                }
-                for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(FULL, dot, o);
-                float sc = dot * scale;
-                if (cap > 0.0f) sc = cap * tanhf(sc / cap);
-                float mn = fmaxf(m[i], sc);
-                float corr = expf(m[i] - mn);  // 0 on the first key (m = -inf)
-                float pj = expf(sc - mn);
-                l[i] = l[i] * corr + pj;
+        for (int i = 0; i < SPLIT_GRP; i++) {
+            pj[i] = 0.0f;
+            if (i >= grp) continue;
+            float sc = dot[i] * scale;
+            if (cap > 0.0f) sc = cap * tanhf(sc / cap);
+            sc = live ? sc : NEG_INF;
+            float mt = sc;
+            for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(FULL, mt, o));
+            float mn = fmaxf(m[i], mt);  // finite: lane 0's key is live
+            float corr = expf(m[i] - mn);  // 0 on the first tile (m = -inf)
+            float e_ = live ? expf(sc - mn) : 0.0f;
+            float sum = e_;
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o);
+            l[i] = l[i] * corr + sum;
+            m[i] = mn;
 #pragma unroll
-                for (int e = 0; e < S; e++) acc[i][e] = acc[i][e] * corr + pj * vv[t][e];
-                m[i] = mn;
+            for (int e = 0; e < S; e++) acc[i][e] *= corr;
+            pj[i] = e_;
+        }
+        // Values: the tile's rows, each read once by the whole warp.
+        int n = min(32, hi - base + 1);
+#pragma unroll 4
+        for (int t = 0; t < n; t++) {
+            int jt = base + t;
+            long long rt = gb + (long long)jt * kvd;
+            float vv[S];
+#pragma unroll
+            for (int e = 0; e < S; e += 2) {
+                int d = (e >> 1) * 64 + 2 * lane;
+                float2 x = make_float2(0.0f, 0.0f);
+                if (d < hd) x = jt == pos ? make_float2(vs[d], vs[d + 1]) : kv_get2(vc, rt + d, kt);
+                vv[e] = x.x;
+                vv[e + 1] = x.y;
+            }
+#pragma unroll
+            for (int i = 0; i < SPLIT_GRP; i++) {
+                if (i >= grp) break;
+                float pt = __shfl_sync(FULL, pj[i], t);
+#pragma unroll
+                for (int e = 0; e < S; e++) acc[i][e] += pt * vv[e];
             }
         }
     }

@@ -137,8 +137,8 @@ impl CudaDecoder<'_> {
     }
 
     /// The key-split attention kernel (`dec_attn_split*`, then `dec_attn_merge`) for layer `l`
-    /// when its cache has `splits > 1` key splits, head_dim is even and at most 256 (the
-    /// kernel reads dim pairs), a kv head has at
+    /// when its cache has `splits > 1` key splits, head_dim is a multiple of 8 and at most 256
+    /// (the kernel reads 8 values of a key at a time), a kv head has at
     /// most `SPLIT_GRP` query heads and their heads fit the kernel's shared memory; `None`:
     /// one `dec_attention` block per query head.
     fn split_kernel<'d>(
@@ -151,7 +151,7 @@ impl CudaDecoder<'_> {
         if splits < 2
             || grp > SPLIT_GRP
             || grp * l.head_dim > MAX_HEAD_DIM
-            || !l.head_dim.is_multiple_of(2)
+            || !l.head_dim.is_multiple_of(8)
         {
             return None;
         }

@@ -53,10 +53,10 @@ const MAX_HEAD_DIM: usize = 1024;
 /// `ATT_SPLIT_KEYS` positions, at most `ATT_MAX_SPLITS`. Shorter caches keep one
 /// `dec_attention` block per query head and no merge launch.
 const ATT_SPLIT_MIN_CONTEXT: usize = 512;
-const ATT_SPLIT_KEYS: usize = 64;
+const ATT_SPLIT_KEYS: usize = 128;
 const ATT_MAX_SPLITS: usize = 64;
 /// Threads of a `dec_attn_split*` block (`SPLIT_WARPS` warps in decode.cu).
-const ATT_SPLIT_THREADS: u32 = 256;
+const ATT_SPLIT_THREADS: u32 = 128;
 /// Query heads per kv head that `dec_attn_split*` holds (`SPLIT_GRP` in decode.cu).
 const SPLIT_GRP: usize = 8;
 
@@ -76,9 +76,9 @@ fn attention_splits(context: usize, window: i32) -> usize {
 }
 
 // decode.cu's limits: `dec_attn_merge` holds `wt[64]` and takes one split per thread of its
-// DEC_THREADS block; `dec_attn_split*` runs SPLIT_WARPS = 8 warps.
+// DEC_THREADS block; `dec_attn_split*` runs SPLIT_WARPS = 4 warps.
 const _: () = assert!(ATT_MAX_SPLITS <= 64 && ATT_MAX_SPLITS <= DEC_THREADS as usize);
-const _: () = assert!(ATT_SPLIT_THREADS == 8 * 32);
+const _: () = assert!(ATT_SPLIT_THREADS == 4 * 32);
 
 /// A kernel argument: a device pointer, an int or a float.
 #[derive(Clone, Copy)]
