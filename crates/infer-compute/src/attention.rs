@@ -214,8 +214,12 @@ fn attention_rows(
             row_len: kv_row,
             col: g * head_dim,
         };
-        let sink = params.sinks.map(|s| s[h]);
-        head_attention(qh, kv, q_positions[t], params, sink, scores, o);
+        let query = HeadQuery {
+            q: qh,
+            pos: q_positions[t],
+            sink: params.sinks.map(|s| s[h]),
+        };
+        head_attention(query, kv, params, scores, o);
     };
     let max_keys = q_positions.iter().max().map_or(0, |&p| p + 1);
     if rayon::current_num_threads() <= 1 || t_q * n_q_heads * max_keys * head_dim < PAR_MIN_WORK {
@@ -252,18 +256,25 @@ struct KvHead<'a> {
     col: usize,
 }
 
-/// One query head against its kv head `kv`, for the query at position `pos`; `sink`: the
-/// head's attention-sink logit, if any.
+/// One query head's row: `q` (`[head_dim]` f32), its position `pos` in the sequence, and the
+/// head's attention-sink logit `sink`, if the family has sinks (gpt-oss).
+#[derive(Clone, Copy)]
+struct HeadQuery<'a> {
+    q: &'a [f32],
+    pos: usize,
+    sink: Option<f32>,
+}
+
+/// One query head against its kv head `kv` (scores scratch of at least `pos + 1` values, output
+/// `o` of `head_dim` values).
 /// Head dims 32, 64, 128 and 256 run a copy specialised to the length (the query and the output
 /// accumulator stay in registers, no call per key), compiled for AVX2 when present; the
 /// arithmetic is the same in every copy (see [`head_attention_impl`]), so results are bitwise
 /// identical to the generic one.
 fn head_attention(
-    qh: &[f32],
+    query: HeadQuery<'_>,
     kv: KvHead<'_>,
-    pos: usize,
     params: &AttentionParams,
-    sink: Option<f32>,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
@@ -271,16 +282,16 @@ fn head_attention(
     if avx2() {
         // SAFETY: AVX2 is available (checked once at run time).
         unsafe {
-            return match qh.len() {
-                32 => head_avx2::<32>(qh, kv, pos, params, sink, scores, o),
-                64 => head_avx2::<64>(qh, kv, pos, params, sink, scores, o),
-                128 => head_avx2::<128>(qh, kv, pos, params, sink, scores, o),
-                256 => head_avx2::<256>(qh, kv, pos, params, sink, scores, o),
-                _ => head_avx2::<0>(qh, kv, pos, params, sink, scores, o),
+            return match query.q.len() {
+                32 => head_avx2::<32>(query, kv, params, scores, o),
+                64 => head_avx2::<64>(query, kv, params, scores, o),
+                128 => head_avx2::<128>(query, kv, params, scores, o),
+                256 => head_avx2::<256>(query, kv, params, scores, o),
+                _ => head_avx2::<0>(query, kv, params, scores, o),
             };
         }
     }
-    head_attention_impl::<0>(qh, kv, pos, params, sink, scores, o, dot_generic)
+    head_attention_impl::<0>(query, kv, params, scores, o, dot_generic)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -297,17 +308,15 @@ fn avx2() -> bool {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn head_avx2<const HD: usize>(
-    qh: &[f32],
+    query: HeadQuery<'_>,
     kv: KvHead<'_>,
-    pos: usize,
     params: &AttentionParams,
-    sink: Option<f32>,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
     // SAFETY: AVX2 is available (this function's contract).
     let dot = |a: &[f32], b: &[f32]| unsafe { crate::cpu::dot_avx2(a, b) };
-    head_attention_impl::<HD>(qh, kv, pos, params, sink, scores, o, dot)
+    head_attention_impl::<HD>(query, kv, params, scores, o, dot)
 }
 
 /// The body of [`head_attention`]. `HD`: the head dim when known at compile time (`qh.len()`),
@@ -316,17 +325,15 @@ unsafe fn head_avx2<const HD: usize>(
 /// output is `Σ_j (p_j / Σp) · v_j` accumulated in key order from 0 with a multiply and an add
 /// (no FMA), per element. A `sink` joins the max and adds `exp(sink − max)` to `Σp` last.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn head_attention_impl<const HD: usize>(
-    qh: &[f32],
+    query: HeadQuery<'_>,
     kv: KvHead<'_>,
-    pos: usize,
     params: &AttentionParams,
-    sink: Option<f32>,
     scores: &mut [f32],
     o: &mut [f32],
     dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
+    let HeadQuery { q: qh, pos, sink } = query;
     let KvHead {
         k,
         v,
@@ -454,18 +461,10 @@ mod tests {
                         row_len: kv_row,
                         col: hd,
                     };
-                    head_attention(&q, kv, pos, &params, sink, &mut s, &mut got);
+                    let query = HeadQuery { q: &q, pos, sink };
+                    head_attention(query, kv, &params, &mut s, &mut got);
                     let mut want = vec![f32::NAN; hd];
-                    head_attention_impl::<0>(
-                        &q,
-                        kv,
-                        pos,
-                        &params,
-                        sink,
-                        &mut s,
-                        &mut want,
-                        dot_generic,
-                    );
+                    head_attention_impl::<0>(query, kv, &params, &mut s, &mut want, dot_generic);
                     let (g, w): (Vec<u32>, Vec<u32>) = (
                         got.iter().map(|x| x.to_bits()).collect(),
                         want.iter().map(|x| x.to_bits()).collect(),

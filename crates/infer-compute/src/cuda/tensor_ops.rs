@@ -1038,19 +1038,18 @@ const ATT_GEMM_MAX_SCORES: usize = 128 << 20;
 /// soft-cap, sinks), then `O_h = P_h V_g` as a second batched GEMM straight into the output
 /// rows. Same f32 arithmetic as the tile kernel, in another order. A cache stored in another
 /// type than f32 (`kv`) is first widened to f32 scratch over the keys the chunk sees
-/// (`t_kv_widen`).
-#[allow(clippy::too_many_arguments)]
+/// (`t_kv_widen`). `(window, sinks)`: the window code and the sinks' device copy of
+/// [`attention_launch`].
 fn attend_gemm(
     st: &mut State,
     s: &crate::KvSlot<'_>,
     cache: (u64, u64),
     kv: KvType,
-    qp: u64,
-    op: u64,
+    rows: BatchRows,
     p: &AttentionParams,
-    window: i32,
-    sinks: u64,
+    (window, sinks): (i32, u64),
 ) -> Result<(), ComputeError> {
+    let BatchRows { q: qp, out: op } = rows;
     let (nq, nkv, hd) = (p.n_q_heads, p.n_kv_heads, p.head_dim);
     let end = s.start + s.rows;
     let piece = (ATT_GEMM_MAX_SCORES / (nq * end).max(1)).clamp(1, ATT_GEMM_PIECE_ROWS);
@@ -1151,6 +1150,14 @@ fn attend_gemm(
         });
     }
     Ok(())
+}
+
+/// Device addresses of the batch's query rows and attention output rows (f32, `[rows][nq ·
+/// head_dim]` each), for [`attend_gemm`].
+#[derive(Clone, Copy)]
+struct BatchRows {
+    q: u64,
+    out: u64,
 }
 
 /// The K and V caches `cache` as f32 for [`attend_gemm`]: as they are when stored as f32, else
@@ -1280,7 +1287,8 @@ pub(super) fn attend(
         .zip(&by_gemm)
         .filter(|(_, &g)| g)
     {
-        attend_gemm(st, s, cache, kv, qp, op, p, window, sinks)?;
+        let rows = BatchRows { q: qp, out: op };
+        attend_gemm(st, s, cache, kv, rows, p, (window, sinks))?;
     }
     // Per row (`info`) or, for prompt chunks, per tile of up to ATT_BQ consecutive rows of one
     // sequence: {k cache, v cache, first row, its position, rows}.
