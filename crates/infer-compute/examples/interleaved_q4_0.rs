@@ -6,6 +6,9 @@
 //! AVX-512 VNNI hosts only; one thread, matrices rotated past the caches:
 //! `RAYON_NUM_THREADS=1 cargo run --release -p infer-compute --example interleaved_q4_0`.
 
+mod common;
+
+use common::fill;
 use infer_compute::{ComputeBackend, CpuBackend, Matrix, QuantFormat};
 use std::arch::x86_64::*;
 use std::time::Instant;
@@ -18,18 +21,6 @@ const ROWS: usize = 16;
 const GROUP_BLOCK: usize = ROWS * BLOCK;
 /// Blocks of a group prefetched ahead of the one being read.
 const AHEAD: usize = 16;
-
-fn fill(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-        })
-        .collect()
-}
 
 /// Q4_0 rows (ggml blocks) → groups of 16 rows; per block: the rows' 16 f16 scales, then chunk
 /// k (k < 4) = every row's quant bytes 4k..4k+4 (low nibbles: values 4k..4k+4, high nibbles:

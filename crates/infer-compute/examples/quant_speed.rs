@@ -3,6 +3,9 @@
 //! (and `=2`, …). Shapes are `rows × cols` (out × in); Gemma-3-270M's FFN down projection is
 //! Q4_K 640×2048, its gate/up projections (640 columns, not a multiple of 256) are Q5_0 2048×640.
 
+mod common;
+
+use common::fill;
 use infer_compute::{ComputeBackend, CpuBackend, Isa, QuantFormat};
 use std::time::Instant;
 
@@ -22,18 +25,6 @@ fn best_time(mut f: impl FnMut()) -> f64 {
         best = best.min(t.elapsed().as_secs_f64() / reps as f64);
     }
     best
-}
-
-fn fill(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-        })
-        .collect()
 }
 
 fn main() {
