@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Shared by scripts/bench-vs-llamacpp.sh and scripts/gpu-llamacpp.sh (sourced, not run).
+# Shared by scripts/bench-vs-llamacpp.sh, scripts/bench-serve.sh and scripts/gpu-llamacpp.sh
+# (sourced, not run).
 #
 # llama.cpp comes from the PyPI sdist of llama-cpp-python (its vendor/llama.cpp), one pinned
 # version, fetched with pip and unpacked outside the repo. llama.cpp's code is never committed.
@@ -28,4 +29,15 @@ llamacpp_src() {
     [ -f "$src/CMakeLists.txt" ] || { echo "llamacpp: $peers/$name.tar.gz holds no vendor/llama.cpp" >&2; return 1; }
   fi
   echo "$src"
+}
+
+# llamacpp_build_cpu SRC FLAGS: configure (native CPU build, extra C/C++ FLAGS) and build
+# llama-bench and llama-quantize in SRC/build.
+llamacpp_build_cpu() {
+  local src="$1" flags="$2"
+  command -v cmake >/dev/null || python3 -m pip install --quiet cmake
+  cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" >/dev/null
+  cmake --build "$src/build" -j2 --target llama-bench llama-quantize >/dev/null
 }
