@@ -423,8 +423,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     head_quant(res, h, hd, q32, d32, qk, dk, bsk);
 }
 
-// Values i .. i + 7 of cache c of type kt into v (i % 8 == 0; the cache's values at i start 16
-// bytes apart for f16, 32 for f32: 16-byte aligned loads).
+// Values i .. i + 7 of cache c of type kt into v (i % 8 == 0): an f16 cache's eight values in
+// one 16-byte load (they start 16 bytes apart), the other types as two kv_get4.
 __device__ __forceinline__ void kv_get8(const void* c, long long i, int kt, float (&v)[8]) {
     if (kt == KV_F16) {
         uint4 w = *(const uint4*)((const u16*)c + i);
@@ -434,21 +434,11 @@ __device__ __forceinline__ void kv_get8(const void* c, long long i, int kt, floa
             v[2 * t] = f16_to_f32((u16)(u[t] & 0xffff));
             v[2 * t + 1] = f16_to_f32((u16)(u[t] >> 16));
         }
-    } else if (kt == KV_Q8_0) {
-        const u8* b = (const u8*)c + (i >> 5) * 34;
-        float d = ld_f16(b);
-        const u8* q = b + 2 + (i & 31);
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            u16 x = ld_u16(q + 2 * t);
-            v[2 * t] = d * (float)(i8)(x & 0xff);
-            v[2 * t + 1] = d * (float)(i8)(x >> 8);
-        }
-    } else {
-        float4 x = *(const float4*)((const float*)c + i), y = *(const float4*)((const float*)c + i + 4);
-        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-        v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+        return;
     }
+    float4 x = kv_get4(c, i, kt), y = kv_get4(c, i + 4, kt);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
 }
 
 // Long contexts (flash decoding): the keys of each kv head split over blocks. Block (g =
