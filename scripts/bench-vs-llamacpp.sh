@@ -26,7 +26,7 @@ if [ -z "$bin" ]; then
   bin="$src/build/bin"
   if [ ! -x "$bin/llama-bench" ]; then
     echo "building llama.cpp (about 10 minutes on 2 cores)" >&2
-    llamacpp_build_cpu "$src" ""
+    llamacpp_build_cpu "$src"
   fi
 fi
 
@@ -43,18 +43,6 @@ for m in smollm2 gemma3; do
   [ -d "$peers/$m-f16.vindex" ] ||
     $infer extract "${GGUF[$m]}" -o "$peers/$m-f16.vindex" --dtype f16 --quant none --no-tokenizer >&2
 done
-
-# A CPU that advertises AMX where the virtual machine does not enable its tile state runs
-# llama.cpp's native AMX kernels into SIGILL: rebuild without them (the best llama.cpp this
-# host can run), once, when the smallest comparison file fails that way.
-if [ -z "${LLAMA_CPP_BIN:-}" ]; then
-  rc=0
-  "$bin/llama-bench" -m "$peers/smollm2-Q8_0.gguf" -t 1 -p 32 -n 1 -r 1 >/dev/null 2>&1 || rc=$?
-  if [ "$rc" -eq 132 ]; then
-    echo "llama-bench died of SIGILL (AMX advertised, not enabled here): rebuilding without AMX" >&2
-    llamacpp_build_cpu "$src" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-  fi
-fi
 
 # pairs: label | llama.cpp GGUF suffix | vindex suffix | infer format flags
 pairs=(

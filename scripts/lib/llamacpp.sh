@@ -31,13 +31,49 @@ llamacpp_src() {
   echo "$src"
 }
 
-# llamacpp_build_cpu SRC FLAGS: configure (native CPU build, extra C/C++ FLAGS) and build
-# llama-bench and llama-quantize in SRC/build.
+# llamacpp_build_cpu SRC: configure a native CPU build and build llama-bench and
+# llama-quantize in SRC/build. A CPU that advertises AMX where the virtual machine does not
+# enable its tile state would run llama.cpp's native AMX kernels into SIGILL: there the AMX
+# instructions are left out (the best llama.cpp such a host can run).
 llamacpp_build_cpu() {
-  local src="$1" flags="$2"
+  local src="$1" flags=""
   command -v cmake >/dev/null || python3 -m pip install --quiet cmake
+  if ! llamacpp_amx_runs; then
+    echo "llamacpp: AMX advertised but not enabled here: building without it" >&2
+    flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  fi
   cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" >/dev/null
   cmake --build "$src/build" -j2 --target llama-bench llama-quantize >/dev/null
+}
+
+# llamacpp_amx_runs: true unless the CPU advertises AMX (amx_tile) and a tile instruction,
+# after the kernel's permission request, dies here (the tile state not enabled in XCR0).
+llamacpp_amx_runs() {
+  grep -qw amx_tile /proc/cpuinfo 2>/dev/null || return 0
+  local dir rc=0
+  dir=$(mktemp -d)
+  cat >"$dir/amx.c" <<'C'
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+    syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
+    unsigned char cfg[64] = {0};
+    cfg[0] = 1;   /* palette 1 */
+    cfg[16] = 64; /* tile 0: 64 bytes per row */
+    cfg[48] = 16; /* tile 0: 16 rows */
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+C
+  if gcc -O1 -mamx-tile "$dir/amx.c" -o "$dir/amx" 2>/dev/null; then
+    # A child shell runs it so that the SIGILL report goes to its silenced stderr.
+    bash -c '"$1"; exit $?' amx-probe "$dir/amx" 2>/dev/null || rc=$?
+  fi
+  rm -rf "$dir"
+  [ "$rc" -eq 0 ]
 }
