@@ -6,7 +6,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::{infer, model_file, shared_dir, text};
 use infer_models::gguf::{GgufFile, GgufHeader};
@@ -801,5 +801,219 @@ fn synth_gguf_from_config_round_trips() {
     for t in &h.tensors {
         let want = if t.dims.len() == 1 { "F32" } else { "Q8_0" };
         assert_eq!(t.format.name(), want, "{}", t.name);
+    }
+}
+
+/// A small llama config.json in `dir`: `hidden` wide with `heads` heads of 32 and one KV head,
+/// 4 layers, `vocab` tokens, untied (a Q6_K-type output and a Q4_K-type token embedding).
+fn small_config(dir: &Path, name: &str, hidden: usize, heads: usize, vocab: usize) -> PathBuf {
+    let cfg = dir.join(name);
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": {hidden}, "intermediate_size": 512,
+            "num_hidden_layers": 4, "num_attention_heads": {heads}, "num_key_value_heads": 1,
+            "head_dim": 32, "vocab_size": {vocab}, "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+            "hidden_act": "silu"}}"#
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// `infer synth --like CFG --gguf PRESET -o OUT --seed SEED [extra...]`; the file's bytes.
+fn synth_preset(cfg: &Path, preset: &str, out: &Path, seed: &str, extra: &[&str]) -> Vec<u8> {
+    let mut args = vec![
+        "synth",
+        "--like",
+        s(cfg),
+        "--gguf",
+        preset,
+        "-o",
+        s(out),
+        "--seed",
+        seed,
+    ];
+    args.extend_from_slice(extra);
+    ok(&args);
+    std::fs::read(out).unwrap()
+}
+
+/// `--random-blocks`, for the Q4_K_M, Q4_0 and Q8_0 presets of a config whose rows K-quant
+/// blocks divide (256) and of one they do not (160: llama.cpp's Q5_0 / Q8_0 fallbacks):
+/// (1) the header bytes (metadata, tensor table) and file size are the default mode's, and the
+/// F32 norms the default's bytes; (2) the same seed gives the same bytes, another seed shares
+/// under a quarter of the data bytes; (3) every quantized matrix dequantizes to finite values
+/// with mean within ±0.003 and standard deviation within 10% of 0.02 (uniform-ish values of
+/// the default's spread) — each of Q4_K, Q6_K, Q5_0, Q8_0 and Q4_0 checked.
+#[test]
+fn random_blocks_keep_the_header_and_the_spread() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut checked = std::collections::BTreeSet::new();
+    for (cfg, preset) in [
+        (small_config(d, "wide.json", 256, 8, 1024), "Q4_K_M"),
+        (small_config(d, "odd.json", 160, 5, 1024), "Q4_K_M"),
+        (small_config(d, "wide0.json", 256, 8, 1024), "Q4_0"),
+        (small_config(d, "wide8.json", 256, 8, 1024), "Q8_0"),
+    ] {
+        let case = format!("{} {preset}", cfg.display());
+        let default = synth_preset(&cfg, preset, &d.join("default.gguf"), "1", &[]);
+        let drawn_path = d.join("drawn.gguf");
+        let drawn = synth_preset(&cfg, preset, &drawn_path, "1", &["--random-blocks"]);
+        let f = GgufFile::open(&drawn_path).unwrap();
+        let ds = f.data_start();
+        assert_eq!(drawn.len(), default.len(), "{case}");
+        assert!(drawn[..ds] == default[..ds], "{case}: header bytes differ");
+        assert!(
+            drawn[ds..] != default[ds..],
+            "{case}: data is the default's"
+        );
+        let default_file = GgufFile::open(&d.join("default.gguf")).unwrap();
+        for t in f.tensor_infos() {
+            let bytes = f.tensor_bytes(&t.name).unwrap();
+            if !t.format.is_quantized() {
+                assert_eq!(t.dims.len(), 1, "{case}: {} is a float matrix", t.name);
+                assert!(
+                    bytes == default_file.tensor_bytes(&t.name).unwrap(),
+                    "{case}: {} differs from the default",
+                    t.name
+                );
+                continue;
+            }
+            let v = infer_quant::dequantize_to_vec(t.format, bytes, t.n_elements()).unwrap();
+            assert!(v.iter().all(|x| x.is_finite()), "{case}: {}", t.name);
+            let n = v.len() as f64;
+            let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+            let sd = (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+            assert!(
+                (sd / 0.02 - 1.0).abs() < 0.1 && mean.abs() < 0.003,
+                "{case}: {} ({}): mean {mean} std {sd}",
+                t.name,
+                t.format
+            );
+            checked.insert(t.format.name());
+        }
+        let again = synth_preset(
+            &cfg,
+            preset,
+            &d.join("again.gguf"),
+            "1",
+            &["--random-blocks"],
+        );
+        assert!(again == drawn, "{case}: same seed, other bytes");
+        let other = synth_preset(
+            &cfg,
+            preset,
+            &d.join("other.gguf"),
+            "2",
+            &["--random-blocks"],
+        );
+        assert!(
+            other[..ds] == drawn[..ds],
+            "{case}: seed changed the header"
+        );
+        let same = drawn[ds..]
+            .iter()
+            .zip(&other[ds..])
+            .filter(|(a, b)| a == b)
+            .count();
+        assert!(
+            same < (drawn.len() - ds) / 4,
+            "{case}: seed 2 shares {same} of {} data bytes",
+            drawn.len() - ds
+        );
+        for n in ["default", "drawn", "again", "other"] {
+            std::fs::remove_file(d.join(format!("{n}.gguf"))).unwrap();
+        }
+    }
+    assert_eq!(
+        checked.into_iter().collect::<Vec<_>>(),
+        ["Q4_0", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]
+    );
+    // Not for a HF folder (float weights) nor a header-only file (no data).
+    let cfg = d.join("wide.json");
+    fails(
+        &[
+            "synth",
+            "--like",
+            s(&cfg),
+            "-o",
+            s(&d.join("hf")),
+            "--random-blocks",
+        ],
+        &["--random-blocks applies to a GGUF output"],
+    );
+    fails(
+        &[
+            "synth",
+            "--like",
+            s(&cfg),
+            "--gguf",
+            "Q4_0",
+            "--header-only",
+            "-o",
+            s(&d.join("h.gguf")),
+            "--random-blocks",
+        ],
+        &["--random-blocks applies to a GGUF output with data"],
+    );
+    assert!(!d.join("hf").exists() && !d.join("h.gguf").exists());
+}
+
+/// A `--random-blocks` Q4_K_M GGUF with llama.cpp's llama-bpe vocabulary extracts (its 30
+/// Q4_K / Q6_K matrices passed through byte for byte) and runs on the CPU: `infer bench -p 8
+/// -n 4 -r 1` reports positive finite prompt and decode speeds, and `infer run` generates
+/// without NaN. So does a GGUF `--like` of the real SmolLM2 (Q4_1 among its types) with drawn
+/// blocks.
+#[test]
+fn random_blocks_model_extracts_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = small_config(d, "config.json", 256, 8, 128256);
+    let out = d.join("m.gguf");
+    synth_preset(
+        &cfg,
+        "Q4_K_M",
+        &out,
+        "4",
+        &["--random-blocks", "--vocab", s(&vocab_gguf("llama-bpe"))],
+    );
+    let smol = d.join("smol.gguf");
+    ok(&[
+        "synth",
+        "--like",
+        s(&model_file(SMOL)),
+        "-o",
+        s(&smol),
+        "--random-blocks",
+    ]);
+    let smol_types: std::collections::BTreeSet<&str> = GgufFile::open(&smol)
+        .unwrap()
+        .tensor_infos()
+        .iter()
+        .map(|t| t.format.name())
+        .collect();
+    assert!(smol_types.contains("Q4_1"), "{smol_types:?}");
+    for gguf in [&out, &smol] {
+        let vx = gguf.with_extension("vindex");
+        ok(&["extract", s(gguf), "-o", s(&vx)]);
+        if gguf == &out {
+            // Q4_K / Q6_K matrices: every one passed through byte for byte.
+            let index: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(vx.join("index.json")).unwrap())
+                    .unwrap();
+            assert_eq!(index["passthrough"].as_array().unwrap().len(), 2 + 4 * 7);
+        }
+        let o = infer(&["bench", s(&vx), "-p", "8", "-n", "4", "-r", "1", "--json"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        for key in ["pp_tokens_per_s", "tg_tokens_per_s"] {
+            let v = j[key].as_f64().unwrap_or(f64::NAN);
+            assert!(v.is_finite() && v > 0.0, "{}: {key} {j}", gguf.display());
+        }
+        let run = ok(&["run", s(&vx), "Hello world", "-n", "4"]);
+        assert!(!run.to_lowercase().contains("nan"), "{run}");
     }
 }

@@ -58,20 +58,29 @@ pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
     });
 }
 
-/// Pack the 16 6-bit scales `ls[j] ∈ 0..64` into `scales[12]` (zeroed first).
-fn pack_scales(ls: impl Fn(usize) -> i32, y: &mut [u8]) {
-    let s = &mut y[SCALES_OFFSET..SCALES_OFFSET + 12];
-    s.fill(0);
-    for j in 0..16 {
-        let mut l = ls(j);
+/// The 12 `scales` bytes of a Q3_K block holding the 16 6-bit sub-block scale levels
+/// `levels[j] ∈ 0..64` (scale `levels[j] - 32`; higher bits are dropped), packed as ggml does:
+/// the low nibble of level `j` in byte `j % 8` (levels 8–15 in the high nibbles), its top two
+/// bits in byte `8 + j % 4` at bit `2 * (j / 4)`.
+pub fn pack_scales(levels: &[u8; 16]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for (j, &l) in levels.iter().enumerate() {
+        let l = l & 63;
         if j < 8 {
-            s[j] = (l & 0xF) as u8;
+            s[j] = l & 0xF;
         } else {
-            s[j - 8] |= ((l & 0xF) << 4) as u8;
+            s[j - 8] |= (l & 0xF) << 4;
         }
-        l >>= 4;
-        s[j % 4 + 8] |= (l << (2 * (j / 4))) as u8;
+        s[j % 4 + 8] |= (l >> 4) << (2 * (j / 4));
     }
+    s
+}
+
+/// Write the 16 6-bit scale levels `ls(j) ∈ 0..64` into the block's `scales[12]`
+/// ([`pack_scales`]).
+fn write_scales(ls: impl Fn(usize) -> i32, y: &mut [u8]) {
+    let levels: [u8; 16] = std::array::from_fn(|j| ls(j) as u8);
+    y[SCALES_OFFSET..SCALES_OFFSET + 12].copy_from_slice(&pack_scales(&levels));
 }
 
 /// Requantize against the stored scales, then write `hmask` and `qs` (shared by both paths).
@@ -132,7 +141,7 @@ pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
         }
         if max_scale != 0.0 {
             let iscale = -32.0f32 / max_scale;
-            pack_scales(
+            write_scales(
                 |j| {
                     let q = nearest_int(iscale * scales[j]) as i8 as i32;
                     q.clamp(-32, 31) + 32
@@ -182,9 +191,22 @@ pub fn quantize_row_impl(x: &[f32], out: &mut [u8], qw: &[f32]) {
             );
         }
         let d_block = make_qx_quants(32, &scales, &mut ls, 1, Some(&sw));
-        pack_scales(|j| ls[j] as i32, y);
+        write_scales(|j| ls[j] as i32, y);
         wr_f16(y, D_OFFSET, d_block);
         finish(x, y, &mut l);
         ib += 1;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`pack_scales`] is the inverse of the dequantizer's unpacking for every level.
+    #[test]
+    fn pack_scales_round_trips() {
+        let levels: [u8; 16] = std::array::from_fn(|j| (j as u8 * 37 + 5) % 64);
+        let unpacked = unpack_scales(&pack_scales(&levels));
+        assert_eq!(unpacked.map(|l| l as u8), levels);
+    }
 }

@@ -22,6 +22,17 @@ pub const SCALES_OFFSET: usize = 4;
 /// Byte offset of the 128 nibble bytes.
 pub const QS_OFFSET: usize = 16;
 
+/// The 12 `scales` bytes of a Q4_K/Q5_K block holding the 6-bit sub-block scales `sc` and
+/// mins `m` (each `0..64`; higher bits are dropped), packed as ggml does (the inverse of
+/// ggml's `get_scale_min_k4`).
+pub fn pack_scale_mins(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
+    let mut out = [0u8; 12];
+    for j in 0..8 {
+        put_scale_min_k4(j, sc[j] & 63, m[j] & 63, &mut out);
+    }
+    out
+}
+
 /// Dequantize whole blocks (ggml `dequantize_row_q4_K`).
 pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
     for_each_block::<BLOCK_BYTES, BLOCK_ELEMS>(bytes, out, |b, y| {
@@ -215,4 +226,20 @@ pub fn quantize_row_impl(x: &[f32], out: &mut [u8], qw: &[f32]) {
         pack_qs(&l, y);
         ib += 1;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`pack_scale_mins`] is the inverse of ggml's `get_scale_min_k4` for every sub-block.
+    #[test]
+    fn pack_scale_mins_round_trips() {
+        let sc: [u8; 8] = std::array::from_fn(|j| (j as u8 * 29 + 3) % 64);
+        let m: [u8; 8] = std::array::from_fn(|j| 63 - (j as u8 * 11) % 64);
+        let packed = pack_scale_mins(&sc, &m);
+        for j in 0..8 {
+            assert_eq!(get_scale_min_k4(j, &packed), (sc[j], m[j]), "sub-block {j}");
+        }
+    }
 }

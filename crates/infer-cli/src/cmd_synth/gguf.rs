@@ -1,9 +1,11 @@
 //! `infer synth --like MODEL.gguf`: the model's header (metadata, tensor table) with random
-//! tensor data quantized to each tensor's own ggml type, streamed tensor by tensor.
+//! tensor data quantized to each tensor's own ggml type (or, `--random-blocks`, quantized
+//! matrices drawn block by block, [`super::blocks`]), streamed tensor by tensor.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+use super::blocks::{stream_blocks, BlockMode};
 use super::random::{stream_tensor, Fill, RandomTensor, CHUNK_VALUES};
 use anyhow::{bail, Context};
 use infer_models::gguf::{encode_header, GgufHeader, GgufTensorInfo, GgufWriter};
@@ -66,11 +68,14 @@ pub fn write_header_only(h: &GgufHeader, out: &Path, shown: &Path) -> anyhow::Re
 }
 
 /// Stream the random data of tensor number `index` into `sink` ([`stream_tensor`] in the
-/// tensor's own ggml type; ggml's `dims[0]` is the row length).
+/// tensor's own ggml type; ggml's `dims[0]` is the row length). With [`BlockMode::Draw`] a
+/// quantized matrix is drawn block by block ([`stream_blocks`]); 1-D and float tensors are
+/// made as by default.
 fn tensor_data(
     t: &GgufTensorInfo,
     index: usize,
     seed: u64,
+    mode: BlockMode,
     chunk: usize,
     sink: &mut dyn FnMut(&[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
@@ -83,24 +88,38 @@ fn tensor_data(
         rows: t.n_elements().checked_div(row_len).unwrap_or(0),
         row_len,
     };
-    stream_tensor(&tensor, seed, chunk, sink)
+    if mode == BlockMode::Draw && t.format.is_quantized() && tensor.fill == Fill::Matrix {
+        stream_blocks(&tensor, seed, chunk, sink)
+    } else {
+        stream_tensor(&tensor, seed, chunk, sink)
+    }
 }
 
 /// Write `h` with random data for every tensor to `out` (`shown` names it in errors).
 /// Matrices (≥ 2-D) get N(0, 0.02), 1-D tensors named `*norm*` 1.0 ± 0.05, other 1-D tensors
-/// ± 0.02; each is quantized with infer-quant's ggml reference quantizer of its type. Memory
-/// stays bounded ([`CHUNK_VALUES`] values at a time) whatever the shapes.
+/// ± 0.02; each is quantized with infer-quant's ggml reference quantizer of its type — or,
+/// with [`BlockMode::Draw`], quantized matrices get drawn blocks of standard deviation 0.02
+/// ([`super::blocks`]). Memory stays bounded ([`CHUNK_VALUES`] values at a time) whatever the
+/// shapes.
 pub fn write_random(
     like: &Path,
     h: &GgufHeader,
     out: &Path,
     shown: &Path,
     seed: u64,
+    mode: BlockMode,
 ) -> anyhow::Result<Written> {
     check_tensors(like, h)?;
     let mut w = create_gguf(h, out, shown)?;
     for (i, t) in h.tensors.iter().enumerate() {
-        tensor_data(t, i, seed, CHUNK_VALUES, &mut |b| Ok(w.write_data(b)?))?;
+        tensor_data(
+            t,
+            i,
+            seed,
+            mode,
+            CHUNK_VALUES,
+            &mut |b| Ok(w.write_data(b)?),
+        )?;
     }
     let bytes = finish_gguf(w, out)?;
     Ok(Written {
@@ -143,9 +162,9 @@ mod tests {
     use super::*;
     use infer_quant::QuantFormat;
 
-    fn bytes_of(t: &GgufTensorInfo, chunk: usize) -> Vec<u8> {
+    fn bytes_of(t: &GgufTensorInfo, mode: BlockMode, chunk: usize) -> Vec<u8> {
         let mut out = Vec::new();
-        tensor_data(t, 3, 11, chunk, &mut |b| {
+        tensor_data(t, 3, 11, mode, chunk, &mut |b| {
             out.extend_from_slice(b);
             Ok(())
         })
@@ -153,26 +172,59 @@ mod tests {
         out
     }
 
+    fn info(name: &str, format: QuantFormat, dims: Vec<usize>) -> GgufTensorInfo {
+        let n: usize = dims.iter().product();
+        GgufTensorInfo {
+            name: name.into(),
+            dims,
+            format,
+            offset: 0,
+            n_bytes: format.bytes_for(n).unwrap(),
+        }
+    }
+
     /// Rows longer than the chunk are generated piece by piece with the same bytes as whole
-    /// rows (Q4_K: per-block scales; F32: the raw values), and the byte count is the tensor's.
+    /// rows (Q4_K: per-block scales; F32: the raw values), in either mode, and the byte count
+    /// is the tensor's.
     #[test]
     fn long_rows_in_pieces_give_the_whole_row_bytes() {
-        for (format, dims) in [
-            (QuantFormat::Q4_K, vec![1024, 3]),
-            (QuantFormat::F32, vec![1536]),
-            (QuantFormat::Q8_0, vec![768, 2]),
+        for mode in [BlockMode::Quantize, BlockMode::Draw] {
+            for (format, dims) in [
+                (QuantFormat::Q4_K, vec![1024, 3]),
+                (QuantFormat::F32, vec![1536]),
+                (QuantFormat::Q8_0, vec![768, 2]),
+                (QuantFormat::Q6_K, vec![768, 2]),
+            ] {
+                let t = info("blk.0.ffn_up.weight", format, dims);
+                let whole = bytes_of(&t, mode, 1 << 16);
+                assert_eq!(whole.len(), t.n_bytes, "{format} {mode:?}");
+                assert_eq!(bytes_of(&t, mode, 256), whole, "{format} {mode:?}");
+            }
+        }
+    }
+
+    /// Drawing blocks changes quantized matrices only: float matrices, 1-D tensors (even a
+    /// quantized norm, which must stay near 1) keep the default bytes.
+    #[test]
+    fn draw_mode_changes_quantized_matrices_only() {
+        let bytes = |t: &GgufTensorInfo, mode| bytes_of(t, mode, 1 << 16);
+        let matrix = info("blk.0.ffn_up.weight", QuantFormat::Q4_K, vec![512, 4]);
+        assert_ne!(
+            bytes(&matrix, BlockMode::Draw),
+            bytes(&matrix, BlockMode::Quantize)
+        );
+        for t in [
+            info("blk.0.ffn_up.weight", QuantFormat::F16, vec![512, 4]),
+            info("blk.0.attn_norm.weight", QuantFormat::F32, vec![512]),
+            info("blk.0.attn_norm.weight", QuantFormat::Q8_0, vec![512]),
         ] {
-            let n: usize = dims.iter().product();
-            let t = GgufTensorInfo {
-                name: "blk.0.ffn_up.weight".into(),
-                dims,
-                format,
-                offset: 0,
-                n_bytes: format.bytes_for(n).unwrap(),
-            };
-            let whole = bytes_of(&t, 1 << 16);
-            assert_eq!(whole.len(), t.n_bytes, "{format}");
-            assert_eq!(bytes_of(&t, 256), whole, "{format}");
+            assert_eq!(
+                bytes(&t, BlockMode::Draw),
+                bytes(&t, BlockMode::Quantize),
+                "{} {}",
+                t.name,
+                t.format
+            );
         }
     }
 }

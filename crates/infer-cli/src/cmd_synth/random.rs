@@ -1,7 +1,9 @@
 //! Seeded random tensor values for `infer synth`, reproducible row by row.
 //!
 //! Every row of every tensor has its own generator, seeded from `(seed, tensor index, row)`
-//! (SplitMix64 mixing, rand 0.8 `StdRng`), so the values do not depend on threads or chunking.
+//! ([`row_key`]: SplitMix64 mixing), so the values do not depend on threads or chunking: float
+//! values come from rand 0.8 `StdRng` ([`RowFill`]), the random bytes of `--random-blocks`
+//! ([`super::blocks`]) from SplitMix64 itself ([`stream_bytes`]).
 
 use anyhow::Context;
 use infer_quant::QuantFormat;
@@ -43,12 +45,48 @@ impl Fill {
     }
 }
 
-/// SplitMix64 finaliser (Steele et al.), used to decorrelate the per-row seeds.
+/// SplitMix64's increment (Steele et al., "Fast splittable pseudorandom number generators").
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's step and finaliser (Steele et al.): the output of the state `z` (before its
+/// increment). Decorrelates the per-row seeds and is the byte generator of [`stream_bytes`].
 fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = z.wrapping_add(GAMMA);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The key of row `row` of tensor number `tensor` under `seed`: every generator of that row
+/// ([`RowFill`], [`stream_bytes`]) starts from it.
+pub fn row_key(seed: u64, tensor: u64, row: u64) -> u64 {
+    mix(mix(mix(seed) ^ tensor) ^ row)
+}
+
+/// Fill `out` with bytes `start .. start + out.len()` of the random byte stream of `key`:
+/// SplitMix64 started at state `key`, its 64-bit outputs laid out little-endian. Word `i` is
+/// computed from `key` and `i` alone, so any piece of the stream is drawn on its own, with the
+/// bytes of the whole stream at its place.
+pub fn stream_bytes(key: u64, start: u64, out: &mut [u8]) {
+    let word = |i: u64| mix(key.wrapping_add(i.wrapping_mul(GAMMA))).to_le_bytes();
+    let mut i = start / 8;
+    let skip = (start % 8) as usize;
+    let head = out.len().min((8 - skip) % 8);
+    let (head_bytes, rest) = out.split_at_mut(head);
+    if head > 0 {
+        head_bytes.copy_from_slice(&word(i)[skip..skip + head]);
+        i += 1;
+    }
+    let mut words = rest.chunks_exact_mut(8);
+    for w in &mut words {
+        w.copy_from_slice(&word(i));
+        i += 1;
+    }
+    let tail = words.into_remainder();
+    if !tail.is_empty() {
+        let n = tail.len();
+        tail.copy_from_slice(&word(i)[..n]);
+    }
 }
 
 /// A row's value generator that can be drawn in pieces, so a row of any length is produced
@@ -64,7 +102,7 @@ impl RowFill {
     /// `(seed, tensor, row)`.
     pub fn new(seed: u64, tensor: u64, row: u64, fill: Fill) -> RowFill {
         RowFill {
-            rng: StdRng::seed_from_u64(mix(mix(mix(seed) ^ tensor) ^ row)),
+            rng: StdRng::seed_from_u64(row_key(seed, tensor, row)),
             fill,
         }
     }
@@ -230,5 +268,36 @@ mod tests {
             }
             assert_eq!(pieces, whole, "{fill:?}");
         }
+    }
+
+    /// Pieces of a byte stream at any offsets are the whole stream's bytes at those places.
+    #[test]
+    fn byte_stream_pieces_equal_whole_stream() {
+        let mut whole = vec![0u8; 203];
+        stream_bytes(42, 0, &mut whole);
+        for (start, len) in [
+            (0, 0),
+            (0, 5),
+            (3, 2),
+            (3, 5),
+            (5, 24),
+            (7, 100),
+            (16, 187),
+            (200, 3),
+        ] {
+            let mut piece = vec![0u8; len];
+            stream_bytes(42, start as u64, &mut piece);
+            assert_eq!(piece, whole[start..start + len], "bytes {start}+{len}");
+        }
+        // Roughly uniform bytes: each bit set about half the time, and keys differ.
+        let mut big = vec![0u8; 1 << 16];
+        stream_bytes(row_key(1, 2, 3), 0, &mut big);
+        let ones: u32 = big.iter().map(|b| b.count_ones()).sum();
+        let frac = ones as f64 / (8 << 16) as f64;
+        assert!((frac - 0.5).abs() < 0.005, "{frac}");
+        let mut other = vec![0u8; 1 << 16];
+        stream_bytes(row_key(1, 2, 4), 0, &mut other);
+        let same = big.iter().zip(&other).filter(|(a, b)| a == b).count();
+        assert!(same < 1 << 9, "{same} equal bytes across keys");
     }
 }
