@@ -65,8 +65,10 @@ infer_ts() { # vindex threads flags... -> "pp tg"
   local v=$1 t=$2; shift 2
   $infer bench "$v" -t "$t" -p "$P" -n "$N" -r "$R" --json "$@" | python3 -c '
 import json, sys
-j = json.load(sys.stdin)
-print(j["pp_tokens_per_s"] or 0, j["tg_tokens_per_s"] or 0)'
+rows = [json.loads(l) for l in sys.stdin if l.strip()]  # one object per test
+pp = [r["pp_tokens_per_s"] for r in rows if r["pp_tokens_per_s"]]
+tg = [r["tg_tokens_per_s"] for r in rows if r["tg_tokens_per_s"]]
+print(pp[0] if pp else 0, tg[0] if tg else 0)'
 }
 
 echo "| model | pair | threads | infer pp$P | llama.cpp pp$P | ratio | infer tg$N | llama.cpp tg$N | ratio |"

@@ -37,6 +37,14 @@ fn smol_vindex(dir: &Path) -> PathBuf {
     vx
 }
 
+/// `--json` output: one JSON object per line (one per test for `bench`).
+fn json_lines(o: &std::process::Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
 /// `infer chat VINDEX ARGS` on the float path with piped stdin, stdout and stderr.
 fn float_chat(vx: &Path, args: &[&str]) -> std::process::Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
@@ -451,8 +459,12 @@ fn threads_flag_works_on_every_command() {
         "1",
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(j["threads"], 1, "{j}");
+    // One object per test: pp4 and tg2.
+    let tests = json_lines(&o);
+    assert_eq!(tests.len(), 2, "{}", text(&o));
+    for j in tests {
+        assert_eq!(j["threads"], 1, "{j}");
+    }
     let out = dir.path().join("l.safetensors");
     let one = logits_of(&vx, "1,2,3,4", &["-t", "1"], &out);
     let three = logits_of(&vx, "1,2,3,4", &["--threads", "3"], &out);
@@ -727,8 +739,12 @@ fn bench_measures_at_depth_and_counts_it_in_the_context() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(j["depth"], 8);
+    // One object per test: pp4 @ d8, then tg2 @ d8.
+    let tests = json_lines(&o);
+    assert_eq!(tests.len(), 2, "{}", text(&o));
+    assert!(tests.iter().all(|j| j["depth"] == 8), "{}", text(&o));
+    let j = &tests[1];
+    assert_eq!(j["test"], "tg2 @ d8", "{j}");
     // 30 layers × 3 KV heads × 64 × 8 bytes (f32 K and V) per position; a dense model with
     // tied embeddings stores the weights one token reads.
     let m = &j["memory"];
@@ -762,6 +778,116 @@ fn bench_measures_at_depth_and_counts_it_in_the_context() {
     assert!(!o.status.success());
     assert!(
         text(&o).contains("--depth is for the single-sequence protocol"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `bench -p 4,8 -n 2,3 -d 0,5` (llama-bench's lists): every -p value is a pp test and every -n
+/// value a tg test, each after every -d context, in llama-bench's order (per depth: pp, then
+/// tg); one table row and one JSON object per test; one memory check for the largest context
+/// (-d 5 + -p 8 + -n 3 + 1 = 17 positions); a 0 in a list is skipped.
+#[test]
+fn bench_runs_every_listed_size_at_every_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = tiny_vindex(dir.path());
+    let lists = ["-p", "4,8", "-n", "2,3", "-d", "0,5", "-r", "1"];
+    let expected = [
+        ("pp4", 4, 0, 0),
+        ("pp8", 8, 0, 0),
+        ("tg2", 0, 2, 0),
+        ("tg3", 0, 3, 0),
+        ("pp4 @ d5", 4, 0, 5),
+        ("pp8 @ d5", 8, 0, 5),
+        ("tg2 @ d5", 0, 2, 5),
+        ("tg3 @ d5", 0, 3, 5),
+    ];
+    let o = infer(&[&["bench", s(&vx)][..], &lists].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    // Rows `| vindex | threads | test | tokens/s |`, the header and its rule left out.
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| vindex "))
+        .map(|l| l.split(" | ").collect())
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r[2]).collect();
+    let want: Vec<&str> = expected.iter().map(|e| e.0).collect();
+    assert_eq!(names, want, "{out}");
+    for r in &rows {
+        let rate: f64 = r[3].trim_end_matches(" |").parse().unwrap();
+        assert!(rate > 0.0, "{out}");
+    }
+    assert!(out.contains("(f32, 17 positions × 1 sequence)"), "{out}");
+    // Several tg tests: their decode figures are named.
+    assert!(out.contains("\ntg3 @ d5: decode reads "), "{out}");
+
+    let o = infer(&[&["bench", s(&vx), "--json"][..], &lists].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let tests = json_lines(&o);
+    assert_eq!(tests.len(), expected.len(), "{}", text(&o));
+    for (j, &(name, n_prompt, n_gen, depth)) in tests.iter().zip(&expected) {
+        assert_eq!(j["test"], name, "{j}");
+        assert_eq!(j["n_prompt"], n_prompt, "{j}");
+        assert_eq!(j["n_gen"], n_gen, "{j}");
+        assert_eq!(j["depth"], depth, "{j}");
+        let (rate, other) = if n_gen > 0 {
+            ("tg_tokens_per_s", "pp_tokens_per_s")
+        } else {
+            ("pp_tokens_per_s", "tg_tokens_per_s")
+        };
+        assert!(j[rate].as_f64().unwrap() > 0.0, "{j}");
+        assert!(j[other].is_null(), "{j}");
+        assert_eq!(j["memory"], tests[0]["memory"], "{j}");
+    }
+
+    // 0 skips a size, in a list as alone.
+    let o = infer(&["bench", s(&vx), "-p", "0,4", "-n", "0", "-r", "1", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let tests = json_lines(&o);
+    assert_eq!(tests.len(), 1, "{}", text(&o));
+    assert_eq!(tests[0]["test"], "pp4", "{}", text(&o));
+}
+
+/// Bad `bench` lists: an empty item or a non-number is a usage error naming the flag; the
+/// context check names the largest sizes; `--batch` takes one -p and one -n value.
+#[test]
+fn bench_refuses_bad_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let vx = tiny_vindex(dir.path());
+    for (args, flag, why) in [
+        (
+            ["-p", "4,,8"],
+            "'--n-prompt <N[,N...]>'",
+            "an empty list item",
+        ),
+        (
+            ["-n", "2,x"],
+            "'--n-gen <N[,N...]>'",
+            "not a number of tokens",
+        ),
+        (["-d", "5,"], "'--depth <N[,N...]>'", "an empty list item"),
+    ] {
+        let o = infer(&[&["bench", s(&vx), "-r", "1"][..], &args].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(flag) && err.contains(why), "{args:?}: {err}");
+    }
+    // The archrefs llama's maximum context is 256.
+    let o = infer(&["bench", s(&vx), "-p", "4,300", "-n", "2,1", "-r", "1"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("-p 300 + -n 2 needs a context of 303 positions"),
+        "{}",
+        text(&o)
+    );
+    let o = infer(&["bench", s(&vx), "-p", "0,0", "-n", "0"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("nothing to measure"), "{}", text(&o));
+    let o = infer(&["bench", s(&vx), "-B", "2", "-p", "4,8", "-n", "2"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--batch takes one -p and one -n value"),
         "{}",
         text(&o)
     );
