@@ -127,40 +127,48 @@ extern "C" __global__ void __launch_bounds__(RN_THREADS)
                         qk, dk, bsk, sh);
 }
 
+// RMSNorm of one head held in shared memory row[0:hd] by weights nw (nothing when nw is null),
+// by the whole block; ends synchronised.
+__device__ void head_norm(float* row, const float* nw, int hd, float eps, float off, double* sh) {
+    if (!nw) return;
+    double ss = 0.0;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += (double)row[d] * (double)row[d];
+    float sc = rms_scale(block_sum_d(ss, sh), hd, eps);
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) row[d] = (row[d] * sc) * (nw[d] + off);
+    __syncthreads();
+}
+
+// RoPE of n heads held in shared memory rows[0 : n * hd] (when inv_freq), on the first rot dims
+// of each, at position pos, by the whole block: one cos/sin per pair for all heads. cos and sin
+// are multiplied by mscale (YaRN's attention factor; 1 otherwise), as t_rope. Starts and ends
+// synchronised.
+__device__ void heads_rope(float* rows, int n, const double* inv_freq, int pos, int hd, int rot,
+                           int interleaved, double mscale) {
+    if (!inv_freq) return;
+    __syncthreads();
+    for (int i = threadIdx.x; i < rot / 2; i += blockDim.x) {
+        double ang = (double)pos * inv_freq[i];
+        float c = (float)(cos(ang) * mscale), s = (float)(sin(ang) * mscale);
+        int ia = interleaved ? 2 * i : i;
+        int ib = interleaved ? 2 * i + 1 : i + rot / 2;
+        for (int h = 0; h < n; h++) {
+            float* row = rows + h * hd;
+            float a = row[ia], b = row[ib];
+            row[ia] = a * c - b * s;
+            row[ib] = b * c + a * s;
+        }
+    }
+    __syncthreads();
+}
+
 // RMSNorm (when nw) and RoPE (when inv_freq) of one head held in shared memory row[0:hd], by the
-// whole block; ends synchronised. rot / 2 <= 2 * blockDim.x (checked on the host). cos and sin
-// are multiplied by mscale (YaRN's attention factor; 1 otherwise), as t_rope.
+// whole block; ends synchronised.
 __device__ void head_norm_rope(float* row, const float* nw, const double* inv_freq, int pos,
                                int hd, int rot, int interleaved, float eps, float off,
                                double mscale, double* sh) {
-    if (nw) {
-        double ss = 0.0;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) ss += (double)row[d] * (double)row[d];
-        float sc = rms_scale(block_sum_d(ss, sh), hd, eps);
-        __syncthreads();
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) row[d] = (row[d] * sc) * (nw[d] + off);
-        __syncthreads();
-    }
-    if (inv_freq) {
-        int half = rot / 2;
-        float r[4];
-        int ids[4];
-        int cnt = 0;
-        for (int i = threadIdx.x; i < half && cnt < 4; i += blockDim.x) {
-            double ang = (double)pos * inv_freq[i];
-            float c = (float)(cos(ang) * mscale), s = (float)(sin(ang) * mscale);
-            int ia = interleaved ? 2 * i : i;
-            int ib = interleaved ? 2 * i + 1 : i + half;
-            float a = row[ia], b = row[ib];
-            r[cnt] = a * c - b * s;
-            ids[cnt++] = ia;
-            r[cnt] = b * c + a * s;
-            ids[cnt++] = ib;
-        }
-        __syncthreads();
-        for (int c = 0; c < cnt; c++) row[ids[c]] = r[c];
-        __syncthreads();
-    }
+    head_norm(row, nw, hd, eps, off, sh);
+    heads_rope(row, 1, inv_freq, pos, hd, rot, interleaved, mscale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -423,113 +431,167 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     head_quant(res, h, hd, q32, d32, qk, dk, bsk);
 }
 
-// Values i .. i + 7 of cache c of type kt into v (i % 8 == 0): an f16 cache's eight values in
-// one 16-byte load (they start 16 bytes apart), the other types as two kv_get4.
-__device__ __forceinline__ void kv_get8(const void* c, long long i, int kt, float (&v)[8]) {
-    if (kt == KV_F16) {
-        uint4 w = *(const uint4*)((const u16*)c + i);
+// Eight consecutive values i .. i + 7 (i % 8 == 0) of a KV cache of type KT, loaded by `load`
+// and widened to f32 by `get`, so a lane can put many rows' loads in flight before it needs
+// any of them: an f16 cache's eight values in one 16-byte load (they start 16 bytes apart), an
+// f32 cache's in two, a q8_0 cache's as four value pairs (kv_get2: 2-byte aligned blocks).
+template <int KT> struct Kv8;
+template <> struct Kv8<KV_F16> {
+    uint4 w;
+    __device__ __forceinline__ void load(const void* c, long long i) {
+        w = *(const uint4*)((const u16*)c + i);
+    }
+    __device__ __forceinline__ void get(float (&v)[8]) const {
         u32 u[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             v[2 * t] = f16_to_f32((u16)(u[t] & 0xffff));
             v[2 * t + 1] = f16_to_f32((u16)(u[t] >> 16));
         }
-        return;
     }
-    float4 x = kv_get4(c, i, kt), y = kv_get4(c, i + 4, kt);
-    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-    v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
-}
+};
+template <> struct Kv8<KV_F32> {
+    float4 a, b;
+    __device__ __forceinline__ void load(const void* c, long long i) {
+        a = ((const float4*)c)[i >> 2];
+        b = ((const float4*)c)[(i >> 2) + 1];
+    }
+    __device__ __forceinline__ void get(float (&v)[8]) const {
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+};
+template <> struct Kv8<KV_Q8_0> {
+    float2 p[4];
+    __device__ __forceinline__ void load(const void* c, long long i) {
+#pragma unroll
+        for (int t = 0; t < 4; t++) p[t] = kv_get2(c, i + 2 * t, KV_Q8_0);
+    }
+    __device__ __forceinline__ void get(float (&v)[8]) const {
+#pragma unroll
+        for (int t = 0; t < 4; t++) v[2 * t] = p[t].x, v[2 * t + 1] = p[t].y;
+    }
+};
 
 // Long contexts (flash decoding): the keys of each kv head split over blocks. Block (g =
 // blockIdx.x, s = blockIdx.y) takes the grp = nq / nkv query heads of kv head g (GQA: each
 // key and value row is read once for all of them) and the s-th of nsplit equal parts of keys
 // lo..pos (lo as dec_attention). Like dec_attention it normalises and rotates the heads (q_norm,
-// k_norm, inv_freq), for s = 0 stores K and V of position pos (caches of type kt), and attends
-// to its own k and v as the cache holds them. Warp w takes the part's tiles of 32 keys w, w +
-// SPLIT_WARPS, ...: lane L scores key L of the tile against every query head (its whole key
-// row, 8 values per load, q broadcast from shared memory: no shuffles per key), the online
-// softmax (maximum m, sum l) moves once per tile and head, then the warp sums the tile's value
-// rows (each row read once, coalesced: lane L holds the dim pairs (e / 2) * 64 + 2 L + {0, 1} of
-// slots e; S slots, S even, S * 32 >= hd) weighted by the lanes' probabilities. The warps then
-// meet in shared memory and the block writes, per query head h, its unnormalised values
-// sum_j e_j v_j (e_j = exp(s_j - m)), m and l to splits[(h * nsplit + s) * (hd + 2) ..] (m =
-// -inf, l = 0 for an empty part); dec_attn_merge combines the parts. grp <= SPLIT_GRP,
-// grp * hd <= MAX_HD and hd % 8 == 0 (checked on the host).
+// k_norm, inv_freq; one cos/sin per pair for all of them), for s = 0 stores K and V of position
+// pos (caches of type KT), and attends to its own k and v as the cache holds them. Warp w takes
+// the part's tiles of 32 keys w, w + SPLIT_WARPS, ...:
+// - scores: lane L scores key L of the tile against every query head, its whole key row loaded
+//   first (up to 16 loads of 8 values in flight per lane), q broadcast from shared memory;
+// - the online softmax (maximum m, sum l) moves once per tile and head;
+// - values: the tile's rows, NC = 4 S lanes per row and 32 / NC rows per warp load, lane L
+//   holding dims 8 (L % NC) .. + 7 of rows L / NC, L / NC + 32 / NC, ... (all its rows' loads
+//   in flight before the sums), weighted by the probabilities of their keys' lanes; the lanes
+//   of the same dims add their sums at the end.
+// The warps then meet in shared memory and the block writes, per query head h, its
+// unnormalised values sum_j e_j v_j (e_j = exp(s_j - m)), m and l to splits[(h * nsplit + s) *
+// (hd + 2) ..] (m = -inf, l = 0 for an empty part); dec_attn_merge combines the parts.
+// grp <= SPLIT_GRP, grp * hd <= MAX_HD, hd % 8 == 0 and hd <= 32 S (checked on the host).
 #define SPLIT_WARPS 4
 #define SPLIT_GRP 8
-template <int S>
-__device__ void attn_split(const float* q, const float* k, const float* v, const float* q_norm,
-                           const float* k_norm, const double* inv_freq, void* kc, void* vc,
-                           float* splits, const int* p, int nq, int nkv, int hd, int rot,
-                           int interleaved, float eps, float off, float scale, int window,
-                           float cap, int nsplit, int kt) {
-    __shared__ double shd[32];
-    __shared__ __align__(16) float qs[MAX_HD];  // the group's query heads, [grp][hd]
-    __shared__ __align__(16) float ks[S * 32];
-    __shared__ __align__(16) float vs[S * 32];
-    __shared__ float wm[SPLIT_WARPS][SPLIT_GRP], wl[SPLIT_WARPS][SPLIT_GRP];
-    __shared__ float wacc[SPLIT_WARPS][S * 32];
+// Shared memory of dec_attn_split* (head-size class S), declared once per kernel whatever
+// instantiation of attn_split runs.
+template <int S> struct SplitShared {
+    double shd[32];
+    // The group's query heads [grp][hd], then the kv head's key (rotated together).
+    __align__(16) float qs[MAX_HD + S * 32];
+    __align__(16) float vs[S * 32];
+    float wm[SPLIT_WARPS][SPLIT_GRP], wl[SPLIT_WARPS][SPLIT_GRP];
+    __align__(16) float wacc[SPLIT_WARPS][S * 32];
+};
+// G: the most query heads per kv head this instantiation holds (grp <= G); it and the cache
+// type set how many 8-value loads a lane keeps in flight (CH: 256 bytes of raw values for G = 4,
+// 128 for G = 8), so the registers hold them without spilling.
+template <int S, int KT, int G>
+__device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, const float* v,
+                           const float* q_norm, const float* k_norm, const double* inv_freq,
+                           void* kc, void* vc, float* splits, const int* p, int nq, int nkv,
+                           int hd, int rot, int interleaved, float eps, float off, float scale,
+                           int window, float cap, int nsplit) {
+    constexpr int NC = S * 4;  // 8-value chunks of a row
+    constexpr int RAW = (G <= 4 ? 128 : 64) / (int)sizeof(Kv8<KT>);
+    constexpr int CH = NC < RAW ? NC : RAW;  // key loads in flight per lane
+    constexpr int RPL = 32 / NC;             // value rows per warp load
+    constexpr int VR = 32 / RPL;             // value rows per lane and tile
+    constexpr int VCH = VR < CH ? VR : CH;   // value loads in flight per lane
+    float* qs = sh.qs;
+    float* vs = sh.vs;
+    double* shd = sh.shd;
     int g = blockIdx.x, grp = nq / nkv, pos = p[1], kvd = nkv * hd;
+    float* ks = qs + grp * hd;
     for (int i = threadIdx.x; i < grp * hd; i += blockDim.x) qs[i] = q[(long long)g * grp * hd + i];
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         ks[d] = k[(long long)g * hd + d];
         vs[d] = v[(long long)g * hd + d];
     }
     __syncthreads();
-    for (int i = 0; i < grp; i++)
-        head_norm_rope(qs + i * hd, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0,
-                       shd);
-    head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
-    if (blockIdx.y == 0) store_kv_row(kc, vc, ks, vs, pos, kvd, g, hd, kt);
-    kv_round_row(ks, hd, kt);
-    kv_round_row(vs, hd, kt);
+    for (int i = 0; i < grp; i++) head_norm(qs + i * hd, q_norm, hd, eps, off, shd);
+    head_norm(ks, k_norm, hd, eps, off, shd);
+    heads_rope(qs, grp + 1, inv_freq, pos, hd, rot, interleaved, 1.0);
+    if (blockIdx.y == 0) store_kv_row(kc, vc, ks, vs, pos, kvd, g, hd, KT);
+    kv_round_row(ks, hd, KT);
+    kv_round_row(vs, hd, KT);
     long long gb = (long long)g * hd;
     int lo = first_key(window, pos);
     int part_len = (pos - lo + 1 + nsplit - 1) / nsplit;
     lo += blockIdx.y * part_len;
     int hi = min(pos, lo + part_len - 1);
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float m[SPLIT_GRP], l[SPLIT_GRP], acc[SPLIT_GRP][S];
+    int vc8 = 8 * (lane % NC), vsub = lane / NC;  // the value phase's dims and first row
+    float m[G], l[G], acc[G][8];
 #pragma unroll
-    for (int i = 0; i < SPLIT_GRP; i++) {
+    for (int i = 0; i < G; i++) {
         m[i] = NEG_INF;
         l[i] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < S; e++) acc[i][e] = 0.0f;
+        for (int e = 0; e < 8; e++) acc[i][e] = 0.0f;
     }
     for (int base = lo + 32 * w; base <= hi; base += 32 * SPLIT_WARPS) {
         // Scores: lane L, key j = base + L, against every query head of the group.
         int j = base + lane;
         bool live = j <= hi;
-        float dot[SPLIT_GRP];
+        float dot[G];
 #pragma unroll
-        for (int i = 0; i < SPLIT_GRP; i++) dot[i] = 0.0f;
+        for (int i = 0; i < G; i++) dot[i] = 0.0f;
         long long r = gb + (long long)j * kvd;
-        for (int d = 0; d < hd; d += 8) {
-            float kk[8];
-            if (!live) {
 #pragma unroll
-                for (int t = 0; t < 8; t++) kk[t] = 0.0f;
-            } else if (j == pos) {
+        for (int c0 = 0; c0 < NC; c0 += CH) {
+            Kv8<KT> kr[CH];
 #pragma unroll
-                for (int t = 0; t < 8; t++) kk[t] = ks[d + t];
-            } else {
-                kv_get8(kc, r + d, kt, kk);
-            }
+            for (int t = 0; t < CH; t++)
+                if (live && j != pos && (c0 + t) * 8 < hd) kr[t].load(kc, r + (c0 + t) * 8);
 #pragma unroll
-            for (int i = 0; i < SPLIT_GRP; i++) {
-                if (i >= grp) break;
-                float4 q0 = *(const float4*)(qs + i * hd + d);
-                float4 q1 = *(const float4*)(qs + i * hd + d + 4);
-                dot[i] += q0.x * kk[0] + q0.y * kk[1] + q0.z * kk[2] + q0.w * kk[3] +
-                          q1.x * kk[4] + q1.y * kk[5] + q1.z * kk[6] + q1.w * kk[7];
+            for (int t = 0; t < CH; t++) {
+                int d = (c0 + t) * 8;
+                if (d >= hd) break;
+                float kk[8];
+                if (!live) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) kk[e] = 0.0f;
+                } else if (j == pos) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) kk[e] = ks[d + e];
+                } else {
+                    kr[t].get(kk);
+                }
+#pragma unroll
+                for (int i = 0; i < G; i++) {
+                    if (i >= grp) break;
+                    float4 q0 = *(const float4*)(qs + i * hd + d);
+                    float4 q1 = *(const float4*)(qs + i * hd + d + 4);
+                    dot[i] += q0.x * kk[0] + q0.y * kk[1] + q0.z * kk[2] + q0.w * kk[3] +
+                              q1.x * kk[4] + q1.y * kk[5] + q1.z * kk[6] + q1.w * kk[7];
+                }
             }
         }
         // The online softmax, once per tile and head; pj: this lane's key's probability term.
-        float pj[SPLIT_GRP];
+        float pj[G];
 #pragma unroll
-        for (int i = 0; i < SPLIT_GRP; i++) {
+        for (int i = 0; i < G; i++) {
             pj[i] = 0.0f;
             if (i >= grp) continue;
             float sc = dot[i] * scale;
@@ -545,57 +607,77 @@ __device__ void attn_split(const float* q, const float* k, const float* v, const
             l[i] = l[i] * corr + sum;
             m[i] = mn;
 #pragma unroll
-            for (int e = 0; e < S; e++) acc[i][e] *= corr;
+            for (int e = 0; e < 8; e++) acc[i][e] *= corr;
             pj[i] = e_;
         }
-        // Values: the tile's rows, each read once by the whole warp.
+        // Values: this lane's rows t = vsub + RPL u of the tile, dims vc8 .. vc8 + 7.
         int n = min(32, hi - base + 1);
-#pragma unroll 4
-        for (int t = 0; t < n; t++) {
-            int jt = base + t;
-            long long rt = gb + (long long)jt * kvd;
-            float vv[S];
 #pragma unroll
-            for (int e = 0; e < S; e += 2) {
-                int d = (e >> 1) * 64 + 2 * lane;
-                float2 x = make_float2(0.0f, 0.0f);
-                if (d < hd) x = jt == pos ? make_float2(vs[d], vs[d + 1]) : kv_get2(vc, rt + d, kt);
-                vv[e] = x.x;
-                vv[e + 1] = x.y;
+        for (int u0 = 0; u0 < VR; u0 += VCH) {
+            Kv8<KT> vr[VCH];
+#pragma unroll
+            for (int u = 0; u < VCH; u++) {
+                int t = (u0 + u) * RPL + vsub;
+                if (t < n && base + t != pos && vc8 < hd)
+                    vr[u].load(vc, gb + (long long)(base + t) * kvd + vc8);
             }
 #pragma unroll
-            for (int i = 0; i < SPLIT_GRP; i++) {
-                if (i >= grp) break;
-                float pt = __shfl_sync(FULL, pj[i], t);
+            for (int u = 0; u < VCH; u++) {
+                int t = (u0 + u) * RPL + vsub;
+                float vv[8];
+                if (t >= n || vc8 >= hd) {
 #pragma unroll
-                for (int e = 0; e < S; e++) acc[i][e] += pt * vv[e];
+                    for (int e = 0; e < 8; e++) vv[e] = 0.0f;
+                } else if (base + t == pos) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) vv[e] = vs[vc8 + e];
+                } else {
+                    vr[u].get(vv);
+                }
+#pragma unroll
+                for (int i = 0; i < G; i++) {
+                    if (i >= grp) break;
+                    float pt = __shfl_sync(FULL, pj[i], t);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[i][e] += pt * vv[e];
+                }
             }
         }
     }
+    // The lanes of the same dims (vsub = 0 .. RPL - 1) add their rows' sums.
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        if (i >= grp) break;
+#pragma unroll
+        for (int o = NC; o < 32; o <<= 1)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[i][e] += __shfl_xor_sync(FULL, acc[i][e], o);
+    }
     if (lane == 0)
 #pragma unroll
-        for (int i = 0; i < SPLIT_GRP; i++)
+        for (int i = 0; i < G; i++)
             if (i < grp) {
-                wm[w][i] = m[i];
-                wl[w][i] = l[i];
+                sh.wm[w][i] = m[i];
+                sh.wl[w][i] = l[i];
             }
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < SPLIT_GRP; i++) {
+    for (int i = 0; i < G; i++) {
         if (i >= grp) break;
+        if (vsub == 0 && vc8 < hd)
 #pragma unroll
-        for (int e = 0; e < S; e++) wacc[w][(e >> 1) * 64 + 2 * lane + (e & 1)] = acc[i][e];
+            for (int e = 0; e < 8; e++) sh.wacc[w][vc8 + e] = acc[i][e];
         __syncthreads();
         float mx = NEG_INF;
-        for (int t = 0; t < SPLIT_WARPS; t++) mx = fmaxf(mx, wm[t][i]);
+        for (int t = 0; t < SPLIT_WARPS; t++) mx = fmaxf(mx, sh.wm[t][i]);
         float* sp = splits + ((long long)(g * grp + i) * nsplit + blockIdx.y) * (hd + 2);
         float total = 0.0f;
         for (int t = 0; t < SPLIT_WARPS; t++)
-            if (wm[t][i] != NEG_INF) total += wl[t][i] * expf(wm[t][i] - mx);
+            if (sh.wm[t][i] != NEG_INF) total += sh.wl[t][i] * expf(sh.wm[t][i] - mx);
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float a = 0.0f;
             for (int t = 0; t < SPLIT_WARPS; t++)
-                if (wm[t][i] != NEG_INF) a += wacc[t][d] * expf(wm[t][i] - mx);
+                if (sh.wm[t][i] != NEG_INF) a += sh.wacc[t][d] * expf(sh.wm[t][i] - mx);
             sp[d] = a;
         }
         if (threadIdx.x == 0) {
@@ -606,16 +688,30 @@ __device__ void attn_split(const float* q, const float* k, const float* v, const
     }
 }
 
+// One kernel per head-size class S (hd <= 32 S); the cache type kt and the group size pick the
+// instantiation.
+#define SPLIT_ARGS                                                                             \
+    sh, q, k, v, q_norm, k_norm, inv_freq, kc, vc, splits, p, nq, nkv, hd, rot, interleaved,   \
+        eps, off, scale, window, cap, nsplit
+#define SPLIT_BY_GROUP(S, KT)                                                                  \
+    if (nq / nkv <= 4) attn_split<S, KT, 4>(SPLIT_ARGS);                                       \
+    else attn_split<S, KT, SPLIT_GRP>(SPLIT_ARGS);
 #define ATTN_SPLIT_KERNEL(NAME, S)                                                             \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)                             \
         NAME(const float* q, const float* k, const float* v, const float* q_norm,              \
              const float* k_norm, const double* inv_freq, void* kc, void* vc, float* splits,   \
              const int* p, int nq, int nkv, int hd, int rot, int interleaved, float eps,        \
              float off, float scale, int window, float cap, int nsplit, int kt) {              \
+        __shared__ SplitShared<S> sh;                                                          \
         pdl_trigger();                                                                         \
         pdl_wait();                                                                            \
-        attn_split<S>(q, k, v, q_norm, k_norm, inv_freq, kc, vc, splits, p, nq, nkv, hd, rot,  \
-                      interleaved, eps, off, scale, window, cap, nsplit, kt);                  \
+        if (kt == KV_F16) {                                                                    \
+            SPLIT_BY_GROUP(S, KV_F16)                                                          \
+        } else if (kt == KV_Q8_0) {                                                            \
+            SPLIT_BY_GROUP(S, KV_Q8_0)                                                         \
+        } else {                                                                               \
+            SPLIT_BY_GROUP(S, KV_F32)                                                          \
+        }                                                                                      \
     }
 ATTN_SPLIT_KERNEL(dec_attn_split64, 2)
 ATTN_SPLIT_KERNEL(dec_attn_split128, 4)
@@ -623,8 +719,10 @@ ATTN_SPLIT_KERNEL(dec_attn_split256, 8)
 
 // The key splits of query head h = blockIdx.x combined (dec_attn_split*): with M the
 // largest split maximum and w_s = exp(m_s - M) (0 for an empty split), out[h] = sum_s w_s o_s /
-// sum_s w_s l_s; then quantized for the o projection as dec_attention does. One block of at
-// least nsplit threads per head.
+// sum_s w_s l_s; then quantized for the o projection as dec_attention does. One block of
+// DEC_THREADS (>= nsplit, >= hd) threads per head: thread t sums dim t % hd over the splits
+// t / hd, t / hd + parts, ... (parts = DEC_THREADS / hd groups of loads in flight), then the
+// groups' sums meet in shared memory.
 extern "C" __global__ void dec_attn_merge(const float* splits, float* out, int hd, int nsplit,
                                           i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
     pdl_trigger();
@@ -642,11 +740,19 @@ extern "C" __global__ void dec_attn_merge(const float* splits, float* out, int h
     if (s < nsplit) wt[s] = w;
     double total = block_sum_d(s < nsplit ? (double)sp[s * (hd + 2) + hd + 1] * (double)w : 0.0, shd);
     float inv = total > 0.0 ? (float)(1.0 / total) : 0.0f;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int t = 0; t < nsplit; t++) acc += sp[t * (hd + 2) + d] * wt[t];
-        res[d] = acc * inv;
-        out[(long long)h * hd + d] = acc * inv;
+    __shared__ float part[DEC_THREADS];
+    int parts = blockDim.x / hd, d = threadIdx.x % hd, g = threadIdx.x / hd;
+    float acc = 0.0f;
+    if (g < parts)
+#pragma unroll 8
+        for (int t = g; t < nsplit; t += parts) acc += sp[t * (hd + 2) + d] * wt[t];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x < hd) {
+        float sum = 0.0f;
+        for (int u = 0; u < parts; u++) sum += part[u * hd + d];
+        res[d] = sum * inv;
+        out[(long long)h * hd + d] = sum * inv;
     }
     head_quant(res, h, hd, q32, d32, qk, dk, bsk);
 }
