@@ -5,11 +5,12 @@
 //! `models/ggml-vocab-*.gguf`). The data is then streamed like any GGUF synth ([`super::gguf`]).
 //!
 //! The type mix follows llama.cpp's `llama_tensor_get_type` for these presets: Q4_K_M stores
-//! matrices in Q4_K except the output matrix (Q6_K; the token embeddings when tied) and
-//! `attn_v` / `ffn_down` of the layers `use_more_bits` picks (Q6_K); Q4_0 stores Q4_0 with a
+//! matrices in Q4_K except the output matrix (Q6_K; the token embeddings when tied),
+//! `attn_v` / `ffn_down` of the layers `use_more_bits` picks (Q6_K) and, in what llama.cpp
+//! types a 70B model (80 layers), the other layers' `attn_v` (Q5_K); Q4_0 stores Q4_0 with a
 //! Q6_K output; Q8_0 and F16 store every matrix in that type; 1-D tensors are F32. A row length
-//! no K-quant block divides falls back as llama.cpp does (Q4_K → Q5_0, Q6_K → Q8_0), and to F16
-//! when no block divides it. Llama-3 RoPE scaling is written as plain RoPE (no `rope_freqs`
+//! no K-quant block divides falls back as llama.cpp does (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K →
+//! Q8_0), and to F16 when no block divides it. Llama-3 RoPE scaling is written as plain RoPE (no `rope_freqs`
 //! tensor, which llama.cpp treats as optional): both engines then run the same bytes.
 
 use std::path::Path;
@@ -61,30 +62,50 @@ fn use_more_bits(i: usize, n: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64) % 3 == 2
 }
 
-/// What a matrix is in the model (decides its type in the preset).
+/// What llama-quantize's type choice (`llama_tensor_get_type_impl`, src/llama-quant.cpp) reads
+/// of the model besides a tensor's own name and shape.
+#[derive(Clone, Copy, Debug)]
+struct Mix {
+    preset: Preset,
+    /// `hparams.n_layer`: `use_more_bits`' second argument.
+    n_layers: usize,
+    /// `model.type == LLM_TYPE_70B` as llama.cpp's loader types the model: `llama` with 80
+    /// layers and fewer KV heads than heads (src/models/llama.cpp), `qwen2` with 80 layers
+    /// (src/models/qwen2.cpp). Its Q4_K `attn_v` becomes Q5_K.
+    is_70b: bool,
+}
+
+/// What a matrix is in the model (llama-quantize's `tensor_category`; decides its type in the
+/// preset).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
     /// The output projection (the token embeddings when tied).
     Output,
     /// Untied token embeddings.
     Embedding,
-    /// `attn_v` / `ffn_down` of layer `i`.
-    MoreBits(usize),
+    /// `attn_v` of layer `i`.
+    AttnV(usize),
+    /// `ffn_down` of layer `i`.
+    FfnDown(usize),
     Other,
 }
 
 /// The stored type of a matrix with rows of `row` values.
-fn matrix_type(p: Preset, role: Role, n_layers: usize, row: usize) -> QuantFormat {
-    let want = match (p, role) {
+fn matrix_type(mix: Mix, role: Role, row: usize) -> QuantFormat {
+    let more_bits = |i| use_more_bits(i, mix.n_layers);
+    let want = match (mix.preset, role) {
         (Preset::F16, _) => QuantFormat::F16,
         (Preset::Q8_0, _) => QuantFormat::Q8_0,
         (Preset::Q4_0 | Preset::Q4KM, Role::Output) => QuantFormat::Q6_K,
         (Preset::Q4_0, _) => QuantFormat::Q4_0,
-        (Preset::Q4KM, Role::MoreBits(i)) if use_more_bits(i, n_layers) => QuantFormat::Q6_K,
+        (Preset::Q4KM, Role::AttnV(i) | Role::FfnDown(i)) if more_bits(i) => QuantFormat::Q6_K,
+        (Preset::Q4KM, Role::AttnV(_)) if mix.is_70b => QuantFormat::Q5_K,
         (Preset::Q4KM, _) => QuantFormat::Q4_K,
     };
+    // llama-quantize's `tensor_type_fallback`, then F16 when no block divides the row.
     let chain: &[QuantFormat] = match want {
         QuantFormat::Q4_K => &[QuantFormat::Q4_K, QuantFormat::Q5_0],
+        QuantFormat::Q5_K => &[QuantFormat::Q5_K, QuantFormat::Q5_1],
         QuantFormat::Q6_K => &[QuantFormat::Q6_K, QuantFormat::Q8_0],
         QuantFormat::F16 => &[QuantFormat::F16],
         other => &[other, QuantFormat::F16],
@@ -209,8 +230,18 @@ pub fn header(
 
     // (name, ggml dims fastest first, type)
     let mut t: Vec<(String, Vec<usize>, QuantFormat)> = Vec::new();
+    let mix = Mix {
+        preset,
+        n_layers: n,
+        is_70b: n == 80
+            && match arch {
+                "llama" => cfg.num_key_value_heads != cfg.num_attention_heads,
+                "qwen2" => true,
+                _ => false,
+            },
+    };
     let mut mat = |name: String, cols: usize, rows: usize, role: Role| {
-        let f = matrix_type(preset, role, n, cols);
+        let f = matrix_type(mix, role, cols);
         t.push((name, vec![cols, rows], f));
     };
     let tied = cfg.tie_word_embeddings;
@@ -220,11 +251,11 @@ pub fn header(
         let b = |s: &str| format!("blk.{i}.{s}.weight");
         mat(b("attn_q"), h, qd, Role::Other);
         mat(b("attn_k"), h, kvd, Role::Other);
-        mat(b("attn_v"), h, kvd, Role::MoreBits(i));
+        mat(b("attn_v"), h, kvd, Role::AttnV(i));
         mat(b("attn_output"), qd, h, Role::Other);
         mat(b("ffn_gate"), h, inter, Role::Other);
         mat(b("ffn_up"), h, inter, Role::Other);
-        mat(b("ffn_down"), inter, h, Role::MoreBits(i));
+        mat(b("ffn_down"), inter, h, Role::FfnDown(i));
     }
     if !tied {
         mat("output.weight".into(), h, cfg.vocab_size, Role::Output);
@@ -280,6 +311,14 @@ pub fn header(
 mod tests {
     use super::*;
 
+    fn mix(preset: Preset, n_layers: usize) -> Mix {
+        Mix {
+            preset,
+            n_layers,
+            is_70b: false,
+        }
+    }
+
     #[test]
     fn q4_k_m_mix_follows_llama_cpp() {
         // 32 layers (Llama-3.1-8B): Q6_K attn_v/ffn_down on layers 0-3, 28-31 and every third.
@@ -288,22 +327,46 @@ mod tests {
             more,
             [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
         );
-        let f = |role, row| matrix_type(Preset::Q4KM, role, 32, row);
+        let f = |role, row| matrix_type(mix(Preset::Q4KM, 32), role, row);
         assert_eq!(f(Role::Other, 4096), QuantFormat::Q4_K);
-        assert_eq!(f(Role::MoreBits(0), 4096), QuantFormat::Q6_K);
-        assert_eq!(f(Role::MoreBits(4), 4096), QuantFormat::Q4_K);
+        assert_eq!(f(Role::AttnV(0), 4096), QuantFormat::Q6_K);
+        assert_eq!(f(Role::FfnDown(0), 4096), QuantFormat::Q6_K);
+        assert_eq!(f(Role::AttnV(4), 4096), QuantFormat::Q4_K);
+        assert_eq!(f(Role::FfnDown(4), 4096), QuantFormat::Q4_K);
         assert_eq!(f(Role::Output, 4096), QuantFormat::Q6_K);
         assert_eq!(f(Role::Embedding, 4096), QuantFormat::Q4_K);
         // Rows no K-quant block divides: llama.cpp's fallbacks.
         assert_eq!(f(Role::Other, 576), QuantFormat::Q5_0);
         assert_eq!(f(Role::Output, 640), QuantFormat::Q8_0);
         assert_eq!(f(Role::Other, 144), QuantFormat::F16);
-        let q40 = |role| matrix_type(Preset::Q4_0, role, 32, 4096);
+        let q40 = |role| matrix_type(mix(Preset::Q4_0, 32), role, 4096);
         assert_eq!(q40(Role::Output), QuantFormat::Q6_K);
-        assert_eq!(q40(Role::MoreBits(0)), QuantFormat::Q4_0);
+        assert_eq!(q40(Role::AttnV(0)), QuantFormat::Q4_0);
         assert_eq!(
-            matrix_type(Preset::Q8_0, Role::Output, 32, 4096),
+            matrix_type(mix(Preset::Q8_0, 32), Role::Output, 4096),
             QuantFormat::Q8_0
+        );
+    }
+
+    /// llama.cpp's `LLM_TYPE_70B` (Llama-3.1-70B: 80 layers): Q5_K `attn_v` where
+    /// `use_more_bits` leaves Q4_K (Q5_1 when no 256-block divides the row), Q6_K where it
+    /// picks; `ffn_down` and the other presets are unchanged.
+    #[test]
+    fn q4_k_m_70b_gets_q5_k_attn_v() {
+        let m70 = |preset| Mix {
+            is_70b: true,
+            ..mix(preset, 80)
+        };
+        let f = |role, row| matrix_type(m70(Preset::Q4KM), role, row);
+        assert!(use_more_bits(0, 80) && !use_more_bits(10, 80));
+        assert_eq!(f(Role::AttnV(10), 8192), QuantFormat::Q5_K);
+        assert_eq!(f(Role::AttnV(10), 160), QuantFormat::Q5_1);
+        assert_eq!(f(Role::AttnV(0), 8192), QuantFormat::Q6_K);
+        assert_eq!(f(Role::FfnDown(10), 28672), QuantFormat::Q4_K);
+        assert_eq!(f(Role::Other, 8192), QuantFormat::Q4_K);
+        assert_eq!(
+            matrix_type(m70(Preset::Q4_0), Role::AttnV(10), 8192),
+            QuantFormat::Q4_0
         );
     }
 }
