@@ -454,6 +454,144 @@ fn gpt_oss_from_gguf_matches_hf() {
     check_gguf("gpt-oss", &path, tmp.path());
 }
 
+/// The tensors of MoE archrefs case `case` laid out as llama.cpp's `convert_hf_to_gguf.py`
+/// writes them (`LlamaModel` for Mixtral, `Qwen2MoeModel` for Qwen3-MoE), under the HF names
+/// `infer_models::names` maps to llama.cpp's: the router as `mlp.gate` (`ffn_gate_inp`), each
+/// projection's experts stacked on a new slowest axis, `[E, rows, cols]`, as
+/// `mlp.experts.stacked_{gate,up,down}_proj` (`ffn_{gate,up,down}_exps`); with `permute_heads`
+/// `(heads, kv_heads)`, q and k rows permuted for llama.cpp's RoPE (`LlamaModel.permute`).
+fn moe_gguf_tensors(
+    case: &str,
+    permute_heads: Option<(usize, usize)>,
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let src = infer_models::open_source(&archrefs_case_dir(case)).expect("open case");
+    let arch = infer_models::architecture_for(&src.config).expect("architecture");
+    let mut out = Vec::new();
+    // (layer, projection) → per expert (index, shape, values).
+    type Experts = Vec<(usize, Vec<usize>, Vec<f32>)>;
+    let mut experts: std::collections::BTreeMap<(usize, String), Experts> = Default::default();
+    for (name, shape, mut d) in hf_tensors(case) {
+        let key = arch.canonical_name(&name).expect("canonical name");
+        let layer_rest = key
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split_once('.'));
+        if let Some((l, rest)) = layer_rest {
+            if let Some((e, proj)) = rest
+                .strip_prefix("mlp.experts.")
+                .and_then(|r| r.split_once('.'))
+            {
+                let proj = proj.strip_suffix(".weight").expect("expert weight");
+                experts
+                    .entry((l.parse().unwrap(), proj.to_string()))
+                    .or_default()
+                    .push((e.parse().unwrap(), shape, d));
+                continue;
+            }
+        }
+        if let Some((heads, kv_heads)) = permute_heads {
+            let n = if key.contains(".self_attn.q_proj.") {
+                Some(heads)
+            } else if key.contains(".self_attn.k_proj.") {
+                Some(kv_heads)
+            } else {
+                None
+            };
+            if let Some(n) = n {
+                d = infer_models::gguf::permute_qk_rows(&d, shape[0], n).expect("permute");
+            }
+        }
+        out.push((key, shape, d));
+    }
+    for ((l, proj), mut per_expert) in experts {
+        per_expert.sort_by_key(|(e, _, _)| *e);
+        let shape = per_expert[0].1.clone();
+        let mut stacked_shape = vec![per_expert.len()];
+        stacked_shape.extend_from_slice(&shape);
+        let data = per_expert.into_iter().flat_map(|(_, _, d)| d).collect();
+        out.push((
+            format!("model.layers.{l}.mlp.experts.stacked_{proj}"),
+            stacked_shape,
+            data,
+        ));
+    }
+    out
+}
+
+/// `{arch}.*` metadata of `c` as convert_hf_to_gguf.py's `TextModel.set_gguf_parameters`
+/// writes it for a MoE (plus `rope.dimension_count`, `attention.key_length` /
+/// `value_length`), and `expert_feed_forward_length` when `moe_intermediate_size` is set.
+fn moe_gguf_metadata(
+    arch: &str,
+    c: &infer_models::ModelConfig,
+) -> Vec<(String, infer_models::gguf::GgufValue)> {
+    use infer_models::gguf::GgufValue;
+    let u = |k: &str, v: usize| (format!("{arch}.{k}"), GgufValue::U32(v as u32));
+    let f = |k: &str, v: f64| (format!("{arch}.{k}"), GgufValue::F32(v as f32));
+    let mut md = vec![
+        (
+            "general.architecture".to_string(),
+            GgufValue::String(arch.into()),
+        ),
+        u("block_count", c.num_hidden_layers),
+        u("context_length", c.max_position_embeddings),
+        u("embedding_length", c.hidden_size),
+        u("feed_forward_length", c.intermediate_size),
+        u("attention.head_count", c.num_attention_heads),
+        u("attention.head_count_kv", c.num_key_value_heads),
+        f("rope.freq_base", c.rope_theta),
+        f("attention.layer_norm_rms_epsilon", c.norm_eps),
+        u("expert_count", c.num_experts),
+        u("expert_used_count", c.num_experts_per_tok),
+        u("attention.key_length", c.head_dim),
+        u("attention.value_length", c.head_dim),
+        u("rope.dimension_count", c.head_dim),
+    ];
+    if let Some(w) = c.moe_intermediate_size {
+        md.push(u("expert_feed_forward_length", w));
+    }
+    md
+}
+
+/// Mixtral through GGUF as llama.cpp stores it: architecture `llama` with `llama.expert_count`
+/// / `expert_used_count`, Q/K rows permuted, the router `ffn_gate_inp` and the experts stacked
+/// as `ffn_{gate,up,down}_exps` ([`moe_gguf_tensors`]); read back as HF `mixtral` (the same
+/// config as the checkpoint's), extracted and run against HF as the safetensors path.
+#[test]
+fn mixtral_from_gguf_matches_hf() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = infer_models::open_source(&archrefs_case_dir("mixtral"))
+        .expect("open mixtral")
+        .config;
+    let tensors = moe_gguf_tensors(
+        "mixtral",
+        Some((c.num_attention_heads, c.num_key_value_heads)),
+    );
+    let path = tmp.path().join("mixtral.gguf");
+    write_f32_gguf(&path, "llama", moe_gguf_metadata("llama", &c), tensors);
+    check_gguf("mixtral", &path, tmp.path());
+}
+
+/// Qwen3-MoE through GGUF as llama.cpp stores it: architecture `qwen3moe`
+/// (`expert_feed_forward_length` the experts' width, `feed_forward_length` HF's
+/// `intermediate_size`), q/k norms, no Q/K permutation, router and stacked experts as for
+/// Mixtral; read back as HF `qwen3_moe`, extracted and run against HF.
+#[test]
+fn qwen3_moe_from_gguf_matches_hf() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = infer_models::open_source(&archrefs_case_dir("qwen3-moe"))
+        .expect("open qwen3-moe")
+        .config;
+    let tensors = moe_gguf_tensors("qwen3-moe", None);
+    let path = tmp.path().join("qwen3-moe.gguf");
+    write_f32_gguf(
+        &path,
+        "qwen3moe",
+        moe_gguf_metadata("qwen3moe", &c),
+        tensors,
+    );
+    check_gguf("qwen3-moe", &path, tmp.path());
+}
+
 /// gpt-oss (`../shared/archrefs-next/gpt-oss`): attention sinks, q/k/v/o biases, alternating
 /// sliding (window 8) / full layers, YaRN RoPE (factor 32, not truncated), MoE of 4 experts
 /// top-2 with a biased router, biased experts and the clamped SwiGLU (limit 7).

@@ -71,31 +71,38 @@ fn layer_specific(arch: &str) -> &'static [(&'static str, &'static str)] {
             ("ffn_gate_inp", "mlp.router"),
         ],
         // llama, qwen2, qwen3, gemma (v1), …: `ffn_norm` is HF's `post_attention_layernorm`.
+        // A MoE's router `ffn_gate_inp` (llama's Mixtral, qwen3moe) is the canonical
+        // `mlp.gate` (HF Qwen3-MoE's name; Mixtral's `block_sparse_moe.gate`).
         _ => &[
             ("ffn_norm", "post_attention_layernorm"),
             ("ffn_up", "mlp.up_proj"),
             ("ffn_down", "mlp.down_proj"),
+            ("ffn_gate_inp", "mlp.gate"),
         ],
     }
 }
 
+/// The experts stacked per projection as llama.cpp stores them (`ffn_{gate,up,down}_exps`,
+/// `[E, rows, cols]` of HF Linear matrices; convert_hf_to_gguf.py merges Mixtral's and
+/// Qwen-MoE's per-expert tensors so), which have no HF name (gpt-oss fuses gate and up and
+/// stores down transposed): `mlp.experts.stacked_{gate,up,down}_proj`, split per expert at
+/// extract time. Bare names, as in [`bare_specific`].
+const STACKED_EXPERTS: &[(&str, &str)] = &[
+    ("ffn_gate_exps", "mlp.experts.stacked_gate_proj"),
+    ("ffn_up_exps", "mlp.experts.stacked_up_proj"),
+    ("ffn_down_exps", "mlp.experts.stacked_down_proj"),
+];
+
 /// Per-layer stems whose HF tensors have no `.weight` suffix (GGUF stem, HF name under
 /// `model.layers.N`): the `.weight` tensor maps to the bare name, the `.bias` one to the name
-/// plus `_bias` (HF's own spelling for gpt-oss's expert biases). gpt-oss: the attention sinks
-/// (`self_attn.sinks`), and the experts stacked per projection as llama.cpp stores them
-/// (`ffn_{gate,up,down}_exps`, `[E, rows, cols]` of HF Linear matrices), which have no HF name
-/// (HF fuses gate and up and stores down transposed): `mlp.experts.stacked_{gate,up,down}_proj`,
-/// split per expert at extract time.
-fn bare_specific(arch: &str) -> &'static [(&'static str, &'static str)] {
-    match arch {
-        "gpt-oss" => &[
-            ("attn_sinks", "self_attn.sinks"),
-            ("ffn_gate_exps", "mlp.experts.stacked_gate_proj"),
-            ("ffn_up_exps", "mlp.experts.stacked_up_proj"),
-            ("ffn_down_exps", "mlp.experts.stacked_down_proj"),
-        ],
+/// plus `_bias` (HF's own spelling for gpt-oss's expert biases). Every architecture: the
+/// [`STACKED_EXPERTS`]; gpt-oss also the attention sinks (`self_attn.sinks`).
+fn bare_specific(arch: &str) -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    let own: &[(&str, &str)] = match arch {
+        "gpt-oss" => &[("attn_sinks", "self_attn.sinks")],
         _ => &[],
-    }
+    };
+    own.iter().chain(STACKED_EXPERTS)
 }
 
 /// Split `name` into (stem, suffix) where suffix is `weight` or `bias`.
@@ -126,7 +133,7 @@ pub fn gguf_to_hf_name(arch: &str, gguf_name: &str) -> MappedName {
     let Ok(layer) = layer.parse::<usize>() else {
         return MappedName::Unknown;
     };
-    if let Some((_, hf)) = bare_specific(arch).iter().find(|(g, _)| *g == layer_stem) {
+    if let Some((_, hf)) = bare_specific(arch).find(|(g, _)| *g == layer_stem) {
         let bias = if suffix == "bias" { "_bias" } else { "" };
         return MappedName::Hf(format!("model.layers.{layer}.{hf}{bias}"));
     }
@@ -149,7 +156,7 @@ pub fn hf_to_gguf_name(arch: &str, hf_name: &str) -> Option<String> {
             Some(m) => (m, "bias"),
             None => (rest, "weight"),
         };
-        if let Some((g, _)) = bare_specific(arch).iter().find(|(_, h)| *h == module) {
+        if let Some((g, _)) = bare_specific(arch).find(|(_, h)| *h == module) {
             return Some(format!("blk.{layer}.{g}.{suffix}"));
         }
     }
@@ -238,6 +245,39 @@ mod tests {
             gguf_to_hf_name("llama", "blk.0.attn_sinks.weight"),
             MappedName::Unknown
         );
+    }
+
+    /// Mixtral (`llama`) and Qwen3-MoE (`qwen3moe`): the router is the canonical `mlp.gate`, the
+    /// stacked experts have the bare `stacked_*` names gpt-oss's have.
+    #[test]
+    fn moe_names() {
+        for arch in ["llama", "qwen3moe"] {
+            for (g, h) in [
+                (
+                    "blk.1.ffn_gate_inp.weight",
+                    "model.layers.1.mlp.gate.weight",
+                ),
+                (
+                    "blk.1.ffn_gate_exps.weight",
+                    "model.layers.1.mlp.experts.stacked_gate_proj",
+                ),
+                (
+                    "blk.1.ffn_up_exps.weight",
+                    "model.layers.1.mlp.experts.stacked_up_proj",
+                ),
+                (
+                    "blk.1.ffn_down_exps.weight",
+                    "model.layers.1.mlp.experts.stacked_down_proj",
+                ),
+                (
+                    "blk.1.attn_q_norm.weight",
+                    "model.layers.1.self_attn.q_norm.weight",
+                ),
+            ] {
+                assert_eq!(gguf_to_hf_name(arch, g), hf(h), "{arch} {g}");
+                assert_eq!(hf_to_gguf_name(arch, h).as_deref(), Some(g), "{arch} {h}");
+            }
+        }
     }
 
     #[test]

@@ -313,3 +313,96 @@ fn eot_and_eom_ids_join_the_eos_ids() {
     let cfg = config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     assert_eq!(cfg.eos_token_ids, vec![2, 4]);
 }
+
+/// SmolLM2's header as architecture `arch` (its `llama.*` keys renamed) plus `extra` metadata,
+/// written with sparse zero data; its config (or the error's message).
+fn config_with(arch: &str, extra: &[(&str, u32)]) -> Result<ModelConfig, String> {
+    use infer_models::gguf::{encode_header, GgufHeader};
+    let mut h = GgufHeader::read(&model_path(SMOLLM2)).unwrap();
+    for (k, v) in h.metadata.iter_mut() {
+        if let Some(rest) = k.strip_prefix("llama.") {
+            *k = format!("{arch}.{rest}");
+        }
+        if k == "general.architecture" {
+            *v = GgufValue::String(arch.into());
+        }
+    }
+    for (k, v) in extra {
+        h.metadata.push((format!("{arch}.{k}"), GgufValue::U32(*v)));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("moe.gguf");
+    let bytes = encode_header(&h, &path).unwrap();
+    let f = std::fs::File::create(&path).unwrap();
+    std::io::Write::write_all(&mut &f, &bytes).unwrap();
+    let data_start = bytes.len().div_ceil(h.alignment) * h.alignment;
+    f.set_len((data_start + h.data_len()) as u64).unwrap();
+    config_from_gguf(&GgufFile::open(&path).unwrap()).map_err(|e| e.to_string())
+}
+
+/// MoE metadata: `llama` with `expert_count` is HF `mixtral` (experts as wide as
+/// `feed_forward_length`), `qwen3moe` is `qwen3_moe` (experts `expert_feed_forward_length`
+/// wide, else llama.cpp's `feed_forward_length / expert_used_count`), both with the top k
+/// renormalised; `expert_used_count` is required, in 1..=expert_count; `qwen3moe` without
+/// experts and `qwen3`/`gemma3`-style dense architectures with experts are refused.
+#[test]
+fn moe_metadata_maps_to_hf_families() {
+    let c = config_with("llama", &[("expert_count", 8), ("expert_used_count", 2)]).unwrap();
+    assert_eq!(c.model_type, "mixtral");
+    assert_eq!((c.num_experts, c.num_experts_per_tok), (8, 2));
+    assert_eq!(c.moe_intermediate_size, None);
+    assert!(c.norm_topk_prob);
+    let dense = config_with("llama", &[]).unwrap();
+    assert_eq!((dense.model_type.as_str(), dense.num_experts), ("llama", 0));
+    let ff = dense.intermediate_size;
+
+    let q = config_with(
+        "qwen3moe",
+        &[
+            ("expert_count", 16),
+            ("expert_used_count", 4),
+            ("expert_feed_forward_length", 96),
+        ],
+    )
+    .unwrap();
+    assert_eq!(q.model_type, "qwen3_moe");
+    assert_eq!((q.num_experts, q.num_experts_per_tok), (16, 4));
+    assert_eq!(
+        (q.intermediate_size, q.moe_intermediate_size),
+        (ff, Some(96))
+    );
+    assert!(q.norm_topk_prob);
+    let q = config_with(
+        "qwen3moe",
+        &[("expert_count", 16), ("expert_used_count", 4)],
+    )
+    .unwrap();
+    assert_eq!(q.moe_intermediate_size, Some(ff / 4));
+
+    for (arch, extra, want) in [
+        ("qwen3moe", &[][..], "qwen3moe.expert_count"),
+        (
+            "llama",
+            &[("expert_count", 8)][..],
+            "llama.expert_used_count",
+        ),
+        (
+            "llama",
+            &[("expert_count", 8), ("expert_used_count", 0)][..],
+            "0 experts used per token of 8",
+        ),
+        (
+            "qwen3moe",
+            &[("expert_count", 8), ("expert_used_count", 9)][..],
+            "9 experts used per token of 8",
+        ),
+        (
+            "qwen3",
+            &[("expert_count", 8), ("expert_used_count", 2)][..],
+            "not supported for 'qwen3'",
+        ),
+    ] {
+        let e = config_with(arch, extra).unwrap_err();
+        assert!(e.contains(want), "{arch} {extra:?}: {e}");
+    }
+}

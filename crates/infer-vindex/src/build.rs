@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use infer_models::arch::TensorTransform;
+use infer_models::arch::{ExpertsPart, TensorTransform};
 use infer_models::{ModelSource, SourceKind, TensorInfo};
 use infer_quant::QuantFormat;
 
@@ -22,7 +22,7 @@ use crate::hash::sha256_file_until;
 use crate::index::{
     Dtype, FileHash, LayerEntries, Provenance, Shapes, VindexIndex, FORMAT_VERSION,
 };
-use crate::quant_build::{find_non_finite, NonFinite, QuantBuilder, Values};
+use crate::quant_build::{find_non_finite, NonFinite, QuantBuilder, SourceRef, Values};
 use crate::tier::QuantTiers;
 use crate::tokenizer_src::resolve_tokenizer;
 use crate::transform::{apply, plan_outputs, transpose};
@@ -498,9 +498,10 @@ fn stream_quantized(
     let name = p.info.name.as_str();
     let values = Values::Encoded(&rows);
     check_finite(source, name, values, o.shape[1])?;
-    qb.add(role, o.place.layer, &o.key, &o.shape, values, Some(name))?;
+    let src = Some(SourceRef::whole(name));
+    qb.add(role, o.place.layer, &o.key, &o.shape, values, src)?;
     if role == Role::Embedding {
-        let (format, bytes) = qb.embedding(&o.key, &o.shape, values, Some(name))?;
+        let (format, bytes) = qb.embedding(&o.key, &o.shape, values, src)?;
         w.embeddings.write_raw(&o.key, &o.shape, format, bytes)?;
     }
     Ok(true)
@@ -554,9 +555,23 @@ fn write_all(
             Some(l) => format!("layer {l}/{num_layers}"),
             None => "global tensors".to_string(),
         });
-        // GGUF passthrough needs the stored tensor to be the source tensor unchanged.
+        // GGUF passthrough needs the stored tensor to be the source tensor unchanged: the whole
+        // of it, or one expert of a stacked `ffn_*_exps`.
         let one_to_one = matches!(p.transform, TensorTransform::AsIs) && p.outs.len() == 1;
-        let src_name = one_to_one.then_some(p.info.name.as_str());
+        let stacked = p.transform == TensorTransform::SplitExperts(ExpertsPart::Stacked);
+        let src = |i: usize| -> Option<SourceRef<'_>> {
+            let name = p.info.name.as_str();
+            if one_to_one {
+                Some(SourceRef::whole(name))
+            } else if stacked {
+                Some(SourceRef {
+                    name,
+                    expert: Some((i, p.outs.len())),
+                })
+            } else {
+                None
+            }
+        };
         if one_to_one && stream_quantized(source, p, &mut qb, &mut w, opts)? {
             pb.inc(1);
             continue;
@@ -577,13 +592,13 @@ fn write_all(
         let row_len = t.shape.last().copied().unwrap_or(1);
         check_finite(source, &p.info.name, Values::F32(&t.data), row_len)?;
         let parts = apply(cfg, t.data, &t.shape, p.transform);
-        for (o, data) in p.outs.iter().zip(parts) {
+        for (i, (o, data)) in p.outs.iter().zip(parts).enumerate() {
             let role = o.place.role;
             let values = Values::F32(&data);
-            qb.add(role, o.place.layer, &o.key, &o.shape, values, src_name)?;
+            qb.add(role, o.place.layer, &o.key, &o.shape, values, src(i))?;
             if !opts.float_tier {
                 if role == Role::Embedding {
-                    let (format, bytes) = qb.embedding(&o.key, &o.shape, values, src_name)?;
+                    let (format, bytes) = qb.embedding(&o.key, &o.shape, values, src(i))?;
                     w.embeddings.write_raw(&o.key, &o.shape, format, bytes)?;
                     continue;
                 }

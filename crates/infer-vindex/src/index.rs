@@ -111,7 +111,8 @@ pub struct Passthrough {
     /// ggml format of the copied blocks (equal to the source tensor's type).
     #[serde(with = "crate::manifest::format_tag")]
     pub format: QuantFormat,
-    /// GGUF tensor name the blocks came from.
+    /// GGUF tensor name the blocks came from (for one expert of a stacked `ffn_*_exps`, that
+    /// tensor: the key names the expert, whose blocks are its slice).
     pub source_tensor: String,
     /// True when whole rows were reordered to undo llama.cpp's Q/K row permutation.
     pub rows_unpermuted: bool,

@@ -201,6 +201,35 @@ pub fn split_q8_0(bytes: &[u8]) -> (Vec<u8>, Vec<f32>) {
 /// Encoded blocks, with `(GGUF tensor name, rows un-permuted)` when passed through.
 type Encoded = (Vec<u8>, Option<(String, bool)>);
 
+/// The source tensor a stored matrix is, when its blocks may pass through from a GGUF: the
+/// whole tensor `name` (a 1:1 mapping, no split or transpose), or expert `index` of the
+/// `count` stacked in `name` (llama.cpp's `ffn_{gate,up,down}_exps`, `[count, rows, cols]`:
+/// each expert a contiguous run of whole rows).
+#[derive(Clone, Copy, Debug)]
+pub struct SourceRef<'a> {
+    /// The source tensor's (HF) name.
+    pub name: &'a str,
+    /// `(index, count)` of one expert of a stacked tensor.
+    pub expert: Option<(usize, usize)>,
+}
+
+impl<'a> SourceRef<'a> {
+    /// The whole tensor `name`.
+    pub fn whole(name: &'a str) -> Self {
+        SourceRef { name, expert: None }
+    }
+
+    /// The source tensor's shape when it holds a stored matrix of `shape`.
+    fn source_shape(&self, shape: &[usize]) -> Vec<usize> {
+        match self.expert {
+            None => shape.to_vec(),
+            Some((_, count)) => std::iter::once(count)
+                .chain(shape.iter().copied())
+                .collect(),
+        }
+    }
+}
+
 /// Position of an attention projection in a layer's Q, K, V, O order.
 pub(crate) fn attn_rank(key: &str) -> Option<usize> {
     ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -369,8 +398,8 @@ impl QuantBuilder {
     }
 
     /// Quantize one stored tensor (`data`: its values in HF layout `shape = [out, in]`) into
-    /// every selected tier it belongs to. `src`: the source tensor's name when it maps 1:1 (no
-    /// split/transpose), which allows GGUF passthrough.
+    /// every selected tier it belongs to. `src`: the source tensor (or stacked expert) it is
+    /// unchanged, which allows GGUF passthrough.
     /// Errors: [`VindexError::BadSource`] for a row length no target format can hold.
     pub fn add(
         &mut self,
@@ -379,7 +408,7 @@ impl QuantBuilder {
         key: &str,
         shape: &[usize],
         data: Values<'_>,
-        src: Option<&str>,
+        src: Option<SourceRef<'_>>,
     ) -> Result<(), VindexError> {
         let targets = self.targets(role, key);
         if targets.is_empty() {
@@ -453,31 +482,42 @@ impl QuantBuilder {
     }
 
     /// The ggml type of GGUF source tensor `src` when it may pass through (not `requantize`,
-    /// same shape as stored).
-    fn source_format(&self, src: Option<&str>, shape: &[usize]) -> Option<QuantFormat> {
+    /// the shape stored: the same, or `[count, shape…]` for a stacked expert).
+    fn source_format(&self, src: Option<SourceRef<'_>>, shape: &[usize]) -> Option<QuantFormat> {
         use infer_models::TensorSource;
         let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) else {
             return None;
         };
-        g.info(src).filter(|i| i.shape == shape).map(|i| i.dtype)
+        g.info(src.name)
+            .filter(|i| i.shape == src.source_shape(shape))
+            .map(|i| i.dtype)
     }
 
     /// The tensor's blocks in `format`: the GGUF's own blocks when the source tensor already has
-    /// that format and shape (unless `requantize`), else ggml's reference quantizer.
+    /// that format and shape (unless `requantize`; a stacked expert: its slice of the stacked
+    /// tensor's blocks), else ggml's reference quantizer.
     fn encode(
         &self,
         key: &str,
         shape: &[usize],
         data: Values<'_>,
         format: QuantFormat,
-        src: Option<&str>,
+        src: Option<SourceRef<'_>>,
     ) -> Result<Encoded, VindexError> {
         if let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) {
-            if let Some((bytes, info)) = g.raw_blocks_hf_order(src)? {
-                if info.dtype == format && info.shape == shape {
+            if let Some((bytes, info)) = g.raw_blocks_hf_order(src.name)? {
+                if info.dtype == format && info.shape == src.source_shape(shape) {
                     let unpermuted = matches!(bytes, Cow::Owned(_));
-                    let name = g.gguf_name(src).unwrap_or(src).to_string();
-                    return Ok((bytes.into_owned(), Some((name, unpermuted))));
+                    let name = g.gguf_name(src.name).unwrap_or(src.name).to_string();
+                    let bytes = match src.expert {
+                        None => bytes.into_owned(),
+                        // Whole rows of whole blocks, `count` equal runs (the shape checked).
+                        Some((index, count)) => {
+                            let n = bytes.len() / count;
+                            bytes[index * n..(index + 1) * n].to_vec()
+                        }
+                    };
+                    return Ok((bytes, Some((name, unpermuted))));
                 }
             }
         }
@@ -507,9 +547,10 @@ impl QuantBuilder {
         key: &str,
         shape: &[usize],
         data: Values<'_>,
-        src: Option<&str>,
+        src: Option<SourceRef<'_>>,
     ) -> Result<(QuantFormat, Vec<u8>), VindexError> {
-        if let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) {
+        let whole = src.filter(|s| s.expert.is_none()).map(|s| s.name);
+        if let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, whole) {
             if let Some((bytes, info)) = g.raw_blocks_hf_order(src)? {
                 let f = info.dtype;
                 if f.is_quantized() && f != QuantFormat::Q8_1 && info.shape == shape {

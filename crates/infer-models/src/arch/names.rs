@@ -295,6 +295,15 @@ pub(super) fn source_name(family: Family, canonical: &str) -> String {
 
 /// The data transform the source tensor `hf_name` needs (see [`TensorTransform`]).
 pub(super) fn source_transform(family: Family, hf_name: &str) -> TensorTransform {
+    let experts_part = hf_name.rsplit_once("mlp.experts.").map(|(_, t)| t);
+    // A GGUF's stacked experts (see `crate::names`), whatever the family.
+    if let Some(t) = experts_part.filter(|t| t.starts_with("stacked_")) {
+        return TensorTransform::SplitExperts(if t.ends_with("_bias") {
+            ExpertsPart::StackedBias
+        } else {
+            ExpertsPart::Stacked
+        });
+    }
     match family {
         Family::Gpt2 => {
             if hf_name.contains("attn.c_attn.") {
@@ -317,16 +326,11 @@ pub(super) fn source_transform(family: Family, hf_name: &str) -> TensorTransform
         }
         Family::Phi3 if hf_name.contains("mlp.gate_up_proj.") => TensorTransform::SplitGateUp,
         Family::GptOss => {
-            let part = match hf_name.rsplit_once("mlp.experts.").map(|(_, t)| t) {
+            let part = match experts_part {
                 Some("gate_up_proj") => ExpertsPart::GateUp,
                 Some("gate_up_proj_bias") => ExpertsPart::GateUpBias,
                 Some("down_proj") => ExpertsPart::Down,
                 Some("down_proj_bias") => ExpertsPart::DownBias,
-                // A GGUF's stacked experts (see `crate::names`).
-                Some(t) if t.starts_with("stacked_") && t.ends_with("_bias") => {
-                    ExpertsPart::StackedBias
-                }
-                Some(t) if t.starts_with("stacked_") => ExpertsPart::Stacked,
                 _ => return TensorTransform::AsIs,
             };
             TensorTransform::SplitExperts(part)

@@ -11,7 +11,7 @@
 //! `eot_token_id` and `eom_token_id`, as llama.cpp's `special_eog_ids`). What GGUF does not store comes from the family
 //! defaults in `family.rs`.
 
-use super::family::{family, supported, Family};
+use super::family::{family, supported, Family, Moe};
 use super::{GgufArray, GgufFile, GgufValue};
 use crate::config::limits::{MAX_COUNT, MAX_WIDTH};
 use crate::config::validate::{check_config, CheckedFields};
@@ -94,8 +94,9 @@ impl Meta<'_> {
 
 /// Build the typed config of a GGUF model from its metadata and tensor shapes.
 ///
-/// - `model_type` from `general.architecture` (`gemma3` → `gemma3_text`); supported: llama,
-///   qwen2, qwen3, phi3, starcoder2, gemma, gemma2, cohere2, gpt-oss, gemma3.
+/// - `model_type` from `general.architecture` (`gemma3` → `gemma3_text`, `llama` with
+///   `expert_count` → `mixtral`, `qwen3moe` → `qwen3_moe`); supported: llama, qwen2, qwen3,
+///   qwen3moe, phi3, starcoder2, gemma, gemma2, cohere2, gpt-oss, gemma3.
 /// - `head_dim` = `attention.key_length`, else `embedding_length / head_count`;
 ///   `num_key_value_heads` = `head_count_kv`, else `head_count`.
 /// - `vocab_size` = rows of `token_embd.weight` (else length of `tokenizer.ggml.tokens`).
@@ -105,15 +106,20 @@ impl Meta<'_> {
 ///   Gemma `query_pre_attn_scalar` = key_length (hidden/heads for the 27B variants, as
 ///   llama.cpp does); gpt-oss's MoE (`expert_count`, `expert_used_count`, the experts' width
 ///   `expert_feed_forward_length`, top-k renormalised, SwiGLU limit 7 / alpha 1.702) and YaRN
-///   without truncation.
+///   without truncation; Mixtral's and Qwen3-MoE's (`expert_count`, `expert_used_count`, top-k
+///   renormalised as llama.cpp's `build_moe_ffn(…, norm_w = true, …)`; the experts' width
+///   `feed_forward_length` for Mixtral, `expert_feed_forward_length` as HF
+///   `moe_intermediate_size` for Qwen3-MoE).
 ///
 /// Errors: [`ModelError::UnknownArchitecture`] for another architecture;
 /// [`ModelError::MissingField`] for a required key that is absent or mistyped (named
 /// `{arch}.key`); [`ModelError::Unsupported`] for features this reader would otherwise get
-/// silently wrong: MoE (`expert_count` > 0) outside gpt-oss, per-layer FFN widths, RoPE scaling
-/// other than linear and YaRN, and RoPE frequency-factor tensors (`rope_freqs`: Llama-3 scaling, LongRoPE);
-/// [`ModelError::BadField`] for `{arch}.context_length` = 0, a `{arch}.rope.dimension_count`
-/// that is 0, odd or above head_dim, or a non-positive `{arch}.rope.freq_base`.
+/// silently wrong: MoE (`expert_count` > 0) outside llama, qwen3moe and gpt-oss, per-layer
+/// FFN widths, RoPE scaling other than linear and YaRN, and RoPE frequency-factor tensors
+/// (`rope_freqs`: Llama-3 scaling, LongRoPE); [`ModelError::BadField`] for
+/// `{arch}.context_length` = 0, an `{arch}.expert_used_count` of 0 or above `expert_count`, a
+/// `{arch}.rope.dimension_count` that is 0, odd or above head_dim, or a non-positive
+/// `{arch}.rope.freq_base`.
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     let path = g.path().to_path_buf();
     let arch = g
@@ -130,14 +136,36 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     let m = Meta { g, arch };
 
     let expert_count = m.opt_usize("expert_count")?.filter(|&n| n > 0);
-    if let (Some(n), false) = (expert_count, fam.gpt_oss_moe) {
-        return Err(m.unsupported(format!(
-            "mixture-of-experts GGUF ({arch}.expert_count = {n}) is not supported"
-        )));
+    match (fam.moe, expert_count) {
+        (Moe::Dense, Some(n)) => {
+            return Err(m.unsupported(format!(
+                "mixture-of-experts GGUF ({arch}.expert_count = {n}) is not supported for '{arch}'"
+            )))
+        }
+        (Moe::GptOss | Moe::Softmax { required: true, .. }, None) => {
+            return Err(m.missing("expert_count"))
+        }
+        _ => {}
     }
-    if fam.gpt_oss_moe && expert_count.is_none() {
-        return Err(m.missing("expert_count"));
-    }
+    // llama.cpp `load_hparams`: 0 < expert_used_count ≤ expert_count.
+    let experts_used = match expert_count {
+        Some(n) => {
+            let k = m.req_usize("expert_used_count")?;
+            if k == 0 || k > n {
+                return Err(ModelError::BadField {
+                    path: path.clone(),
+                    field: m.key("expert_used_count"),
+                    msg: format!("{k} experts used per token of {n}"),
+                });
+            }
+            k
+        }
+        None => 0,
+    };
+    let model_type = match (fam.moe, expert_count) {
+        (Moe::Softmax { model_type, .. }, Some(_)) => model_type,
+        _ => fam.model_type,
+    };
     if let Some(t) = g.tensor_infos().iter().find(|t| {
         ROPE_FACTOR_TENSORS
             .iter()
@@ -309,15 +337,27 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
             }
         }
     }
-    let intermediate_size = match fam.gpt_oss_moe {
-        true => match m.opt_usize("expert_feed_forward_length")? {
-            Some(n) => n,
-            None => m.req_usize("feed_forward_length")?,
+    let (intermediate_size, moe_intermediate_size) = match fam.moe {
+        Moe::GptOss => match m.opt_usize("expert_feed_forward_length")? {
+            Some(n) => (n, None),
+            None => (m.req_usize("feed_forward_length")?, None),
         },
-        false => m.req_usize("feed_forward_length")?,
+        Moe::Softmax {
+            expert_width_key: true,
+            ..
+        } if expert_count.is_some() => {
+            let ff = m.req_usize("feed_forward_length")?;
+            let width = match m.opt_usize("expert_feed_forward_length")? {
+                Some(n) => n,
+                None => ff / experts_used,
+            };
+            (ff, Some(width))
+        }
+        _ => (m.req_usize("feed_forward_length")?, None),
     };
+    let gpt_oss = fam.moe == Moe::GptOss;
     let cfg = ModelConfig {
-        model_type: fam.model_type.to_string(),
+        model_type: model_type.to_string(),
         hidden_size: hidden,
         intermediate_size,
         num_hidden_layers: n_layers,
@@ -351,13 +391,11 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         // Cohere-2's parallel block is its architecture's, not a key.
         use_parallel_residual: fam.model_type == "cohere2",
         num_experts: expert_count.unwrap_or(0),
-        num_experts_per_tok: match expert_count {
-            Some(_) => m.req_usize("expert_used_count")?,
-            None => 0,
-        },
-        moe_intermediate_size: None,
+        num_experts_per_tok: experts_used,
+        moe_intermediate_size,
         shared_expert_intermediate_size: None,
-        norm_topk_prob: fam.gpt_oss_moe,
+        // gpt-oss and llama.cpp's `build_moe_ffn(…, norm_w = true, …)` renormalise the top k.
+        norm_topk_prob: expert_count.is_some(),
         logit_scale: if fam.model_type == "cohere2" {
             Some(
                 m.opt_f64("logit_scale")?
@@ -366,8 +404,8 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         } else {
             None
         },
-        swiglu_limit: fam.gpt_oss_moe.then_some(7.0),
-        swiglu_alpha: fam.gpt_oss_moe.then_some(1.702),
+        swiglu_limit: gpt_oss.then_some(7.0),
+        swiglu_alpha: gpt_oss.then_some(1.702),
         bos_token_id: m.token_id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids: eos,
         pad_token_id: m.token_id("tokenizer.ggml.padding_token_id")?,

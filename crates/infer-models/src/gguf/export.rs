@@ -30,8 +30,8 @@ pub struct ExportFamily {
 }
 
 /// The GGUF family of HF `model_type`, `None` for a family infer's GGUF reader does not cover
-/// or that has no export here (gpt-oss: its stacked experts are read, not written; `mistral`
-/// is written as llama.cpp's `llama`, as its converter does).
+/// or that has no export here (gpt-oss, qwen3_moe, mixtral: their stacked experts are read, not
+/// written; `mistral` is written as llama.cpp's `llama`, as its converter does).
 pub fn export_family(model_type: &str) -> Option<ExportFamily> {
     let mt = match model_type {
         "mistral" => "llama",
@@ -40,7 +40,7 @@ pub fn export_family(model_type: &str) -> Option<ExportFamily> {
     };
     let f: &Family = super::family::FAMILIES
         .iter()
-        .find(|f| f.model_type == mt && !f.gpt_oss_moe)?;
+        .find(|f| f.model_type == mt && f.moe.has_dense_form())?;
     Some(ExportFamily {
         gguf_arch: f.gguf_arch,
         qk_permuted: f.qk_permuted,
@@ -52,7 +52,7 @@ pub fn export_family(model_type: &str) -> Option<ExportFamily> {
 pub fn exportable_model_types() -> String {
     let mut v: Vec<&str> = super::family::FAMILIES
         .iter()
-        .filter(|f| !f.gpt_oss_moe)
+        .filter(|f| f.moe.has_dense_form())
         .map(|f| f.model_type)
         .collect();
     v.insert(1, "mistral");

@@ -31,14 +31,51 @@ pub(crate) struct Family {
     /// Metadata key suffix of the norm epsilon (`attention.layer_norm_rms_epsilon` for RMSNorm
     /// families, `attention.layer_norm_epsilon` for LayerNorm ones).
     pub eps_key: &'static str,
-    /// Mixture of experts as gpt-oss stores it (`expert_count`, `expert_used_count`,
-    /// `expert_feed_forward_length`; stacked `ffn_*_exps`; softmax over the top-k logits; the
-    /// clamped SwiGLU of HF `GptOssConfig`'s defaults, limit 7 and alpha 1.702, which GGUF
-    /// does not store). `false`: an `expert_count` is refused.
-    pub gpt_oss_moe: bool,
+    /// Whether and how the architecture stores a mixture of experts.
+    pub moe: Moe,
     /// YaRN's correction range is floored/ceiled (HF `truncate`, not stored in GGUF): true
     /// except for gpt-oss, whose checkpoints set it false.
     pub yarn_truncate: bool,
+}
+
+/// Mixture of experts in a GGUF architecture: llama.cpp stores a router `ffn_gate_inp`
+/// (`[n_embd, n_expert]`) and each projection's experts stacked in one 3-D tensor
+/// `ffn_{gate,up,down}_exps` (ne `[n_embd, n_ff_exp, n_expert]`, down `[n_ff_exp, n_embd,
+/// n_expert]`), with `{arch}.expert_count` and `{arch}.expert_used_count`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Moe {
+    /// Dense only: an `expert_count` is refused.
+    Dense,
+    /// llama.cpp's plain MoE (`build_moe_ffn` with softmax gating, `norm_w = true`: the top-k
+    /// weights renormalised; SiLU-gated experts; src/models/llama.cpp, qwen3moe.cpp): with
+    /// `expert_count` > 0 the model is HF `model_type` (llama → mixtral, qwen3moe →
+    /// qwen3_moe). `required`: the architecture has no dense form. `expert_width_key`: the
+    /// experts' width is `expert_feed_forward_length` (HF `moe_intermediate_size`; absent,
+    /// llama.cpp's `feed_forward_length / expert_used_count`), else `feed_forward_length`
+    /// (Mixtral's `intermediate_size`).
+    Softmax {
+        model_type: &'static str,
+        required: bool,
+        expert_width_key: bool,
+    },
+    /// gpt-oss (`expert_count` required; `expert_feed_forward_length`; stacked `ffn_*_exps`
+    /// with biases; softmax over the top-k logits; the clamped SwiGLU of HF `GptOssConfig`'s
+    /// defaults, limit 7 and alpha 1.702, which GGUF does not store).
+    GptOss,
+}
+
+impl Moe {
+    /// The architecture also stores dense models (what infer's GGUF export writes).
+    pub fn has_dense_form(self) -> bool {
+        matches!(
+            self,
+            Moe::Dense
+                | Moe::Softmax {
+                    required: false,
+                    ..
+                }
+        )
+    }
 }
 
 const RMS_EPS: &str = "attention.layer_norm_rms_epsilon";
@@ -54,14 +91,21 @@ const BASE: Family = Family {
     query_pre_attn_scalar: false,
     scale_by_hidden_per_head_at_layers: None,
     eps_key: RMS_EPS,
-    gpt_oss_moe: false,
+    moe: Moe::Dense,
     yarn_truncate: true,
 };
 
 /// Supported GGUF architectures.
 pub(crate) const FAMILIES: &[Family] = &[
+    // Mixtral is `llama` with experts (convert_hf_to_gguf.py `LlamaModel` merges
+    // `block_sparse_moe.experts.*.w{1,3,2}` into `ffn_{gate,up,down}_exps`).
     Family {
         qk_permuted: true,
+        moe: Moe::Softmax {
+            model_type: "mixtral",
+            required: false,
+            expert_width_key: false,
+        },
         ..BASE
     },
     Family {
@@ -72,6 +116,18 @@ pub(crate) const FAMILIES: &[Family] = &[
     Family {
         gguf_arch: "qwen3",
         model_type: "qwen3",
+        ..BASE
+    },
+    // convert_hf_to_gguf.py `Qwen3MoeModel` (a `Qwen2MoeModel`: no Q/K permutation; experts
+    // merged into `ffn_*_exps`, `expert_feed_forward_length` = `moe_intermediate_size`).
+    Family {
+        gguf_arch: "qwen3moe",
+        model_type: "qwen3_moe",
+        moe: Moe::Softmax {
+            model_type: "qwen3_moe",
+            required: true,
+            expert_width_key: true,
+        },
         ..BASE
     },
     Family {
@@ -118,7 +174,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         gguf_arch: "gpt-oss",
         model_type: "gpt_oss",
         sliding_pattern: Some(2),
-        gpt_oss_moe: true,
+        moe: Moe::GptOss,
         yarn_truncate: false,
         ..BASE
     },
