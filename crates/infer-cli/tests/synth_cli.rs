@@ -1017,3 +1017,314 @@ fn random_blocks_model_extracts_and_runs() {
         assert!(!run.to_lowercase().contains("nan"), "{run}");
     }
 }
+
+/// A shrunk Mixtral-8x7B config.json (`../shared/configs/mixtral-8x7b`) in `dir`: 8 experts
+/// top-2 (llama-quantize's 8-expert rules apply), 4 layers, hidden 256, experts 512 wide,
+/// 4 heads of 64 and 2 KV heads, `vocab` tokens.
+fn mixtral_config(dir: &Path, vocab: usize) -> PathBuf {
+    let cfg = dir.join(format!("mixtral-{vocab}.json"));
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": {vocab},
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+            "hidden_act": "silu", "num_local_experts": 8, "num_experts_per_tok": 2,
+            "sliding_window": null, "tie_word_embeddings": false}}"#
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// A shrunk Qwen3-30B-A3B config.json (`../shared/configs/qwen3-30b-a3b`) in `dir`: 16
+/// experts top-4, 256 wide (`moe_intermediate_size`; the dense `intermediate_size` 768), 4
+/// layers, hidden 256, 4 heads of 128 (q 512 wide) and 2 KV heads, `vocab` tokens.
+fn qwen3_moe_config(dir: &Path, vocab: usize) -> PathBuf {
+    let cfg = dir.join(format!("qwen3-moe-{vocab}.json"));
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 256,
+            "num_experts": 16, "num_experts_per_tok": 4, "norm_topk_prob": true,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+            "vocab_size": {vocab}, "max_position_embeddings": 4096, "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0, "hidden_act": "silu", "attention_bias": false,
+            "tie_word_embeddings": false}}"#
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// `synth --like MoE-config --gguf PRESET`: the layout llama.cpp's converter + llama-quantize
+/// write (checked by hand against llama-quantize from the synth F16 file: the same tensor
+/// types and dims for every preset). Architecture `llama` (Mixtral) / `qwen3moe`;
+/// `{arch}.expert_count`, `expert_used_count`, qwen3moe's `expert_feed_forward_length`,
+/// `feed_forward_length` and `attention.key_length`; per layer `ffn_gate_inp` `[hidden, E]`
+/// and `ffn_{gate,up}_exps` `[hidden, width, E]`, `ffn_down_exps` `[width, hidden, E]` instead of
+/// the dense FFN, q/k norms for qwen3moe. Types: the router F32 in every preset, 1-D F32;
+/// Q4_K_M: `attn_v` and `ffn_down_exps` Q6_K on the `use_more_bits` layers (2 and 3 of 4),
+/// output Q6_K, else Q4_K — except with Mixtral's 8 experts `attn_k` / `attn_v` Q8_0 and
+/// `attn_output` Q5_K; Q4_0: Q4_0, output Q6_K, Mixtral's `attn_k` / `attn_v` Q8_0; Q8_0 and
+/// F16 every matrix in that type. The full-size configs give a header too (the size check of
+/// a 26.5 GiB Mixtral without writing it).
+#[test]
+fn moe_gguf_has_llama_cpp_layout() {
+    use infer_models::gguf::GgufValue;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for (cfg, arch) in [
+        (mixtral_config(d, 1024), "llama"),
+        (qwen3_moe_config(d, 1024), "qwen3moe"),
+    ] {
+        let mixtral = arch == "llama";
+        let (experts, used, width, hd) = if mixtral {
+            (8, 2, 512, 64)
+        } else {
+            (16, 4, 256, 128)
+        };
+        for preset in ["Q4_K_M", "Q4_0", "Q8_0", "F16"] {
+            let case = format!("{arch} {preset}");
+            let out = d.join(format!("{arch}-{preset}.gguf"));
+            ok(&[
+                "synth",
+                "--like",
+                s(&cfg),
+                "--gguf",
+                preset,
+                "--header-only",
+                "-o",
+                s(&out),
+            ]);
+            let h = GgufHeader::read(&out).unwrap();
+            let md = |k: &str| {
+                h.metadata
+                    .iter()
+                    .find(|(key, _)| key == &format!("{arch}.{k}"))
+                    .map(|(_, v)| v.clone())
+            };
+            assert_eq!(
+                h.metadata[0],
+                (
+                    "general.architecture".to_string(),
+                    GgufValue::String(arch.into())
+                )
+            );
+            assert_eq!(md("expert_count"), Some(GgufValue::U32(experts)), "{case}");
+            assert_eq!(
+                md("expert_used_count"),
+                Some(GgufValue::U32(used)),
+                "{case}"
+            );
+            assert_eq!(
+                md("expert_feed_forward_length"),
+                (!mixtral).then_some(GgufValue::U32(256)),
+                "{case}"
+            );
+            let ff = if mixtral { 512 } else { 768 };
+            assert_eq!(md("feed_forward_length"), Some(GgufValue::U32(ff)));
+            assert_eq!(md("attention.key_length"), Some(GgufValue::U32(hd)));
+            assert_eq!(md("block_count"), Some(GgufValue::U32(4)));
+
+            let (w, e, q) = (width as usize, experts as usize, 4 * hd as usize);
+            let mut want: BTreeMap<String, (Vec<usize>, &str)> = BTreeMap::new();
+            let mat = |p: &'static str| -> &'static str {
+                match preset {
+                    "Q8_0" | "F16" => preset,
+                    _ => p,
+                }
+            };
+            let q4 = if preset == "Q4_0" { "Q4_0" } else { "Q4_K" };
+            want.insert("token_embd.weight".into(), (vec![256, 1024], mat(q4)));
+            want.insert("output.weight".into(), (vec![256, 1024], mat("Q6_K")));
+            want.insert("output_norm.weight".into(), (vec![256], "F32"));
+            for l in 0..4 {
+                let more = l >= 2 && preset == "Q4_K_M";
+                let kv = if mixtral {
+                    "Q8_0"
+                } else if more {
+                    "Q6_K"
+                } else {
+                    q4
+                };
+                let attn_o = if mixtral && preset == "Q4_K_M" {
+                    "Q5_K"
+                } else {
+                    q4
+                };
+                let down = if more { "Q6_K" } else { q4 };
+                let kvd = 2 * hd as usize;
+                let mut t = |n: &str, dims: Vec<usize>, ty: &'static str| {
+                    want.insert(format!("blk.{l}.{n}.weight"), (dims, ty));
+                };
+                t("attn_norm", vec![256], "F32");
+                t("ffn_norm", vec![256], "F32");
+                t("attn_q", vec![256, q], mat(q4));
+                t(
+                    "attn_k",
+                    vec![256, kvd],
+                    mat(if mixtral { "Q8_0" } else { q4 }),
+                );
+                t("attn_v", vec![256, kvd], mat(kv));
+                t("attn_output", vec![q, 256], mat(attn_o));
+                t("ffn_gate_inp", vec![256, e], "F32");
+                t("ffn_gate_exps", vec![256, w, e], mat(q4));
+                t("ffn_up_exps", vec![256, w, e], mat(q4));
+                t("ffn_down_exps", vec![w, 256, e], mat(down));
+                if !mixtral {
+                    t("attn_q_norm", vec![hd as usize], "F32");
+                    t("attn_k_norm", vec![hd as usize], "F32");
+                }
+            }
+            let got: BTreeMap<String, (Vec<usize>, &str)> = h
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), (t.dims.clone(), t.format.name())))
+                .collect();
+            assert_eq!(got, want, "{case}");
+        }
+    }
+    // Full size: only the header is written; the size is the whole file's.
+    for (name, tensors) in [("mixtral-8x7b", 323), ("qwen3-30b-a3b", 579)] {
+        let cfg = shared_dir().join("configs").join(name).join("config.json");
+        let out = d.join(format!("{name}.gguf"));
+        let msg = ok(&[
+            "synth",
+            "--like",
+            s(&cfg),
+            "--gguf",
+            "Q4_K_M",
+            "--header-only",
+            "-o",
+            s(&out),
+        ]);
+        let h = GgufHeader::read(&out).unwrap();
+        assert_eq!(h.tensors.len(), tensors, "{name}: {msg}");
+        let gib = h.data_len() as f64 / (1u64 << 30) as f64;
+        let (lo, hi) = if name == "mixtral-8x7b" {
+            (26.0, 27.0)
+        } else {
+            (17.0, 17.6)
+        };
+        assert!(lo < gib && gib < hi, "{name}: {gib} GiB of data");
+    }
+}
+
+/// Shrunk Mixtral and Qwen3-MoE GGUFs (Q4_K_M, quantized by ggml's quantizers and with
+/// `--random-blocks`) extract with `--no-tokenizer` as HF `mixtral` / `qwen3_moe` with their
+/// experts — each expert's Q4_K / Q6_K blocks passed through, byte for byte its slice of the
+/// stacked `ffn_*_exps` tensor —, give finite, non-constant logits, and `infer bench -p 8 -n 4 -r 1` reports positive
+/// finite speeds on the CPU. A Qwen3-MoE with llama.cpp's qwen2 vocabulary (151936 tokens, as
+/// the real model) generates text with `infer run`.
+#[test]
+fn moe_gguf_extracts_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cases = Vec::new();
+    for (cfg, family, experts) in [
+        (mixtral_config(d, 1024), "mixtral", 8),
+        (qwen3_moe_config(d, 1024), "qwen3_moe", 16),
+    ] {
+        for extra in [&[][..], &["--random-blocks"][..]] {
+            let out = d.join(format!("{family}{}.gguf", extra.len()));
+            synth_preset(&cfg, "Q4_K_M", &out, "5", extra);
+            cases.push((out, family, experts, false));
+        }
+    }
+    let out = d.join("qwen3-moe-vocab.gguf");
+    let vocab = vocab_gguf("qwen2");
+    synth_preset(
+        &qwen3_moe_config(d, 151936),
+        "Q4_K_M",
+        &out,
+        "6",
+        &["--random-blocks", "--vocab", s(&vocab)],
+    );
+    cases.push((out, "qwen3_moe", 16, true));
+    for (gguf, family, experts, tokenizer) in cases {
+        let vx = gguf.with_extension("vindex");
+        let mut args = vec!["extract", s(&gguf), "-o", s(&vx)];
+        if !tokenizer {
+            args.push("--no-tokenizer");
+        }
+        ok(&args);
+        let index: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(vx.join("index.json")).unwrap()).unwrap();
+        let cfg = &index["config"];
+        assert_eq!(cfg["model_type"], family, "{}", gguf.display());
+        assert_eq!(cfg["num_experts"], experts, "{}", gguf.display());
+        // Every expert's blocks are its slice of the stacked GGUF tensor, byte for byte.
+        let passed = index["passthrough"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["key"].as_str().unwrap().contains(".mlp.experts."))
+            .count();
+        assert_eq!(passed, 4 * 3 * experts, "{}", gguf.display());
+        let g = GgufFile::open(&gguf).unwrap();
+        let bin = std::fs::read(vx.join("interleaved_q4k.bin")).unwrap();
+        let manifest: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(vx.join("interleaved_q4k_manifest.json")).unwrap(),
+        )
+        .unwrap();
+        let mut checked = 0;
+        for m in manifest.as_array().unwrap() {
+            let key = m["key"].as_str().unwrap();
+            let Some((layer, rest)) = key
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.split_once(".mlp.experts."))
+            else {
+                continue;
+            };
+            let (e, proj) = rest.split_once('.').unwrap();
+            let proj = proj.strip_suffix("_proj.weight").unwrap();
+            let stacked = g
+                .tensor_bytes(&format!("blk.{layer}.ffn_{proj}_exps.weight"))
+                .unwrap();
+            let n = stacked.len() / experts;
+            let e: usize = e.parse().unwrap();
+            let (off, len) = (m["offset"].as_u64().unwrap() as usize, n);
+            assert_eq!(m["length"].as_u64(), Some(n as u64), "{key}");
+            assert!(
+                bin[off..off + len] == stacked[e * n..(e + 1) * n],
+                "{}: {key}",
+                gguf.display()
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, 4 * 3 * experts, "{}", gguf.display());
+        let logits = gguf.with_extension("logits.safetensors");
+        ok(&["logits", s(&vx), "--ids", "1,2,3,4,5", "--out", s(&logits)]);
+        let bytes = std::fs::read(&logits).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let vals: Vec<f32> = st
+            .tensor("logits")
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert!(
+            !vals.is_empty() && vals.iter().all(|v| v.is_finite()),
+            "{}",
+            gguf.display()
+        );
+        assert!(vals.iter().any(|&v| v != vals[0]), "{}", gguf.display());
+        let o = infer(&["bench", s(&vx), "-p", "8", "-n", "4", "-r", "1", "--json"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(j["model_type"], family);
+        for key in ["pp_tokens_per_s", "tg_tokens_per_s"] {
+            let v = j[key].as_f64().unwrap_or(f64::NAN);
+            assert!(v.is_finite() && v > 0.0, "{}: {key} {j}", gguf.display());
+        }
+        if tokenizer {
+            let run = ok(&["run", s(&vx), "Hello world", "-n", "4"]);
+            assert!(!run.to_lowercase().contains("nan"), "{run}");
+        }
+    }
+}

@@ -4,13 +4,24 @@
 //! tokenizer metadata (`tokenizer.*`) of a vocabulary-only GGUF (llama.cpp's
 //! `models/ggml-vocab-*.gguf`). The data is then streamed like any GGUF synth ([`super::gguf`]).
 //!
+//! MoE configs (Mixtral, written as llama.cpp's `llama` with experts; Qwen3-MoE as `qwen3moe`)
+//! get per layer the router `ffn_gate_inp` (ggml dims `[n_embd, n_expert]`) and each
+//! projection's experts stacked in one tensor, `ffn_gate_exps` / `ffn_up_exps` (`[n_embd,
+//! n_ff_exp, n_expert]`) and `ffn_down_exps` (`[n_ff_exp, n_embd, n_expert]`), instead of
+//! `ffn_gate` / `ffn_up` / `ffn_down`, and `{arch}.expert_count`, `{arch}.expert_used_count`
+//! (qwen3moe: `expert_feed_forward_length`) — convert_hf_to_gguf.py's `LlamaModel` /
+//! `Qwen2MoeModel` merge, gguf-py's `tensor_mapping.py` names, the shapes llama.cpp's
+//! `load_arch_tensors` asks for.
+//!
 //! The type mix follows llama.cpp's `llama_tensor_get_type` for these presets: Q4_K_M stores
 //! matrices in Q4_K except the output matrix (Q6_K; the token embeddings when tied),
-//! `attn_v` / `ffn_down` of the layers `use_more_bits` picks (Q6_K) and, in what llama.cpp
-//! types a 70B model (80 layers), the other layers' `attn_v` (Q5_K); Q4_0 stores Q4_0 with a
-//! Q6_K output; Q8_0 and F16 store every matrix in that type; 1-D tensors are F32. A row length
-//! no K-quant block divides falls back as llama.cpp does (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K →
-//! Q8_0), and to F16 when no block divides it. Llama-3 RoPE scaling is written as plain RoPE (no `rope_freqs`
+//! `attn_v` / `ffn_down` (a MoE's `ffn_down_exps`) of the layers `use_more_bits` picks (Q6_K)
+//! and, in what llama.cpp types a 70B model (80 layers), the other layers' `attn_v` (Q5_K);
+//! Q4_0 stores Q4_0 with a Q6_K output; Q8_0 and F16 store every matrix in that type. With
+//! exactly 8 experts (Mixtral-8x7B) `attn_v` and `attn_k` are Q8_0 in Q4_K_M and Q4_0, and
+//! `attn_output` Q5_K in Q4_K_M. A MoE router and 1-D tensors are F32. A row length no K-quant
+//! block divides falls back as llama.cpp does (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0), and to
+//! F16 when no block divides it. Llama-3 RoPE scaling is written as plain RoPE (no `rope_freqs`
 //! tensor, which llama.cpp treats as optional): both engines then run the same bytes.
 
 use std::path::Path;
@@ -73,6 +84,9 @@ struct Mix {
     /// layers and fewer KV heads than heads (src/models/llama.cpp), `qwen2` with 80 layers
     /// (src/models/qwen2.cpp). Its Q4_K `attn_v` becomes Q5_K.
     is_70b: bool,
+    /// `hparams.n_expert == 8` (Mixtral-8x7B): `attn_v` and `attn_k` Q8_0 in every quantized
+    /// preset ("bumping this to Q8_0 trades just ~128MB"), `attn_output` Q5_K in Q4_K_M.
+    eight_experts: bool,
 }
 
 /// What a matrix is in the model (llama-quantize's `tensor_category`; decides its type in the
@@ -85,8 +99,17 @@ enum Role {
     Embedding,
     /// `attn_v` of layer `i`.
     AttnV(usize),
-    /// `ffn_down` of layer `i`.
+    /// `attn_k`.
+    AttnK,
+    /// `attn_output`.
+    AttnOutput,
+    /// `ffn_down` of layer `i`, or its experts `ffn_down_exps` (llama.cpp's `layer_info` reads
+    /// a MoE's layer from the name, so the experts count as their layer's `ffn_down`).
     FfnDown(usize),
+    /// A MoE router `ffn_gate_inp`: written F32 by the converter (its `FFN_GATE_INP` is among
+    /// the tensors kept in float32) and never quantized by llama-quantize
+    /// (`tensor_allows_quantization`: "do not quantize expert gating tensors").
+    Router,
     Other,
 }
 
@@ -94,12 +117,15 @@ enum Role {
 fn matrix_type(mix: Mix, role: Role, row: usize) -> QuantFormat {
     let more_bits = |i| use_more_bits(i, mix.n_layers);
     let want = match (mix.preset, role) {
+        (_, Role::Router) => return QuantFormat::F32,
         (Preset::F16, _) => QuantFormat::F16,
         (Preset::Q8_0, _) => QuantFormat::Q8_0,
         (Preset::Q4_0 | Preset::Q4KM, Role::Output) => QuantFormat::Q6_K,
+        (_, Role::AttnV(_) | Role::AttnK) if mix.eight_experts => QuantFormat::Q8_0,
         (Preset::Q4_0, _) => QuantFormat::Q4_0,
         (Preset::Q4KM, Role::AttnV(i) | Role::FfnDown(i)) if more_bits(i) => QuantFormat::Q6_K,
         (Preset::Q4KM, Role::AttnV(_)) if mix.is_70b => QuantFormat::Q5_K,
+        (Preset::Q4KM, Role::AttnOutput) if mix.eight_experts => QuantFormat::Q5_K,
         (Preset::Q4KM, _) => QuantFormat::Q4_K,
     };
     // llama-quantize's `tensor_type_fallback`, then F16 when no block divides the row.
@@ -117,21 +143,31 @@ fn matrix_type(mix: Mix, role: Role, row: usize) -> QuantFormat {
         .unwrap_or(QuantFormat::F16)
 }
 
-/// llama.cpp's architecture name of a HF `model_type` this writer covers.
+/// llama.cpp's architecture name of a HF `model_type` this writer covers (convert_hf_to_gguf.py
+/// writes Mixtral as `llama` with experts, Qwen3-MoE as `qwen3moe`).
 fn gguf_arch(model_type: &str) -> Option<&'static str> {
     Some(match model_type {
-        "llama" | "mistral" => "llama",
+        "llama" | "mistral" | "mixtral" => "llama",
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
+        "qwen3_moe" => "qwen3moe",
         "gemma3" | "gemma3_text" => "gemma3",
         _ => return None,
     })
 }
 
+/// The experts of a MoE config: `n` experts of width `width` (Mixtral's `intermediate_size`,
+/// Qwen3-MoE's `moe_intermediate_size`), `used` per token.
+struct Experts {
+    n: usize,
+    used: usize,
+    width: usize,
+}
+
 /// The GGUF header of `cfg` (read from `like`) in `preset`, with the `tokenizer.*` metadata of
-/// `vocab` when given. Errors: a family this writer does not cover (MoE, fused-tensor
-/// families), a vocabulary whose token count differs from the config's `vocab_size`, a
-/// header whose offsets overflow.
+/// `vocab` when given. Errors: a family this writer does not cover (qwen2_moe's shared
+/// experts, fused-tensor families), a vocabulary whose token count differs from the config's
+/// `vocab_size`, a header whose offsets overflow.
 pub fn header(
     cfg: &ModelConfig,
     preset: Preset,
@@ -140,14 +176,16 @@ pub fn header(
 ) -> anyhow::Result<GgufHeader> {
     let Some(arch) = gguf_arch(&cfg.model_type) else {
         bail!(
-            "{}: --gguf covers the dense llama, mistral, qwen2, qwen3 and gemma3 families, not model_type '{}'",
+            "{}: --gguf covers the llama, mistral, mixtral, qwen2, qwen3, qwen3_moe and gemma3 families, not model_type '{}'",
             like.display(),
             cfg.model_type
         );
     };
-    if cfg.num_experts > 0 {
-        bail!("{}: --gguf does not cover MoE models", like.display());
-    }
+    let experts = (cfg.num_experts > 0).then(|| Experts {
+        n: cfg.num_experts,
+        used: cfg.num_experts_per_tok,
+        width: cfg.moe_intermediate_size.unwrap_or(cfg.intermediate_size),
+    });
     let (h, inter, n) = (
         cfg.hidden_size,
         cfg.intermediate_size,
@@ -196,6 +234,16 @@ pub fn header(
             GgufValue::F32(cfg.norm_eps as f32),
         ),
     ];
+    // convert_hf_to_gguf.py `TextModel.set_gguf_parameters` (`add_expert_count`,
+    // `add_expert_used_count`), `Qwen2MoeModel` (`add_expert_feed_forward_length`; llama.cpp's
+    // `qwen3moe` reads it, its `llama` takes the experts' width from `feed_forward_length`).
+    if let Some(e) = &experts {
+        md.push((k("expert_count"), u32v(e.n)?));
+        md.push((k("expert_used_count"), u32v(e.used)?));
+        if arch == "qwen3moe" {
+            md.push((k("expert_feed_forward_length"), u32v(e.width)?));
+        }
+    }
     if let Some(RopeScaling::Linear { factor }) = cfg.rope_scaling {
         md.push((k("rope.scaling.type"), GgufValue::String("linear".into())));
         md.push((k("rope.scaling.factor"), GgufValue::F32(factor as f32)));
@@ -228,11 +276,12 @@ pub fn header(
         );
     }
 
-    // (name, ggml dims fastest first, type)
+    // (name, ggml dims fastest first (row length first), type)
     let mut t: Vec<(String, Vec<usize>, QuantFormat)> = Vec::new();
     let mix = Mix {
         preset,
         n_layers: n,
+        eight_experts: cfg.num_experts == 8,
         is_70b: n == 80
             && match arch {
                 "llama" => cfg.num_key_value_heads != cfg.num_attention_heads,
@@ -240,25 +289,38 @@ pub fn header(
                 _ => false,
             },
     };
-    let mut mat = |name: String, cols: usize, rows: usize, role: Role| {
-        let f = matrix_type(mix, role, cols);
-        t.push((name, vec![cols, rows], f));
+    let mut mat = |name: String, dims: &[usize], role: Role| {
+        let f = matrix_type(mix, role, dims[0]);
+        t.push((name, dims.to_vec(), f));
     };
     let tied = cfg.tie_word_embeddings;
     let emb_role = if tied { Role::Output } else { Role::Embedding };
-    mat("token_embd.weight".into(), h, cfg.vocab_size, emb_role);
+    mat("token_embd.weight".into(), &[h, cfg.vocab_size], emb_role);
     for i in 0..n {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
-        mat(b("attn_q"), h, qd, Role::Other);
-        mat(b("attn_k"), h, kvd, Role::Other);
-        mat(b("attn_v"), h, kvd, Role::AttnV(i));
-        mat(b("attn_output"), qd, h, Role::Other);
-        mat(b("ffn_gate"), h, inter, Role::Other);
-        mat(b("ffn_up"), h, inter, Role::Other);
-        mat(b("ffn_down"), inter, h, Role::FfnDown(i));
+        mat(b("attn_q"), &[h, qd], Role::Other);
+        mat(b("attn_k"), &[h, kvd], Role::AttnK);
+        mat(b("attn_v"), &[h, kvd], Role::AttnV(i));
+        mat(b("attn_output"), &[qd, h], Role::AttnOutput);
+        match &experts {
+            None => {
+                mat(b("ffn_gate"), &[h, inter], Role::Other);
+                mat(b("ffn_up"), &[h, inter], Role::Other);
+                mat(b("ffn_down"), &[inter, h], Role::FfnDown(i));
+            }
+            // llama.cpp's `LLM_TENSOR_FFN_GATE_INP` and `FFN_{GATE,UP,DOWN}_EXPS`
+            // (src/models/llama.cpp, qwen3moe.cpp `load_arch_tensors`): each projection's
+            // experts stacked on the slowest axis.
+            Some(e) => {
+                mat(b("ffn_gate_inp"), &[h, e.n], Role::Router);
+                mat(b("ffn_gate_exps"), &[h, e.width, e.n], Role::Other);
+                mat(b("ffn_up_exps"), &[h, e.width, e.n], Role::Other);
+                mat(b("ffn_down_exps"), &[e.width, h, e.n], Role::FfnDown(i));
+            }
+        }
     }
     if !tied {
-        mat("output.weight".into(), h, cfg.vocab_size, Role::Output);
+        mat("output.weight".into(), &[h, cfg.vocab_size], Role::Output);
     }
     let mut vec1 = |name: String, len: usize| t.push((name, vec![len], QuantFormat::F32));
     for i in 0..n {
@@ -269,7 +331,7 @@ pub fn header(
             vec1(format!("blk.{i}.attn_k.bias"), kvd);
             vec1(format!("blk.{i}.attn_v.bias"), kvd);
         }
-        if matches!(arch, "qwen3" | "gemma3") {
+        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
             vec1(format!("blk.{i}.attn_q_norm.weight"), hd);
             vec1(format!("blk.{i}.attn_k_norm.weight"), hd);
         }
@@ -316,6 +378,7 @@ mod tests {
             preset,
             n_layers,
             is_70b: false,
+            eight_experts: false,
         }
     }
 
@@ -367,6 +430,48 @@ mod tests {
         assert_eq!(
             matrix_type(m70(Preset::Q4_0), Role::AttnV(10), 8192),
             QuantFormat::Q4_0
+        );
+    }
+
+    /// MoE: the router stays F32 in every preset; Mixtral's 8 experts (32 layers) get Q8_0
+    /// `attn_v` / `attn_k` in the quantized presets and Q5_K `attn_output` in Q4_K_M; the
+    /// experts' `ffn_down_exps` follow `use_more_bits` like a dense `ffn_down`. Qwen3-MoE's 128
+    /// experts change nothing but the router.
+    #[test]
+    fn moe_mix_follows_llama_cpp() {
+        let mixtral = |preset| Mix {
+            eight_experts: true,
+            ..mix(preset, 32)
+        };
+        for p in [Preset::F16, Preset::Q8_0, Preset::Q4_0, Preset::Q4KM] {
+            assert_eq!(
+                matrix_type(mixtral(p), Role::Router, 4096),
+                QuantFormat::F32
+            );
+            assert_eq!(
+                matrix_type(mix(p, 48), Role::Router, 2048),
+                QuantFormat::F32
+            );
+        }
+        let f = |p, role| matrix_type(mixtral(p), role, 4096);
+        for role in [Role::AttnV(0), Role::AttnV(4), Role::AttnK] {
+            assert_eq!(f(Preset::Q4KM, role), QuantFormat::Q8_0);
+            assert_eq!(f(Preset::Q4_0, role), QuantFormat::Q8_0);
+            assert_eq!(f(Preset::F16, role), QuantFormat::F16);
+        }
+        assert_eq!(f(Preset::Q4KM, Role::AttnOutput), QuantFormat::Q5_K);
+        assert_eq!(f(Preset::Q4_0, Role::AttnOutput), QuantFormat::Q4_0);
+        assert_eq!(f(Preset::Q4KM, Role::FfnDown(0)), QuantFormat::Q6_K);
+        assert_eq!(f(Preset::Q4KM, Role::FfnDown(4)), QuantFormat::Q4_K);
+        assert_eq!(f(Preset::Q4KM, Role::Other), QuantFormat::Q4_K);
+        assert_eq!(f(Preset::Q4KM, Role::Output), QuantFormat::Q6_K);
+        let q3 = |role| matrix_type(mix(Preset::Q4KM, 48), role, 2048);
+        assert_eq!(q3(Role::AttnK), QuantFormat::Q4_K);
+        assert_eq!(q3(Role::AttnOutput), QuantFormat::Q4_K);
+        assert_eq!(q3(Role::AttnV(0)), QuantFormat::Q6_K);
+        assert_eq!(
+            matrix_type(mix(Preset::Q4KM, 48), Role::FfnDown(7), 768),
+            QuantFormat::Q4_K
         );
     }
 }
