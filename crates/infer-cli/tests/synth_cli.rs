@@ -1006,13 +1006,7 @@ fn random_blocks_model_extracts_and_runs() {
                     .unwrap();
             assert_eq!(index["passthrough"].as_array().unwrap().len(), 2 + 4 * 7);
         }
-        let o = infer(&["bench", s(&vx), "-p", "8", "-n", "4", "-r", "1", "--json"]);
-        assert!(o.status.success(), "{}", text(&o));
-        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        for key in ["pp_tokens_per_s", "tg_tokens_per_s"] {
-            let v = j[key].as_f64().unwrap_or(f64::NAN);
-            assert!(v.is_finite() && v > 0.0, "{}: {key} {j}", gguf.display());
-        }
+        bench_pp8_tg4(&vx, gguf);
         let run = ok(&["run", s(&vx), "Hello world", "-n", "4"]);
         assert!(!run.to_lowercase().contains("nan"), "{run}");
     }
@@ -1314,17 +1308,29 @@ fn moe_gguf_extracts_and_runs() {
             gguf.display()
         );
         assert!(vals.iter().any(|&v| v != vals[0]), "{}", gguf.display());
-        let o = infer(&["bench", s(&vx), "-p", "8", "-n", "4", "-r", "1", "--json"]);
-        assert!(o.status.success(), "{}", text(&o));
-        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        assert_eq!(j["model_type"], family);
-        for key in ["pp_tokens_per_s", "tg_tokens_per_s"] {
-            let v = j[key].as_f64().unwrap_or(f64::NAN);
-            assert!(v.is_finite() && v > 0.0, "{}: {key} {j}", gguf.display());
+        for j in bench_pp8_tg4(&vx, &gguf) {
+            assert_eq!(j["model_type"], family);
         }
         if tokenizer {
             let run = ok(&["run", s(&vx), "Hello world", "-n", "4"]);
             assert!(!run.to_lowercase().contains("nan"), "{run}");
         }
     }
+}
+
+/// `infer bench VX -p 8 -n 4 -r 1 --json` on the CPU: its two JSON lines (one per test, pp8
+/// then tg4), each with a finite positive speed for its phase. Panics naming `gguf` otherwise.
+fn bench_pp8_tg4(vx: &Path, gguf: &Path) -> Vec<serde_json::Value> {
+    let o = infer(&["bench", s(vx), "-p", "8", "-n", "4", "-r", "1", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(rows.len(), 2, "{}: {rows:?}", gguf.display());
+    for (j, key) in rows.iter().zip(["pp_tokens_per_s", "tg_tokens_per_s"]) {
+        let v = j[key].as_f64().unwrap_or(f64::NAN);
+        assert!(v.is_finite() && v > 0.0, "{}: {key} {j}", gguf.display());
+    }
+    rows
 }
