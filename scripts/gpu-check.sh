@@ -36,8 +36,9 @@
 #   scripts/gpu-check.sh decode  # on the GPU machine (carry .gpu/bin, .gpu/cfg, optionally
 #                                # .gpu/skel and .gpu/llama after `gpu-llamacpp.sh start`): a
 #                                # Q4_K_M GGUF of each config (`infer synth --gguf Q4_K_M
-#                                # --vocab`) and of each skeleton, a vindex of each, then per
-#                                # model `infer bench -p 0 -n 128` at depth 0 and each of DEPTHS
+#                                # --random-blocks --vocab`: seconds, not minutes) and of each
+#                                # skeleton, a vindex of each, then per model one `infer bench
+#                                # -p 0 -n 128 -d 0,...` at depth 0 and each of DEPTHS
 #                                # (default "4096 16384") with each KV cache type of KV_TYPES
 #                                # (default f16), and llama-bench's tg128 (f16 cache) at the same
 #                                # depths on the same GGUF when built
@@ -295,7 +296,7 @@ decode() {
     for c in "$GPU_DIR"/cfg/*/config.json; do
         n=$(basename "$(dirname "$c")")
         names+=("$n")
-        make_model "$n" "$c" --gguf Q4_K_M --vocab "$GPU_DIR/cfg/ggml-vocab-llama-bpe.gguf" &
+        make_model "$n" "$c" --gguf Q4_K_M --random-blocks --vocab "$GPU_DIR/cfg/ggml-vocab-llama-bpe.gguf" &
     done
     for s in "$GPU_DIR"/skel/*.gguf; do
         [[ -f "$s" ]] || continue
@@ -307,14 +308,12 @@ decode() {
     {
         for n in "${names[@]}"; do
             for kv in ${KV_TYPES:-f16}; do
-                for d in 0 $depths; do
-                    echo "== $n: infer tg128 @ d$d, --kv-type $kv"
-                    if "$BIN/infer" bench "$work/$n.vindex" --device cuda --kv-type "$kv" -p 0 -n 128 -d "$d" -r 3 >"$work/bench.out" 2>&1; then
-                        grep -E '^\|.*tg|decode reads|^memory' "$work/bench.out"
-                    else
-                        echo "infer bench failed: $(tail -1 "$work/bench.out")"
-                    fi
-                done
+                echo "== $n: infer tg128 @ d0,${depths// /,}, --kv-type $kv"
+                if "$BIN/infer" bench "$work/$n.vindex" --device cuda --kv-type "$kv" -p 0 -n 128 -d "0,${depths// /,}" -r 3 >"$work/bench.out" 2>&1; then
+                    grep -E '^\|.*tg|decode reads|^memory' "$work/bench.out"
+                else
+                    echo "infer bench failed: $(tail -1 "$work/bench.out")"
+                fi
             done
         done
         if [[ -x "$bench" ]]; then
