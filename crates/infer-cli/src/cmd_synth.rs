@@ -74,8 +74,9 @@ pub struct SynthArgs {
     #[arg(long, value_name = "PRESET", value_parser = parse_preset)]
     pub gguf: Option<gguf_like::Preset>,
     /// With --gguf: a vocabulary-only GGUF (llama.cpp's models/ggml-vocab-*.gguf, see
-    /// scripts/fetch-vocabs.sh) whose tokenizer.* metadata the output carries; its token count
-    /// must equal the config's vocab_size.
+    /// scripts/fetch-vocabs.sh, or any GGUF's header-only copy) whose tokenizer.* metadata the
+    /// output carries; at most the config's vocab_size tokens, padded up to it with `[PAD{id}]`
+    /// tokens (type UNUSED) as llama.cpp's convert_hf_to_gguf.py pads.
     #[arg(long, value_name = "VOCAB.gguf", requires = "gguf")]
     pub vocab: Option<PathBuf>,
     /// GGUF output with data only: draw every quantized matrix's blocks directly (uniform

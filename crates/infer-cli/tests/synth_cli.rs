@@ -1334,3 +1334,160 @@ fn bench_pp8_tg4(vx: &Path, gguf: &Path) -> Vec<serde_json::Value> {
     }
     rows
 }
+
+/// A vocabulary shorter than the config's `vocab_size` is padded as convert_hf_to_gguf.py pads
+/// it (`[PAD{id}]`, type UNUSED = 5, score -10000 where the vocabulary has scores): a
+/// Qwen2.5-7B-like config (152064) with llama.cpp's qwen2 vocabulary (151936 tokens, no
+/// scores) and a Gemma-3-4B-like config (262208) with the header-only copy of the Gemma-3-270M
+/// GGUF (262144 tokens with scores) as --vocab. The first tokens, the merges and the special
+/// ids are the vocabulary's; the embedding and output have `vocab_size` rows; the Qwen file
+/// extracts with its tokenizer and generates. A vocabulary longer than vocab_size is refused.
+#[test]
+fn short_vocab_is_padded_to_vocab_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let qwen = d.join("qwen2.json");
+    std::fs::write(
+        &qwen,
+        r#"{"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 152064, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "hidden_act": "silu", "tie_word_embeddings": false}"#,
+    )
+    .unwrap();
+    let gemma = d.join("gemma3.json");
+    std::fs::write(
+        &gemma,
+        r#"{"model_type": "gemma3_text", "hidden_size": 256, "intermediate_size": 512,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 256, "vocab_size": 262208, "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true}"#,
+    )
+    .unwrap();
+    let gemma_vocab = d.join("gemma-skel.gguf");
+    ok(&[
+        "synth",
+        "--like",
+        s(&model_file(GEMMA)),
+        "--header-only",
+        "-o",
+        s(&gemma_vocab),
+    ]);
+    for (cfg, vocab, have, want, scores) in [
+        (&qwen, vocab_gguf("qwen2"), 151936usize, 152064usize, false),
+        (&gemma, gemma_vocab.clone(), 262144, 262208, true),
+    ] {
+        let out = cfg.with_extension("gguf");
+        synth_preset(
+            cfg,
+            "Q4_K_M",
+            &out,
+            "3",
+            &["--random-blocks", "--vocab", s(&vocab)],
+        );
+        use infer_models::gguf::{GgufArray, GgufValue};
+        let v = GgufHeader::read(&vocab).unwrap().metadata;
+        let g = GgufHeader::read(&out).unwrap();
+        let get = |md: &[(String, GgufValue)], k: &str| {
+            md.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone())
+        };
+        let arr = |md: &[(String, GgufValue)], k: &str| match get(md, k) {
+            Some(GgufValue::Array(a)) => Some(a),
+            None => None,
+            Some(other) => panic!("{k}: {other:?}"),
+        };
+        let (Some(GgufArray::String(vt)), Some(GgufArray::String(gt))) = (
+            arr(&v, "tokenizer.ggml.tokens"),
+            arr(&g.metadata, "tokenizer.ggml.tokens"),
+        ) else {
+            panic!("tokens")
+        };
+        assert_eq!((vt.len(), gt.len()), (have, want), "{}", cfg.display());
+        assert_eq!(gt[..have], vt[..]);
+        for (i, t) in gt.iter().enumerate().skip(have) {
+            assert_eq!(*t, format!("[PAD{i}]"));
+        }
+        let (Some(GgufArray::I32(vty)), Some(GgufArray::I32(gty))) = (
+            arr(&v, "tokenizer.ggml.token_type"),
+            arr(&g.metadata, "tokenizer.ggml.token_type"),
+        ) else {
+            panic!("token_type")
+        };
+        assert_eq!(gty[..have], vty[..]);
+        assert!(gty[have..].iter().all(|&t| t == 5), "UNUSED");
+        match (
+            arr(&v, "tokenizer.ggml.scores"),
+            arr(&g.metadata, "tokenizer.ggml.scores"),
+        ) {
+            (Some(GgufArray::F32(a)), Some(GgufArray::F32(b))) => {
+                assert!(scores);
+                assert_eq!((a.len(), b.len()), (have, want));
+                assert_eq!(b[..have], a[..]);
+                assert!(b[have..].iter().all(|&x| x == -10000.0));
+            }
+            (None, None) => assert!(!scores),
+            other => panic!("scores {other:?}"),
+        }
+        // Every other tokenizer key is the vocabulary's, in its order.
+        let keys = |md: &[(String, GgufValue)]| -> Vec<String> {
+            md.iter()
+                .map(|(k, _)| k.clone())
+                .filter(|k| k.starts_with("tokenizer."))
+                .collect()
+        };
+        assert_eq!(keys(&g.metadata), keys(&v));
+        for key in keys(&v) {
+            if ![
+                "tokenizer.ggml.tokens",
+                "tokenizer.ggml.token_type",
+                "tokenizer.ggml.scores",
+            ]
+            .contains(&key.as_str())
+            {
+                assert_eq!(get(&g.metadata, &key), get(&v, &key), "{key}");
+            }
+        }
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().len(),
+            GgufFile::open(&out).unwrap().data_start() as u64 + g.data_len() as u64
+        );
+        let embd = g
+            .tensors
+            .iter()
+            .find(|t| t.name == "token_embd.weight")
+            .unwrap();
+        assert_eq!(embd.dims, [256, want]);
+        if cfg == &qwen {
+            let vx = out.with_extension("vindex");
+            ok(&["extract", s(&out), "-o", s(&vx)]);
+            let run = ok(&["run", s(&vx), "Hello world", "-n", "4"]);
+            assert!(!run.to_lowercase().contains("nan"), "{run}");
+        }
+        // The config with fewer tokens than the vocabulary: refused.
+        let small = d.join("small.json");
+        let mut c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(cfg).unwrap()).unwrap();
+        c["vocab_size"] = (have - 1).into();
+        std::fs::write(&small, c.to_string()).unwrap();
+        let o = infer(&[
+            "synth",
+            "--like",
+            s(&small),
+            "--gguf",
+            "Q4_K_M",
+            "--vocab",
+            s(&vocab),
+            "--header-only",
+            "-o",
+            s(&d.join("small.gguf")),
+        ]);
+        assert!(!o.status.success());
+        assert!(
+            text(&o).contains(&format!("{have} tokens, more than vocab_size {}", have - 1)),
+            "{}",
+            text(&o)
+        );
+    }
+}

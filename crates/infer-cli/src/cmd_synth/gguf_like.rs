@@ -2,7 +2,8 @@
 //! llama.cpp's `convert_hf_to_gguf.py` + `llama-quantize PRESET` would write for that config —
 //! its tensor names, `{arch}.*` metadata and the preset's per-tensor type mix — with the
 //! tokenizer metadata (`tokenizer.*`) of a vocabulary-only GGUF (llama.cpp's
-//! `models/ggml-vocab-*.gguf`). The data is then streamed like any GGUF synth ([`super::gguf`]).
+//! `models/ggml-vocab-*.gguf`), padded to the config's `vocab_size` as the converter pads
+//! ([`vocab_metadata`]). The data is then streamed like any GGUF synth ([`super::gguf`]).
 //!
 //! MoE configs (Mixtral, written as llama.cpp's `llama` with experts; Qwen3-MoE as `qwen3moe`)
 //! get per layer the router `ffn_gate_inp` (ggml dims `[n_embd, n_expert]`) and each
@@ -27,7 +28,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use infer_models::gguf::{GgufHeader, GgufTensorInfo, GgufValue, DEFAULT_ALIGNMENT};
+use infer_models::gguf::{GgufArray, GgufHeader, GgufTensorInfo, GgufValue, DEFAULT_ALIGNMENT};
 use infer_models::{ModelConfig, RopeScaling};
 use infer_quant::QuantFormat;
 
@@ -164,10 +165,72 @@ struct Experts {
     width: usize,
 }
 
+/// llama.cpp's `llama_token_type` UNUSED (gguf-py `TokenType.UNUSED`).
+const TOKEN_TYPE_UNUSED: i32 = 5;
+/// The score convert_hf_to_gguf.py's `_create_vocab_sentencepiece` gives a padding token.
+const PAD_SCORE: f32 = -10000.0;
+
+/// The `tokenizer.*` metadata of the vocabulary GGUF `v` for a model of `vocab_size` tokens.
+/// A vocabulary with fewer tokens is padded as convert_hf_to_gguf.py pads a tokenizer shorter
+/// than the config's `vocab_size` (Qwen2.5-7B: 152064 for 151665 tokens; Gemma-3-4B: 262208
+/// for 262145): token `i` of the gap is `[PAD{i}]` (its `get_vocab_base` and
+/// `_create_vocab_sentencepiece`), typed UNUSED, scored -10000 where the vocabulary has
+/// scores; merges and the special token ids are unchanged. More tokens than `vocab_size` is an
+/// error.
+fn vocab_metadata(
+    path: &Path,
+    v: &GgufHeader,
+    vocab_size: usize,
+    like: &Path,
+) -> anyhow::Result<Vec<(String, GgufValue)>> {
+    let tokens = v.metadata.iter().find_map(|(key, val)| match val {
+        GgufValue::Array(GgufArray::String(a)) if key == "tokenizer.ggml.tokens" => Some(a.len()),
+        _ => None,
+    });
+    let have = match tokens {
+        Some(t) if t <= vocab_size => t,
+        Some(t) => bail!(
+            "{}: {t} tokens, more than vocab_size {vocab_size} of {}: pass the vocabulary of this model family",
+            path.display(),
+            like.display(),
+        ),
+        None => bail!("{}: no tokenizer.ggml.tokens", path.display()),
+    };
+    let mut md: Vec<(String, GgufValue)> = Vec::new();
+    for (key, val) in v
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+    {
+        let mut val = val.clone();
+        if have < vocab_size {
+            let gap = have..vocab_size;
+            match (key.as_str(), &mut val) {
+                ("tokenizer.ggml.tokens", GgufValue::Array(GgufArray::String(a))) => {
+                    a.extend(gap.map(|i| format!("[PAD{i}]")))
+                }
+                ("tokenizer.ggml.token_type", GgufValue::Array(GgufArray::I32(a))) if a.len() == have => {
+                    a.extend(gap.map(|_| TOKEN_TYPE_UNUSED))
+                }
+                ("tokenizer.ggml.scores", GgufValue::Array(GgufArray::F32(a))) if a.len() == have => {
+                    a.extend(gap.map(|_| PAD_SCORE))
+                }
+                ("tokenizer.ggml.token_type" | "tokenizer.ggml.scores", _) => bail!(
+                    "{}: {key} is not one entry per token (I32 types, F32 scores): cannot pad it to vocab_size {vocab_size}",
+                    path.display()
+                ),
+                _ => {}
+            }
+        }
+        md.push((key.clone(), val));
+    }
+    Ok(md)
+}
+
 /// The GGUF header of `cfg` (read from `like`) in `preset`, with the `tokenizer.*` metadata of
-/// `vocab` when given. Errors: a family this writer does not cover (qwen2_moe's shared
-/// experts, fused-tensor families), a vocabulary whose token count differs from the config's
-/// `vocab_size`, a header whose offsets overflow.
+/// `vocab` when given (padded to the config's `vocab_size`, [`vocab_metadata`]). Errors: a
+/// family this writer does not cover (qwen2_moe's shared experts, fused-tensor families), a
+/// vocabulary with more tokens than the config's `vocab_size`, a header whose offsets overflow.
 pub fn header(
     cfg: &ModelConfig,
     preset: Preset,
@@ -254,26 +317,7 @@ pub fn header(
         }
     }
     if let Some((path, v)) = vocab {
-        let tokens = v.metadata.iter().find_map(|(key, val)| match val {
-            GgufValue::Array(a) if key == "tokenizer.ggml.tokens" => Some(a.len()),
-            _ => None,
-        });
-        match tokens {
-            Some(t) if t == cfg.vocab_size => {}
-            Some(t) => bail!(
-                "{}: {t} tokens, but {} has vocab_size {}: pass the vocabulary of this model family",
-                path.display(),
-                like.display(),
-                cfg.vocab_size
-            ),
-            None => bail!("{}: no tokenizer.ggml.tokens", path.display()),
-        }
-        md.extend(
-            v.metadata
-                .iter()
-                .filter(|(key, _)| key.starts_with("tokenizer."))
-                .cloned(),
-        );
+        md.extend(vocab_metadata(path, v, cfg.vocab_size, like)?);
     }
 
     // (name, ggml dims fastest first (row length first), type)
@@ -380,6 +424,79 @@ mod tests {
             is_70b: false,
             eight_experts: false,
         }
+    }
+
+    /// A vocabulary shorter than `vocab_size` is padded with `[PAD{i}]` (absolute id), UNUSED,
+    /// score -10000 — convert_hf_to_gguf.py's padding —; merges and scalars are unchanged, other
+    /// keys dropped; an equal count is copied as is; more tokens, or a token_type array not one
+    /// per token, is refused.
+    #[test]
+    fn vocab_is_padded_as_the_converter_pads() {
+        let strs = |v: &[&str]| GgufArray::String(v.iter().map(|s| s.to_string()).collect());
+        let v = GgufHeader {
+            version: 3,
+            metadata: vec![
+                ("general.name".into(), GgufValue::String("v".into())),
+                (
+                    "tokenizer.ggml.model".into(),
+                    GgufValue::String("gpt2".into()),
+                ),
+                (
+                    "tokenizer.ggml.tokens".into(),
+                    GgufValue::Array(strs(&["a", "b", "c"])),
+                ),
+                (
+                    "tokenizer.ggml.token_type".into(),
+                    GgufValue::Array(GgufArray::I32(vec![1, 1, 3])),
+                ),
+                (
+                    "tokenizer.ggml.scores".into(),
+                    GgufValue::Array(GgufArray::F32(vec![0.0, -1.0, -2.0])),
+                ),
+                (
+                    "tokenizer.ggml.merges".into(),
+                    GgufValue::Array(strs(&["a b"])),
+                ),
+                ("tokenizer.ggml.eos_token_id".into(), GgufValue::U32(2)),
+            ],
+            tensors: vec![],
+            alignment: DEFAULT_ALIGNMENT,
+        };
+        let (p, like) = (Path::new("v.gguf"), Path::new("config.json"));
+        let md = vocab_metadata(p, &v, 5, like).unwrap();
+        let get = |k: &str| md.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        assert!(get("general.name").is_none());
+        assert_eq!(md.len(), 6);
+        assert_eq!(
+            get("tokenizer.ggml.tokens"),
+            Some(GgufValue::Array(strs(&["a", "b", "c", "[PAD3]", "[PAD4]"])))
+        );
+        assert_eq!(
+            get("tokenizer.ggml.token_type"),
+            Some(GgufValue::Array(GgufArray::I32(vec![1, 1, 3, 5, 5])))
+        );
+        assert_eq!(
+            get("tokenizer.ggml.scores"),
+            Some(GgufValue::Array(GgufArray::F32(vec![
+                0.0, -1.0, -2.0, -10000.0, -10000.0
+            ])))
+        );
+        assert_eq!(
+            get("tokenizer.ggml.merges"),
+            Some(GgufValue::Array(strs(&["a b"])))
+        );
+        assert_eq!(get("tokenizer.ggml.eos_token_id"), Some(GgufValue::U32(2)));
+        let same = vocab_metadata(p, &v, 3, like).unwrap();
+        assert_eq!(same[..], v.metadata[1..]);
+        let err = vocab_metadata(p, &v, 2, like).unwrap_err().to_string();
+        assert!(err.contains("3 tokens, more than vocab_size 2"), "{err}");
+        let mut bad = v.clone();
+        bad.metadata[3].1 = GgufValue::Array(GgufArray::U8(vec![1, 1, 3]));
+        let err = vocab_metadata(p, &bad, 5, like).unwrap_err().to_string();
+        assert!(
+            err.contains("token_type is not one entry per token"),
+            "{err}"
+        );
     }
 
     #[test]
