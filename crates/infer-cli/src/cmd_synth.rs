@@ -157,6 +157,34 @@ pub(crate) fn same_or_inside(a: &Path, b: &Path, inside: bool) -> bool {
     }
 }
 
+/// Write `header` (and, unless --header-only, random data streamed after it) to `-o`: the
+/// planned size checked against the free space first, staged beside the target and moved into
+/// place only when complete (removed on an interrupt). `like` names the source in messages.
+fn write_staged(
+    args: &SynthArgs,
+    like: &Path,
+    header: &infer_models::gguf::GgufHeader,
+) -> anyhow::Result<gguf::Written> {
+    let need = gguf::planned_size(like, header, args.header_only)?;
+    space::check_fits(&args.output, need, &like.display().to_string())?;
+    crate::cmd_vindex::install_interrupt_cleanup(&args.output);
+    let staged = stage::Staged::new(&args.output, false, args.force)?;
+    let written = if args.header_only {
+        gguf::write_header_only(header, staged.path(), &args.output)?
+    } else {
+        gguf::write_random(
+            like,
+            header,
+            staged.path(),
+            &args.output,
+            args.seed,
+            args.block_mode(),
+        )?
+    };
+    staged.commit()?;
+    Ok(written)
+}
+
 fn synth_gguf(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
     if same_or_inside(&args.output, like, false) {
         bail!(
@@ -167,23 +195,7 @@ fn synth_gguf(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
     }
     stage::check_target(&args.output, false, args.force)?;
     let header = gguf::read_header(like)?;
-    let need = gguf::planned_size(like, &header, args.header_only)?;
-    space::check_fits(&args.output, need, &like.display().to_string())?;
-    crate::cmd_vindex::install_interrupt_cleanup(&args.output);
-    let staged = stage::Staged::new(&args.output, false, args.force)?;
-    let written = if args.header_only {
-        gguf::write_header_only(&header, staged.path(), &args.output)?
-    } else {
-        gguf::write_random(
-            like,
-            &header,
-            staged.path(),
-            &args.output,
-            args.seed,
-            args.block_mode(),
-        )?
-    };
-    staged.commit()?;
+    let written = write_staged(args, like, &header)?;
     eprint!(
         "wrote {} ({}{} tensors, {:.1} MiB{}) ",
         args.output.display(),
@@ -208,23 +220,7 @@ fn synth_gguf_from_config(args: &SynthArgs, like: &Path) -> anyhow::Result<()> {
         None => None,
     };
     let header = gguf_like::header(&config, preset, vocab.as_ref().map(|(p, h)| (*p, h)), like)?;
-    let need = gguf::planned_size(like, &header, args.header_only)?;
-    space::check_fits(&args.output, need, &like.display().to_string())?;
-    crate::cmd_vindex::install_interrupt_cleanup(&args.output);
-    let staged = stage::Staged::new(&args.output, false, args.force)?;
-    let written = if args.header_only {
-        gguf::write_header_only(&header, staged.path(), &args.output)?
-    } else {
-        gguf::write_random(
-            like,
-            &header,
-            staged.path(),
-            &args.output,
-            args.seed,
-            args.block_mode(),
-        )?
-    };
-    staged.commit()?;
+    let written = write_staged(args, like, &header)?;
     eprint!(
         "wrote {} ({:?} GGUF, {}{} tensors, {:.1} MiB{}{}) ",
         args.output.display(),
