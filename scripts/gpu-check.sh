@@ -9,7 +9,9 @@
 #                                # `infer` binary with the `cuda` feature into CUDA_TARGET_DIR
 #                                # (default target/cuda, apart from the main target dir),
 #                                # strip them into .gpu/bin and copy the archrefs cases into
-#                                # .gpu/shared/archrefs{,-next} (.gpu/ is ignored through
+#                                # .gpu/shared/archrefs{,-next}, and compile the kernels for
+#                                # sm_90 into .gpu/cache/kernels (carry it: the device runs
+#                                # then start without NVRTC; .gpu/ is ignored through
 #                                # .git/info/exclude)
 #   scripts/gpu-check.sh run     # on the GPU machine (device tool, `carry: [".gpu/bin",
 #                                # ".gpu/shared"]`): parity, archrefs, benchmark
@@ -131,6 +133,12 @@ build() {
     for t in cuda_parity cuda_bench cuda_archrefs cuda_real_model infer; do
         [[ -x "$BIN/$t" ]] || { echo "gpu-check: build of $t failed (run the cargo command without --message-format to see why)" >&2; exit 1; }
     done
+    # The kernels compiled for sm_90 (H100/H200) into the kernel cache the device runs use
+    # (find_libs), so a fresh device neither runs NVRTC nor JIT-compiles PTX (minutes there).
+    rm -rf "$GPU_DIR/cache/kernels"
+    INFER_CACHE="$PWD/$GPU_DIR/cache" LD_LIBRARY_PATH="$(bash scripts/fetch-nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        "$BIN/cuda_parity" --exact kernels_compile_with_nvrtc --nocapture | grep -E '^kernels:' ||
+        { echo "gpu-check: compiling the kernels for sm_90 failed" >&2; exit 1; }
     # The archrefs cases, laid out as INFER_SHARED expects (INFER_SHARED/archrefs/<case>/ and
     # INFER_SHARED/archrefs-next/<case>/).
     local shared="${INFER_SHARED:-$(cd .. && pwd)/shared}"
@@ -157,9 +165,11 @@ split_model() {
     ls -la "$GPU_DIR/m1" "$GPU_DIR/m2"
 }
 
-# Put the driver and NVRTC on the loader path: the CUDA toolkit's lib64, else the pip wheel's.
+# Put the driver and NVRTC on the loader path: the CUDA toolkit's lib64, else the pip wheel's;
+# and use the kernels `build` compiled for sm_90 (.gpu/cache/kernels) unless INFER_CACHE is set.
 find_libs() {
     local d
+    [[ -d "$GPU_DIR/cache/kernels" ]] && export INFER_CACHE="${INFER_CACHE:-$PWD/$GPU_DIR/cache}"
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64; do
         [[ -e "$d/libnvrtc.so" || -e "$d/libnvrtc.so.13" ]] && { export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; return; }
     done

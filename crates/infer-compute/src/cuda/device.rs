@@ -11,6 +11,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
+use super::kernel_cache;
 use crate::ComputeError;
 
 /// The kernel source (CUDA C++ for NVRTC, no headers): the products (mat-vecs, then the
@@ -215,8 +216,11 @@ impl Device {
         unsafe { ctx.disable_event_tracking() };
         let name = drv("device name", ctx.name())?;
         let cc = drv("compute capability", ctx.compute_capability())?;
-        let ptx = compile(arch_for(cc))?;
-        let module = drv("load the kernel module", ctx.load_module(ptx))?;
+        let load = |ptx| drv("load the kernel module", ctx.load_module(ptx));
+        let module = match kernel_cache::real_arch(cc) {
+            Some(arch) => kernel_cache::load_cubin(&arch, load)?.0,
+            None => load(compile(arch_for(cc))?)?,
+        };
         let f = |n: &str| drv(&format!("kernel {n}"), module.load_function(n));
         let k = Kernels {
             quantize_q8_32: f("quantize_q8_32")?,
@@ -347,17 +351,19 @@ pub(super) fn compile(arch: Option<&'static str>) -> Result<cudarc::nvrtc::Ptx, 
         .map_err(|e| dev_err(format!("NVRTC failed to compile kernels.cu: {e}")))
 }
 
-/// Compile every kernel with NVRTC for the H100/H200 (`compute_90`) without touching a GPU:
-/// needs only `libnvrtc.so` (e.g. from the `nvidia-cuda-nvrtc` wheel). Returns the PTX size in
-/// bytes. Errors: NVRTC missing, or its compile log.
-pub fn check_kernels_compile() -> Result<usize, ComputeError> {
+/// Compile every kernel with NVRTC for the H100/H200 (`sm_90`, through ptxas, so register
+/// limits are checked too) without touching a GPU, and store the CUBIN in the kernel cache
+/// (`kernel_cache`), where a later start on such a device finds it. Needs only `libnvrtc.so`
+/// (e.g. from the `nvidia-cuda-nvrtc` wheel). Returns the cache file (`None`: no cache folder)
+/// and the CUBIN's size in bytes. Errors: NVRTC missing, or its compile log.
+pub fn check_kernels_compile() -> Result<(Option<std::path::PathBuf>, usize), ComputeError> {
     // SAFETY: only tries to dlopen the library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(dev_err(
             "NVRTC (libnvrtc.so) was not found: put its folder on LD_LIBRARY_PATH",
         ));
     }
-    Ok(compile(Some("compute_90"))?.to_src().len())
+    kernel_cache::prepare((9, 0))
 }
 
 /// A dimension as the kernels' `int`. Errors when it does not fit (> 2³¹ − 1).

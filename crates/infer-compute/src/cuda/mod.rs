@@ -35,6 +35,7 @@ mod cache;
 mod decode;
 mod device;
 mod float;
+mod kernel_cache;
 mod quant;
 mod step;
 mod tensor_ops;
