@@ -477,47 +477,48 @@ template <> struct Kv8<KV_Q8_0> {
 // blockIdx.x, s = blockIdx.y) takes the grp = nq / nkv query heads of kv head g (GQA: each
 // key and value row is read once for all of them) and the s-th of nsplit equal parts of keys
 // lo..pos (lo as dec_attention). Like dec_attention it normalises and rotates the heads (q_norm,
-// k_norm, inv_freq; one cos/sin per pair for all of them), for s = 0 stores K and V of position
-// pos (caches of type KT), and attends to its own k and v as the cache holds them. Warp w takes
-// the part's tiles of 32 keys w, w + SPLIT_WARPS, ...:
-// - scores: lane L scores key L of the tile against every query head, its whole key row loaded
-//   first (up to 16 loads of 8 values in flight per lane), q broadcast from shared memory;
+// k_norm, inv_freq; one cos/sin per pair for all of them); the part holding position pos stores
+// K and V of pos (caches of type KT) and reads them back like every other key. Warp w takes the
+// part's tiles of TK = 8 keys w, w + SPLIT_WARPS, ..., one rolled loop step each (the code of
+// an unrolled part overflowed the instruction cache: see BENCHMARKS.md):
+// - the tile's key and value loads are issued together;
+// - scores: lanes 4 k .. 4 k + 3 hold key k's 8-value chunks c, c + 4, ... (c = lane % 4), q
+//   broadcast from shared memory, the score summed over the 4 lanes;
 // - the online softmax (maximum m, sum l) moves once per tile and head;
-// - values: the tile's rows, NC = 4 S lanes per row and 32 / NC rows per warp load, lane L
-//   holding dims 8 (L % NC) .. + 7 of rows L / NC, L / NC + 32 / NC, ... (all its rows' loads
-//   in flight before the sums), weighted by the probabilities of their keys' lanes; the lanes
-//   of the same dims add their sums at the end.
+// - values: NC = 4 S lanes per row and 32 / NC rows per warp load, lane L holding dims
+//   8 (L % NC) .. + 7 of rows L / NC, L / NC + 32 / NC, ..., weighted by the probabilities of
+//   their keys; the lanes of the same dims add their sums at the end.
 // The warps then meet in shared memory and the block writes, per query head h, its
 // unnormalised values sum_j e_j v_j (e_j = exp(s_j - m)), m and l to splits[(h * nsplit + s) *
 // (hd + 2) ..] (m = -inf, l = 0 for an empty part); dec_attn_merge combines the parts.
 // grp <= SPLIT_GRP, grp * hd <= MAX_HD, hd % 8 == 0 and hd <= 32 S (checked on the host).
 #define SPLIT_WARPS 4
 #define SPLIT_GRP 8
+#define TK 8  // keys per warp tile of dec_attn_split*: 4 lanes per key
 // Shared memory of dec_attn_split* (head-size class S), declared once per kernel whatever
 // instantiation of attn_split runs.
 template <int S> struct SplitShared {
     double shd[32];
-    // The group's query heads [grp][hd], then the kv head's key (rotated together).
-    __align__(16) float qs[MAX_HD + S * 32];
+    // The group's query heads [grp][hd], then the kv head's key (rotated together); rows past
+    // them are read (and their results dropped) by the tile loop's heads grp .. G - 1.
+    __align__(16) float qs[(SPLIT_GRP + 1) * S * 32];
     __align__(16) float vs[S * 32];
     float wm[SPLIT_WARPS][SPLIT_GRP], wl[SPLIT_WARPS][SPLIT_GRP];
     __align__(16) float wacc[SPLIT_WARPS][S * 32];
 };
-// G: the most query heads per kv head this instantiation holds (grp <= G); it and the cache
-// type set how many 8-value loads a lane keeps in flight (CH: 256 bytes of raw values for G = 4,
-// 128 for G = 8), so the registers hold them without spilling.
+// G: the most query heads per kv head this instantiation holds (grp <= G); the tile loop
+// computes all G (heads past grp read the rows after them in qs, their results dropped), so
+// the loop has no branch on grp.
 template <int S, int KT, int G>
 __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, const float* v,
                            const float* q_norm, const float* k_norm, const double* inv_freq,
                            void* kc, void* vc, float* splits, const int* p, int nq, int nkv,
                            int hd, int rot, int interleaved, float eps, float off, float scale,
                            int window, float cap, int nsplit) {
-    constexpr int NC = S * 4;  // 8-value chunks of a row
-    constexpr int RAW = (G <= 4 ? 128 : 64) / (int)sizeof(Kv8<KT>);
-    constexpr int CH = NC < RAW ? NC : RAW;  // key loads in flight per lane
-    constexpr int RPL = 32 / NC;             // value rows per warp load
-    constexpr int VR = 32 / RPL;             // value rows per lane and tile
-    constexpr int VCH = VR < CH ? VR : CH;   // value loads in flight per lane
+    constexpr int NC = S * 4;   // 8-value chunks of a row (hd <= 8 NC)
+    constexpr int KC = S;       // key chunks per lane: 4 lanes per key
+    constexpr int RPL = 32 / NC;  // value rows per warp load
+    constexpr int VR = TK / RPL;  // value rows per lane and tile
     float* qs = sh.qs;
     float* vs = sh.vs;
     double* shd = sh.shd;
@@ -532,16 +533,20 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
     for (int i = 0; i < grp; i++) head_norm(qs + i * hd, q_norm, hd, eps, off, shd);
     head_norm(ks, k_norm, hd, eps, off, shd);
     heads_rope(qs, grp + 1, inv_freq, pos, hd, rot, interleaved, 1.0);
-    if (blockIdx.y == 0) store_kv_row(kc, vc, ks, vs, pos, kvd, g, hd, KT);
-    kv_round_row(ks, hd, KT);
-    kv_round_row(vs, hd, KT);
     long long gb = (long long)g * hd;
     int lo = first_key(window, pos);
+    bool none = lo > pos;  // no key at all (window < 0): part 0 still stores the row
     int part_len = (pos - lo + 1 + nsplit - 1) / nsplit;
     lo += blockIdx.y * part_len;
     int hi = min(pos, lo + part_len - 1);
+    // The part holding this token stores its K and V row and reads it back from the cache like
+    // every other key (a block sees its own global writes after __syncthreads).
+    if ((lo <= pos && pos <= hi) || (none && blockIdx.y == 0))
+        store_kv_row(kc, vc, ks, vs, pos, kvd, g, hd, KT);
+    __syncthreads();
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int vc8 = 8 * (lane % NC), vsub = lane / NC;  // the value phase's dims and first row
+    int kk = lane >> 2, kc4 = lane & 3;           // the score phase's key and quarter
     float m[G], l[G], acc[G][8];
 #pragma unroll
     for (int i = 0; i < G; i++) {
@@ -550,97 +555,81 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[i][e] = 0.0f;
     }
-    for (int base = lo + 32 * w; base <= hi; base += 32 * SPLIT_WARPS) {
-        // Scores: lane L, key j = base + L, against every query head of the group.
-        int j = base + lane;
+    // One tile of TK keys per warp and step, its key and value loads issued together; a rolled
+    // loop without branches (every head up to G, the rows of keys past hi are those of hi, their probability 0;
+    // chunks past hd are read at hd - 8 and weighted 0), so its few hundred instructions stay in
+    // the instruction cache.
+    int vcl = min(vc8, hd - 8);
+#pragma unroll 1
+    for (int base = lo + TK * w; base <= hi; base += TK * SPLIT_WARPS) {
+        int j = base + kk;
         bool live = j <= hi;
+        long long r = gb + (long long)min(j, hi) * kvd;
+        Kv8<KT> kr[KC];
+#pragma unroll
+        for (int t = 0; t < KC; t++) kr[t].load(kc, r + min((kc4 + 4 * t) * 8, hd - 8));
+        Kv8<KT> vr[VR];
+#pragma unroll
+        for (int u = 0; u < VR; u++)
+            vr[u].load(vc, gb + (long long)min(base + u * RPL + vsub, hi) * kvd + vcl);
+        // Scores: lanes 4 kk .. 4 kk + 3 hold key kk's chunks kc4, kc4 + 4, ...
         float dot[G];
 #pragma unroll
         for (int i = 0; i < G; i++) dot[i] = 0.0f;
-        long long r = gb + (long long)j * kvd;
 #pragma unroll
-        for (int c0 = 0; c0 < NC; c0 += CH) {
-            Kv8<KT> kr[CH];
+        for (int t = 0; t < KC; t++) {
+            int d = (kc4 + 4 * t) * 8;
+            float on = d < hd ? 1.0f : 0.0f;
+            int dc = min(d, hd - 8);
+            float k8[8];
+            kr[t].get(k8);
 #pragma unroll
-            for (int t = 0; t < CH; t++)
-                if (live && j != pos && (c0 + t) * 8 < hd) kr[t].load(kc, r + (c0 + t) * 8);
+            for (int e = 0; e < 8; e++) k8[e] *= on;
 #pragma unroll
-            for (int t = 0; t < CH; t++) {
-                int d = (c0 + t) * 8;
-                if (d >= hd) break;
-                float kk[8];
-                if (!live) {
-#pragma unroll
-                    for (int e = 0; e < 8; e++) kk[e] = 0.0f;
-                } else if (j == pos) {
-#pragma unroll
-                    for (int e = 0; e < 8; e++) kk[e] = ks[d + e];
-                } else {
-                    kr[t].get(kk);
-                }
-#pragma unroll
-                for (int i = 0; i < G; i++) {
-                    if (i >= grp) break;
-                    float4 q0 = *(const float4*)(qs + i * hd + d);
-                    float4 q1 = *(const float4*)(qs + i * hd + d + 4);
-                    dot[i] += q0.x * kk[0] + q0.y * kk[1] + q0.z * kk[2] + q0.w * kk[3] +
-                              q1.x * kk[4] + q1.y * kk[5] + q1.z * kk[6] + q1.w * kk[7];
-                }
+            for (int i = 0; i < G; i++) {
+                float4 q0 = *(const float4*)(qs + i * hd + dc);
+                float4 q1 = *(const float4*)(qs + i * hd + dc + 4);
+                dot[i] += q0.x * k8[0] + q0.y * k8[1] + q0.z * k8[2] + q0.w * k8[3] +
+                          q1.x * k8[4] + q1.y * k8[5] + q1.z * k8[6] + q1.w * k8[7];
             }
         }
-        // The online softmax, once per tile and head; pj: this lane's key's probability term.
+        // The online softmax, once per tile and head (the tile's keys: lanes xor 4, 8, 16);
+        // pj: the probability term of this lane's key.
         float pj[G];
 #pragma unroll
         for (int i = 0; i < G; i++) {
-            pj[i] = 0.0f;
-            if (i >= grp) continue;
-            float sc = dot[i] * scale;
+            float dt = dot[i] + __shfl_xor_sync(FULL, dot[i], 1);
+            dt += __shfl_xor_sync(FULL, dt, 2);
+            float sc = dt * scale;
             if (cap > 0.0f) sc = cap * tanhf(sc / cap);
             sc = live ? sc : NEG_INF;
             float mt = sc;
-            for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(FULL, mt, o));
-            float mn = fmaxf(m[i], mt);  // finite: lane 0's key is live
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(FULL, mt, o));
+            float mn = fmaxf(m[i], mt);    // finite: the tile's first key is live
             float corr = expf(m[i] - mn);  // 0 on the first tile (m = -inf)
             float e_ = live ? expf(sc - mn) : 0.0f;
             float sum = e_;
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o);
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(FULL, sum, o);
             l[i] = l[i] * corr + sum;
             m[i] = mn;
 #pragma unroll
             for (int e = 0; e < 8; e++) acc[i][e] *= corr;
             pj[i] = e_;
         }
-        // Values: this lane's rows t = vsub + RPL u of the tile, dims vc8 .. vc8 + 7.
-        int n = min(32, hi - base + 1);
+        // Values: this lane's rows t = vsub + RPL u of the tile, dims vc8 .. vc8 + 7, weighted
+        // by the probability term of key t (lane 4 t; 0 past hi).
 #pragma unroll
-        for (int u0 = 0; u0 < VR; u0 += VCH) {
-            Kv8<KT> vr[VCH];
+        for (int u = 0; u < VR; u++) {
+            int t = u * RPL + vsub;
+            float vv[8];
+            vr[u].get(vv);
 #pragma unroll
-            for (int u = 0; u < VCH; u++) {
-                int t = (u0 + u) * RPL + vsub;
-                if (t < n && base + t != pos && vc8 < hd)
-                    vr[u].load(vc, gb + (long long)(base + t) * kvd + vc8);
-            }
+            for (int i = 0; i < G; i++) {
+                float pt = __shfl_sync(FULL, pj[i], 4 * t);
 #pragma unroll
-            for (int u = 0; u < VCH; u++) {
-                int t = (u0 + u) * RPL + vsub;
-                float vv[8];
-                if (t >= n || vc8 >= hd) {
-#pragma unroll
-                    for (int e = 0; e < 8; e++) vv[e] = 0.0f;
-                } else if (base + t == pos) {
-#pragma unroll
-                    for (int e = 0; e < 8; e++) vv[e] = vs[vc8 + e];
-                } else {
-                    vr[u].get(vv);
-                }
-#pragma unroll
-                for (int i = 0; i < G; i++) {
-                    if (i >= grp) break;
-                    float pt = __shfl_sync(FULL, pj[i], t);
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[i][e] += pt * vv[e];
-                }
+                for (int e = 0; e < 8; e++) acc[i][e] += pt * vv[e];
             }
         }
     }
@@ -688,16 +677,14 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
     }
 }
 
-// One kernel per head-size class S (hd <= 32 S); the cache type kt and the group size pick the
-// instantiation.
+// One kernel per head-size class S (hd <= 32 S) and group size bound G (4, or SPLIT_GRP for
+// 5 .. 8 query heads per kv head, whose sums take twice the registers: fewer blocks per
+// multiprocessor, MINB); the cache type kt picks the instantiation.
 #define SPLIT_ARGS                                                                             \
     sh, q, k, v, q_norm, k_norm, inv_freq, kc, vc, splits, p, nq, nkv, hd, rot, interleaved,   \
         eps, off, scale, window, cap, nsplit
-#define SPLIT_BY_GROUP(S, KT)                                                                  \
-    if (nq / nkv <= 4) attn_split<S, KT, 4>(SPLIT_ARGS);                                       \
-    else attn_split<S, KT, SPLIT_GRP>(SPLIT_ARGS);
-#define ATTN_SPLIT_KERNEL(NAME, S)                                                             \
-    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)                             \
+#define ATTN_SPLIT_KERNEL(NAME, S, G, MINB)                                                    \
+    extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)                       \
         NAME(const float* q, const float* k, const float* v, const float* q_norm,              \
              const float* k_norm, const double* inv_freq, void* kc, void* vc, float* splits,   \
              const int* p, int nq, int nkv, int hd, int rot, int interleaved, float eps,        \
@@ -705,17 +692,16 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
         __shared__ SplitShared<S> sh;                                                          \
         pdl_trigger();                                                                         \
         pdl_wait();                                                                            \
-        if (kt == KV_F16) {                                                                    \
-            SPLIT_BY_GROUP(S, KV_F16)                                                          \
-        } else if (kt == KV_Q8_0) {                                                            \
-            SPLIT_BY_GROUP(S, KV_Q8_0)                                                         \
-        } else {                                                                               \
-            SPLIT_BY_GROUP(S, KV_F32)                                                          \
-        }                                                                                      \
+        if (kt == KV_F16) attn_split<S, KV_F16, G>(SPLIT_ARGS);                                \
+        else if (kt == KV_Q8_0) attn_split<S, KV_Q8_0, G>(SPLIT_ARGS);                         \
+        else attn_split<S, KV_F32, G>(SPLIT_ARGS);                                             \
     }
-ATTN_SPLIT_KERNEL(dec_attn_split64, 2)
-ATTN_SPLIT_KERNEL(dec_attn_split128, 4)
-ATTN_SPLIT_KERNEL(dec_attn_split256, 8)
+ATTN_SPLIT_KERNEL(dec_attn_split64, 2, 4, 4)
+ATTN_SPLIT_KERNEL(dec_attn_split128, 4, 4, 4)
+ATTN_SPLIT_KERNEL(dec_attn_split256, 8, 4, 3)
+ATTN_SPLIT_KERNEL(dec_attn_split64_g8, 2, SPLIT_GRP, 3)
+ATTN_SPLIT_KERNEL(dec_attn_split128_g8, 4, SPLIT_GRP, 2)
+ATTN_SPLIT_KERNEL(dec_attn_split256_g8, 8, SPLIT_GRP, 2)
 
 // The key splits of query head h = blockIdx.x combined (dec_attn_split*): with M the
 // largest split maximum and w_s = exp(m_s - M) (0 for an empty split), out[h] = sum_s w_s o_s /

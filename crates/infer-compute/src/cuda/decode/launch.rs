@@ -155,13 +155,13 @@ impl CudaDecoder<'_> {
         {
             return None;
         }
-        let k = &dev.k;
-        match l.head_dim {
-            0..=64 => Some(&k.dec_attn_split64),
-            65..=128 => Some(&k.dec_attn_split128),
-            129..=256 => Some(&k.dec_attn_split256),
-            _ => None,
-        }
+        let class = match l.head_dim {
+            0..=64 => 0,
+            65..=128 => 1,
+            129..=256 => 2,
+            _ => return None,
+        };
+        Some(&dev.k.dec_attn_split[class + if grp > 4 { 3 } else { 0 }])
     }
 
     /// Quantized-activation pointers of the families `fam` = (Q8_K, 32-value): (q32, d32, qk, dk,
