@@ -136,7 +136,9 @@ build() {
     # The kernels compiled for sm_90 (H100/H200) into the kernel cache the device runs use
     # (find_libs), so a fresh device neither runs NVRTC nor JIT-compiles PTX (minutes there).
     rm -rf "$GPU_DIR/cache/kernels"
-    INFER_CACHE="$PWD/$GPU_DIR/cache" LD_LIBRARY_PATH="$(bash scripts/fetch-nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    local nvrtc
+    nvrtc=$(bash scripts/fetch-nvrtc.sh)
+    INFER_CACHE="$PWD/$GPU_DIR/cache" LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         "$BIN/cuda_parity" --exact kernels_compile_with_nvrtc --nocapture | grep -E '^kernels:' ||
         { echo "gpu-check: compiling the kernels for sm_90 failed" >&2; exit 1; }
     # The archrefs cases, laid out as INFER_SHARED expects (INFER_SHARED/archrefs/<case>/ and
