@@ -5,7 +5,7 @@ use infer_compute::{
 };
 use infer_models::{FfnType, NormType};
 
-use crate::layer::{DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights};
+use crate::layer::{DenseFfn, DownLayout, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights};
 use crate::scratch::{FfnScratch, Scratch};
 use crate::walk::{layer_walk_ffn, walk_ffn, WalkBuffers};
 use crate::{InferenceError, KvCache, Model};
@@ -694,6 +694,9 @@ fn ffn(
             layer_walk_ffn(backend, w, x, t, g, &mut bufs.walk, out)
         }),
         Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, bufs, out),
+        Ffn::Moe(m) if t == 1 && experts_as_products(m, g) => {
+            moe_ffn_one_row(backend, m, x, g, bufs, out)
+        }
         Ffn::Moe(m) => io.run(backend, x, out, |x, out| {
             *out = moe_ffn(backend, m, x, t, g)?;
             Ok(())
@@ -736,6 +739,139 @@ fn dense_ffn(
 /// gpt-oss's softmax over the top-k logits; ties → lower expert index), plus the shared expert
 /// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`,
 /// `GptOssTopKRouter`).
+/// The experts a token's router logits `probs` (`[num_experts]`, softmaxed in place, after the
+/// router bias) choose, with their weights: top-k by probability (ties → lower index),
+/// renormalised over the chosen when `norm_topk_prob`.
+fn route(m: &MoeFfn<'_>, probs: &mut [f32]) -> smallvec::SmallVec<[(usize, f32); 8]> {
+    if let Some(b) = &m.router_bias {
+        probs.iter_mut().zip(b.iter()).for_each(|(p, b)| *p += b);
+    }
+    ops::softmax_inplace(probs);
+    let n = probs.len();
+    let mut order: smallvec::SmallVec<[usize; 128]> = (0..n).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    let chosen = &order[..m.top_k.min(n)];
+    let sum: f32 = chosen.iter().map(|&e| probs[e]).sum();
+    chosen
+        .iter()
+        .map(|&e| {
+            let w = if m.norm_topk_prob {
+                probs[e] / sum
+            } else {
+                probs[e]
+            };
+            (e, w)
+        })
+        .collect()
+}
+
+/// Whether [`moe_ffn_one_row`] runs this MoE layer: every expert (and the shared one) in the
+/// HF Linear layout, gated as the layer says, without gpt-oss's clamped SwiGLU.
+fn experts_as_products(m: &MoeFfn<'_>, g: &crate::LayerGeometry) -> bool {
+    g.clamped_swiglu.is_none()
+        && m.experts.iter().chain(&m.shared).all(|e| {
+            e.down_layout == DownLayout::Linear
+                && e.sparse.is_none()
+                && (e.gate.is_some() == (g.ffn_type == FfnType::Gated))
+        })
+}
+
+/// One expert as a dense FFN on the backend's tensors: `down(act(gate(x) + bg) ⊙ (up(x) + bu))
+/// + bd` for one row, into `out`; `bufs.gate`, `bufs.up` are scratch.
+fn expert_ffn(
+    backend: &dyn ComputeBackend,
+    e: &crate::layer::WalkFfn<'_>,
+    x: &Tensor,
+    g: &crate::LayerGeometry,
+    bufs: &mut FfnScratch,
+    out: &mut Tensor,
+) -> Result<(), InferenceError> {
+    let (h, inter) = (g.hidden_size, e.intermediate_size);
+    let act = crate::walk::compute_activation(g.activation);
+    let FfnScratch { gate, up, .. } = bufs;
+    backend.project(&e.up.matrix(inter, h), x, 1, up)?;
+    if let Some(b) = &e.up_bias {
+        backend.add_bias(up, b)?;
+    }
+    match &e.gate {
+        Some(gw) => {
+            backend.project(&gw.matrix(inter, h), x, 1, gate)?;
+            if let Some(b) = &e.gate_bias {
+                backend.add_bias(gate, b)?;
+            }
+            backend.gated_activation(act, gate, up)?;
+        }
+        None => backend.activation(act, up)?,
+    }
+    backend.project(&e.down.matrix(h, inter), up, 1, out)?;
+    if let Some(b) = &e.down_bias {
+        backend.add_bias(out, b)?;
+    }
+    Ok(())
+}
+
+/// [`moe_ffn`] for one row (a decode step) with the activations left in the backend's memory:
+/// only the router's `num_experts` logits come to the host for [`route`]; the chosen experts
+/// (and the shared one) run as dense products on the backend, so on a device the experts'
+/// weights are read there. `out` = Σ wₑ FFNₑ(x), accumulated as w₀ (y₀ + Σₑ (wₑ / w₀) yₑ)
+/// (w₀ > 0: the largest probability), plus `sigmoid(x · shared_gate)` · shared(x).
+fn moe_ffn_one_row(
+    backend: &dyn ComputeBackend,
+    m: &MoeFfn<'_>,
+    x: &Tensor,
+    g: &crate::LayerGeometry,
+    bufs: &mut FfnScratch,
+    out: &mut Tensor,
+) -> Result<(), InferenceError> {
+    let (h, n) = (g.hidden_size, m.experts.len());
+    let router = infer_compute::Matrix {
+        data: infer_compute::MatData::F32(&m.router),
+        rows: n,
+        cols: h,
+    };
+    backend.project(&router, x, 1, &mut bufs.moe_out)?;
+    let probs = crate::scratch::fit(&mut bufs.host_out, n);
+    backend.download(&bufs.moe_out, probs)?;
+    let chosen = route(m, probs);
+    let Some(&(_, w0)) = chosen.first() else {
+        return Err(InferenceError::Architecture(
+            "an MoE layer without experts (top_k or num_experts is 0)".into(),
+        ));
+    };
+    for (i, &(e, w)) in chosen.iter().enumerate() {
+        if i == 0 {
+            expert_ffn(backend, &m.experts[e], x, g, bufs, out)?;
+        } else {
+            let mut y = std::mem::take(&mut bufs.moe_out);
+            expert_ffn(backend, &m.experts[e], x, g, bufs, &mut y)?;
+            backend.add_scaled(out, &y, w / w0)?;
+            bufs.moe_out = y;
+        }
+    }
+    backend.scale_softcap(out, 1.0 / w0, None)?;
+    if let Some(shared) = &m.shared {
+        let gate = match &m.shared_gate {
+            Some(sg) => {
+                let sgm = infer_compute::Matrix {
+                    data: infer_compute::MatData::F32(sg),
+                    rows: 1,
+                    cols: h,
+                };
+                backend.project(&sgm, x, 1, &mut bufs.moe_out)?;
+                let z = crate::scratch::fit(&mut bufs.host_out, 1);
+                backend.download(&bufs.moe_out, z)?;
+                1.0 / (1.0 + (-z[0]).exp())
+            }
+            None => 1.0,
+        };
+        let mut y = std::mem::take(&mut bufs.moe_out);
+        expert_ffn(backend, shared, x, g, bufs, &mut y)?;
+        backend.add_scaled(out, &y, gate)?;
+        bufs.moe_out = y;
+    }
+    Ok(())
+}
+
 fn moe_ffn(
     backend: &dyn ComputeBackend,
     m: &MoeFfn<'_>,
@@ -754,21 +890,8 @@ fn moe_ffn(
         .zip(router.chunks_exact_mut(n))
         .enumerate()
     {
-        if let Some(b) = &m.router_bias {
-            probs.iter_mut().zip(b.iter()).for_each(|(p, b)| *p += b);
-        }
-        ops::softmax_inplace(probs);
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-        let chosen = &order[..m.top_k.min(n)];
-        let sum: f32 = chosen.iter().map(|&e| probs[e]).sum();
         let o = &mut out[row * h..(row + 1) * h];
-        for &e in chosen {
-            let weight = if m.norm_topk_prob {
-                probs[e] / sum
-            } else {
-                probs[e]
-            };
+        for (e, weight) in route(m, probs) {
             walk_ffn(backend, &m.experts[e], xr, 1, g, &mut bufs, &mut y)?;
             o.iter_mut().zip(&y).for_each(|(a, b)| *a += weight * b);
         }

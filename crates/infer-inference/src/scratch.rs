@@ -51,6 +51,8 @@ pub(crate) struct Scratch {
 pub(crate) struct FfnScratch {
     pub(crate) gate: Tensor,
     pub(crate) up: Tensor,
+    /// A one-row MoE step's router logits, then each further expert's output.
+    pub(crate) moe_out: Tensor,
     pub(crate) walk: crate::walk::WalkBuffers,
     /// Host copies of the input and output of the FFNs that run on the host (walk FFN, MoE)
     /// when the backend keeps activations on a device.
