@@ -5,7 +5,7 @@ use infer_compute::{
 };
 use infer_models::{FfnType, NormType};
 
-use crate::layer::{DenseFfn, DownLayout, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights};
+use crate::layer::{DenseFfn, Ffn, FullPipelineLayer, Linear, MoeFfn, NormWeights};
 use crate::scratch::{FfnScratch, Scratch};
 use crate::walk::{layer_walk_ffn, walk_ffn, WalkBuffers};
 use crate::{InferenceError, KvCache, Model};
@@ -694,7 +694,7 @@ fn ffn(
             layer_walk_ffn(backend, w, x, t, g, &mut bufs.walk, out)
         }),
         Ffn::Dense(d) => dense_ffn(backend, d, x, t, g, bufs, out),
-        Ffn::Moe(m) if t == 1 && experts_as_products(m, g) => {
+        Ffn::Moe(m) if t == 1 && m.runs_as_products(g) => {
             moe_ffn_one_row(backend, m, x, g, bufs, out)
         }
         Ffn::Moe(m) => io.run(backend, x, out, |x, out| {
@@ -763,17 +763,6 @@ fn route(m: &MoeFfn<'_>, probs: &mut [f32]) -> smallvec::SmallVec<[(usize, f32);
             (e, w)
         })
         .collect()
-}
-
-/// Whether [`moe_ffn_one_row`] runs this MoE layer: every expert (and the shared one) in the
-/// HF Linear layout, gated as the layer says, without gpt-oss's clamped SwiGLU.
-fn experts_as_products(m: &MoeFfn<'_>, g: &crate::LayerGeometry) -> bool {
-    g.clamped_swiglu.is_none()
-        && m.experts.iter().chain(&m.shared).all(|e| {
-            e.down_layout == DownLayout::Linear
-                && e.sparse.is_none()
-                && (e.gate.is_some() == (g.ffn_type == FfnType::Gated))
-        })
 }
 
 /// One expert as a dense FFN on the backend's tensors: `down(act(gate(x) + bg) ⊙ (up(x) + bu))

@@ -399,6 +399,21 @@ pub struct MoeFfn<'a> {
     pub shared_gate: Option<Cow<'a, [f32]>>,
 }
 
+impl MoeFfn<'_> {
+    /// Whether a one-row (decode) step runs this layer's experts as dense products on the
+    /// backend (forward.rs `moe_ffn_one_row`): every expert, and the shared one, in the HF
+    /// Linear layout, gated as the layer says, without gpt-oss's clamped SwiGLU or a sparse
+    /// walk.
+    pub fn runs_as_products(&self, g: &LayerGeometry) -> bool {
+        g.clamped_swiglu.is_none()
+            && self.experts.iter().chain(&self.shared).all(|e| {
+                e.down_layout == DownLayout::Linear
+                    && e.sparse.is_none()
+                    && (e.gate.is_some() == (g.ffn_type == FfnType::Gated))
+            })
+    }
+}
+
 /// A dense FFN with HF Linear-layout matrices (the quantized interleaved tiers):
 /// `down(act(gate(x)) · up(x))`, or `down(act(up(x)))` without a gate.
 #[derive(Clone, Debug)]
@@ -523,8 +538,9 @@ impl WalkFfn<'_> {
 impl FullPipelineLayer<'_> {
     /// Bytes of this layer's weights as stored (blocks at their size, f16, f32, biases and
     /// norms included): `(device, host)`, the part a device backend holds resident (norms,
-    /// attention, attention sinks, a dense FFN) and the part that runs on the host even then (a
-    /// walk or MoE FFN: every expert, router and shared expert).
+    /// attention, attention sinks, a dense FFN, an MoE FFN whose decode steps run as products:
+    /// [`MoeFfn::runs_as_products`]) and the part that runs on the host even then (a walk FFN,
+    /// another MoE FFN: every expert, router and shared expert).
     pub fn stored_weight_bytes(&self) -> (usize, usize) {
         let norms = self.norm_bytes();
         let attn = self.wq.byte_len()
@@ -544,12 +560,18 @@ impl FullPipelineLayer<'_> {
             Ffn::Walk(w) => (device, w.stored_bytes()),
             Ffn::Moe(m) => {
                 let f32s = |v: &Option<Cow<'_, [f32]>>| v.as_ref().map_or(0, |v| v.len() * 4);
-                let host = m.router.len() * 4
+                let all = m.router.len() * 4
                     + f32s(&m.router_bias)
                     + f32s(&m.shared_gate)
                     + m.experts.iter().map(|e| e.stored_bytes()).sum::<usize>()
                     + m.shared.as_ref().map_or(0, |s| s.stored_bytes());
-                (device, host)
+                // Decode steps multiply the chosen experts on the device, which keeps every
+                // expert it has read (prompts still run the experts on the host copy).
+                if m.runs_as_products(&self.geometry) {
+                    (device + all, 0)
+                } else {
+                    (device, all)
+                }
             }
         }
     }
