@@ -217,7 +217,9 @@ impl Device {
         let cc = drv("compute capability", ctx.compute_capability())?;
         let load = |ptx| drv("load the kernel module", ctx.load_module(ptx));
         let module = match kernel_cache::real_arch(cc) {
-            Some(arch) => kernel_cache::load_cubin(&arch, load)?.0,
+            Some(arch) => kernel_cache::load_cubin(&arch, |cubin| {
+                load(cudarc::nvrtc::Ptx::from_binary(cubin))
+            })?,
             None => load(compile(arch_for(cc))?)?,
         };
         let f = |n: &str| drv(&format!("kernel {n}"), module.load_function(n));

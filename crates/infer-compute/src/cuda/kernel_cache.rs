@@ -15,7 +15,7 @@
 use std::ffi::{c_char, c_int, CString};
 use std::path::{Path, PathBuf};
 
-use cudarc::nvrtc::{result, sys, Ptx};
+use cudarc::nvrtc::{result, sys};
 use sha2::{Digest, Sha256};
 
 use super::device::{dev_err, KERNELS_CU};
@@ -166,24 +166,24 @@ fn compile_cubin(arch: &str) -> Result<Vec<u8>, ComputeError> {
     out
 }
 
-/// The kernels as a CUBIN for `arch` (`sm_90`): from the cache when present and intact,
-/// otherwise compiled and stored there. `load` tries a module; a cached file it rejects is
-/// recompiled once. Returns the module's result and whether it came from the cache.
+/// The kernels as a CUBIN for `arch` (`sm_90`), handed to `load`: from the cache when present
+/// and intact, otherwise compiled and stored there; a cached file `load` rejects (e.g. the
+/// driver refuses it) is recompiled once.
 pub(super) fn load_cubin<M>(
     arch: &str,
-    mut load: impl FnMut(Ptx) -> Result<M, ComputeError>,
-) -> Result<(M, bool), ComputeError> {
+    mut load: impl FnMut(Vec<u8>) -> Result<M, ComputeError>,
+) -> Result<M, ComputeError> {
     let file = cache_dir().map(|d| cache_file(&d, arch));
     if let Some(cubin) = file.as_deref().and_then(read_cached) {
-        if let Ok(m) = load(Ptx::from_binary(cubin)) {
-            return Ok((m, true));
+        if let Ok(m) = load(cubin) {
+            return Ok(m);
         }
     }
     let cubin = compile_cubin(arch)?;
     if let Some(f) = &file {
         write_cached(f, &cubin);
     }
-    Ok((load(Ptx::from_binary(cubin))?, false))
+    load(cubin)
 }
 
 /// Compile the kernels for compute capability `cc` without a GPU and store them in the cache
@@ -192,25 +192,15 @@ pub(super) fn load_cubin<M>(
 /// its compile log.
 pub fn prepare(cc: (i32, i32)) -> Result<(Option<PathBuf>, usize), ComputeError> {
     let arch = real_arch(cc).ok_or_else(|| {
+        let (major, minor) = nvrtc_version();
         dev_err(format!(
-            "this NVRTC ({}.{}) cannot compile for compute capability {}.{}",
-            nvrtc_version().0,
-            nvrtc_version().1,
-            cc.0,
-            cc.1
+            "this NVRTC ({major}.{minor}) cannot compile for compute capability {}.{}",
+            cc.0, cc.1
         ))
     })?;
-    let file = cache_dir().map(|d| cache_file(&d, &arch));
-    if let Some(cubin) = file.as_deref().and_then(read_cached) {
-        return Ok((file, cubin.len()));
-    }
-    let cubin = compile_cubin(&arch)?;
-    if let Some(f) = &file {
-        write_cached(f, &cubin);
-    }
-    Ok((file, cubin.len()))
+    let size = load_cubin(&arch, |cubin| Ok(cubin.len()))?;
+    Ok((cache_dir().map(|d| cache_file(&d, &arch)), size))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
