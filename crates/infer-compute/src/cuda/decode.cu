@@ -115,16 +115,73 @@ __device__ void residual_norm_block(float* x, const float* branch, const float* 
         }
 }
 
-// residual_norm_block as a kernel of one block of RN_THREADS threads.
+// Eight floats at p (16-byte aligned) into v.
+__device__ __forceinline__ void ld8(const float* p, float (&v)[8]) {
+    float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void st8(float* p, const float (&v)[8]) {
+    *(float4*)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4*)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// residual_norm_block as a kernel of one block of RN_THREADS threads. Rows of up to 8
+// RN_THREADS values (a multiple of 8) without 32-value quantization take a shorter path: thread
+// t holds values 8 t .. 8 t + 7 in registers from load to quantization (warp w then holds
+// Q8_K block w, as quant_regs_k wants), and the weights are loaded before pdl_wait (they are
+// never written). Same operations per value and the same block sums as residual_norm_block.
 extern "C" __global__ void __launch_bounds__(RN_THREADS)
     dec_residual_norm(float* x, const float* branch, const float* post_w, float mult,
                       const float* norm_w, float* out, int n, float eps, float off, float eps2,
                       float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
     pdl_trigger();
-    pdl_wait();
     __shared__ double sh[32];
-    residual_norm_block(x, branch, post_w, mult, norm_w, out, n, eps, off, eps2, off2, q32, d32,
-                        qk, dk, bsk, sh);
+    if (q32 || n % 8 != 0 || n > 8 * RN_THREADS) {
+        pdl_wait();
+        residual_norm_block(x, branch, post_w, mult, norm_w, out, n, eps, off, eps2, off2, q32,
+                            d32, qk, dk, bsk, sh);
+        return;
+    }
+    int i0 = 8 * threadIdx.x;
+    bool mine = i0 < n;
+    float nw[8], pw[8], xv[8], bv[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) nw[t] = pw[t] = xv[t] = bv[t] = 0.0f;
+    if (mine) {
+        ld8(norm_w + i0, nw);
+        if (post_w) ld8(post_w + i0, pw);
+    }
+    pdl_wait();
+    if (mine) {
+        ld8(x + i0, xv);
+        if (branch) ld8(branch + i0, bv);
+    }
+    if (branch) {
+        float sc = 1.0f;
+        if (post_w) {
+            double ss = 0.0;
+#pragma unroll
+            for (int t = 0; t < 8; t++) ss += (double)bv[t] * (double)bv[t];
+            sc = rms_scale(block_sum_d(ss, sh), n, eps);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            float b = bv[t];
+            if (post_w) b = (b * sc) * (pw[t] + off);
+            xv[t] = xv[t] + (mult == 1.0f ? b : b * mult);
+        }
+        if (mine) st8(x + i0, xv);
+    }
+    double ss2 = 0.0;
+#pragma unroll
+    for (int t = 0; t < 8; t++) ss2 += (double)xv[t] * (double)xv[t];
+    float sc = rms_scale(block_sum_d(ss2, sh), n, eps2);
+    float o[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) o[t] = (xv[t] * sc) * (nw[t] + off2);
+    if (mine) st8(out + i0, o);
+    int w = threadIdx.x >> 5;
+    if (qk && w < n / 256) quant_regs_k(o, qk, dk, bsk, w, threadIdx.x & 31);
 }
 
 // RMSNorm of one head held in shared memory row[0:hd] by weights nw (nothing when nw is null),
