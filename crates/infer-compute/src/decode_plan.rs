@@ -8,11 +8,25 @@
 //! (`x += [post_attn_norm](attn(pre_attn_norm(x)))`, `x += [post_ffn_norm](ffn(pre_ffn_norm(x)))`)
 //! with RMSNorm, optional per-head q/k RMSNorm, RoPE, GQA, sliding window, attention soft-cap,
 //! a gated or plain FFN, and a final RMSNorm and lm_head with optional logit divisor and
-//! soft-cap. A model with anything else (LayerNorm, biases, parallel residual, MoE or walk FFN,
-//! learned positions) is not expressed as a plan and runs the host loop.
+//! soft-cap, and Linear biases on the projections (Qwen2's QKV). A model with anything else
+//! (LayerNorm, norm biases, parallel residual, MoE or walk FFN, learned positions) is not
+//! expressed as a plan and runs the host loop.
 
 use crate::ops::Activation;
 use crate::{Argmax, AttentionParams, ComputeError, FloatTable, MatData, RopeConfig};
+
+/// The `[out_features]` f32 Linear biases of a block's projections (`None`: no bias), added to
+/// the product's output (`y = W x + b`, before q/k norm and RoPE for q and k).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlanBiases<'a> {
+    pub q: Option<&'a [f32]>,
+    pub k: Option<&'a [f32]>,
+    pub v: Option<&'a [f32]>,
+    pub o: Option<&'a [f32]>,
+    pub gate: Option<&'a [f32]>,
+    pub up: Option<&'a [f32]>,
+    pub down: Option<&'a [f32]>,
+}
 
 /// One decoder block. Norm weights are `[hidden]` f32 (q/k norms `[head_dim]`, applied per
 /// head); every norm computes `x · rsqrt(mean(x²) + eps) · (w + norm_offset)`.
@@ -37,6 +51,8 @@ pub struct PlanLayer<'a> {
     pub up: MatData<'a>,
     /// `[hidden, intermediate]`.
     pub down: MatData<'a>,
+    /// The projections' Linear biases (all `None` for most families).
+    pub biases: PlanBiases<'a>,
     pub intermediate_size: usize,
     /// Heads, head_dim, scale, sliding window, soft-cap.
     pub attention: AttentionParams<'a>,

@@ -29,7 +29,7 @@ pub mod vec_dot;
 pub use attention::{attention, attention_reference, AttentionParams};
 pub use backend::{add_norm_composed, host, host_mut, rope_attend_composed, ComputeBackend};
 pub use cpu::{axpy_f16, dot_f16, CpuBackend};
-pub use decode_plan::{DecodePlan, PlanLayer, TokenDecoder};
+pub use decode_plan::{DecodePlan, PlanBiases, PlanLayer, TokenDecoder};
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;
 pub use kv_type::KvType;

@@ -396,6 +396,7 @@ fn zero_layer_plan<'a>(
         gate: Some(q8),
         up: q8,
         down: q8,
+        biases: Default::default(),
         intermediate_size: h,
         attention: AttentionParams {
             n_q_heads: h / 64,
@@ -495,6 +496,7 @@ fn float_layer_plan(f: &FloatLayer, context: usize) -> DecodePlan<'_> {
         gate: Some(F32(&w[4])),
         up: F32(&w[5]),
         down: F32(&w[6]),
+        biases: Default::default(),
         intermediate_size: 2 * f.h,
         attention: AttentionParams {
             n_q_heads: f.nq,

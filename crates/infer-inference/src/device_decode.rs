@@ -6,7 +6,7 @@
 //! wrote are copied back before the next host pass, so both caches agree wherever they are read
 //! (device to device when the host loop's cache is in the decoder's device memory).
 
-use infer_compute::{ComputeBackend, DecodePlan, MatData, PlanLayer, TokenDecoder};
+use infer_compute::{ComputeBackend, DecodePlan, MatData, PlanBiases, PlanLayer, TokenDecoder};
 use infer_models::{FfnType, NormType};
 
 use crate::forward::Logits;
@@ -17,7 +17,7 @@ use crate::{InferenceError, KvCache, Model};
 impl Model<'_> {
     /// This model as a [`DecodePlan`] with a KV cache of `context` positions, or the reason it
     /// has none: the plan covers pre-norm RMSNorm blocks with quantized or float Linear weights
-    /// without biases, a dense FFN, RoPE or no positional encoding (not learned positions), no
+    /// (biases on quantized ones), a dense FFN, RoPE or no positional encoding (not learned positions), no
     /// parallel residual and no OLMo-2 style whole-projection q/k norm.
     pub fn decode_plan(&self, context: usize) -> Result<DecodePlan<'_>, String> {
         if self.position_embeddings.is_some() {
@@ -52,9 +52,11 @@ impl Model<'_> {
             let pre_attn_norm =
                 norm(&l.pre_attn_norm)?.ok_or_else(|| at("no pre-attention norm"))?;
             let pre_ffn_norm = norm(&l.pre_ffn_norm)?.ok_or_else(|| at("no pre-FFN norm"))?;
-            let gate = match (&d.gate, g.ffn_type) {
-                (Some(gate), FfnType::Gated) => Some(plan_weight(gate).map_err(|e| at(&e))?),
-                _ => None,
+            let (gate, gate_bias) = match (&d.gate, g.ffn_type) {
+                (Some(gate), FfnType::Gated) => {
+                    (Some(plan_weight(gate).map_err(|e| at(&e))?), bias_of(gate))
+                }
+                _ => (None, None),
             };
             layers.push(PlanLayer {
                 pre_attn_norm,
@@ -70,6 +72,15 @@ impl Model<'_> {
                 gate,
                 up: plan_weight(&d.up).map_err(|e| at(&e))?,
                 down: plan_weight(&d.down).map_err(|e| at(&e))?,
+                biases: PlanBiases {
+                    q: bias_of(&l.wq),
+                    k: bias_of(&l.wk),
+                    v: bias_of(&l.wv),
+                    o: bias_of(&l.wo),
+                    gate: gate_bias,
+                    up: bias_of(&d.up),
+                    down: bias_of(&d.down),
+                },
                 intermediate_size: g.intermediate_size,
                 attention: g.attention,
                 rope: g.rope,
@@ -112,12 +123,20 @@ fn norm_weight<'w>(n: &'w Option<NormWeights<'_>>) -> Result<Option<&'w [f32]>, 
     }
 }
 
-/// A bias-free Linear as a plan weight.
+/// A Linear's weight as a plan weight (its bias: [`bias_of`]). Errors: a format the device
+/// decoder has no kernel for, or a bias on a float weight (the device adds biases in the
+/// quantized mat-vecs only).
 fn plan_weight<'w>(l: &'w Linear<'_>) -> Result<MatData<'w>, String> {
-    if l.bias.is_some() {
-        return Err("a Linear bias".into());
+    let data = weight_data(&l.weight)?;
+    if l.bias.is_some() && !matches!(data, MatData::Blocks { .. }) {
+        return Err("a Linear bias on a float weight".into());
     }
-    weight_data(&l.weight)
+    Ok(data)
+}
+
+/// A Linear's `[out_features]` bias, if it has one.
+fn bias_of<'w>(l: &'w Linear<'_>) -> Option<&'w [f32]> {
+    l.bias.as_deref()
 }
 
 fn weight_data<'w>(w: &'w WeightData<'_>) -> Result<MatData<'w>, String> {

@@ -142,7 +142,7 @@ impl CudaBackend {
                 .iter()
                 .map(|w| {
                     let wp = w.device_ptr(st_).0;
-                    let (job, n) = quant::mv_job(format, wp, yp, rows, cols, 0)?;
+                    let (job, n) = quant::mv_job(format, wp, yp, 0, rows, cols, 0)?;
                     let t = drv("upload a mat-vec job", st_.clone_htod(&job))?;
                     Ok((t, n))
                 })

@@ -843,7 +843,8 @@ extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, in
 }
 
 // Several quantized mat-vecs of one input in one launch (fused QKV, gate+up, or one matrix):
-// jobs[6 j .. 6 j + 5] = {W, y, rows, format, first block, rows per warp}; block b runs the job
+// jobs[7 j .. 7 j + 6] = {W, y, rows, format, first block, rows per warp, bias (0: none)};
+// block b runs the job
 // whose first block is the largest <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations
 // aq32/ad32), 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk; mvk_stream). At most 64
 // registers (4 blocks of 8 warps per SM; ptxas sm_90: no spills, 93 registers unbounded).
@@ -854,20 +855,21 @@ extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     pdl_trigger();
     int b = blockIdx.x;
     int j = njobs - 1;
-    while (j > 0 && b < (int)jobs[6 * j + 4]) j--;
-    const long long* jb = jobs + 6 * j;
+    while (j > 0 && b < (int)jobs[7 * j + 4]) j--;
+    const long long* jb = jobs + 7 * j;
     const u8* W = (const u8*)jb[0];
     float* y = (float*)jb[1];
     int rows = (int)jb[2];
     int bx = b - (int)jb[4];
     int rpw = (int)jb[5];
+    const float* bias = (const float*)jb[6];
     u8* smw = sm[threadIdx.x >> 5];
     switch ((int)jb[3]) {
-        case 0: mv32<F_Q4_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
-        case 1: mv32<F_Q5_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
-        case 2: mv32<F_Q8_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw); break;
-        case 4: mvk_stream<Q4kLane>(W, aqk, adk, bsk, y, rows, cols, bx, rpw, 144); break;
-        default: mvk_stream<Q6kLane>(W, aqk, adk, bsk, y, rows, cols, bx, rpw, 210); break;
+        case 0: mv32<F_Q4_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw, bias); break;
+        case 1: mv32<F_Q5_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw, bias); break;
+        case 2: mv32<F_Q8_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw, bias); break;
+        case 4: mvk_stream<Q4kLane>(W, aqk, adk, bsk, y, rows, cols, bx, rpw, 144, bias); break;
+        default: mvk_stream<Q6kLane>(W, aqk, adk, bsk, y, rows, cols, bx, rpw, 210, bias); break;
     }
 }
 

@@ -292,15 +292,17 @@ __device__ __forceinline__ void mv32_blocks(const u8* wr, int c0, int cb, int ro
     }
 }
 
-// Warp-sum acc and write the row's outputs.
+// Warp-sum acc and write the row's outputs, plus bias[row] when a bias is given (a Linear
+// bias, added after the whole sum as the CPU's forward pass does).
 template <int M>
 __device__ __forceinline__ void mv_store(float (&acc)[M], float* __restrict__ y, int rows,
-                                         int row, int t0, int nt, int lane) {
+                                         int row, int t0, int nt, int lane,
+                                         const float* __restrict__ bias) {
 #pragma unroll
     for (int t = 0; t < M; t++) {
         if (t < nt) {
             float v = warp_sum(acc[t]);
-            if (lane == 0) y[(long long)(t0 + t) * rows + row] = v;
+            if (lane == 0) y[(long long)(t0 + t) * rows + row] = bias ? v + bias[row] : v;
         }
     }
 }
@@ -311,11 +313,11 @@ __device__ __forceinline__ void mv_store(float (&acc)[M], float* __restrict__ y,
 // activation rows t0 .. t0 + nt to acc. rpw > 1: the warp's rows are contiguous and staged at
 // once (the host picks rpw so that rpw * nb * bb <= STAGE): more bytes in flight per warp for
 // tall matrices (the lm_head), whose one-row warps are too short to hide the load latency.
-// The weights (never written) are staged before pdl_wait.
+// The weights (never written) are staged before pdl_wait. bias: as mv_store (may be null).
 template <int M, typename Dot>
 __device__ __forceinline__ void mv_rows(const u8* __restrict__ W, float* __restrict__ y,
                                         int rows, int nb, int bb, int m, int bx, u8* smw,
-                                        int rpw, Dot dot) {
+                                        int rpw, const float* __restrict__ bias, Dot dot) {
     int warp = threadIdx.x >> 5;
     int row = (bx * ROWS_PER_BLOCK + warp) * rpw;
     int lane = threadIdx.x & 31;
@@ -332,7 +334,7 @@ __device__ __forceinline__ void mv_rows(const u8* __restrict__ W, float* __restr
 #pragma unroll
             for (int t = 0; t < M; t++) acc[t] = 0.0f;
             dot(wr + r * nb * bb, 0, nb, row + r, t0, nt, acc);
-            mv_store(acc, y, rows, row + r, t0, nt, lane);
+            mv_store(acc, y, rows, row + r, t0, nt, lane, bias);
         }
         return;
     }
@@ -346,7 +348,7 @@ __device__ __forceinline__ void mv_rows(const u8* __restrict__ W, float* __restr
         dot(wr, c0, cb, row, t0, nt, acc);
         __syncwarp();
     }
-    mv_store(acc, y, rows, row, t0, nt, lane);
+    mv_store(acc, y, rows, row, t0, nt, lane, bias);
 }
 
 // 32-value block formats: mv_rows over mv32_blocks.
@@ -354,10 +356,10 @@ template <int FMT, int M>
 __device__ __forceinline__ void mv32(const u8* __restrict__ W, const float* __restrict__ wscale,
                                      const i8* __restrict__ aq, const float* __restrict__ ad,
                                      float* __restrict__ y, int rows, int cols, int m, int bx,
-                                     u8* smw, int rpw = 1) {
+                                     u8* smw, int rpw = 1, const float* bias = nullptr) {
     const int bb = FMT == F_Q4_0 ? 18 : FMT == F_Q5_0 ? 22 : FMT == F_Q8_0 ? 34 : 32;
     int nb = cols / 32, lane = threadIdx.x & 31;
-    mv_rows<M>(W, y, rows, nb, bb, m, bx, smw, rpw,
+    mv_rows<M>(W, y, rows, nb, bb, m, bx, smw, rpw, bias,
                [&](const u8* wr, int c0, int cb, int row, int t0, int nt, float (&acc)[M]) {
                    mv32_blocks<FMT, M>(wr, c0, cb, row, nb, cols, t0, nt, lane, wscale, aq, ad,
                                        acc);
@@ -460,7 +462,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restri
                                     u8* smw, int rpw = 1) {
     const int bb = Q4K ? 144 : 210;
     int nb = cols / 256, lane = threadIdx.x & 31;
-    mv_rows<M>(W, y, rows, nb, bb, m, bx, smw, rpw,
+    mv_rows<M>(W, y, rows, nb, bb, m, bx, smw, rpw, nullptr,
                [&](const u8* wr, int c0, int cb, int, int t0, int nt, float (&acc)[M]) {
 #pragma unroll 2
                    for (int j = 0; j < cb; j++)
@@ -605,7 +607,7 @@ __device__ __forceinline__ void mvk_stream(const u8* __restrict__ W, const i8* _
                                            const float* __restrict__ ad,
                                            const int* __restrict__ bsums,
                                            float* __restrict__ y, int rows, int cols, int bx,
-                                           int rpw, int bb) {
+                                           int rpw, int bb, const float* __restrict__ bias) {
     int row0 = (bx * ROWS_PER_BLOCK + (threadIdx.x >> 5)) * rpw, lane = threadIdx.x & 31;
     if (row0 >= rows) return;
     int nb = cols / 256, g = lane >> 2, s4 = lane & 3;
@@ -632,7 +634,7 @@ __device__ __forceinline__ void mvk_stream(const u8* __restrict__ W, const i8* _
             cur = nxt;
         }
         acc = warp_sum(acc);
-        if (lane == 0) y[row0 + r] = acc;
+        if (lane == 0) y[row0 + r] = bias ? acc + bias[row0 + r] : acc;
         acc = 0.0f;
     }
 }
@@ -642,12 +644,12 @@ __device__ __forceinline__ void mvk_stream(const u8* __restrict__ W, const i8* _
 extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     mv1_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
              int cols, int) {
-    mvk_stream<Q4kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 1, 144);
+    mvk_stream<Q4kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 1, 144, nullptr);
 }
 extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     mv1_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
              int cols, int) {
-    mvk_stream<Q6kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 1, 210);
+    mvk_stream<Q6kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 1, 210, nullptr);
 }
 
 extern "C" __global__ void mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums,

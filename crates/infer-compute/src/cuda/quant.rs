@@ -230,19 +230,21 @@ pub(super) fn rows_per_warp(format: QuantFormat, rows: usize, cols: usize) -> us
     (STAGE / row_bytes).clamp(1, 4)
 }
 
-/// One `dec_mv_multi` job `[W, y, rows, format, first block, rows per warp]` for the `rows ×
-/// cols` matrix of `format` at device address `w` into `y`, its warp blocks numbered from
-/// `first_block`; and the number of blocks it takes. Errors: a format without a mat-vec
+/// One `dec_mv_multi` job `[W, y, rows, format, first block, rows per warp, bias]` for the
+/// `rows × cols` matrix of `format` at device address `w` into `y` (plus the `[rows]` f32 Linear
+/// bias at `bias`, 0: none), its warp blocks numbered from `first_block`; and the number of
+/// blocks it takes. Errors: a format without a mat-vec
 /// kernel; K-quant weights not 16-byte aligned (their kernels read them as 16-byte words;
 /// device allocations, one per weight, are 256-byte aligned).
 pub(super) fn mv_job(
     format: QuantFormat,
     w: u64,
     y: u64,
+    bias: u64,
     rows: usize,
     cols: usize,
     first_block: usize,
-) -> Result<([i64; 6], usize), ComputeError> {
+) -> Result<([i64; 7], usize), ComputeError> {
     if is_kq(Some(format)) && !w.is_multiple_of(16) {
         return Err(super::device::dev_err(format!(
             "{format:?} mat-vec weights at {w:#x} are not 16-byte aligned"
@@ -256,6 +258,7 @@ pub(super) fn mv_job(
         format_code(format)?,
         first_block as i64,
         rpw as i64,
+        bias as i64,
     ];
     Ok((job, rows.div_ceil(ROWS_PER_BLOCK * rpw)))
 }

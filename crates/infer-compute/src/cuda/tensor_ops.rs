@@ -876,11 +876,11 @@ fn mv_multi(
     ptrs: &[(u64, u64)],
     cols: usize,
 ) -> Result<(), ComputeError> {
-    let mut jobs: smallvec::SmallVec<[i64; 24]> = smallvec::SmallVec::new();
+    let mut jobs: smallvec::SmallVec<[i64; 28]> = smallvec::SmallVec::new();
     let mut blocks = 0usize;
     for (p, &(wp, yp)) in projs.iter().zip(ptrs) {
         let (format, _) = p.w.blocks_data()?;
-        let (job, n) = mv_job(format, wp, yp, p.w.rows, cols, blocks)?;
+        let (job, n) = mv_job(format, wp, yp, 0, p.w.rows, cols, blocks)?;
         jobs.extend(job);
         blocks += n;
     }

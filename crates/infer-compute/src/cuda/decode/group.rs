@@ -18,8 +18,8 @@ pub(super) struct Group {
     pub weights: Vec<DevWeight>,
     pub outs: Vec<u64>,
     pub cols: usize,
-    /// `[W, y, rows, format, first block, rows per warp]` per weight; `None` when a weight is
-    /// float.
+    /// `[W, y, rows, format, first block, rows per warp, bias]` per weight; `None` when a
+    /// weight is float.
     pub jobs: Option<CudaSlice<i64>>,
     pub blocks: usize,
 }
@@ -39,7 +39,7 @@ impl Group {
                 all_quant = false;
                 break;
             };
-            let (job, n) = mv_job(f, w.ptr, y, w.rows, w.cols, blocks)?;
+            let (job, n) = mv_job(f, w.ptr, y, w.bias, w.rows, w.cols, blocks)?;
             table.extend(job);
             blocks += n;
         }

@@ -102,6 +102,8 @@ struct DevWeight {
     ptr: u64,
     rows: usize,
     cols: usize,
+    /// The `[rows]` f32 Linear bias added by the mat-vec (0: none; quantized weights only).
+    bias: u64,
 }
 
 impl DevWeight {
@@ -230,13 +232,16 @@ fn shape_err(what: &'static str, expected: usize, got: usize) -> ComputeError {
     }
 }
 
-/// Upload (or find in the cache) a weight of `rows × cols` and check its size.
+/// Upload (or find in the cache) a weight of `rows × cols` and its `[rows]` bias, and check
+/// their sizes. Errors also for a bias on a float weight (the float products add none).
 fn weight(
     st: &mut State,
     w: &MatData<'_>,
+    bias: Option<&[f32]>,
     rows: usize,
     cols: usize,
 ) -> Result<DevWeight, ComputeError> {
+    let bias_ptr = vector(st, bias, rows)?;
     let State { dev, cache, .. } = st;
     let (kind, bytes) = match *w {
         MatData::Blocks { format, bytes } => {
@@ -261,12 +266,18 @@ fn weight(
             (WKind::F16, as_bytes(v))
         }
     };
+    if bias_ptr != 0 && !matches!(kind, WKind::Quant(_)) {
+        return Err(super::device::dev_err(
+            "the device decoder adds a Linear bias only to quantized weights",
+        ));
+    }
     let buf = cache.get(&dev.stream, bytes)?;
     Ok(DevWeight {
         kind,
         ptr: ptr(buf, &dev.stream),
         rows,
         cols,
+        bias: bias_ptr,
     })
 }
 
@@ -274,7 +285,7 @@ fn weight(
 fn vector(st: &mut State, v: Option<&[f32]>, n: usize) -> Result<u64, ComputeError> {
     let Some(v) = v else { return Ok(0) };
     if v.len() != n {
-        return Err(shape_err("norm weight", n, v.len()));
+        return Err(shape_err("norm weight or bias", n, v.len()));
     }
     let State { dev, cache, .. } = st;
     Ok(ptr(cache.get(&dev.stream, as_bytes(v))?, &dev.stream))
@@ -344,7 +355,7 @@ impl<'b> CudaDecoder<'b> {
                 Some(w) => int("sliding window", w)?,
             };
             let gate = match &l.gate {
-                Some(g) => Some(weight(&mut st, g, inter, h)?),
+                Some(g) => Some(weight(&mut st, g, l.biases.gate, inter, h)?),
                 None => None,
             };
             layers.push(DevLayer {
@@ -354,13 +365,13 @@ impl<'b> CudaDecoder<'b> {
                 post_ffn_norm: vector(&mut st, l.post_ffn_norm, h)?,
                 q_norm: vector(&mut st, l.q_norm, hd)?,
                 k_norm: vector(&mut st, l.k_norm, hd)?,
-                wq: weight(&mut st, &l.wq, qd, h)?,
-                wk: weight(&mut st, &l.wk, kvd, h)?,
-                wv: weight(&mut st, &l.wv, kvd, h)?,
-                wo: weight(&mut st, &l.wo, h, qd)?,
+                wq: weight(&mut st, &l.wq, l.biases.q, qd, h)?,
+                wk: weight(&mut st, &l.wk, l.biases.k, kvd, h)?,
+                wv: weight(&mut st, &l.wv, l.biases.v, kvd, h)?,
+                wo: weight(&mut st, &l.wo, l.biases.o, h, qd)?,
                 gate,
-                up: weight(&mut st, &l.up, inter, h)?,
-                down: weight(&mut st, &l.down, h, inter)?,
+                up: weight(&mut st, &l.up, l.biases.up, inter, h)?,
+                down: weight(&mut st, &l.down, l.biases.down, h, inter)?,
                 n_q: a.n_q_heads,
                 n_kv: a.n_kv_heads,
                 head_dim: hd,
@@ -414,13 +425,14 @@ impl<'b> CudaDecoder<'b> {
             ));
         }
         let lm_head = match (&plan.lm_head, tied_blocks) {
-            (Some(w), _) => weight(&mut st, w, plan.vocab_size, h)?,
-            (None, Some(w)) => weight(&mut st, &w, plan.vocab_size, h)?,
+            (Some(w), _) => weight(&mut st, w, None, plan.vocab_size, h)?,
+            (None, Some(w)) => weight(&mut st, &w, None, plan.vocab_size, h)?,
             (None, None) => DevWeight {
                 kind: if embed_f16 { WKind::F16 } else { WKind::F32 },
                 ptr: embed_ptr,
                 rows: plan.vocab_size,
                 cols: h,
+                bias: 0,
             },
         };
         let final_norm = vector(&mut st, Some(plan.final_norm), h)?;
