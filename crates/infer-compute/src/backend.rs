@@ -267,6 +267,35 @@ pub trait ComputeBackend: Send + Sync {
         )
     }
 
+    /// Scatter-add rows: row `rows[i]` of `dst` (`[R, width]`) `+= weights[i] ·` row `i` of `src`
+    /// (`[rows.len(), width]`) — the way an MoE layer adds each expert's output rows into the
+    /// tokens that chose it. Errors: `src` not `rows.len()` rows, `weights` of another length,
+    /// a row index not below `R` or repeated (rows are updated concurrently on a device);
+    /// device failures.
+    fn add_rows_scaled(
+        &self,
+        src: &Tensor,
+        width: usize,
+        rows: &[usize],
+        weights: &[f32],
+        dst: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        crate::host_ops::add_rows_scaled(
+            host("add_rows_scaled", src)?,
+            width,
+            rows,
+            weights,
+            host_mut("add_rows_scaled", dst)?,
+        )
+    }
+
+    /// Fit `t` to `len` values, all `value`. Errors: device failures.
+    fn fill(&self, t: &mut Tensor, len: usize, value: f32) -> Result<(), ComputeError> {
+        self.fit(t, len)?;
+        host_mut("fill", t)?.fill(value);
+        Ok(())
+    }
+
     /// The product of a weight matrix with activations in this backend's memory:
     /// `y[m×rows] = x[m×cols] · Wᵀ`, `y` fit to `m · w.rows`. Numerics and errors as
     /// [`linear`](Self::linear), whose host slices the default passes on.

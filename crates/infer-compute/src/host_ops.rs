@@ -259,6 +259,54 @@ pub(crate) fn copy_rows(
     Ok(())
 }
 
+pub(crate) fn add_rows_scaled(
+    src: &[f32],
+    width: usize,
+    rows: &[usize],
+    weights: &[f32],
+    dst: &mut [f32],
+) -> Result<(), ComputeError> {
+    check_scatter(src.len(), width, rows, weights, dst.len())?;
+    for ((&r, &w), s) in rows.iter().zip(weights).zip(src.chunks_exact(width.max(1))) {
+        let d = &mut dst[r * width..(r + 1) * width];
+        d.iter_mut().zip(s).for_each(|(a, b)| *a += w * b);
+    }
+    Ok(())
+}
+
+/// The shapes of [`crate::ComputeBackend::add_rows_scaled`]: `src` is `rows.len()` rows of
+/// `width`, one weight per row, every index below `dst`'s rows and none repeated. Errors:
+/// [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_scatter(
+    src_len: usize,
+    width: usize,
+    rows: &[usize],
+    weights: &[f32],
+    dst_len: usize,
+) -> Result<(), ComputeError> {
+    check("add_rows_scaled src", src_len, rows.len() * width, "values")?;
+    check(
+        "add_rows_scaled weights",
+        weights.len(),
+        rows.len(),
+        "values",
+    )?;
+    let n = dst_len.checked_div(width).unwrap_or(0);
+    check_row_indices(rows, n)?;
+    let mut seen = vec![false; n];
+    for &r in rows {
+        if std::mem::replace(&mut seen[r], true) {
+            return Err(ComputeError::ShapeMismatch {
+                what: "add_rows_scaled row (each index once)",
+                expected: 1,
+                got: 2,
+                unit: "uses",
+            });
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn add_bias(y: &mut [f32], bias: &[f32]) -> Result<(), ComputeError> {
     check_bias(y.len(), bias)?;
     for row in y.chunks_exact_mut(bias.len()) {
@@ -326,7 +374,7 @@ pub(crate) fn check_attend(
 pub(crate) fn check_row_indices(rows: &[usize], n: usize) -> Result<(), ComputeError> {
     match rows.iter().find(|&&r| r >= n) {
         Some(&r) => Err(ComputeError::ShapeMismatch {
-            what: "copy_rows row (index < rows)",
+            what: "row index (below the source's rows)",
             expected: n,
             got: r,
             unit: "row",

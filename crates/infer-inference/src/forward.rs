@@ -675,7 +675,8 @@ fn to_host(backend: &dyn ComputeBackend, t: &Tensor) -> Result<Vec<f32>, Inferen
 }
 
 /// The layer's FFN of `x` `[T, hidden]` into `out` `[T, hidden]`; `bufs` are scratch. The walk
-/// FFN and MoE run on the host.
+/// FFN, and MoE layers whose experts are not Linear-layout products (gpt-oss's clamped SwiGLU,
+/// the float tier's feature-major experts), run on the host.
 fn ffn(
     backend: &dyn ComputeBackend,
     w: &Ffn<'_>,
@@ -697,6 +698,7 @@ fn ffn(
         Ffn::Moe(m) if t == 1 && m.runs_as_products(g) => {
             moe_ffn_one_row(backend, m, x, g, bufs, out)
         }
+        Ffn::Moe(m) if m.runs_as_products(g) => moe_ffn_rows(backend, m, x, t, g, bufs, out),
         Ffn::Moe(m) => io.run(backend, x, out, |x, out| {
             *out = moe_ffn(backend, m, x, t, g)?;
             Ok(())
@@ -766,11 +768,12 @@ fn route(m: &MoeFfn<'_>, probs: &mut [f32]) -> smallvec::SmallVec<[(usize, f32);
 }
 
 /// One expert as a dense FFN on the backend's tensors: `down(act(gate(x) + bg) ⊙ (up(x) + bu))
-/// + bd` for one row, into `out`; `bufs.gate`, `bufs.up` are scratch.
+/// + bd` for the `m` rows of `x` (`[m, hidden]`), into `out`; `bufs.gate`, `bufs.up` are scratch.
 fn expert_ffn(
     backend: &dyn ComputeBackend,
     e: &crate::layer::WalkFfn<'_>,
     x: &Tensor,
+    m: usize,
     g: &crate::LayerGeometry,
     bufs: &mut FfnScratch,
     out: &mut Tensor,
@@ -778,13 +781,13 @@ fn expert_ffn(
     let (h, inter) = (g.hidden_size, e.intermediate_size);
     let act = crate::walk::compute_activation(g.activation);
     let FfnScratch { gate, up, .. } = bufs;
-    backend.project(&e.up.matrix(inter, h), x, 1, up)?;
+    backend.project(&e.up.matrix(inter, h), x, m, up)?;
     if let Some(b) = &e.up_bias {
         backend.add_bias(up, b)?;
     }
     match &e.gate {
         Some(gw) => {
-            backend.project(&gw.matrix(inter, h), x, 1, gate)?;
+            backend.project(&gw.matrix(inter, h), x, m, gate)?;
             if let Some(b) = &e.gate_bias {
                 backend.add_bias(gate, b)?;
             }
@@ -792,7 +795,7 @@ fn expert_ffn(
         }
         None => backend.activation(act, up)?,
     }
-    backend.project(&e.down.matrix(h, inter), up, 1, out)?;
+    backend.project(&e.down.matrix(h, inter), up, m, out)?;
     if let Some(b) = &e.down_bias {
         backend.add_bias(out, b)?;
     }
@@ -829,10 +832,10 @@ fn moe_ffn_one_row(
     };
     for (i, &(e, w)) in chosen.iter().enumerate() {
         if i == 0 {
-            expert_ffn(backend, &m.experts[e], x, g, bufs, out)?;
+            expert_ffn(backend, &m.experts[e], x, 1, g, bufs, out)?;
         } else {
             let mut y = std::mem::take(&mut bufs.moe_out);
-            expert_ffn(backend, &m.experts[e], x, g, bufs, &mut y)?;
+            expert_ffn(backend, &m.experts[e], x, 1, g, bufs, &mut y)?;
             backend.add_scaled(out, &y, w / w0)?;
             bufs.moe_out = y;
         }
@@ -854,11 +857,83 @@ fn moe_ffn_one_row(
             None => 1.0,
         };
         let mut y = std::mem::take(&mut bufs.moe_out);
-        expert_ffn(backend, shared, x, g, bufs, &mut y)?;
+        expert_ffn(backend, shared, x, 1, g, bufs, &mut y)?;
         backend.add_scaled(out, &y, gate)?;
         bufs.moe_out = y;
     }
     Ok(())
+}
+
+/// [`moe_ffn`] for a chunk of `t` rows (`x` `[t, hidden]`) with the activations left in the
+/// backend's memory: the router's `[t, num_experts]` logits come to the host for [`route`];
+/// each chosen expert then runs once, as dense products over the rows that chose it (gathered
+/// with `copy_rows`, its output rows added back with their router weights by
+/// `add_rows_scaled`), so a prompt chunk reads each expert's weights once, on the device when
+/// the backend has one. The shared expert runs over all rows, each scaled by
+/// `sigmoid(x · shared_gate)`. `out` is fit to `[t, hidden]`.
+fn moe_ffn_rows(
+    backend: &dyn ComputeBackend,
+    m: &MoeFfn<'_>,
+    x: &Tensor,
+    t: usize,
+    g: &crate::LayerGeometry,
+    bufs: &mut FfnScratch,
+    out: &mut Tensor,
+) -> Result<(), InferenceError> {
+    let (h, n) = (g.hidden_size, m.experts.len());
+    let router = infer_compute::Matrix {
+        data: infer_compute::MatData::F32(&m.router),
+        rows: n,
+        cols: h,
+    };
+    backend.project(&router, x, t, &mut bufs.moe_out)?;
+    let logits = crate::scratch::fit(&mut bufs.host_out, t * n);
+    backend.download(&bufs.moe_out, logits)?;
+    // Per expert: the rows that chose it and their weights.
+    let mut chosen: Vec<(Vec<usize>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n];
+    for (row, probs) in logits.chunks_exact_mut(n).enumerate() {
+        for (e, w) in route(m, probs) {
+            chosen[e].0.push(row);
+            chosen[e].1.push(w);
+        }
+    }
+    backend.fill(out, t * h, 0.0)?;
+    let (mut xs, mut y) = (
+        std::mem::take(&mut bufs.moe_in),
+        std::mem::take(&mut bufs.moe_out),
+    );
+    let mut run = || -> Result<(), InferenceError> {
+        for (e, (rows, weights)) in chosen.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            backend.copy_rows(x, h, rows, &mut xs)?;
+            expert_ffn(backend, &m.experts[e], &xs, rows.len(), g, bufs, &mut y)?;
+            backend.add_rows_scaled(&y, h, rows, weights, out)?;
+        }
+        if let Some(shared) = &m.shared {
+            let mut gates = vec![1.0f32; t];
+            if let Some(sg) = &m.shared_gate {
+                let sgm = infer_compute::Matrix {
+                    data: infer_compute::MatData::F32(sg),
+                    rows: 1,
+                    cols: h,
+                };
+                backend.project(&sgm, x, t, &mut y)?;
+                backend.download(&y, &mut gates)?;
+                gates
+                    .iter_mut()
+                    .for_each(|z| *z = 1.0 / (1.0 + (-*z).exp()));
+            }
+            expert_ffn(backend, shared, x, t, g, bufs, &mut y)?;
+            let all: Vec<usize> = (0..t).collect();
+            backend.add_rows_scaled(&y, h, &all, &gates, out)?;
+        }
+        Ok(())
+    };
+    let res = run();
+    (bufs.moe_in, bufs.moe_out) = (xs, y);
+    res
 }
 
 fn moe_ffn(

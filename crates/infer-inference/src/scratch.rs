@@ -51,8 +51,10 @@ pub(crate) struct Scratch {
 pub(crate) struct FfnScratch {
     pub(crate) gate: Tensor,
     pub(crate) up: Tensor,
-    /// A one-row MoE step's router logits, then each further expert's output.
+    /// An MoE step's router logits, then each expert's output rows.
     pub(crate) moe_out: Tensor,
+    /// The rows of a prompt chunk that chose one MoE expert (gathered).
+    pub(crate) moe_in: Tensor,
     pub(crate) walk: crate::walk::WalkBuffers,
     /// Host copies of the input and output of the FFNs that run on the host (walk FFN, MoE)
     /// when the backend keeps activations on a device.

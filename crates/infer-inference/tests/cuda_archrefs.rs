@@ -36,7 +36,9 @@ use infer_compute::cuda::CudaBackend;
 use infer_compute::{ComputeBackend, CpuBackend};
 use infer_inference::forward::Logits;
 use infer_inference::sampling::argmax;
-use infer_inference::{AttnChoice, FfnChoice, FormatRequest, LmHeadChoice, Model, TokenRunner};
+use infer_inference::{
+    AttnChoice, FfnChoice, FfnPath, FormatRequest, LmHeadChoice, Model, TokenRunner,
+};
 use infer_vindex::Vindex;
 
 /// Float tier vs HF and vs the CPU backend: max |Δ| ≤ TOL_FLOAT × std (as tests/archrefs.rs).
@@ -259,8 +261,15 @@ fn check_case(case: &str, gpu: &CudaBackend) {
     // of the replays.
     let after = gpu.step_stats();
     let steps = (t - half) as u64;
+    // An MoE layer's launches depend on the experts each token chooses (the router logits
+    // come to the host between its launches), so its steps replay a graph only when the
+    // choice repeats.
+    let routed = model
+        .layers
+        .iter()
+        .any(|l| matches!(l.ffn_path, FfnPath::MoeF32 | FfnPath::MoeQuantized));
     assert!(
-        after.replayed - before.replayed >= steps.saturating_sub(2),
+        routed || after.replayed - before.replayed >= steps.saturating_sub(2),
         "{case}: {steps} decode steps replayed a graph {} times ({before:?} → {after:?})",
         after.replayed - before.replayed
     );

@@ -386,6 +386,21 @@ impl ComputeBackend for CudaBackend {
         self.tensor_op(|st| tensor_ops::copy_rows(st, src, width, rows, dst))
     }
 
+    fn add_rows_scaled(
+        &self,
+        src: &Tensor,
+        width: usize,
+        rows: &[usize],
+        weights: &[f32],
+        dst: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::add_rows_scaled(st, src, width, rows, weights, dst))
+    }
+
+    fn fill(&self, t: &mut Tensor, len: usize, value: f32) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::fill(st, t, len, value))
+    }
+
     fn project(
         &self,
         w: &Matrix<'_>,

@@ -434,6 +434,25 @@ extern "C" __global__ void t_copy_rows(const float* src, float* dst, const int* 
     for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
 }
 
+// Row rows[blockIdx.x] of dst += w[blockIdx.x] * row blockIdx.x of src (indices distinct:
+// no two blocks write one row).
+extern "C" __global__ void t_add_rows_scaled(const float* src, float* dst, const int* rows,
+                                             const float* w, int width) {
+    pdl_trigger();
+    pdl_wait();
+    const float* s = src + (long long)blockIdx.x * width;
+    float* d = dst + (long long)rows[blockIdx.x] * width;
+    const float a = w[blockIdx.x];
+    for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] += a * s[i];
+}
+
+extern "C" __global__ void t_fill(float* x, long long n, float v) {
+    pdl_trigger();
+    pdl_wait();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v;
+}
+
 // Row blockIdx.x of out = scale * row ids[blockIdx.x] of the f32 (f16 = 0) or f16 (f16 = 1)
 // table E.
 extern "C" __global__ void t_embed(const void* E, const int* ids, float* out, int width,

@@ -532,6 +532,45 @@ pub(super) fn copy_rows(
     )
 }
 
+pub(super) fn add_rows_scaled(
+    st: &mut State,
+    src: &Tensor,
+    width: usize,
+    rows: &[usize],
+    weights: &[f32],
+    dst: &mut Tensor,
+) -> Result<(), ComputeError> {
+    crate::host_ops::check_scatter(src.len(), width, rows, weights, dst.len())?;
+    if rows.is_empty() || width == 0 {
+        return Ok(());
+    }
+    let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+    let ip = upload_ints(st, &idx)?;
+    let wp = st.rec.stage(&st.dev.stream, as_bytes(weights))?;
+    let mut a = [
+        tp(st, src, "add_rows_scaled")?,
+        tp(st, dst, "add_rows_scaled")?,
+        ip,
+        wp,
+        i(to_i32("width", width)?),
+    ];
+    go(
+        &mut st.rec,
+        &st.dev.k.t_add_rows_scaled,
+        per_row(rows.len(), OPS_THREADS),
+        &mut a,
+    )
+}
+
+pub(super) fn fill(st: &mut State, t: &mut Tensor, len: usize, v: f32) -> Result<(), ComputeError> {
+    fit(st, t, len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let mut a = [tp(st, t, "fill")?, len as u64, f(v)];
+    go(&mut st.rec, &st.dev.k.t_fill, flat(len), &mut a)
+}
+
 /// The weight product on device tensors: `y[m × w.rows] = x · Wᵀ` (`y` already fit).
 fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(), ComputeError> {
     let (rows, cols) = (w.rows, w.cols);

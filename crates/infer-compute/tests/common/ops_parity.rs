@@ -485,6 +485,31 @@ fn check_rows_bias_softcap(b: &dyn ComputeBackend, rng: &mut StdRng) {
         b.copy_rows(&xt, w, &[7], &mut g).is_err(),
         "copy_rows: a row past the end is an error"
     );
+    // Scatter-add: three source rows into rows 5, 0, 2 of a copy of `x`.
+    let src = randv(rng, 3 * w);
+    let (rows, wts) = ([5usize, 0, 2], [0.5f32, -1.25, 2.0]);
+    let mut dt = up(b, &x);
+    b.add_rows_scaled(&up(b, &src), w, &rows, &wts, &mut dt)
+        .expect("add_rows_scaled");
+    let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    for (i, (&r, &a)) in rows.iter().zip(&wts).enumerate() {
+        for c in 0..w {
+            want[r * w + c] += a as f64 * src[i * w + c] as f64;
+        }
+    }
+    close("add_rows_scaled", &down(b, &dt), &want);
+    for (bad, what) in [
+        (&[5usize, 7, 2][..], "past the end"),
+        (&[5, 0, 5][..], "repeated"),
+    ] {
+        assert!(
+            b.add_rows_scaled(&up(b, &src), w, bad, &wts, &mut dt)
+                .is_err(),
+            "add_rows_scaled: a row index {what} is an error"
+        );
+    }
+    b.fill(&mut dt, 13, -2.5).expect("fill");
+    close("fill", &down(b, &dt), &[-2.5; 13]);
     let bias = randv(rng, w);
     let mut yt = up(b, &x);
     b.add_bias(&mut yt, &bias).expect("add_bias");
