@@ -507,6 +507,69 @@ fn stream_quantized(
     Ok(true)
 }
 
+/// [`stream_quantized`] for a GGUF's stacked experts (`ffn_*_exps`, `[count, rows, cols]`, each
+/// expert a contiguous run of whole rows): each expert's encoded rows go to the quantized tiers
+/// in turn (its own blocks passed through when the tier stores the source's format), never the
+/// stacked tensor in `f32`. Returns false, having done nothing, when a float tier or an output
+/// no quantized tier covers needs the `f32` path, or the source cannot hand out its rows.
+fn stream_stacked_experts(
+    source: &ModelSource,
+    p: &Planned<'_>,
+    qb: &mut QuantBuilder,
+    opts: &BuildOptions,
+) -> Result<bool, VindexError> {
+    let count = p.outs.len();
+    let covered = p.outs.iter().all(|o| {
+        o.shape.len() == 2 && o.place.role != Role::Embedding && qb.covers(o.place.role, &o.key)
+    });
+    if opts.float_tier || count == 0 || !covered {
+        return Ok(false);
+    }
+    let Some(rows) = source.tensors.encoded_rows(&p.info.name)? else {
+        return Ok(false);
+    };
+    let name = p.info.name.as_str();
+    let per = rows.bytes.len() / count;
+    for (i, o) in p.outs.iter().enumerate() {
+        let want = rows
+            .format
+            .bytes_for(o.shape[1])
+            .map_err(|e| bad_source(source, format!("tensor '{name}' expert {i}: {e}")))?
+            * o.shape[0];
+        if want != per || per * count != rows.bytes.len() {
+            return Err(bad_source(
+                source,
+                format!(
+                    "tensor '{name}' holds {} bytes of {}; {count} experts of {:?} need {}",
+                    rows.bytes.len(),
+                    rows.format,
+                    o.shape,
+                    want * count
+                ),
+            ));
+        }
+        let expert = infer_models::EncodedRows {
+            format: rows.format,
+            bytes: std::borrow::Cow::Borrowed(&rows.bytes[i * per..(i + 1) * per]),
+        };
+        let values = Values::Encoded(&expert);
+        check_finite(source, &format!("{name} (expert {i})"), values, o.shape[1])?;
+        let src = SourceRef {
+            name,
+            expert: Some((i, count)),
+        };
+        qb.add(
+            o.place.role,
+            o.place.layer,
+            &o.key,
+            &o.shape,
+            values,
+            Some(src),
+        )?;
+    }
+    Ok(true)
+}
+
 /// Write every file into `dir` and return the index (also written as `index.json`).
 fn write_all(
     source: &ModelSource,
@@ -573,6 +636,10 @@ fn write_all(
             }
         };
         if one_to_one && stream_quantized(source, p, &mut qb, &mut w, opts)? {
+            pb.inc(1);
+            continue;
+        }
+        if stacked && stream_stacked_experts(source, p, &mut qb, opts)? {
             pb.inc(1);
             continue;
         }
