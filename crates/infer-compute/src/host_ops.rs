@@ -293,16 +293,22 @@ pub(crate) fn check_scatter(
     )?;
     let n = dst_len.checked_div(width).unwrap_or(0);
     check_row_indices(rows, n)?;
-    let mut seen = vec![false; n];
-    for &r in rows {
-        if std::mem::replace(&mut seen[r], true) {
-            return Err(ComputeError::ShapeMismatch {
-                what: "add_rows_scaled row (each index once)",
-                expected: 1,
-                got: 2,
-                unit: "uses",
-            });
-        }
+    // A decode step's few rows are compared pairwise (no allocation); a chunk's marked.
+    let repeated = if rows.len() <= 32 {
+        rows.iter()
+            .enumerate()
+            .any(|(i, r)| rows[i + 1..].contains(r))
+    } else {
+        let mut seen = vec![false; n];
+        rows.iter().any(|&r| std::mem::replace(&mut seen[r], true))
+    };
+    if repeated {
+        return Err(ComputeError::ShapeMismatch {
+            what: "add_rows_scaled row (each index once)",
+            expected: 1,
+            got: 2,
+            unit: "uses",
+        });
     }
     Ok(())
 }

@@ -781,18 +781,35 @@ fn expert_ffn(
     let (h, inter) = (g.hidden_size, e.intermediate_size);
     let act = crate::walk::compute_activation(g.activation);
     let FfnScratch { gate, up, .. } = bufs;
-    backend.project(&e.up.matrix(inter, h), x, m, up)?;
+    let up_w = e.up.matrix(inter, h);
+    match &e.gate {
+        Some(gw) => {
+            // One quantization of `x` and (one row) one launch for both products.
+            backend.project_many(
+                x,
+                m,
+                &mut [
+                    TensorProj {
+                        w: gw.matrix(inter, h),
+                        y: &mut *gate,
+                    },
+                    TensorProj {
+                        w: up_w,
+                        y: &mut *up,
+                    },
+                ],
+            )?;
+            if let Some(b) = &e.gate_bias {
+                backend.add_bias(gate, b)?;
+            }
+        }
+        None => backend.project(&up_w, x, m, up)?,
+    }
     if let Some(b) = &e.up_bias {
         backend.add_bias(up, b)?;
     }
     match &e.gate {
-        Some(gw) => {
-            backend.project(&gw.matrix(inter, h), x, m, gate)?;
-            if let Some(b) = &e.gate_bias {
-                backend.add_bias(gate, b)?;
-            }
-            backend.gated_activation(act, gate, up)?;
-        }
+        Some(_) => backend.gated_activation(act, gate, up)?,
         None => backend.activation(act, up)?,
     }
     backend.project(&e.down.matrix(h, inter), up, m, out)?;
@@ -805,8 +822,10 @@ fn expert_ffn(
 /// [`moe_ffn`] for one row (a decode step) with the activations left in the backend's memory:
 /// only the router's `num_experts` logits come to the host for [`route`]; the chosen experts
 /// (and the shared one) run as dense products on the backend, so on a device the experts'
-/// weights are read there. `out` = Σ wₑ FFNₑ(x), accumulated as w₀ (y₀ + Σₑ (wₑ / w₀) yₑ)
-/// (w₀ > 0: the largest probability), plus `sigmoid(x · shared_gate)` · shared(x).
+/// weights are read there. `out` = Σ wₑ FFNₑ(x) + `sigmoid(x · shared_gate)` · shared(x),
+/// each term added by `add_rows_scaled`, whose weight is data rather than a launch argument:
+/// a device backend then records the same launches whichever experts a token chooses (the
+/// expert matrices reach its mat-vec through a staged job table), so it can replay them.
 fn moe_ffn_one_row(
     backend: &dyn ComputeBackend,
     m: &MoeFfn<'_>,
@@ -825,22 +844,19 @@ fn moe_ffn_one_row(
     let probs = crate::scratch::fit(&mut bufs.host_out, n);
     backend.download(&bufs.moe_out, probs)?;
     let chosen = route(m, probs);
-    let Some(&(_, w0)) = chosen.first() else {
+    if chosen.is_empty() {
         return Err(InferenceError::Architecture(
             "an MoE layer without experts (top_k or num_experts is 0)".into(),
         ));
-    };
-    for (i, &(e, w)) in chosen.iter().enumerate() {
-        if i == 0 {
-            expert_ffn(backend, &m.experts[e], x, 1, g, bufs, out)?;
-        } else {
-            let mut y = std::mem::take(&mut bufs.moe_out);
-            expert_ffn(backend, &m.experts[e], x, 1, g, bufs, &mut y)?;
-            backend.add_scaled(out, &y, w / w0)?;
-            bufs.moe_out = y;
-        }
     }
-    backend.scale_softcap(out, 1.0 / w0, None)?;
+    backend.fill(out, h, 0.0)?;
+    for &(e, w) in &chosen {
+        let mut y = std::mem::take(&mut bufs.moe_out);
+        let r = expert_ffn(backend, &m.experts[e], x, 1, g, bufs, &mut y)
+            .and_then(|()| Ok(backend.add_rows_scaled(&y, h, &[0], &[w], out)?));
+        bufs.moe_out = y;
+        r?;
+    }
     if let Some(shared) = &m.shared {
         let gate = match &m.shared_gate {
             Some(sg) => {
@@ -857,9 +873,10 @@ fn moe_ffn_one_row(
             None => 1.0,
         };
         let mut y = std::mem::take(&mut bufs.moe_out);
-        expert_ffn(backend, shared, x, 1, g, bufs, &mut y)?;
-        backend.add_scaled(out, &y, gate)?;
+        let r = expert_ffn(backend, shared, x, 1, g, bufs, &mut y)
+            .and_then(|()| Ok(backend.add_rows_scaled(&y, h, &[0], &[gate], out)?));
         bufs.moe_out = y;
+        r?;
     }
     Ok(())
 }

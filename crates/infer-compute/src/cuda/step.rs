@@ -30,10 +30,11 @@ use super::device::{capture_graph, dev_err, drv, launch_raw};
 use crate::ComputeError;
 
 /// Captured graphs kept (one per list seen twice: a batch shape, or one segment of a step that
-/// downloads midway; least recently used out).
-const MAX_GRAPHS: usize = 16;
+/// downloads midway; least recently used out). An MoE decode step is two segments per layer
+/// (before and after the router logits' download): 97 for Qwen3-30B-A3B's 48 layers.
+const MAX_GRAPHS: usize = 160;
 /// Lists launched kernel by kernel remembered as candidates for capture.
-const MAX_CANDIDATES: usize = 16;
+const MAX_CANDIDATES: usize = 160;
 /// Alignment of each array staged in the arena (bytes).
 const ARENA_ALIGN: usize = 16;
 /// The arena's first device capacity (bytes); it doubles when a step needs more.
