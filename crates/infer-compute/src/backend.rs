@@ -5,7 +5,7 @@
 use crate::ops::Activation;
 use crate::{
     Argmax, AttentionParams, ComputeError, FloatTable, Matrix, Proj, ResidualNorm, RopeAttend,
-    RopeConfig, Tensor, TensorProj,
+    RopeConfig, RoutedProj, Tensor, TensorProj,
 };
 use half::f16;
 
@@ -286,6 +286,86 @@ pub trait ComputeBackend: Send + Sync {
             rows,
             weights,
             host_mut("add_rows_scaled", dst)?,
+        )
+    }
+
+    /// Whether [`moe_route`](Self::moe_route), [`project_routed`](Self::project_routed) and
+    /// [`add_scaled_by`](Self::add_scaled_by) keep an MoE layer's expert choice in this
+    /// backend's memory, so that a decode step needs no host round trip per layer (a device
+    /// backend). The defaults read the choice on the host; false.
+    fn routes_on_device(&self) -> bool {
+        false
+    }
+
+    /// The top-k experts of one router row `logits` (`[num_experts]`): `sel` (fit to `2·k`)
+    /// holds the chosen experts' indices (as f32, exact below 2²⁴), highest probability first,
+    /// then their weights, as [`crate::ops::moe_route`] chooses them (softmax of `logits +
+    /// bias`, ties to the lower index, renormalised when `norm`). Errors
+    /// ([`ComputeError::ShapeMismatch`]): `k` 0 or above `num_experts`, a bias of another
+    /// length; device failures.
+    fn moe_route(
+        &self,
+        logits: &Tensor,
+        bias: Option<&[f32]>,
+        k: usize,
+        norm: bool,
+        sel: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        crate::host_ops::check_route(logits.len(), bias, k)?;
+        let mut probs = host("moe_route", logits)?.to_vec();
+        let chosen = crate::ops::moe_route(&mut probs, bias, k, norm);
+        self.fit(sel, 2 * k)?;
+        let s = host_mut("moe_route", sel)?;
+        for (i, &(e, w)) in chosen.iter().enumerate() {
+            s[i] = e as f32;
+            s[k + i] = w;
+        }
+        Ok(())
+    }
+
+    /// [`project_many`](Self::project_many) of one activation row `x` (`[cols]`) with each
+    /// product's matrix chosen by the router: `p.y = x · p.experts[e]ᵀ` for the expert `e` in
+    /// slot `slot` of `sel` ([`moe_route`](Self::moe_route)). Errors: an empty expert list,
+    /// experts of different shapes, a slot or expert index out of range, shapes as
+    /// `project_many`; device failures.
+    fn project_routed(
+        &self,
+        x: &Tensor,
+        projs: &mut [RoutedProj<'_>],
+        sel: &Tensor,
+        slot: usize,
+    ) -> Result<(), ComputeError> {
+        let mut id = [0.0f32];
+        crate::host_ops::check_routed(projs, sel.len(), slot)?;
+        self.read_at(sel, slot, &mut id)?;
+        let e = crate::host_ops::expert_index(id[0], projs[0].experts.len())?;
+        let mut chosen: smallvec::SmallVec<[TensorProj<'_>; 4]> = projs
+            .iter_mut()
+            .map(|p| TensorProj {
+                w: p.experts[e],
+                y: &mut *p.y,
+            })
+            .collect();
+        self.project_many(x, 1, &mut chosen)
+    }
+
+    /// `x += w · y` with the weight `w = sel[index]` read where `sel` lives (an MoE expert's
+    /// router weight, [`moe_route`](Self::moe_route)). Errors: lengths differ, `index` past
+    /// `sel`; device failures.
+    fn add_scaled_by(
+        &self,
+        x: &mut Tensor,
+        y: &Tensor,
+        sel: &Tensor,
+        index: usize,
+    ) -> Result<(), ComputeError> {
+        let mut w = [0.0f32];
+        crate::host_ops::range("add_scaled_by weight", sel.len(), index, 1)?;
+        self.read_at(sel, index, &mut w)?;
+        crate::host_ops::add_scaled(
+            host_mut("add_scaled_by", x)?,
+            host("add_scaled_by", y)?,
+            w[0],
         )
     }
 

@@ -313,6 +313,74 @@ pub(crate) fn check_scatter(
     Ok(())
 }
 
+/// The shapes of [`crate::ComputeBackend::moe_route`]: `1 ≤ k ≤ num_experts`, a bias of
+/// `num_experts` values. Errors: [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_route(n: usize, bias: Option<&[f32]>, k: usize) -> Result<(), ComputeError> {
+    if k == 0 || k > n {
+        return Err(ComputeError::ShapeMismatch {
+            what: "moe_route top-k (1 ≤ k ≤ num_experts)",
+            expected: n,
+            got: k,
+            unit: "experts",
+        });
+    }
+    if let Some(b) = bias {
+        check("moe_route router bias", b.len(), n, "values")?;
+    }
+    Ok(())
+}
+
+/// The shapes of [`crate::ComputeBackend::project_routed`]: products with experts, each
+/// product's experts of one shape, `slot` among the `sel_len / 2` chosen. Errors:
+/// [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_routed(
+    projs: &[crate::RoutedProj<'_>],
+    sel_len: usize,
+    slot: usize,
+) -> Result<(), ComputeError> {
+    range("project_routed slot", sel_len / 2, slot, 1)?;
+    let n = projs.first().map_or(0, |p| p.experts.len());
+    for p in projs {
+        check("project_routed experts", p.experts.len(), n, "matrices")?;
+        let Some(e0) = p.experts.first() else {
+            return Err(ComputeError::ShapeMismatch {
+                what: "project_routed experts (at least one)",
+                expected: 1,
+                got: 0,
+                unit: "matrices",
+            });
+        };
+        if let Some(e) = p
+            .experts
+            .iter()
+            .find(|e| (e.rows, e.cols) != (e0.rows, e0.cols))
+        {
+            return Err(ComputeError::ShapeMismatch {
+                what: "project_routed expert rows × cols (one shape)",
+                expected: e0.rows * e0.cols,
+                got: e.rows * e.cols,
+                unit: "values",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The expert index `id` (an f32 of [`crate::ComputeBackend::moe_route`]'s `sel`) below `n`.
+/// Errors: [`ComputeError::ShapeMismatch`].
+pub(crate) fn expert_index(id: f32, n: usize) -> Result<usize, ComputeError> {
+    let e = id as usize;
+    if id < 0.0 || id.fract() != 0.0 || e >= n {
+        return Err(ComputeError::ShapeMismatch {
+            what: "project_routed expert index (sel from moe_route)",
+            expected: n,
+            got: e,
+            unit: "experts",
+        });
+    }
+    Ok(e)
+}
+
 pub(crate) fn add_bias(y: &mut [f32], bias: &[f32]) -> Result<(), ComputeError> {
     check_bias(y.len(), bias)?;
     for row in y.chunks_exact_mut(bias.len()) {

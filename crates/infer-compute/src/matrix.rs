@@ -218,3 +218,13 @@ pub struct TensorProj<'a> {
     /// `[m, w.rows]` (fit by the call).
     pub y: &'a mut crate::Tensor,
 }
+
+/// One product of [`crate::ComputeBackend::project_routed`]: the matrix of every expert (one
+/// shape) and the output tensor of the chosen one's product.
+#[derive(Debug)]
+pub struct RoutedProj<'a> {
+    /// `[num_experts]` matrices of one shape, format and storage.
+    pub experts: &'a [Matrix<'a>],
+    /// `[m, rows]` (fit by the call).
+    pub y: &'a mut crate::Tensor,
+}

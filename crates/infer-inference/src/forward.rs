@@ -1,7 +1,7 @@
 //! The forward pass — one loop for prefill (many tokens) and decode (one token).
 
 use infer_compute::{
-    ops, Argmax, ComputeBackend, KvSlot, ResidualNorm, RopeAttend, Tensor, TensorProj,
+    ops, Argmax, ComputeBackend, KvSlot, ResidualNorm, RopeAttend, RoutedProj, Tensor, TensorProj,
 };
 use infer_models::{FfnType, NormType};
 
@@ -736,35 +736,10 @@ fn dense_ffn(
     }
     project(backend, &d.down, up, t, out)
 }
-/// Mixture of experts, per token: softmax router (logits plus the router bias, gpt-oss), top-k
-/// experts weighted by their probability (renormalised when `norm_topk_prob`, which equals
-/// gpt-oss's softmax over the top-k logits; ties → lower expert index), plus the shared expert
-/// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`,
-/// `GptOssTopKRouter`).
-/// The experts a token's router logits `probs` (`[num_experts]`, softmaxed in place, after the
-/// router bias) choose, with their weights: top-k by probability (ties → lower index),
-/// renormalised over the chosen when `norm_topk_prob`.
+/// The experts a token's router logits `probs` choose ([`ops::moe_route`] with the layer's
+/// router bias, top-k and `norm_topk_prob`).
 fn route(m: &MoeFfn<'_>, probs: &mut [f32]) -> smallvec::SmallVec<[(usize, f32); 8]> {
-    if let Some(b) = &m.router_bias {
-        probs.iter_mut().zip(b.iter()).for_each(|(p, b)| *p += b);
-    }
-    ops::softmax_inplace(probs);
-    let n = probs.len();
-    let mut order: smallvec::SmallVec<[usize; 128]> = (0..n).collect();
-    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-    let chosen = &order[..m.top_k.min(n)];
-    let sum: f32 = chosen.iter().map(|&e| probs[e]).sum();
-    chosen
-        .iter()
-        .map(|&e| {
-            let w = if m.norm_topk_prob {
-                probs[e] / sum
-            } else {
-                probs[e]
-            };
-            (e, w)
-        })
-        .collect()
+    ops::moe_route(probs, m.router_bias.as_deref(), m.top_k, m.norm_topk_prob)
 }
 
 /// One expert as a dense FFN on the backend's tensors: `down(act(gate(x) + bg) ⊙ (up(x) + bu))
@@ -841,6 +816,13 @@ fn moe_ffn_one_row(
         cols: h,
     };
     backend.project(&router, x, 1, &mut bufs.moe_out)?;
+    let biased = m
+        .experts
+        .iter()
+        .any(|e| e.gate_bias.is_some() || e.up_bias.is_some() || e.down_bias.is_some());
+    if backend.routes_on_device() && m.shared_gate.is_none() && !biased && n > 0 {
+        return moe_experts_routed(backend, m, x, g, bufs, out);
+    }
     let probs = crate::scratch::fit(&mut bufs.host_out, n);
     backend.download(&bufs.moe_out, probs)?;
     let chosen = route(m, probs);
@@ -875,6 +857,102 @@ fn moe_ffn_one_row(
         let mut y = std::mem::take(&mut bufs.moe_out);
         let r = expert_ffn(backend, shared, x, 1, g, bufs, &mut y)
             .and_then(|()| Ok(backend.add_rows_scaled(&y, h, &[0], &[gate], out)?));
+        bufs.moe_out = y;
+        r?;
+    }
+    Ok(())
+}
+
+/// The experts of [`moe_ffn_one_row`] on a backend that keeps the router's choice in its own
+/// memory ([`ComputeBackend::routes_on_device`]): the router logits (in `bufs.moe_out`) →
+/// `moe_route` → for each of the top-k slots the gate/up and down products of the expert in
+/// that slot (`project_routed`), added with its weight (`add_scaled_by`), plus the shared
+/// expert (Qwen2-MoE without a shared gate). Nothing comes to the host, so a decode step of a
+/// device backend stays one list of launches (one CUDA graph).
+fn moe_experts_routed(
+    backend: &dyn ComputeBackend,
+    m: &MoeFfn<'_>,
+    x: &Tensor,
+    g: &crate::LayerGeometry,
+    bufs: &mut FfnScratch,
+    out: &mut Tensor,
+) -> Result<(), InferenceError> {
+    let (h, n) = (g.hidden_size, m.experts.len());
+    let k = m.top_k.min(n);
+    backend.moe_route(
+        &bufs.moe_out,
+        m.router_bias.as_deref(),
+        k,
+        m.norm_topk_prob,
+        &mut bufs.moe_sel,
+    )?;
+    let inter = m.experts[0].intermediate_size;
+    let ups: Vec<infer_compute::Matrix<'_>> =
+        m.experts.iter().map(|e| e.up.matrix(inter, h)).collect();
+    let downs: Vec<infer_compute::Matrix<'_>> =
+        m.experts.iter().map(|e| e.down.matrix(h, inter)).collect();
+    let gates: Option<Vec<infer_compute::Matrix<'_>>> = m
+        .experts
+        .iter()
+        .map(|e| e.gate.as_ref().map(|gw| gw.matrix(inter, h)))
+        .collect();
+    let act = crate::walk::compute_activation(g.activation);
+    backend.fill(out, h, 0.0)?;
+    let FfnScratch {
+        gate,
+        up,
+        moe_out,
+        moe_sel,
+        ..
+    } = &mut *bufs;
+    for slot in 0..k {
+        match &gates {
+            Some(gates) => {
+                backend.project_routed(
+                    x,
+                    &mut [
+                        RoutedProj {
+                            experts: gates,
+                            y: &mut *gate,
+                        },
+                        RoutedProj {
+                            experts: &ups,
+                            y: &mut *up,
+                        },
+                    ],
+                    moe_sel,
+                    slot,
+                )?;
+                backend.gated_activation(act, gate, up)?;
+            }
+            None => {
+                backend.project_routed(
+                    x,
+                    &mut [RoutedProj {
+                        experts: &ups,
+                        y: &mut *up,
+                    }],
+                    moe_sel,
+                    slot,
+                )?;
+                backend.activation(act, up)?;
+            }
+        }
+        backend.project_routed(
+            up,
+            &mut [RoutedProj {
+                experts: &downs,
+                y: &mut *moe_out,
+            }],
+            moe_sel,
+            slot,
+        )?;
+        backend.add_scaled_by(out, moe_out, moe_sel, k + slot)?;
+    }
+    if let Some(shared) = &m.shared {
+        let mut y = std::mem::take(&mut bufs.moe_out);
+        let r = expert_ffn(backend, shared, x, 1, g, bufs, &mut y)
+            .and_then(|()| Ok(backend.add_scaled(out, &y, 1.0)?));
         bufs.moe_out = y;
         r?;
     }
@@ -953,6 +1031,11 @@ fn moe_ffn_rows(
     res
 }
 
+/// Mixture of experts, per token: softmax router (logits plus the router bias, gpt-oss), top-k
+/// experts weighted by their probability (renormalised when `norm_topk_prob`, which equals
+/// gpt-oss's softmax over the top-k logits; ties → lower expert index), plus the shared expert
+/// scaled by `sigmoid(x · shared_gate)` (HF `MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`,
+/// `GptOssTopKRouter`).
 fn moe_ffn(
     backend: &dyn ComputeBackend,
     m: &MoeFfn<'_>,

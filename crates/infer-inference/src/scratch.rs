@@ -55,6 +55,8 @@ pub(crate) struct FfnScratch {
     pub(crate) moe_out: Tensor,
     /// The rows of a prompt chunk that chose one MoE expert (gathered).
     pub(crate) moe_in: Tensor,
+    /// A decode step's expert choice where the backend keeps it (`moe_route`).
+    pub(crate) moe_sel: Tensor,
     pub(crate) walk: crate::walk::WalkBuffers,
     /// Host copies of the input and output of the FFNs that run on the host (walk FFN, MoE)
     /// when the backend keeps activations on a device.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 
 use super::device::drv;
 use crate::ComputeError;
@@ -27,6 +27,9 @@ struct Entry {
 pub(super) struct WeightCache {
     map: HashMap<(usize, usize), Entry>,
     bytes: usize,
+    /// Device arrays of the device addresses of an MoE layer's experts (one role), keyed by
+    /// the first and last expert's host address and length and the count ([`Self::table`]).
+    tables: HashMap<(usize, usize, usize, usize), CudaSlice<u64>>,
 }
 
 impl WeightCache {
@@ -64,9 +67,47 @@ impl WeightCache {
             .map(|e| &e.buf)
     }
 
+    /// The device address of a device array holding the device addresses of `experts`' copies
+    /// (each uploaded as by [`WeightCache::get`] when the table is first made; the experts
+    /// of a vindex never move), for kernels that pick an expert on the device. Found again by
+    /// the first and last expert's address and length and the count. `experts` must not be
+    /// empty. Errors: allocation or copy failures.
+    pub fn table(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        experts: &[&[u8]],
+    ) -> Result<u64, ComputeError> {
+        let (Some(first), Some(last)) = (experts.first(), experts.last()) else {
+            return Err(super::device::dev_err("an expert table of no experts"));
+        };
+        let key = (
+            first.as_ptr() as usize,
+            last.as_ptr() as usize,
+            first.len(),
+            experts.len(),
+        );
+        if !self.tables.contains_key(&key) {
+            let mut ptrs = Vec::with_capacity(experts.len());
+            for e in experts {
+                ptrs.push(self.get(stream, e)?.device_ptr(stream).0);
+            }
+            let mut t = drv(
+                "allocate an expert table",
+                stream.alloc_zeros::<u64>(ptrs.len()),
+            )?;
+            drv("upload an expert table", stream.memcpy_htod(&ptrs, &mut t))?;
+            self.tables.insert(key, t);
+        }
+        match self.tables.get(&key) {
+            Some(t) => Ok(t.device_ptr(stream).0),
+            None => unreachable!("expert table inserted above"),
+        }
+    }
+
     /// Drop every device copy.
     pub fn clear(&mut self) {
         self.map.clear();
+        self.tables.clear();
         self.bytes = 0;
     }
 

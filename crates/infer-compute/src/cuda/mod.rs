@@ -48,8 +48,8 @@ use crate::backend::check_product;
 use crate::ops::Activation;
 use crate::{
     Argmax, Attend, AttentionParams, ComputeBackend, ComputeError, DecodePlan, FloatTable, KvType,
-    MatData, Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, Tensor, TensorProj,
-    TokenDecoder,
+    MatData, Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor,
+    TensorProj, TokenDecoder,
 };
 use cache::{Scratch, WeightCache};
 use device::Device;
@@ -395,6 +395,41 @@ impl ComputeBackend for CudaBackend {
         dst: &mut Tensor,
     ) -> Result<(), ComputeError> {
         self.tensor_op(|st| tensor_ops::add_rows_scaled(st, src, width, rows, weights, dst))
+    }
+
+    fn routes_on_device(&self) -> bool {
+        true
+    }
+
+    fn moe_route(
+        &self,
+        logits: &Tensor,
+        bias: Option<&[f32]>,
+        k: usize,
+        norm: bool,
+        sel: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::moe_route(st, logits, bias, k, norm, sel))
+    }
+
+    fn project_routed(
+        &self,
+        x: &Tensor,
+        projs: &mut [RoutedProj<'_>],
+        sel: &Tensor,
+        slot: usize,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::project_routed(st, x, projs, sel, slot))
+    }
+
+    fn add_scaled_by(
+        &self,
+        x: &mut Tensor,
+        y: &Tensor,
+        sel: &Tensor,
+        index: usize,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::add_scaled_by(st, x, y, sel, index))
     }
 
     fn fill(&self, t: &mut Tensor, len: usize, value: f32) -> Result<(), ComputeError> {

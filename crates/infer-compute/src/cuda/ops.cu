@@ -446,6 +446,86 @@ extern "C" __global__ void t_add_rows_scaled(const float* src, float* dst, const
     for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] += a * s[i];
 }
 
+// The top-k experts of one router row, as ops::moe_route: p = softmax(logits + bias) (sum in
+// double), then k times the most probable expert not yet chosen (ties to the lower index):
+// sel[j] = its index (as float), sel[k + j] = its probability, divided by the sum of the
+// chosen when norm. One warp; n <= 1024 (the host checks).
+extern "C" __global__ void t_moe_route(const float* logits, const float* bias, int n, int k,
+                                       int norm, float* sel) {
+    __shared__ float p[1024];
+    pdl_trigger();
+    pdl_wait();
+    const int lane = threadIdx.x;
+    float mx = __int_as_float(0xff800000);  // -inf
+    for (int i = lane; i < n; i += 32) {
+        float v = logits[i] + (bias ? bias[i] : 0.0f);
+        p[i] = v;
+        mx = fmaxf(mx, v);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, o));
+    double sum = 0.0;
+    for (int i = lane; i < n; i += 32) {
+        p[i] = expf(p[i] - mx);
+        sum += p[i];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o);
+    const float inv = (float)(1.0 / sum);
+    for (int i = lane; i < n; i += 32) p[i] *= inv;
+    __syncwarp();
+    float chosen = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float best = -1.0f;
+        int bi = n;
+        for (int i = lane; i < n; i += 32) {
+            float v = p[i];
+            if (v > best || (v == best && i < bi)) {
+                best = v;
+                bi = i;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(FULL, best, o);
+            int oi = __shfl_xor_sync(FULL, bi, o);
+            if (ob > best || (ob == best && oi < bi)) {
+                best = ob;
+                bi = oi;
+            }
+        }
+        chosen += best;
+        if (lane == 0) {
+            sel[j] = (float)bi;
+            sel[k + j] = best;
+            p[bi] = -2.0f;
+        }
+        __syncwarp();
+    }
+    if (norm && lane < k) sel[k + lane] = sel[k + lane] / chosen;
+}
+
+// jobs[7 j] (job j's weights, dec_mv_multi) = t_j[sel[slot]] for j < njobs <= 3: the expert
+// the router chose on the device, patched into the staged job table before the mat-vec reads
+// it (which is launched without programmatic dependent launch).
+extern "C" __global__ void t_moe_patch_jobs(long long* jobs, int njobs, const long long* t0,
+                                            const long long* t1, const long long* t2,
+                                            const float* sel, int slot) {
+    pdl_trigger();
+    pdl_wait();
+    const int j = threadIdx.x;
+    if (j >= njobs) return;
+    const long long* t = j == 0 ? t0 : j == 1 ? t1 : t2;
+    jobs[7 * j] = t[(int)sel[slot]];
+}
+
+// x[i] += sel[index] * y[i] (an MoE expert's output added with the weight its router chose).
+extern "C" __global__ void t_add_scaled_by(float* x, const float* y, long long n, const float* sel,
+                                           int index) {
+    pdl_trigger();
+    pdl_wait();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] += y[i] * sel[index];
+}
+
 extern "C" __global__ void t_fill(float* x, long long n, float v) {
     pdl_trigger();
     pdl_wait();

@@ -23,7 +23,7 @@ use crate::ops::Activation;
 use crate::KvType;
 use crate::{
     Argmax, Attend, AttentionParams, ComputeError, DeviceBuffer, FloatTable, MatData, Matrix, Norm,
-    NormKind, ResidualNorm, RopeAttend, RopeConfig, Tensor, TensorProj,
+    NormKind, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor, TensorProj,
 };
 
 /// Threads of the row-wise kernels of `ops.cu` (`OPS_THREADS`).
@@ -924,11 +924,25 @@ fn mv_multi(
         blocks += n;
     }
     let jp = st.rec.stage(&st.dev.stream, as_bytes(&jobs))?;
+    launch_mv_jobs(st, jp, projs.len(), blocks, cols, true)
+}
+
+/// Launch `dec_mv_multi` over the `njobs` jobs staged at `jp` (`blocks` blocks in all) on the
+/// activations quantized last; `pdl`: with programmatic dependent launch (off when a kernel
+/// just before writes the job table, which `dec_mv_multi` reads before it waits).
+fn launch_mv_jobs(
+    st: &mut State,
+    jp: u64,
+    njobs: usize,
+    blocks: usize,
+    cols: usize,
+    pdl: bool,
+) -> Result<(), ComputeError> {
     let stream = &st.dev.stream;
     let (kq, b32) = (&st.s.kq, &st.s.b32);
     let mut a = [
         jp,
-        i(to_i32("mat-vec jobs", projs.len())?),
+        i(to_i32("mat-vec jobs", njobs)?),
         ptr(b32.aq.get(), stream),
         ptr(b32.ad.get(), stream),
         ptr(kq.aq.get(), stream),
@@ -941,7 +955,171 @@ fn mv_multi(
         block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    go(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a)
+    if pdl {
+        go(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a)
+    } else {
+        go_plain(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a)
+    }
+}
+
+/// Largest router a device `moe_route` takes (its probabilities in shared memory).
+const MAX_ROUTED_EXPERTS: usize = 1024;
+
+pub(super) fn moe_route(
+    st: &mut State,
+    logits: &Tensor,
+    bias: Option<&[f32]>,
+    k: usize,
+    norm: bool,
+    sel: &mut Tensor,
+) -> Result<(), ComputeError> {
+    let n = logits.len();
+    crate::host_ops::check_route(n, bias, k)?;
+    check_at_most("moe_route experts", n, MAX_ROUTED_EXPERTS)?;
+    fit(st, sel, 2 * k)?;
+    let bp = match bias {
+        Some(b) => cached(st, as_bytes(b))?,
+        None => 0,
+    };
+    let mut a = [
+        tp(st, logits, "moe_route")?,
+        bp,
+        i(to_i32("experts", n)?),
+        i(to_i32("top-k", k)?),
+        i(norm as i32),
+        tp(st, sel, "moe_route")?,
+    ];
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    go(&mut st.rec, &st.dev.k.t_moe_route, cfg, &mut a)
+}
+
+fn check_at_most(what: &'static str, got: usize, most: usize) -> Result<(), ComputeError> {
+    if got > most {
+        return Err(ComputeError::ShapeMismatch {
+            what,
+            expected: most,
+            got,
+            unit: "(at most)",
+        });
+    }
+    Ok(())
+}
+
+/// Whether `experts` are quantized blocks of one format and byte length (the device's
+/// routed mat-vec patches one job's weights with any of them).
+fn uniform_blocks(experts: &[Matrix<'_>]) -> bool {
+    let first = experts.first().and_then(|e| e.blocks_data().ok());
+    experts.iter().all(|e| match (e.blocks_data(), first) {
+        (Ok((f, b)), Some((f0, b0))) => f == f0 && b.len() == b0.len(),
+        _ => false,
+    })
+}
+
+pub(super) fn project_routed(
+    st: &mut State,
+    x: &Tensor,
+    projs: &mut [RoutedProj<'_>],
+    sel: &Tensor,
+    slot: usize,
+) -> Result<(), ComputeError> {
+    crate::host_ops::check_routed(projs, sel.len(), slot)?;
+    for p in projs.iter() {
+        check_product(&p.experts[0], x, 1)?;
+    }
+    let cols = projs[0].experts[0].cols;
+    let device = projs.len() <= 3
+        && cols > 0
+        && projs.iter().all(|p| {
+            p.experts[0].cols == cols && p.experts[0].rows > 0 && uniform_blocks(p.experts)
+        });
+    if !device {
+        // The choice read on the host (a synchronisation), then the chosen matrices' products.
+        let mut id = [0.0f32];
+        read_at(st, sel, slot, &mut id)?;
+        let e = crate::host_ops::expert_index(id[0], projs[0].experts.len())?;
+        let mut chosen: smallvec::SmallVec<[TensorProj<'_>; 4]> = projs
+            .iter_mut()
+            .map(|p| TensorProj {
+                w: p.experts[e],
+                y: &mut *p.y,
+            })
+            .collect();
+        return project_many(st, x, 1, &mut chosen);
+    }
+    let xp = tp(st, x, "project_routed")?;
+    for family in [true, false] {
+        if let Some(p) = projs.iter().find(|p| {
+            matches!(p.experts[0].data, MatData::Blocks { format, .. } if is_kq(Some(format)) == family)
+        }) {
+            let (format, _) = p.experts[0].blocks_data()?;
+            quantize(st, xp, Some(format), 1, cols)?;
+        }
+    }
+    let mut jobs: smallvec::SmallVec<[i64; 21]> = smallvec::SmallVec::new();
+    let mut tables = [0u64; 3];
+    let mut blocks = 0usize;
+    for (j, p) in projs.iter_mut().enumerate() {
+        let (format, bytes0) = p.experts[0].blocks_data()?;
+        let rows = p.experts[0].rows;
+        super::quant::check(&st.dev, format, bytes0, rows, cols)?;
+        let all: smallvec::SmallVec<[&[u8]; 128]> = p
+            .experts
+            .iter()
+            .map(|e| e.blocks_data().map(|(_, b)| b))
+            .collect::<Result<_, _>>()?;
+        tables[j] = st.cache.table(&st.dev.stream, &all)?;
+        let w0 = cached(st, bytes0)?;
+        fit(st, p.y, rows)?;
+        let yp = tp(st, p.y, "project_routed")?;
+        let (job, n) = mv_job(format, w0, yp, 0, rows, cols, blocks)?;
+        jobs.extend(job);
+        blocks += n;
+    }
+    let jp = st.rec.stage(&st.dev.stream, as_bytes(&jobs))?;
+    let mut a = [
+        jp,
+        i(to_i32("routed jobs", projs.len())?),
+        tables[0],
+        tables[1],
+        tables[2],
+        tp(st, sel, "project_routed")?,
+        i(to_i32("slot", slot)?),
+    ];
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    go(&mut st.rec, &st.dev.k.t_moe_patch_jobs, cfg, &mut a)?;
+    launch_mv_jobs(st, jp, projs.len(), blocks, cols, false)
+}
+
+pub(super) fn add_scaled_by(
+    st: &mut State,
+    x: &mut Tensor,
+    y: &Tensor,
+    sel: &Tensor,
+    index: usize,
+) -> Result<(), ComputeError> {
+    check("residual branch", y.len(), x.len(), "values")?;
+    crate::host_ops::range("add_scaled_by weight", sel.len(), index, 1)?;
+    let mut a = [
+        tp(st, x, "add_scaled_by")?,
+        tp(st, y, "add_scaled_by")?,
+        x.len() as u64,
+        tp(st, sel, "add_scaled_by")?,
+        i(to_i32("weight index", index)?),
+    ];
+    go(
+        &mut st.rec,
+        &st.dev.k.t_add_scaled_by,
+        flat(x.len()),
+        &mut a,
+    )
 }
 
 pub(super) fn add_bias(st: &mut State, y: &mut Tensor, bias: &[f32]) -> Result<(), ComputeError> {

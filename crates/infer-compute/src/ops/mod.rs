@@ -7,6 +7,7 @@ mod activation;
 mod elementwise;
 mod erf;
 mod fast_act;
+mod moe;
 pub(crate) use fast_act::exp_poly;
 mod norm;
 
@@ -15,4 +16,5 @@ pub use activation::{clamped_swiglu, gelu, gelu_tanh, silu, Activation};
 pub use elementwise::{add_inplace, scale_inplace, softcap, softcap_inplace, softmax_inplace};
 pub use erf::{erf, erfc};
 pub use fast_act::{act_fast_inplace, gated_mul_fast};
+pub use moe::moe_route;
 pub use norm::{layer_norm, rms_norm, rms_norm_inplace};

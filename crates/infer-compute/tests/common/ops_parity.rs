@@ -12,7 +12,7 @@ use half::f16;
 use infer_compute::ops::Activation;
 use infer_compute::{
     Attend, AttentionParams, ComputeBackend, FloatTable, KvSlot, MatData, Matrix, Norm, NormKind,
-    QuantFormat, ResidualNorm, RopeAttend, RopeConfig, RopeScaling, Tensor, TensorProj,
+    QuantFormat, ResidualNorm, RopeAttend, RopeConfig, RopeScaling, RoutedProj, Tensor, TensorProj,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -665,6 +665,110 @@ pub fn check_backend_ops(b: &dyn ComputeBackend) {
     check_rope_attend(b, &mut rng);
     check_act_then_product(b, &mut rng);
     check_argmax_rows(b, &mut rng);
+    check_moe_routing(b, &mut rng);
+}
+
+/// The router's choice where the backend keeps it: `moe_route` against
+/// [`infer_compute::ops::moe_route`] (indices equal, weights within 1e-6), then for each slot
+/// `project_routed` (Q4_K and Q8_0 experts, two products of one row) equals `linear` by the
+/// chosen expert within 1e-5 of the largest output, and `add_scaled_by` adds with the chosen
+/// weight; a slot past the choice and k above the experts are errors.
+fn check_moe_routing(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    let (n, rows, cols) = (6usize, 24usize, 256usize);
+    for (k, norm, bias) in [(2usize, true, false), (3, false, true)] {
+        let logits = randv(rng, n);
+        let bias_v = randv(rng, n);
+        let bias = bias.then_some(&bias_v[..]);
+        let mut sel = Tensor::default();
+        b.moe_route(&up(b, &logits), bias, k, norm, &mut sel)
+            .expect("moe_route");
+        let got = down(b, &sel);
+        let want = infer_compute::ops::moe_route(&mut logits.clone(), bias, k, norm);
+        for (j, &(e, w)) in want.iter().enumerate() {
+            assert_eq!(got[j], e as f32, "moe_route k={k}: slot {j}'s expert");
+            assert!(
+                (got[k + j] - w).abs() <= 1e-6,
+                "moe_route k={k}: slot {j}'s weight {} (want {w})",
+                got[k + j]
+            );
+        }
+        assert!(
+            b.moe_route(&up(b, &logits), None, n + 1, norm, &mut sel)
+                .is_err(),
+            "moe_route: k above the experts is an error"
+        );
+        b.moe_route(&up(b, &logits), bias, k, norm, &mut sel)
+            .expect("moe_route");
+        for format in [QuantFormat::Q4_K, QuantFormat::Q8_0] {
+            let ws: Vec<Vec<f32>> = (0..n).map(|_| randv(rng, rows * cols)).collect();
+            let bytes: Vec<Vec<u8>> = ws
+                .iter()
+                .map(|w| infer_quant::quantize(format, w, cols, None).expect("quantize"))
+                .collect();
+            let mats: Vec<Matrix<'_>> = bytes
+                .iter()
+                .map(|bytes| Matrix {
+                    data: MatData::Blocks { format, bytes },
+                    rows,
+                    cols,
+                })
+                .collect();
+            let x = randv(rng, cols);
+            let xt = up(b, &x);
+            for (slot, &(e, _)) in want.iter().enumerate() {
+                let (mut y1, mut y2) = (Tensor::default(), Tensor::default());
+                let mut projs = [
+                    RoutedProj {
+                        experts: &mats,
+                        y: &mut y1,
+                    },
+                    RoutedProj {
+                        experts: &mats,
+                        y: &mut y2,
+                    },
+                ];
+                b.project_routed(&xt, &mut projs, &sel, slot)
+                    .expect("project_routed");
+                let mut host = vec![0.0; rows];
+                b.linear(&mats[e], &x, 1, &mut host).expect("linear");
+                let scale = host.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                for (name, t) in [("project_routed 0", &y1), ("project_routed 1", &y2)] {
+                    for (i, (&g, &h)) in down(b, t).iter().zip(&host).enumerate() {
+                        assert!(
+                            (g - h).abs() <= 1e-5 * scale,
+                            "{name} {format:?} slot {slot} (expert {e}): element {i}: got {g}, host {h}"
+                        );
+                    }
+                }
+                let acc = randv(rng, rows);
+                let mut at = up(b, &acc);
+                b.add_scaled_by(&mut at, &y1, &sel, k + slot)
+                    .expect("add_scaled_by");
+                // The chosen weight as `sel` holds it (checked against `w` above).
+                let wd = got[k + slot] as f64;
+                let want_acc: Vec<f64> = acc
+                    .iter()
+                    .zip(down(b, &y1))
+                    .map(|(&a, y)| a as f64 + wd * y as f64)
+                    .collect();
+                close("add_scaled_by", &down(b, &at), &want_acc);
+            }
+            let mut y = Tensor::default();
+            assert!(
+                b.project_routed(
+                    &xt,
+                    &mut [RoutedProj {
+                        experts: &mats,
+                        y: &mut y
+                    }],
+                    &sel,
+                    k
+                )
+                .is_err(),
+                "project_routed: a slot past the choice is an error"
+            );
+        }
+    }
 }
 
 /// Quantized products of `x` (`m × cols`, a tensor just written by a fused operation, which a
