@@ -290,7 +290,7 @@ pub trait ComputeBackend: Send + Sync {
     }
 
     /// Whether [`moe_route`](Self::moe_route), [`project_routed`](Self::project_routed) and
-    /// [`add_scaled_by`](Self::add_scaled_by) keep an MoE layer's expert choice in this
+    /// [`combine_routed`](Self::combine_routed) keep an MoE layer's expert choice in this
     /// backend's memory, so that a decode step needs no host round trip per layer (a device
     /// backend). The defaults read the choice on the host; false.
     fn routes_on_device(&self) -> bool {
@@ -323,50 +323,64 @@ pub trait ComputeBackend: Send + Sync {
         Ok(())
     }
 
-    /// [`project_many`](Self::project_many) of one activation row `x` (`[cols]`) with each
-    /// product's matrix chosen by the router: `p.y = x · p.experts[e]ᵀ` for the expert `e` in
-    /// slot `slot` of `sel` ([`moe_route`](Self::moe_route)). Errors: an empty expert list,
-    /// experts of different shapes, a slot or expert index out of range, shapes as
-    /// `project_many`; device failures.
+    /// The products of the `k` experts the router chose, for every slot at once (ggml's
+    /// `mul_mat_id`): for slot `s < k` and each `p`, rows `s·r .. (s+1)·r` of `p.y` (fit to
+    /// `k · r`, `r` the experts' rows) `= x_s · p.experts[e_s]ᵀ`, `e_s` the expert in slot `s`
+    /// of `sel` ([`moe_route`](Self::moe_route)) and `x_s` either `x` itself (`[cols]`, one
+    /// row for every slot) or its row `s` (`x` `[k, cols]`). Errors: an empty expert list,
+    /// experts of different shapes, `x` neither, `k` past `sel`, an expert index out of range;
+    /// device failures.
     fn project_routed(
         &self,
         x: &Tensor,
         projs: &mut [RoutedProj<'_>],
         sel: &Tensor,
-        slot: usize,
+        k: usize,
     ) -> Result<(), ComputeError> {
-        let mut id = [0.0f32];
-        crate::host_ops::check_routed(projs, sel.len(), slot)?;
-        self.read_at(sel, slot, &mut id)?;
-        let e = crate::host_ops::expert_index(id[0], projs[0].experts.len())?;
-        let mut chosen: smallvec::SmallVec<[TensorProj<'_>; 4]> = projs
-            .iter_mut()
-            .map(|p| TensorProj {
-                w: p.experts[e],
-                y: &mut *p.y,
-            })
-            .collect();
-        self.project_many(x, 1, &mut chosen)
+        let cols = crate::host_ops::check_routed(projs, x.len(), sel.len(), k)?;
+        let mut ids = smallvec::SmallVec::<[f32; 16]>::from_elem(0.0, k);
+        self.read_at(sel, 0, &mut ids)?;
+        let x = host("project_routed", x)?;
+        for p in projs.iter_mut() {
+            let rows = p.experts[0].rows;
+            self.fit(p.y, k * rows)?;
+            let y = host_mut("project_routed", p.y)?;
+            for (s, &id) in ids.iter().enumerate() {
+                let e = crate::host_ops::expert_index(id, p.experts.len())?;
+                let xs = if x.len() == cols {
+                    x
+                } else {
+                    &x[s * cols..(s + 1) * cols]
+                };
+                self.linear(&p.experts[e], xs, 1, &mut y[s * rows..(s + 1) * rows])?;
+            }
+        }
+        Ok(())
     }
 
-    /// `x += w · y` with the weight `w = sel[index]` read where `sel` lives (an MoE expert's
-    /// router weight, [`moe_route`](Self::moe_route)). Errors: lengths differ, `index` past
-    /// `sel`; device failures.
-    fn add_scaled_by(
+    /// `out` (fit to `width = y.len() / k`) `= Σ_s w_s · y_s` over the `k` slots of `y`
+    /// (`[k, width]`, [`project_routed`](Self::project_routed)'s outputs), `w_s = sel[k + s]`
+    /// the router's weight of slot `s`, read where `sel` lives. Errors: `y` not `k` rows, `k`
+    /// past `sel`; device failures.
+    fn combine_routed(
         &self,
-        x: &mut Tensor,
         y: &Tensor,
         sel: &Tensor,
-        index: usize,
+        k: usize,
+        out: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        let mut w = [0.0f32];
-        crate::host_ops::range("add_scaled_by weight", sel.len(), index, 1)?;
-        self.read_at(sel, index, &mut w)?;
-        crate::host_ops::add_scaled(
-            host_mut("add_scaled_by", x)?,
-            host("add_scaled_by", y)?,
-            w[0],
-        )
+        let width = crate::host_ops::check_combine(y.len(), sel.len(), k)?;
+        let mut w = smallvec::SmallVec::<[f32; 16]>::from_elem(0.0, k);
+        self.read_at(sel, k, &mut w)?;
+        self.fit(out, width)?;
+        let (y, o) = (host("combine_routed", y)?, host_mut("combine_routed", out)?);
+        o.fill(0.0);
+        for (s, &ws) in w.iter().enumerate() {
+            o.iter_mut()
+                .zip(&y[s * width..(s + 1) * width])
+                .for_each(|(a, b)| *a += ws * b);
+        }
+        Ok(())
     }
 
     /// Fit `t` to `len` values, all `value`. Errors: device failures.

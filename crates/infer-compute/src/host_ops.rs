@@ -331,15 +331,21 @@ pub(crate) fn check_route(n: usize, bias: Option<&[f32]>, k: usize) -> Result<()
 }
 
 /// The shapes of [`crate::ComputeBackend::project_routed`]: products with experts, each
-/// product's experts of one shape, `slot` among the `sel_len / 2` chosen. Errors:
+/// product's experts of one shape and all of one width, `x` one row of it or `k` rows, `k`
+/// slots in `sel` (`2·k` values at least). Returns the width (`cols`). Errors:
 /// [`ComputeError::ShapeMismatch`].
 pub(crate) fn check_routed(
     projs: &[crate::RoutedProj<'_>],
+    x_len: usize,
     sel_len: usize,
-    slot: usize,
-) -> Result<(), ComputeError> {
-    range("project_routed slot", sel_len / 2, slot, 1)?;
+    k: usize,
+) -> Result<usize, ComputeError> {
+    range("project_routed slots", sel_len / 2, 0, k)?;
     let n = projs.first().map_or(0, |p| p.experts.len());
+    let cols = projs
+        .first()
+        .and_then(|p| p.experts.first())
+        .map_or(0, |e| e.cols);
     for p in projs {
         check("project_routed experts", p.experts.len(), n, "matrices")?;
         let Some(e0) = p.experts.first() else {
@@ -350,6 +356,12 @@ pub(crate) fn check_routed(
                 unit: "matrices",
             });
         };
+        check(
+            "project_routed expert cols (one width)",
+            e0.cols,
+            cols,
+            "values",
+        )?;
         if let Some(e) = p
             .experts
             .iter()
@@ -363,7 +375,30 @@ pub(crate) fn check_routed(
             });
         }
     }
-    Ok(())
+    if x_len != cols && x_len != k * cols {
+        return Err(ComputeError::ShapeMismatch {
+            what: "project_routed x (one row, or one per slot)",
+            expected: k * cols,
+            got: x_len,
+            unit: "values",
+        });
+    }
+    Ok(cols)
+}
+
+/// The shapes of [`crate::ComputeBackend::combine_routed`]: `y` whole rows of `k` slots, `k`
+/// slots in `sel`. Returns the row width. Errors: [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_combine(y_len: usize, sel_len: usize, k: usize) -> Result<usize, ComputeError> {
+    range("combine_routed slots", sel_len / 2, 0, k)?;
+    if k == 0 || !y_len.is_multiple_of(k) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "combine_routed y (k whole rows)",
+            expected: k,
+            got: y_len,
+            unit: "values",
+        });
+    }
+    Ok(y_len / k)
 }
 
 /// The expert index `id` (an f32 of [`crate::ComputeBackend::moe_route`]'s `sel`) below `n`.

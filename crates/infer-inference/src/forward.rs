@@ -865,9 +865,9 @@ fn moe_ffn_one_row(
 
 /// The experts of [`moe_ffn_one_row`] on a backend that keeps the router's choice in its own
 /// memory ([`ComputeBackend::routes_on_device`]): the router logits (in `bufs.moe_out`) →
-/// `moe_route` → for each of the top-k slots the gate/up and down products of the expert in
-/// that slot (`project_routed`), added with its weight (`add_scaled_by`), plus the shared
-/// expert (Qwen2-MoE without a shared gate). Nothing comes to the host, so a decode step of a
+/// `moe_route` → the gate/up and down products of the chosen experts, all slots in one
+/// `project_routed` each (ggml's `mul_mat_id`), summed with their weights (`combine_routed`),
+/// plus the shared expert (Qwen2-MoE without a shared gate). Nothing comes to the host, so a decode step of a
 /// device backend stays one list of launches (one CUDA graph).
 fn moe_experts_routed(
     backend: &dyn ComputeBackend,
@@ -897,7 +897,6 @@ fn moe_experts_routed(
         .map(|e| e.gate.as_ref().map(|gw| gw.matrix(inter, h)))
         .collect();
     let act = crate::walk::compute_activation(g.activation);
-    backend.fill(out, h, 0.0)?;
     let FfnScratch {
         gate,
         up,
@@ -905,50 +904,50 @@ fn moe_experts_routed(
         moe_sel,
         ..
     } = &mut *bufs;
-    for slot in 0..k {
-        match &gates {
-            Some(gates) => {
-                backend.project_routed(
-                    x,
-                    &mut [
-                        RoutedProj {
-                            experts: gates,
-                            y: &mut *gate,
-                        },
-                        RoutedProj {
-                            experts: &ups,
-                            y: &mut *up,
-                        },
-                    ],
-                    moe_sel,
-                    slot,
-                )?;
-                backend.gated_activation(act, gate, up)?;
-            }
-            None => {
-                backend.project_routed(
-                    x,
-                    &mut [RoutedProj {
+    // Every slot at once: gate/up `[k, inter]` from the one input row, the activation over
+    // all slots, down `[k, hidden]` from each slot's own row, then the weighted sum.
+    match &gates {
+        Some(gates) => {
+            backend.project_routed(
+                x,
+                &mut [
+                    RoutedProj {
+                        experts: gates,
+                        y: &mut *gate,
+                    },
+                    RoutedProj {
                         experts: &ups,
                         y: &mut *up,
-                    }],
-                    moe_sel,
-                    slot,
-                )?;
-                backend.activation(act, up)?;
-            }
+                    },
+                ],
+                moe_sel,
+                k,
+            )?;
+            backend.gated_activation(act, gate, up)?;
         }
-        backend.project_routed(
-            up,
-            &mut [RoutedProj {
-                experts: &downs,
-                y: &mut *moe_out,
-            }],
-            moe_sel,
-            slot,
-        )?;
-        backend.add_scaled_by(out, moe_out, moe_sel, k + slot)?;
+        None => {
+            backend.project_routed(
+                x,
+                &mut [RoutedProj {
+                    experts: &ups,
+                    y: &mut *up,
+                }],
+                moe_sel,
+                k,
+            )?;
+            backend.activation(act, up)?;
+        }
     }
+    backend.project_routed(
+        up,
+        &mut [RoutedProj {
+            experts: &downs,
+            y: &mut *moe_out,
+        }],
+        moe_sel,
+        k,
+    )?;
+    backend.combine_routed(moe_out, moe_sel, k, out)?;
     if let Some(shared) = &m.shared {
         let mut y = std::mem::take(&mut bufs.moe_out);
         let r = expert_ffn(backend, shared, x, 1, g, bufs, &mut y)

@@ -842,12 +842,13 @@ extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, in
     act_chunk(gate, up, n, act, q, d, bsums, kq, c, threadIdx.x & 31);
 }
 
-// Several quantized mat-vecs of one input in one launch (fused QKV, gate+up, or one matrix):
-// jobs[7 j .. 7 j + 6] = {W, y, rows, format, first block, rows per warp, bias (0: none)};
-// block b runs the job
-// whose first block is the largest <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations
-// aq32/ad32), 4 Q4_K, 5 Q6_K (Q8_K activations aqk/adk/bsk; mvk_stream). At most 64
-// registers (4 blocks of 8 warps per SM; ptxas sm_90: no spills, 93 registers unbounded).
+// Several quantized mat-vecs in one launch (fused QKV, gate+up, one matrix, or the experts an
+// MoE router chose): jobs[7 j .. 7 j + 6] = {W, y, rows, format | activation row << 8, first
+// block, rows per warp, bias (0: none)}; block b runs the job whose first block is the largest
+// <= b, on row `activation row` of the quantized activations (0 but for MoE experts of
+// different inputs). format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations aq32/ad32), 4 Q4_K,
+// 5 Q6_K (Q8_K activations aqk/adk/bsk; mvk_stream). At most 64 registers (4 blocks of 8
+// warps per SM; ptxas sm_90: no spills, 93 registers unbounded).
 extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     dec_mv_multi(const long long* __restrict__ jobs, int njobs, const i8* aq32,
                  const float* ad32, const i8* aqk, const float* adk, const int* bsk, int cols) {
@@ -864,7 +865,15 @@ extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     int rpw = (int)jb[5];
     const float* bias = (const float*)jb[6];
     u8* smw = sm[threadIdx.x >> 5];
-    switch ((int)jb[3]) {
+    const long long xr = jb[3] >> 8;
+    if (xr) {
+        aq32 += xr * cols;
+        ad32 += xr * (cols / 32);
+        aqk += xr * cols;
+        adk += xr * (cols / 256);
+        bsk += xr * (cols / 16);
+    }
+    switch ((int)(jb[3] & 0xff)) {
         case 0: mv32<F_Q4_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw, bias); break;
         case 1: mv32<F_Q5_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw, bias); break;
         case 2: mv32<F_Q8_0, 1>(W, 0, aq32, ad32, y, rows, cols, 1, bx, smw, rpw, bias); break;

@@ -417,19 +417,19 @@ impl ComputeBackend for CudaBackend {
         x: &Tensor,
         projs: &mut [RoutedProj<'_>],
         sel: &Tensor,
-        slot: usize,
+        k: usize,
     ) -> Result<(), ComputeError> {
-        self.tensor_op(|st| tensor_ops::project_routed(st, x, projs, sel, slot))
+        self.tensor_op(|st| tensor_ops::project_routed(st, x, projs, sel, k))
     }
 
-    fn add_scaled_by(
+    fn combine_routed(
         &self,
-        x: &mut Tensor,
         y: &Tensor,
         sel: &Tensor,
-        index: usize,
+        k: usize,
+        out: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        self.tensor_op(|st| tensor_ops::add_scaled_by(st, x, y, sel, index))
+        self.tensor_op(|st| tensor_ops::combine_routed(st, y, sel, k, out))
     }
 
     fn fill(&self, t: &mut Tensor, len: usize, value: f32) -> Result<(), ComputeError> {

@@ -502,28 +502,32 @@ extern "C" __global__ void t_moe_route(const float* logits, const float* bias, i
     if (norm && lane < k) sel[k + lane] = sel[k + lane] / chosen;
 }
 
-// jobs[7 j] (job j's weights, dec_mv_multi) = t_j[sel[slot]] for j < njobs <= 3: the expert
-// the router chose on the device, patched into the staged job table before the mat-vec reads
-// it (which is launched without programmatic dependent launch).
-extern "C" __global__ void t_moe_patch_jobs(long long* jobs, int njobs, const long long* t0,
+// jobs[7 q] (job q's weights, dec_mv_multi) = t_j[sel[s]] for job q = s * np + j (slot s < k,
+// product j < np <= 3): the experts the router chose on the device, patched into the staged job
+// table before the mat-vec reads it (launched without programmatic dependent launch).
+extern "C" __global__ void t_moe_patch_jobs(long long* jobs, int np, int k, const long long* t0,
                                             const long long* t1, const long long* t2,
-                                            const float* sel, int slot) {
+                                            const float* sel) {
     pdl_trigger();
     pdl_wait();
-    const int j = threadIdx.x;
-    if (j >= njobs) return;
-    const long long* t = j == 0 ? t0 : j == 1 ? t1 : t2;
-    jobs[7 * j] = t[(int)sel[slot]];
+    for (int q = threadIdx.x; q < np * k; q += blockDim.x) {
+        int j = q % np, s = q / np;
+        const long long* t = j == 0 ? t0 : j == 1 ? t1 : t2;
+        jobs[7 * q] = t[(int)sel[s]];
+    }
 }
 
-// x[i] += sel[index] * y[i] (an MoE expert's output added with the weight its router chose).
-extern "C" __global__ void t_add_scaled_by(float* x, const float* y, long long n, const float* sel,
-                                           int index) {
+// out[i] = sum over slots s < k of sel[k + s] * y[s * n + i] (the chosen experts' outputs, each
+// with the weight its router chose).
+extern "C" __global__ void t_moe_combine(const float* y, const float* sel, int k, long long n,
+                                         float* out) {
     pdl_trigger();
     pdl_wait();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    x[i] += y[i] * sel[index];
+    float acc = 0.0f;
+    for (int s = 0; s < k; s++) acc += sel[k + s] * y[s * n + i];
+    out[i] = acc;
 }
 
 extern "C" __global__ void t_fill(float* x, long long n, float v) {

@@ -1024,44 +1024,63 @@ pub(super) fn project_routed(
     x: &Tensor,
     projs: &mut [RoutedProj<'_>],
     sel: &Tensor,
-    slot: usize,
+    k: usize,
 ) -> Result<(), ComputeError> {
-    crate::host_ops::check_routed(projs, sel.len(), slot)?;
-    for p in projs.iter() {
-        check_product(&p.experts[0], x, 1)?;
-    }
-    let cols = projs[0].experts[0].cols;
+    let cols = crate::host_ops::check_routed(projs, x.len(), sel.len(), k)?;
+    let per_slot = x.len() != cols;
     let device = projs.len() <= 3
         && cols > 0
-        && projs.iter().all(|p| {
-            p.experts[0].cols == cols && p.experts[0].rows > 0 && uniform_blocks(p.experts)
-        });
+        && k > 0
+        && projs
+            .iter()
+            .all(|p| p.experts[0].rows > 0 && uniform_blocks(p.experts));
     if !device {
-        // The choice read on the host (a synchronisation), then the chosen matrices' products.
-        let mut id = [0.0f32];
-        read_at(st, sel, slot, &mut id)?;
-        let e = crate::host_ops::expert_index(id[0], projs[0].experts.len())?;
-        let mut chosen: smallvec::SmallVec<[TensorProj<'_>; 4]> = projs
-            .iter_mut()
-            .map(|p| TensorProj {
-                w: p.experts[e],
-                y: &mut *p.y,
-            })
-            .collect();
-        return project_many(st, x, 1, &mut chosen);
+        // The choice read on the host (a synchronisation), then each slot's products.
+        let mut ids = smallvec::SmallVec::<[f32; 16]>::from_elem(0.0, k);
+        read_at(st, sel, 0, &mut ids)?;
+        let mut xs = Tensor::default();
+        let mut ys: smallvec::SmallVec<[Tensor; 3]> =
+            projs.iter().map(|_| Tensor::default()).collect();
+        for p in projs.iter_mut() {
+            fit(st, p.y, k * p.experts[0].rows)?;
+        }
+        for (s, &id) in ids.iter().enumerate() {
+            let e = crate::host_ops::expert_index(id, projs[0].experts.len())?;
+            let xin = if per_slot {
+                copy_rows(st, x, cols, &[s], &mut xs)?;
+                &xs
+            } else {
+                x
+            };
+            for (p, y) in projs.iter().zip(ys.iter_mut()) {
+                project(st, &p.experts[e], xin, 1, y)?;
+            }
+            // Row block s of each output: zeroed, then the slot's product added.
+            for (p, y) in projs.iter_mut().zip(&ys) {
+                let rows = p.experts[0].rows;
+                let src = tp(st, y, "project_routed")?;
+                let dst = tp(st, p.y, "project_routed")? + (s * rows * 4) as u64;
+                let mut z = [dst, rows as u64, f(0.0)];
+                go(&mut st.rec, &st.dev.k.t_fill, flat(rows), &mut z)?;
+                let mut a = [dst, src, rows as u64, f(1.0)];
+                go(&mut st.rec, &st.dev.k.t_add_scaled, flat(rows), &mut a)?;
+            }
+        }
+        return Ok(());
     }
     let xp = tp(st, x, "project_routed")?;
+    let m = if per_slot { k } else { 1 };
     for family in [true, false] {
         if let Some(p) = projs.iter().find(|p| {
             matches!(p.experts[0].data, MatData::Blocks { format, .. } if is_kq(Some(format)) == family)
         }) {
             let (format, _) = p.experts[0].blocks_data()?;
-            quantize(st, xp, Some(format), 1, cols)?;
+            quantize(st, xp, Some(format), m, cols)?;
         }
     }
-    let mut jobs: smallvec::SmallVec<[i64; 21]> = smallvec::SmallVec::new();
     let mut tables = [0u64; 3];
-    let mut blocks = 0usize;
+    let mut templates: smallvec::SmallVec<[(QuantFormat, u64, u64, usize); 3]> =
+        smallvec::SmallVec::new();
     for (j, p) in projs.iter_mut().enumerate() {
         let (format, bytes0) = p.experts[0].blocks_data()?;
         let rows = p.experts[0].rows;
@@ -1073,21 +1092,39 @@ pub(super) fn project_routed(
             .collect::<Result<_, _>>()?;
         tables[j] = st.cache.table(&st.dev.stream, &all)?;
         let w0 = cached(st, bytes0)?;
-        fit(st, p.y, rows)?;
-        let yp = tp(st, p.y, "project_routed")?;
-        let (job, n) = mv_job(format, w0, yp, 0, rows, cols, blocks)?;
-        jobs.extend(job);
-        blocks += n;
+        fit(st, p.y, k * rows)?;
+        templates.push((format, w0, tp(st, p.y, "project_routed")?, rows));
+    }
+    // Job s·np + j: slot s's product j, on activation row s when each slot has its own input.
+    let mut jobs: smallvec::SmallVec<[i64; 128]> = smallvec::SmallVec::new();
+    let mut blocks = 0usize;
+    for s in 0..k {
+        for &(format, w0, yp, rows) in &templates {
+            let (mut job, n) = mv_job(
+                format,
+                w0,
+                yp + (s * rows * 4) as u64,
+                0,
+                rows,
+                cols,
+                blocks,
+            )?;
+            if per_slot {
+                job[3] |= (s as i64) << 8;
+            }
+            jobs.extend(job);
+            blocks += n;
+        }
     }
     let jp = st.rec.stage(&st.dev.stream, as_bytes(&jobs))?;
     let mut a = [
         jp,
-        i(to_i32("routed jobs", projs.len())?),
+        i(to_i32("routed products", projs.len())?),
+        i(to_i32("routed slots", k)?),
         tables[0],
         tables[1],
         tables[2],
         tp(st, sel, "project_routed")?,
-        i(to_i32("slot", slot)?),
     ];
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
@@ -1095,31 +1132,26 @@ pub(super) fn project_routed(
         shared_mem_bytes: 0,
     };
     go(&mut st.rec, &st.dev.k.t_moe_patch_jobs, cfg, &mut a)?;
-    launch_mv_jobs(st, jp, projs.len(), blocks, cols, false)
+    launch_mv_jobs(st, jp, k * projs.len(), blocks, cols, false)
 }
 
-pub(super) fn add_scaled_by(
+pub(super) fn combine_routed(
     st: &mut State,
-    x: &mut Tensor,
     y: &Tensor,
     sel: &Tensor,
-    index: usize,
+    k: usize,
+    out: &mut Tensor,
 ) -> Result<(), ComputeError> {
-    check("residual branch", y.len(), x.len(), "values")?;
-    crate::host_ops::range("add_scaled_by weight", sel.len(), index, 1)?;
+    let width = crate::host_ops::check_combine(y.len(), sel.len(), k)?;
+    fit(st, out, width)?;
     let mut a = [
-        tp(st, x, "add_scaled_by")?,
-        tp(st, y, "add_scaled_by")?,
-        x.len() as u64,
-        tp(st, sel, "add_scaled_by")?,
-        i(to_i32("weight index", index)?),
+        tp(st, y, "combine_routed")?,
+        tp(st, sel, "combine_routed")?,
+        i(to_i32("routed slots", k)?),
+        width as u64,
+        tp(st, out, "combine_routed")?,
     ];
-    go(
-        &mut st.rec,
-        &st.dev.k.t_add_scaled_by,
-        flat(x.len()),
-        &mut a,
-    )
+    go(&mut st.rec, &st.dev.k.t_moe_combine, flat(width), &mut a)
 }
 
 pub(super) fn add_bias(st: &mut State, y: &mut Tensor, bias: &[f32]) -> Result<(), ComputeError> {

@@ -669,10 +669,11 @@ pub fn check_backend_ops(b: &dyn ComputeBackend) {
 }
 
 /// The router's choice where the backend keeps it: `moe_route` against
-/// [`infer_compute::ops::moe_route`] (indices equal, weights within 1e-6), then for each slot
-/// `project_routed` (Q4_K and Q8_0 experts, two products of one row) equals `linear` by the
-/// chosen expert within 1e-5 of the largest output, and `add_scaled_by` adds with the chosen
-/// weight; a slot past the choice and k above the experts are errors.
+/// [`infer_compute::ops::moe_route`] (indices equal, weights within 1e-6); `project_routed`
+/// (Q4_K and Q8_0 experts; two products of one shared row, then one product of a row per
+/// slot) equals `linear` by each slot's expert within 1e-5 of the largest output;
+/// `combine_routed` sums the slots with the chosen weights; k above the experts, k past the
+/// choice and an input of neither width are errors.
 fn check_moe_routing(b: &dyn ComputeBackend, rng: &mut StdRng) {
     let (n, rows, cols) = (6usize, 24usize, 256usize);
     for (k, norm, bias) in [(2usize, true, false), (3, false, true)] {
@@ -680,6 +681,11 @@ fn check_moe_routing(b: &dyn ComputeBackend, rng: &mut StdRng) {
         let bias_v = randv(rng, n);
         let bias = bias.then_some(&bias_v[..]);
         let mut sel = Tensor::default();
+        assert!(
+            b.moe_route(&up(b, &logits), None, n + 1, norm, &mut sel)
+                .is_err(),
+            "moe_route: k above the experts is an error"
+        );
         b.moe_route(&up(b, &logits), bias, k, norm, &mut sel)
             .expect("moe_route");
         let got = down(b, &sel);
@@ -692,13 +698,6 @@ fn check_moe_routing(b: &dyn ComputeBackend, rng: &mut StdRng) {
                 got[k + j]
             );
         }
-        assert!(
-            b.moe_route(&up(b, &logits), None, n + 1, norm, &mut sel)
-                .is_err(),
-            "moe_route: k above the experts is an error"
-        );
-        b.moe_route(&up(b, &logits), bias, k, norm, &mut sel)
-            .expect("moe_route");
         for format in [QuantFormat::Q4_K, QuantFormat::Q8_0] {
             let ws: Vec<Vec<f32>> = (0..n).map(|_| randv(rng, rows * cols)).collect();
             let bytes: Vec<Vec<u8>> = ws
@@ -713,11 +712,37 @@ fn check_moe_routing(b: &dyn ComputeBackend, rng: &mut StdRng) {
                     cols,
                 })
                 .collect();
+            // Each slot's rows of `y` against `linear` of its input by its expert.
+            let check = |what: &str, y: &Tensor, x: &[f32], per_slot: bool| {
+                let got_y = down(b, y);
+                assert_eq!(got_y.len(), k * rows, "{what}: length");
+                for (s, &(e, _)) in want.iter().enumerate() {
+                    let xs = if per_slot {
+                        &x[s * cols..(s + 1) * cols]
+                    } else {
+                        x
+                    };
+                    let mut host = vec![0.0; rows];
+                    b.linear(&mats[e], xs, 1, &mut host).expect("linear");
+                    let scale = host.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                    for (i, (&g, &h)) in got_y[s * rows..(s + 1) * rows]
+                        .iter()
+                        .zip(&host)
+                        .enumerate()
+                    {
+                        assert!(
+                            (g - h).abs() <= 1e-5 * scale,
+                            "{what} {format:?} slot {s} (expert {e}): element {i}: got {g}, host {h}"
+                        );
+                    }
+                }
+            };
             let x = randv(rng, cols);
             let xt = up(b, &x);
-            for (slot, &(e, _)) in want.iter().enumerate() {
-                let (mut y1, mut y2) = (Tensor::default(), Tensor::default());
-                let mut projs = [
+            let (mut y1, mut y2) = (Tensor::default(), Tensor::default());
+            b.project_routed(
+                &xt,
+                &mut [
                     RoutedProj {
                         experts: &mats,
                         y: &mut y1,
@@ -726,48 +751,71 @@ fn check_moe_routing(b: &dyn ComputeBackend, rng: &mut StdRng) {
                         experts: &mats,
                         y: &mut y2,
                     },
-                ];
-                b.project_routed(&xt, &mut projs, &sel, slot)
-                    .expect("project_routed");
-                let mut host = vec![0.0; rows];
-                b.linear(&mats[e], &x, 1, &mut host).expect("linear");
-                let scale = host.iter().fold(1.0f32, |a, v| a.max(v.abs()));
-                for (name, t) in [("project_routed 0", &y1), ("project_routed 1", &y2)] {
-                    for (i, (&g, &h)) in down(b, t).iter().zip(&host).enumerate() {
-                        assert!(
-                            (g - h).abs() <= 1e-5 * scale,
-                            "{name} {format:?} slot {slot} (expert {e}): element {i}: got {g}, host {h}"
-                        );
-                    }
-                }
-                let acc = randv(rng, rows);
-                let mut at = up(b, &acc);
-                b.add_scaled_by(&mut at, &y1, &sel, k + slot)
-                    .expect("add_scaled_by");
-                // The chosen weight as `sel` holds it (checked against `w` above).
-                let wd = got[k + slot] as f64;
-                let want_acc: Vec<f64> = acc
-                    .iter()
-                    .zip(down(b, &y1))
-                    .map(|(&a, y)| a as f64 + wd * y as f64)
-                    .collect();
-                close("add_scaled_by", &down(b, &at), &want_acc);
-            }
-            let mut y = Tensor::default();
+                ],
+                &sel,
+                k,
+            )
+            .expect("project_routed");
+            check("project_routed shared row 0", &y1, &x, false);
+            check("project_routed shared row 1", &y2, &x, false);
+            let xk = randv(rng, k * cols);
+            let mut y3 = Tensor::default();
+            b.project_routed(
+                &up(b, &xk),
+                &mut [RoutedProj {
+                    experts: &mats,
+                    y: &mut y3,
+                }],
+                &sel,
+                k,
+            )
+            .expect("project_routed per slot");
+            check("project_routed per slot", &y3, &xk, true);
+            let mut bad = Tensor::default();
             assert!(
                 b.project_routed(
-                    &xt,
+                    &up(b, &x[..cols - 32]),
                     &mut [RoutedProj {
                         experts: &mats,
-                        y: &mut y
+                        y: &mut bad
                     }],
                     &sel,
                     k
                 )
                 .is_err(),
-                "project_routed: a slot past the choice is an error"
+                "project_routed: an input of neither width is an error"
+            );
+            assert!(
+                b.project_routed(
+                    &xt,
+                    &mut [RoutedProj {
+                        experts: &mats,
+                        y: &mut bad
+                    }],
+                    &sel,
+                    k + 1
+                )
+                .is_err(),
+                "project_routed: more slots than chosen is an error"
             );
         }
+        let yv = randv(rng, k * 40);
+        let mut out = Tensor::default();
+        b.combine_routed(&up(b, &yv), &sel, k, &mut out)
+            .expect("combine_routed");
+        let want_out: Vec<f64> = (0..40)
+            .map(|i| {
+                (0..k)
+                    .map(|s| got[k + s] as f64 * yv[s * 40 + i] as f64)
+                    .sum()
+            })
+            .collect();
+        close("combine_routed", &down(b, &out), &want_out);
+        assert!(
+            b.combine_routed(&up(b, &yv[..k * 40 - 1]), &sel, k, &mut out)
+                .is_err(),
+            "combine_routed: y not k whole rows is an error"
+        );
     }
 }
 
