@@ -854,21 +854,35 @@ fn moe_ffn_one_row(
             }
             None => 1.0,
         };
-        let mut y = std::mem::take(&mut bufs.moe_out);
-        let r = expert_ffn(backend, shared, x, 1, g, bufs, &mut y)
-            .and_then(|()| Ok(backend.add_rows_scaled(&y, h, &[0], &[gate], out)?));
-        bufs.moe_out = y;
-        r?;
+        add_shared_expert(backend, shared, x, g, bufs, gate, out)?;
     }
     Ok(())
+}
+
+/// `out += weight · shared(x)` for one row `x`, the weight added as data
+/// (`add_rows_scaled`), so that a device backend records the same launches at every step.
+fn add_shared_expert(
+    backend: &dyn ComputeBackend,
+    shared: &crate::layer::WalkFfn<'_>,
+    x: &Tensor,
+    g: &crate::LayerGeometry,
+    bufs: &mut FfnScratch,
+    weight: f32,
+    out: &mut Tensor,
+) -> Result<(), InferenceError> {
+    let mut y = std::mem::take(&mut bufs.moe_out);
+    let r = expert_ffn(backend, shared, x, 1, g, bufs, &mut y)
+        .and_then(|()| Ok(backend.add_rows_scaled(&y, g.hidden_size, &[0], &[weight], out)?));
+    bufs.moe_out = y;
+    r
 }
 
 /// The experts of [`moe_ffn_one_row`] on a backend that keeps the router's choice in its own
 /// memory ([`ComputeBackend::routes_on_device`]): the router logits (in `bufs.moe_out`) →
 /// `moe_route` → the gate/up and down products of the chosen experts, all slots in one
 /// `project_routed` each (ggml's `mul_mat_id`), summed with their weights (`combine_routed`),
-/// plus the shared expert (Qwen2-MoE without a shared gate). Nothing comes to the host, so a decode step of a
-/// device backend stays one list of launches (one CUDA graph).
+/// plus the shared expert (Qwen2-MoE without a shared gate). Nothing comes to the host, so a
+/// decode step of a device backend stays one list of launches (one CUDA graph).
 fn moe_experts_routed(
     backend: &dyn ComputeBackend,
     m: &MoeFfn<'_>,
@@ -949,11 +963,7 @@ fn moe_experts_routed(
     )?;
     backend.combine_routed(moe_out, moe_sel, k, out)?;
     if let Some(shared) = &m.shared {
-        let mut y = std::mem::take(&mut bufs.moe_out);
-        let r = expert_ffn(backend, shared, x, 1, g, bufs, &mut y)
-            .and_then(|()| Ok(backend.add_scaled(out, &y, 1.0)?));
-        bufs.moe_out = y;
-        r?;
+        add_shared_expert(backend, shared, x, g, bufs, 1.0, out)?;
     }
     Ok(())
 }
