@@ -340,7 +340,12 @@ pub(crate) fn check_routed(
     sel_len: usize,
     k: usize,
 ) -> Result<usize, ComputeError> {
-    range("project_routed slots", sel_len / 2, 0, k)?;
+    check(
+        "project_routed sel (2·k values from moe_route)",
+        sel_len,
+        2 * k,
+        "values",
+    )?;
     let n = projs.first().map_or(0, |p| p.experts.len());
     let cols = projs
         .first()
@@ -389,7 +394,12 @@ pub(crate) fn check_routed(
 /// The shapes of [`crate::ComputeBackend::combine_routed`]: `y` whole rows of `k` slots, `k`
 /// slots in `sel`. Returns the row width. Errors: [`ComputeError::ShapeMismatch`].
 pub(crate) fn check_combine(y_len: usize, sel_len: usize, k: usize) -> Result<usize, ComputeError> {
-    range("combine_routed slots", sel_len / 2, 0, k)?;
+    check(
+        "combine_routed sel (2·k values from moe_route)",
+        sel_len,
+        2 * k,
+        "values",
+    )?;
     if k == 0 || !y_len.is_multiple_of(k) {
         return Err(ComputeError::ShapeMismatch {
             what: "combine_routed y (k whole rows)",

@@ -990,6 +990,11 @@ fn moe_ffn_rows(
         rows: n,
         cols: h,
     };
+    if n == 0 || m.top_k == 0 {
+        return Err(InferenceError::Architecture(
+            "an MoE layer without experts (top_k or num_experts is 0)".into(),
+        ));
+    }
     backend.project(&router, x, t, &mut bufs.moe_out)?;
     let logits = crate::scratch::fit(&mut bufs.host_out, t * n);
     backend.download(&bufs.moe_out, logits)?;

@@ -50,6 +50,8 @@ impl WeightCache {
             let buf = upload_padded(stream, bytes)?;
             if let Some(old) = self.map.insert(key, Entry { fp, buf }) {
                 self.bytes -= old.buf.len();
+                // Expert tables may hold the replaced copy's address.
+                self.tables.clear();
             }
             self.bytes += bytes.len();
         }
@@ -86,6 +88,10 @@ impl WeightCache {
             first.len(),
             experts.len(),
         );
+        // A changed first or last expert (a freed buffer's address reused) is uploaded again,
+        // which drops every table (above); the table is then made anew.
+        self.get(stream, first)?;
+        self.get(stream, last)?;
         if !self.tables.contains_key(&key) {
             let mut ptrs = Vec::with_capacity(experts.len());
             for e in experts {

@@ -472,12 +472,15 @@ extern "C" __global__ void t_moe_route(const float* logits, const float* bias, i
     const float inv = (float)(1.0 / sum);
     for (int i = lane; i < n; i += 32) p[i] *= inv;
     __syncwarp();
+    // Not yet chosen: p >= 0, or -1 for NaN (a broken router); chosen: -2. Every pick is an
+    // index below n while k <= n (the host checks).
     float chosen = 0.0f;
     for (int j = 0; j < k; j++) {
-        float best = -1.0f;
+        float best = -3.0f;
         int bi = n;
         for (int i = lane; i < n; i += 32) {
             float v = p[i];
+            if (v != v) v = -1.0f;
             if (v > best || (v == best && i < bi)) {
                 best = v;
                 bi = i;
@@ -499,7 +502,8 @@ extern "C" __global__ void t_moe_route(const float* logits, const float* bias, i
         }
         __syncwarp();
     }
-    if (norm && lane < k) sel[k + lane] = sel[k + lane] / chosen;
+    if (norm)
+        for (int j = lane; j < k; j += 32) sel[k + j] = sel[k + j] / chosen;
 }
 
 // jobs[7 q] (job q's weights, dec_mv_multi) = t_j[sel[s]] for job q = s * np + j (slot s < k,
@@ -507,13 +511,14 @@ extern "C" __global__ void t_moe_route(const float* logits, const float* bias, i
 // table before the mat-vec reads it (launched without programmatic dependent launch).
 extern "C" __global__ void t_moe_patch_jobs(long long* jobs, int np, int k, const long long* t0,
                                             const long long* t1, const long long* t2,
-                                            const float* sel) {
+                                            const float* sel, int n) {
     pdl_trigger();
     pdl_wait();
     for (int q = threadIdx.x; q < np * k; q += blockDim.x) {
         int j = q % np, s = q / np;
         const long long* t = j == 0 ? t0 : j == 1 ? t1 : t2;
-        jobs[7 * q] = t[(int)sel[s]];
+        int e = (int)sel[s];
+        jobs[7 * q] = t[e < 0 ? 0 : e >= n ? n - 1 : e];  // never past the table
     }
 }
 

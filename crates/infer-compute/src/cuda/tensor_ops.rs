@@ -975,7 +975,18 @@ pub(super) fn moe_route(
 ) -> Result<(), ComputeError> {
     let n = logits.len();
     crate::host_ops::check_route(n, bias, k)?;
-    check_at_most("moe_route experts", n, MAX_ROUTED_EXPERTS)?;
+    if n > MAX_ROUTED_EXPERTS {
+        // Past the kernel's shared memory: chosen on the host (a synchronisation).
+        let mut probs = vec![0.0f32; n];
+        download(st, logits, &mut probs)?;
+        let chosen = crate::ops::moe_route(&mut probs, bias, k, norm);
+        let mut v = vec![0.0f32; 2 * k];
+        for (j, &(e, w)) in chosen.iter().enumerate() {
+            v[j] = e as f32;
+            v[k + j] = w;
+        }
+        return upload(st, &v, sel);
+    }
     fit(st, sel, 2 * k)?;
     let bp = match bias {
         Some(b) => cached(st, as_bytes(b))?,
@@ -995,18 +1006,6 @@ pub(super) fn moe_route(
         shared_mem_bytes: 0,
     };
     go(&mut st.rec, &st.dev.k.t_moe_route, cfg, &mut a)
-}
-
-fn check_at_most(what: &'static str, got: usize, most: usize) -> Result<(), ComputeError> {
-    if got > most {
-        return Err(ComputeError::ShapeMismatch {
-            what,
-            expected: most,
-            got,
-            unit: "(at most)",
-        });
-    }
-    Ok(())
 }
 
 /// Whether `experts` are quantized blocks of one format and byte length (the device's
@@ -1125,6 +1124,7 @@ pub(super) fn project_routed(
         tables[1],
         tables[2],
         tp(st, sel, "project_routed")?,
+        i(to_i32("experts", projs[0].experts.len())?),
     ];
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
