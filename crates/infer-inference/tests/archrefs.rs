@@ -250,6 +250,49 @@ fn qwen3_moe_matches_hf() {
     check_case("qwen3-moe");
 }
 
+/// MoE decode through the operations a device backend routes with (`moe_route`,
+/// `project_routed`, `combine_routed`: `CpuBackend::with_moe_routing_ops`, which a CUDA run
+/// takes without a host round trip) on the float tier: Mixtral and Qwen3-MoE, half of sequence
+/// 0 prefilled, then one token at a time, each step's logits within `TOL × std` of HF's.
+#[test]
+fn moe_decode_through_routing_operations_matches_hf() {
+    for case in ["mixtral", "qwen3-moe"] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (dir, vpath) = archrefs_q4k(case, tmp.path());
+        let vindex = Vindex::open(&vpath).expect("open vindex");
+        let r = StFile::open(&dir.join("reference.safetensors"));
+        let model = Model::from_vindex_with(&vindex, &FLOAT).expect("model");
+        let backend = CpuBackend::new().with_moe_routing_ops();
+        let t = r.shape("input_ids")[1];
+        let ids = r.i64_as_u32("input_ids");
+        let vocab = model.vocab_size;
+        let reference = &r.f32("logits")[..t * vocab];
+        let s = std_dev(reference);
+        let mut cache = model.new_cache(t);
+        let half = t / 2;
+        let mut last = model
+            .forward(&backend, &ids[..half], &mut cache, Logits::Last)
+            .expect("prefill");
+        for pos in half..=t {
+            let d = max_abs_diff(&last, &reference[(pos - 1) * vocab..pos * vocab]);
+            println!(
+                "{case} routed decode at {}: max|Δ| {d:.3e} (std {s:.3e})",
+                pos - 1
+            );
+            assert!(
+                d <= TOL * s,
+                "{case}: routed decode logits at position {} differ by {d:e}",
+                pos - 1
+            );
+            if pos < t {
+                last = model
+                    .forward(&backend, &ids[pos..pos + 1], &mut cache, Logits::Last)
+                    .expect("decode");
+            }
+        }
+    }
+}
+
 /// Cohere-2 (`../shared/archrefs-next/cohere2`): parallel attention + FFN from one bias-free
 /// LayerNorm, interleaved RoPE on the three sliding layers (window 8), a global layer without
 /// RoPE, tied embeddings, `logit_scale` 0.25.

@@ -28,24 +28,44 @@ pub(crate) use quant::Split;
 #[derive(Clone, Copy, Debug)]
 pub struct CpuBackend {
     isa: Isa,
+    /// MoE decode through `moe_route` / `project_routed` / `combine_routed` (the path of a
+    /// device backend) instead of the host's own routing: [`CpuBackend::with_moe_routing_ops`].
+    moe_routing_ops: bool,
 }
 
 impl CpuBackend {
     /// A CPU backend on rayon's global thread pool, with the fastest quantized kernels this CPU
     /// supports ([`Isa::best`], detected at run time).
     pub fn new() -> Self {
-        CpuBackend { isa: Isa::best() }
+        CpuBackend {
+            isa: Isa::best(),
+            moe_routing_ops: false,
+        }
     }
 
     /// A CPU backend whose quantized kernels use `isa` (e.g. [`Isa::Generic`] to run the scalar
     /// reference kernels). `None` if this CPU cannot run `isa`.
     pub fn with_isa(isa: Isa) -> Option<Self> {
-        isa.is_available().then_some(CpuBackend { isa })
+        isa.is_available().then_some(CpuBackend {
+            isa,
+            moe_routing_ops: false,
+        })
     }
 
     /// The instruction set of this backend's quantized kernels.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// This backend reporting [`ComputeBackend::routes_on_device`], so that the forward pass
+    /// decodes MoE layers through `moe_route`, `project_routed` and `combine_routed` (their CPU
+    /// implementations), the path a device backend takes: for tests of that path without a
+    /// device. Same results as the host routing (the same top-k rule), a little slower.
+    pub fn with_moe_routing_ops(self) -> Self {
+        CpuBackend {
+            moe_routing_ops: true,
+            ..self
+        }
     }
 }
 
@@ -58,6 +78,10 @@ impl Default for CpuBackend {
 impl ComputeBackend for CpuBackend {
     fn name(&self) -> &str {
         "cpu"
+    }
+
+    fn routes_on_device(&self) -> bool {
+        self.moe_routing_ops
     }
 
     fn matmul_transb(
