@@ -810,11 +810,7 @@ fn moe_ffn_one_row(
     out: &mut Tensor,
 ) -> Result<(), InferenceError> {
     let (h, n) = (g.hidden_size, m.experts.len());
-    let router = infer_compute::Matrix {
-        data: infer_compute::MatData::F32(&m.router),
-        rows: n,
-        cols: h,
-    };
+    let router = m.router_matrix(h);
     backend.project(&router, x, 1, &mut bufs.moe_out)?;
     let biased = m
         .experts
@@ -842,11 +838,7 @@ fn moe_ffn_one_row(
     if let Some(shared) = &m.shared {
         let gate = match &m.shared_gate {
             Some(sg) => {
-                let sgm = infer_compute::Matrix {
-                    data: infer_compute::MatData::F32(sg),
-                    rows: 1,
-                    cols: h,
-                };
+                let sgm = MoeFfn::shared_gate_matrix(sg, h);
                 backend.project(&sgm, x, 1, &mut bufs.moe_out)?;
                 let z = crate::scratch::fit(&mut bufs.host_out, 1);
                 backend.download(&bufs.moe_out, z)?;
@@ -985,11 +977,7 @@ fn moe_ffn_rows(
     out: &mut Tensor,
 ) -> Result<(), InferenceError> {
     let (h, n) = (g.hidden_size, m.experts.len());
-    let router = infer_compute::Matrix {
-        data: infer_compute::MatData::F32(&m.router),
-        rows: n,
-        cols: h,
-    };
+    let router = m.router_matrix(h);
     if n == 0 || m.top_k == 0 {
         return Err(InferenceError::Architecture(
             "an MoE layer without experts (top_k or num_experts is 0)".into(),
@@ -1023,11 +1011,7 @@ fn moe_ffn_rows(
         if let Some(shared) = &m.shared {
             let mut gates = vec![1.0f32; t];
             if let Some(sg) = &m.shared_gate {
-                let sgm = infer_compute::Matrix {
-                    data: infer_compute::MatData::F32(sg),
-                    rows: 1,
-                    cols: h,
-                };
+                let sgm = MoeFfn::shared_gate_matrix(sg, h);
                 backend.project(&sgm, x, t, &mut y)?;
                 backend.download(&y, &mut gates)?;
                 gates

@@ -400,6 +400,25 @@ pub struct MoeFfn<'a> {
 }
 
 impl MoeFfn<'_> {
+    /// The router `[num_experts, hidden]` as a matrix for the backend's products.
+    pub(crate) fn router_matrix(&self, hidden: usize) -> infer_compute::Matrix<'_> {
+        infer_compute::Matrix {
+            data: infer_compute::MatData::F32(&self.router),
+            rows: self.experts.len(),
+            cols: hidden,
+        }
+    }
+
+    /// The shared-expert gate `sg` (`[hidden]`) as a one-row matrix (its product with `x` is
+    /// the logit of `sigmoid(x · shared_gate)`).
+    pub(crate) fn shared_gate_matrix(sg: &[f32], hidden: usize) -> infer_compute::Matrix<'_> {
+        infer_compute::Matrix {
+            data: infer_compute::MatData::F32(sg),
+            rows: 1,
+            cols: hidden,
+        }
+    }
+
     /// Whether a one-row (decode) step runs this layer's experts as dense products on the
     /// backend (forward.rs `moe_ffn_one_row`): every expert, and the shared one, in the HF
     /// Linear layout, gated as the layer says, without gpt-oss's clamped SwiGLU or a sparse
