@@ -924,19 +924,29 @@ fn mv_multi(
         blocks += n;
     }
     let jp = st.rec.stage(&st.dev.stream, as_bytes(&jobs))?;
-    launch_mv_jobs(st, jp, projs.len(), blocks, cols, true)
+    launch_mv_jobs(st, jp, projs.len(), blocks, cols, MvJobs::Fixed)
+}
+
+/// How a `dec_mv_multi` launch finds its jobs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MvJobs {
+    /// Staged by the host, one activation row: `dec_mv_multi` with programmatic dependent
+    /// launch.
+    Fixed,
+    /// Patched on the device by the kernel just before (which `dec_mv_multi` would read
+    /// before waiting for it: no PDL), each job on its activation row (`dec_mv_multi_rows`).
+    Routed,
 }
 
 /// Launch `dec_mv_multi` over the `njobs` jobs staged at `jp` (`blocks` blocks in all) on the
-/// activations quantized last; `pdl`: with programmatic dependent launch (off when a kernel
-/// just before writes the job table, which `dec_mv_multi` reads before it waits).
+/// activations quantized last, as `how` says.
 fn launch_mv_jobs(
     st: &mut State,
     jp: u64,
     njobs: usize,
     blocks: usize,
     cols: usize,
-    pdl: bool,
+    how: MvJobs,
 ) -> Result<(), ComputeError> {
     let stream = &st.dev.stream;
     let (kq, b32) = (&st.s.kq, &st.s.b32);
@@ -955,10 +965,9 @@ fn launch_mv_jobs(
         block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    if pdl {
-        go(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a)
-    } else {
-        go_plain(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a)
+    match how {
+        MvJobs::Fixed => go(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a),
+        MvJobs::Routed => go_plain(&mut st.rec, &st.dev.k.dec_mv_multi_rows, cfg, &mut a),
     }
 }
 
@@ -1132,7 +1141,7 @@ pub(super) fn project_routed(
         shared_mem_bytes: 0,
     };
     go(&mut st.rec, &st.dev.k.t_moe_patch_jobs, cfg, &mut a)?;
-    launch_mv_jobs(st, jp, k * projs.len(), blocks, cols, false)
+    launch_mv_jobs(st, jp, k * projs.len(), blocks, cols, MvJobs::Routed)
 }
 
 pub(super) fn combine_routed(
