@@ -125,16 +125,15 @@ __device__ __forceinline__ void st8(float* p, const float (&v)[8]) {
     *(float4*)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-// residual_norm_block as a kernel of one block of RN_THREADS threads. Rows of up to 8
-// RN_THREADS values (a multiple of 8) without 32-value quantization take a shorter path: thread
-// t holds values 8 t .. 8 t + 7 in registers from load to quantization (warp w then holds
-// Q8_K block w, as quant_regs_k wants), and the weights are loaded before pdl_wait (they are
-// never written). Same operations per value and the same block sums as residual_norm_block.
-extern "C" __global__ void __launch_bounds__(RN_THREADS)
-    dec_residual_norm(float* x, const float* branch, const float* post_w, float mult,
-                      const float* norm_w, float* out, int n, float eps, float off, float eps2,
-                      float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
-    pdl_trigger();
+// residual_norm_block of one row by a block of RN_THREADS threads, which calls pdl_wait. Rows of
+// up to 8 RN_THREADS values (a multiple of 8) without 32-value quantization take a shorter path:
+// thread t holds values 8 t .. 8 t + 7 in registers from load to quantization (warp w then
+// holds Q8_K block w, as quant_regs_k wants), and the weights are loaded before pdl_wait (they
+// are never written). Same operations per value and the same block sums as residual_norm_block.
+__device__ void residual_norm_row(float* x, const float* branch, const float* post_w, float mult,
+                                  const float* norm_w, float* out, int n, float eps, float off,
+                                  float eps2, float off2, i8* q32, float* d32, i8* qk, float* dk,
+                                  int* bsk) {
     __shared__ double sh[32];
     if (q32 || n % 8 != 0 || n > 8 * RN_THREADS) {
         pdl_wait();
@@ -184,6 +183,16 @@ extern "C" __global__ void __launch_bounds__(RN_THREADS)
     if (qk && w < n / 256) quant_regs_k(o, qk, dk, bsk, w, threadIdx.x & 31);
 }
 
+// residual_norm_row as the fused decoder's kernel (one row, one block of RN_THREADS threads).
+extern "C" __global__ void __launch_bounds__(RN_THREADS)
+    dec_residual_norm(float* x, const float* branch, const float* post_w, float mult,
+                      const float* norm_w, float* out, int n, float eps, float off, float eps2,
+                      float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
+    pdl_trigger();
+    residual_norm_row(x, branch, post_w, mult, norm_w, out, n, eps, off, eps2, off2, q32, d32, qk,
+                      dk, bsk);
+}
+
 // RMSNorm of one head held in shared memory row[0:hd] by weights nw (nothing when nw is null),
 // by the whole block; ends synchronised.
 __device__ void head_norm(float* row, const float* nw, int hd, float eps, float off, double* sh) {
@@ -196,6 +205,18 @@ __device__ void head_norm(float* row, const float* nw, int hd, float eps, float 
     __syncthreads();
 }
 
+// head_norm by one warp (no block synchronisation), so a block's warps normalise several heads
+// at once; the same double sum of squares in another order.
+__device__ void warp_head_norm(float* row, const float* nw, int hd, float eps, float off) {
+    if (!nw) return;
+    int lane = threadIdx.x & 31;
+    double ss = 0.0;
+    for (int d = lane; d < hd; d += 32) ss += (double)row[d] * (double)row[d];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(FULL, ss, o);
+    float sc = rms_scale(ss, hd, eps);
+    for (int d = lane; d < hd; d += 32) row[d] = (row[d] * sc) * (nw[d] + off);
+}
+
 // RoPE of n heads held in shared memory rows[0 : n * hd] (when inv_freq), on the first rot dims
 // of each, at position pos, by the whole block: one cos/sin per pair for all heads. cos and sin
 // are multiplied by mscale (YaRN's attention factor; 1 otherwise), as t_rope. Starts and ends
@@ -205,8 +226,9 @@ __device__ void heads_rope(float* rows, int n, const double* inv_freq, int pos, 
     if (!inv_freq) return;
     __syncthreads();
     for (int i = threadIdx.x; i < rot / 2; i += blockDim.x) {
-        double ang = (double)pos * inv_freq[i];
-        float c = (float)(cos(ang) * mscale), s = (float)(sin(ang) * mscale);
+        double ang = (double)pos * inv_freq[i], sn, cs;
+        sincos(ang, &sn, &cs);
+        float c = (float)(cs * mscale), s = (float)(sn * mscale);
         int ia = interleaved ? 2 * i : i;
         int ib = interleaved ? 2 * i + 1 : i + rot / 2;
         for (int h = 0; h < n; h++) {
@@ -535,7 +557,10 @@ template <> struct Kv8<KV_Q8_0> {
 // key and value row is read once for all of them) and the s-th of nsplit equal parts of keys
 // lo..pos (lo as dec_attention). Like dec_attention it normalises and rotates the heads (q_norm,
 // k_norm, inv_freq; one cos/sin per pair for all of them); the part holding position pos stores
-// K and V of pos (caches of type KT) and reads them back like every other key. Warp w takes the
+// K and V of pos (caches of type KT) and reads them back like every other key. The fused
+// decoder passes its caches and p (p[1]: the position); the forward pass passes info instead
+// (as t_kv_store: {k cache, v cache, position} of row r = blockIdx.z, whose q/k/v rows and
+// splits follow those of the rows before it). Warp w takes the
 // part's tiles of TK = 8 keys w, w + SPLIT_WARPS, ..., one rolled loop step each (the code of
 // an unrolled part overflowed the instruction cache: see BENCHMARKS.md):
 // - the tile's key and value loads are issued together;
@@ -555,7 +580,6 @@ template <> struct Kv8<KV_Q8_0> {
 // Shared memory of dec_attn_split* (head-size class S), declared once per kernel whatever
 // instantiation of attn_split runs.
 template <int S> struct SplitShared {
-    double shd[32];
     // The group's query heads [grp][hd], then the kv head's key (rotated together); rows past
     // them are read (and their results dropped) by the tile loop's heads grp .. G - 1.
     __align__(16) float qs[(SPLIT_GRP + 1) * S * 32];
@@ -569,17 +593,31 @@ template <int S> struct SplitShared {
 template <int S, int KT, int G>
 __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, const float* v,
                            const float* q_norm, const float* k_norm, const double* inv_freq,
-                           void* kc, void* vc, float* splits, const int* p, int nq, int nkv,
-                           int hd, int rot, int interleaved, float eps, float off, float scale,
-                           int window, float cap, int nsplit) {
+                           void* kc, void* vc, float* splits, const int* p,
+                           const long long* info, int nq, int nkv, int hd, int rot,
+                           int interleaved, float eps, float off, float scale, int window,
+                           float cap, int nsplit) {
     constexpr int NC = S * 4;   // 8-value chunks of a row (hd <= 8 NC)
     constexpr int KC = S;       // key chunks per lane: 4 lanes per key
     constexpr int RPL = 32 / NC;  // value rows per warp load
     constexpr int VR = TK / RPL;  // value rows per lane and tile
     float* qs = sh.qs;
     float* vs = sh.vs;
-    double* shd = sh.shd;
-    int g = blockIdx.x, grp = nq / nkv, pos = p[1], kvd = nkv * hd;
+    int g = blockIdx.x, grp = nq / nkv, kvd = nkv * hd;
+    int pos;
+    if (info) {
+        // Row blockIdx.z of a batch (the forward pass): its caches and position from info.
+        long long r = blockIdx.z;
+        kc = (void*)info[3 * r];
+        vc = (void*)info[3 * r + 1];
+        pos = (int)info[3 * r + 2];
+        q += r * nq * hd;
+        k += r * kvd;
+        v += r * kvd;
+        splits += r * nq * nsplit * (hd + 2);
+    } else {
+        pos = p[1];
+    }
     float* ks = qs + grp * hd;
     for (int i = threadIdx.x; i < grp * hd; i += blockDim.x) qs[i] = q[(long long)g * grp * hd + i];
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -587,8 +625,12 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
         vs[d] = v[(long long)g * hd + d];
     }
     __syncthreads();
-    for (int i = 0; i < grp; i++) head_norm(qs + i * hd, q_norm, hd, eps, off, shd);
-    head_norm(ks, k_norm, hd, eps, off, shd);
+    // The grp query heads and the key head (row grp), a warp per head.
+    if (q_norm || k_norm) {
+        for (int i = threadIdx.x >> 5; i <= grp; i += SPLIT_WARPS)
+            warp_head_norm(qs + i * hd, i < grp ? q_norm : k_norm, hd, eps, off);
+        __syncthreads();
+    }
     heads_rope(qs, grp + 1, inv_freq, pos, hd, rot, interleaved, 1.0);
     long long gb = (long long)g * hd;
     int lo = first_key(window, pos);
@@ -738,14 +780,15 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
 // 5 .. 8 query heads per kv head, whose sums take twice the registers: fewer blocks per
 // multiprocessor, MINB); the cache type kt picks the instantiation.
 #define SPLIT_ARGS                                                                             \
-    sh, q, k, v, q_norm, k_norm, inv_freq, kc, vc, splits, p, nq, nkv, hd, rot, interleaved,   \
-        eps, off, scale, window, cap, nsplit
+    sh, q, k, v, q_norm, k_norm, inv_freq, kc, vc, splits, p, info, nq, nkv, hd, rot,         \
+        interleaved, eps, off, scale, window, cap, nsplit
 #define ATTN_SPLIT_KERNEL(NAME, S, G, MINB)                                                    \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)                       \
         NAME(const float* q, const float* k, const float* v, const float* q_norm,              \
              const float* k_norm, const double* inv_freq, void* kc, void* vc, float* splits,   \
-             const int* p, int nq, int nkv, int hd, int rot, int interleaved, float eps,        \
-             float off, float scale, int window, float cap, int nsplit, int kt) {              \
+             const int* p, const long long* info, int nq, int nkv, int hd, int rot,            \
+             int interleaved, float eps, float off, float scale, int window, float cap,         \
+             int nsplit, int kt) {                                                              \
         __shared__ SplitShared<S> sh;                                                          \
         pdl_trigger();                                                                         \
         pdl_wait();                                                                            \
@@ -760,7 +803,7 @@ ATTN_SPLIT_KERNEL(dec_attn_split64_g8, 2, SPLIT_GRP, 3)
 ATTN_SPLIT_KERNEL(dec_attn_split128_g8, 4, SPLIT_GRP, 2)
 ATTN_SPLIT_KERNEL(dec_attn_split256_g8, 8, SPLIT_GRP, 2)
 
-// The key splits of query head h = blockIdx.x combined (dec_attn_split*): with M the
+// The key splits of query head h = blockIdx.x (of row blockIdx.y) combined (dec_attn_split*): with M the
 // largest split maximum and w_s = exp(m_s - M) (0 for an empty split), out[h] = sum_s w_s o_s /
 // sum_s w_s l_s; then quantized for the o projection as dec_attention does. One block of
 // DEC_THREADS (>= nsplit, >= hd) threads per head: thread t sums dim t % hd over the splits
@@ -774,7 +817,8 @@ extern "C" __global__ void dec_attn_merge(const float* splits, float* out, int h
     __shared__ float wt[64];  // w_s (nsplit <= 64, decode/mod.rs ATT_MAX_SPLITS)
     __shared__ double shd[32];
     __shared__ float shf[32];
-    int h = blockIdx.x;
+    // Head h of all rows' heads (row blockIdx.y of a forward-pass batch).
+    int h = blockIdx.y * gridDim.x + blockIdx.x;
     const float* sp = splits + (long long)h * nsplit * (hd + 2);
     int s = threadIdx.x;
     float m = s < nsplit ? sp[s * (hd + 2) + hd] : NEG_INF;

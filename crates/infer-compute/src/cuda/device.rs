@@ -31,6 +31,12 @@ pub(super) const ROWS_PER_BLOCK: usize = 8;
 pub(super) const STAGE: usize = 2048;
 /// Activation rows per warp of the mat-vec kernels; `MT` in `kernels.cu`.
 pub(super) const MT: usize = 4;
+/// Threads per block of the float mat-vecs (one block per weight row); `ROWDOT_THREADS` in
+/// `kernels.cu`.
+pub(super) const ROWDOT_THREADS: usize = 128;
+/// At most this many activation rows take the float mat-vecs (`rowdot_*`); more take the
+/// tiled `gemm_*`.
+pub(super) const ROWDOT_MAX_M: usize = 8;
 /// Weight rows × activation rows of one block of the tensor-core products; `MMQ_BM`, `MMQ_BN`
 /// in `mmq.cu`.
 pub(super) const MMQ_BM: usize = 128;

@@ -1,12 +1,12 @@
 //! f32 and f16-weight products on the device (`kernels.cu`: `rowdot_*` for few activation rows,
-//! one warp per weight row; `gemm_*` 64 × 64 shared-memory tiles otherwise). f16 weights are
+//! one block per weight row; `gemm_*` 64 × 64 shared-memory tiles otherwise). f16 weights are
 //! widened exactly to f32 in the kernel; all products and sums are f32.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::cache::as_bytes;
-use super::device::{drv, int, GT};
-use super::quant::{download_y, mv_grid, upload_x};
+use super::device::{drv, int, GT, ROWDOT_MAX_M};
+use super::quant::{download_y, rowdot_grid, upload_x};
 use super::State;
 use crate::backend::empty_product;
 use crate::ComputeError;
@@ -17,10 +17,6 @@ pub(super) enum WType {
     F32,
     F16,
 }
-
-/// Up to this many activation rows, `B[n,k]ᵀ` products use the warp-per-row kernel (each weight
-/// row read `m / MT` times); above, the tiled kernel.
-const ROWDOT_MAX_M: usize = 8;
 
 /// One float product `C[m×n] = A[m×k] · op(B)`: the weight type and whether `B` is `[n, k]`
 /// (`trans`, a Linear weight) or `[k, n]` (a feature-major table).
@@ -62,7 +58,7 @@ pub(super) fn product(
             WType::F32 => &dev.k.rowdot_f32,
             WType::F16 => &dev.k.rowdot_f16,
         };
-        (f, mv_grid(n, m))
+        (f, rowdot_grid(n, m))
     } else {
         let f = match (wt, trans) {
             (WType::F32, true) => &dev.k.gemm_nt_f32,

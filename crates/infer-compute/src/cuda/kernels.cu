@@ -670,31 +670,60 @@ extern "C" __global__ void mv_q6_k(const u8* W, const i8* aq, const float* ad, c
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(u16 v) { return f16_to_f32(v); }
 
-// C[m, n] = A[m, k] . B[n, k]^T for small m: one warp per row of B, MT rows of A per warp.
+// C[m, n] = A[m, k] . B[n, k]^T for small m: one block of ROWDOT_THREADS threads per row of B
+// (blockIdx.x), MT rows of A per block (blockIdx.y), so a short product (an MoE router: 128
+// rows) still spreads over the multiprocessors and each thread keeps several 4-value loads in
+// flight (k % 4 == 0; else one value at a time). The threads' sums meet in shared memory.
+#define ROWDOT_THREADS 128
+__device__ __forceinline__ float4 ld4w(const float* p) { return *(const float4*)p; }
+__device__ __forceinline__ float4 ld4w(const u16* p) {
+    uint2 w = *(const uint2*)p;
+    return make_float4(f16_to_f32((u16)(w.x & 0xffff)), f16_to_f32((u16)(w.x >> 16)),
+                       f16_to_f32((u16)(w.y & 0xffff)), f16_to_f32((u16)(w.y >> 16)));
+}
 template <typename TB>
 __device__ __forceinline__ void rowdot(const float* __restrict__ A, const TB* __restrict__ B,
                                        float* __restrict__ C, int m, int n, int k) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= n) return;
-    int t0 = blockIdx.y * MT;
-    int nt = min(MT, m - t0);
+    __shared__ float part[ROWDOT_THREADS / 32][MT];
+    const int row = blockIdx.x;
+    const int t0 = blockIdx.y * MT;
+    const int nt = min(MT, m - t0);
     const TB* br = B + (long long)row * k;
+    const float* a0 = A + (long long)t0 * k;
     float acc[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) acc[t] = 0.0f;
-    for (int i = lane; i < k; i += 32) {
-        float w = to_f32(br[i]);
+    if (k % 4 == 0) {
+#pragma unroll 4
+        for (int i = 4 * threadIdx.x; i < k; i += 4 * ROWDOT_THREADS) {
+            float4 w = ld4w(br + i);
 #pragma unroll
-        for (int t = 0; t < MT; t++)
-            if (t < nt) acc[t] += w * A[(long long)(t0 + t) * k + i];
+            for (int t = 0; t < MT; t++)
+                if (t < nt) {
+                    float4 a = *(const float4*)(a0 + (long long)t * k + i);
+                    acc[t] += w.x * a.x + w.y * a.y + w.z * a.z + w.w * a.w;
+                }
+        }
+    } else {
+        for (int i = threadIdx.x; i < k; i += ROWDOT_THREADS) {
+            float w = to_f32(br[i]);
+#pragma unroll
+            for (int t = 0; t < MT; t++)
+                if (t < nt) acc[t] += w * a0[(long long)t * k + i];
+        }
     }
+    const int wp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < MT; t++) {
-        if (t < nt) {
-            float v = warp_sum(acc[t]);
-            if (lane == 0) C[(long long)(t0 + t) * n + row] = v;
-        }
+        float v = warp_sum(acc[t]);
+        if (lane == 0) part[wp][t] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < nt) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ROWDOT_THREADS / 32; w++) v += part[w][threadIdx.x];
+        C[(long long)(t0 + threadIdx.x) * n + row] = v;
     }
 }
 

@@ -56,8 +56,9 @@ extern "C" __global__ void t_rope(float* x, const int* pos, const double* inv_fr
     float* h = x + (long long)blockIdx.x * hd;
     int half = rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double ang = (double)pos[row] * inv_freq[i];
-        float c = (float)(cos(ang) * mscale), s = (float)(sin(ang) * mscale);
+        double ang = (double)pos[row] * inv_freq[i], sn, cs;
+        sincos(ang, &sn, &cs);
+        float c = (float)(cs * mscale), s = (float)(sn * mscale);
         int ia = interleaved ? 2 * i : i;
         int ib = interleaved ? 2 * i + 1 : i + half;
         float a = h[ia], b = h[ib];
@@ -563,22 +564,21 @@ extern "C" __global__ void t_embed(const void* E, const int* ids, float* out, in
 // bsk: Q8_K), so the product reads it without a quantize launch; null pointers: not wanted.
 // ---------------------------------------------------------------------------------------------
 
-// Row blockIdx.x of width n (one block of RN_THREADS threads per row): residual_norm_block of
-// decode.cu, x += mult * post(branch) (post_w null: the branch as it is), out = rmsnorm(x) *
-// (norm_w + off2), and out quantized per row (block indices continue across rows, as the
-// quantizers' flat layout of [rows, n]).
+// Row blockIdx.x of width n (one block of RN_THREADS threads per row): residual_norm_row of
+// decode.cu (the fused decoder's), x += mult * post(branch) (post_w null: the branch as it is),
+// out = rmsnorm(x) * (norm_w + off2), and out quantized per row (block indices continue across
+// rows, as the quantizers' flat layout of [rows, n]).
 extern "C" __global__ void __launch_bounds__(RN_THREADS)
     t_add_norm(float* x, const float* branch, const float* post_w, float mult,
                const float* norm_w, float* out, int n, float eps, float off, float eps2,
                float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
     pdl_trigger();
-    pdl_wait();
-    __shared__ double sh[32];
     long long r = blockIdx.x;
     long long o = r * n;
-    residual_norm_block(x + o, branch + o, post_w, mult, norm_w, out + o, n, eps, off, eps2, off2,
-                        q32 ? q32 + o : 0, q32 ? d32 + r * (n / 32) : 0, qk ? qk + o : 0,
-                        qk ? dk + r * (n / 256) : 0, qk ? bsk + r * (n / 256) * 16 : 0, sh);
+    residual_norm_row(x + o, branch ? branch + o : 0, post_w, mult, norm_w, out + o, n, eps, off,
+                      eps2, off2, q32 ? q32 + o : 0, q32 ? d32 + r * (n / 32) : 0,
+                      qk ? qk + o : 0, qk ? dk + r * (n / 256) : 0,
+                      qk ? bsk + r * (n / 256) * 16 : 0);
 }
 
 // Decode attention of row r = blockIdx.y (one new row of its sequence), query head h =

@@ -12,7 +12,9 @@ use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKerne
 use infer_quant::QuantFormat;
 
 use super::cache::Scratch;
-use super::device::{drv, int, Device, MMQ_BM, MMQ_BN, MMQ_Q4K_SMEM, MT, ROWS_PER_BLOCK, STAGE};
+use super::device::{
+    drv, int, Device, MMQ_BM, MMQ_BN, MMQ_Q4K_SMEM, MT, ROWDOT_THREADS, ROWS_PER_BLOCK, STAGE,
+};
 use super::State;
 use crate::backend::empty_product;
 use crate::{ComputeError, MatData, Matrix, Proj};
@@ -190,6 +192,16 @@ pub(super) fn mv_grid(rows: usize, m: usize) -> LaunchConfig {
             1,
         ),
         block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Grid of the float mat-vecs (`rowdot_*`): one block of `ROWDOT_THREADS` per weight row,
+/// `MT` activation rows per block row.
+pub(super) fn rowdot_grid(rows: usize, m: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, m.div_ceil(MT) as u32, 1),
+        block_dim: (ROWDOT_THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     }
 }

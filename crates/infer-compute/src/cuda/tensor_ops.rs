@@ -14,8 +14,8 @@ use infer_quant::QuantFormat;
 
 use super::blas::{chunk_rows, dequant_kernel, uses_gemm, BatchedGemm, Gemm};
 use super::cache::as_bytes;
-use super::device::{dev_err, drv, int, GT, ROWS_PER_BLOCK};
-use super::quant::{is_kq, mv_grid, mv_job, product_kernel, warp_grid};
+use super::device::{dev_err, drv, int, GT, ROWDOT_MAX_M, ROWS_PER_BLOCK};
+use super::quant::{is_kq, mv_job, product_kernel, rowdot_grid, warp_grid};
 use super::step::Recorder;
 use super::State;
 use crate::host_ops::check;
@@ -52,8 +52,6 @@ pub(super) fn att_tile_smem(hd: usize) -> usize {
         + (ATT_TILE_THREADS as usize / 32) * 4 * ATT_BK)
 }
 
-/// Up to this many activation rows, float products use the warp-per-row kernel (as float.rs).
-const ROWDOT_MAX_M: usize = 8;
 /// Threads of `t_add_norm` (`RN_THREADS` in decode.cu).
 const RN_THREADS: u32 = 1024;
 /// Largest rotary half `head_norm_rope` handles with `ATTN_THREADS` threads (two pairs each).
@@ -105,6 +103,8 @@ pub(super) struct OpScratch {
     inv_freq: Vec<(RopeConfig, CudaSlice<f64>)>,
     /// `argmax_rows`' packed (value, id) keys and non-finite flags, two words per row.
     best: Option<CudaSlice<u64>>,
+    /// The decode attention's key splits (`dec_attn_split*`): `[rows, n_q, splits, head_dim + 2]`.
+    splits: Option<CudaSlice<f32>>,
 }
 
 fn ptr<T>(s: &CudaSlice<T>, st: &Arc<CudaStream>) -> u64 {
@@ -587,7 +587,7 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
             let (func, cfg) = if m <= ROWDOT_MAX_M {
                 (
                     if f16 { &k.rowdot_f16 } else { &k.rowdot_f32 },
-                    mv_grid(rows, m),
+                    rowdot_grid(rows, m),
                 )
             } else {
                 let cfg = LaunchConfig {
@@ -1966,6 +1966,69 @@ pub(super) fn rope_attend(
         tp(st, a.v, "rope_attend")?,
         tp(st, out, "rope_attend")?,
     );
+    // Caches of more than 512 positions: the fused decoder's key-split kernels over every row
+    // of the batch (one block per kv head with its query heads, key split and row, then one
+    // merge block per query head and row). The split count follows the cache's size, not the
+    // position, so a decode step still replays as one graph.
+    let kvd = p.n_kv_heads * hd;
+    let context = a
+        .seqs
+        .iter()
+        .map(|s| s.k_cache.len() / kvd.max(1))
+        .max()
+        .unwrap_or(0);
+    let splits = super::decode::attention_splits(context, window);
+    let grp = p.n_q_heads / p.n_kv_heads.max(1);
+    let split = match super::decode::split_kernel(&st.dev, grp, hd) {
+        Some(f) if splits > 1 && sinks == 0 && mscale == 1.0 => Some(f.clone()),
+        _ => None,
+    };
+    if let Some(func) = split {
+        let sp = split_scratch(st, rows * p.n_q_heads * splits * (hd + 2))?;
+        let nq = i(to_i32("q heads", p.n_q_heads)?);
+        let hd_i = i(to_i32("head_dim", hd)?);
+        let splits_i = i(to_i32("key splits", splits)?);
+        let mut args = [
+            qp,
+            kp,
+            vp,
+            qn,
+            kn,
+            inv,
+            0,
+            0,
+            sp,
+            0,
+            ip,
+            nq,
+            i(to_i32("kv heads", p.n_kv_heads)?),
+            hd_i,
+            i(to_i32("rotary dim", rot)?),
+            i(interleaved as i32),
+            f(eps),
+            f(off),
+            f(p.scale),
+            i(window),
+            f(p.softcap.unwrap_or(0.0)),
+            splits_i,
+            i(kv_code(kv)),
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (p.n_kv_heads as u32, splits as u32, rows as u32),
+            block_dim: (super::decode::ATT_SPLIT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        go(&mut st.rec, &func, cfg, &mut args)?;
+        let merge = LaunchConfig {
+            grid_dim: (p.n_q_heads as u32, rows as u32, 1),
+            block_dim: (super::decode::DEC_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args = [sp, op, hd_i, splits_i, t[0], t[1], t[2], t[3], t[4]];
+        go(&mut st.rec, &st.dev.k.dec_attn_merge, merge, &mut args)?;
+        st.pq_next = Some(PreQuant { x: op, n, kq, b32 });
+        return Ok(true);
+    }
     let mut args = [
         qp,
         kp,
@@ -1997,6 +2060,25 @@ pub(super) fn rope_attend(
     go(&mut st.rec, &st.dev.k.t_rope_attend, cfg, &mut args)?;
     st.pq_next = Some(PreQuant { x: op, n, kq, b32 });
     Ok(true)
+}
+
+/// The device pointer of the key-split scratch, grown to at least `len` values (a replaced
+/// buffer is kept until the launches that use it are enqueued).
+fn split_scratch(st: &mut State, len: usize) -> Result<u64, ComputeError> {
+    let State { dev, ops, rec, .. } = &mut *st;
+    if ops.splits.as_ref().is_none_or(|b| b.len() < len) {
+        let buf = drv(
+            "allocate the attention's key splits",
+            dev.stream.alloc_zeros::<f32>(len.max(1)),
+        )?;
+        if let Some(old) = ops.splits.replace(buf) {
+            rec.keep_any(Box::new(old));
+        }
+    }
+    match &ops.splits {
+        Some(b) => Ok(ptr(b, &dev.stream)),
+        None => Err(dev_err("attention key-split buffer missing")),
+    }
 }
 
 /// The greedy choice of each row of `logits` (`[R, width]`): `t_argmax_clear` and

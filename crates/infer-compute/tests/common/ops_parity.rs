@@ -1054,6 +1054,31 @@ fn check_rope_attend(b: &dyn ComputeBackend, rng: &mut StdRng) {
             false,
             vec![(6, 1)],
         ),
+        // Caches of more than 512 positions (a device backend splits the keys over blocks):
+        // eight query heads per kv head, rows far apart in one batch; a sliding window of
+        // more than 512 keys with a soft-cap.
+        (
+            16,
+            2,
+            128,
+            None,
+            None,
+            false,
+            Some(true),
+            false,
+            vec![(700, 1), (3, 1), (1030, 1)],
+        ),
+        (
+            8,
+            2,
+            64,
+            Some(600),
+            Some(30.0),
+            false,
+            None,
+            false,
+            vec![(900, 1), (20, 1)],
+        ),
     ];
     for (nq, nkv, hd, window, softcap, with_sinks, qk, interleaved, seqs) in cases {
         let (nq, nkv, hd) = (*nq, *nkv, *hd);

@@ -6,11 +6,11 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 
 use super::group::Group;
 use super::{
-    attention_splits, ptr, CudaDecoder, DevLayer, DevWeight, WKind, A, ATT_SPLIT_THREADS,
-    ATT_THREADS, DEC_THREADS, MAX_HEAD_DIM, RN_THREADS, SPLIT_GRP,
+    attention_splits, ptr, split_kernel, CudaDecoder, DevLayer, DevWeight, WKind, A,
+    ATT_SPLIT_THREADS, ATT_THREADS, DEC_THREADS, RN_THREADS,
 };
 use crate::cuda::device::{capture_graph, dev_err, drv, int, launch_pdl, Device, ROWS_PER_BLOCK};
-use crate::cuda::quant::{self, mv_grid};
+use crate::cuda::quant::{self, mv_grid, rowdot_grid};
 use crate::ComputeError;
 
 impl CudaDecoder<'_> {
@@ -123,6 +123,7 @@ impl CudaDecoder<'_> {
                     WKind::F16 => &dev.k.rowdot_f16,
                     _ => &dev.k.rowdot_f32,
                 };
+                let cfg = rowdot_grid(w.rows, 1);
                 let args = [
                     A::P(x),
                     A::P(w.ptr),
@@ -137,9 +138,7 @@ impl CudaDecoder<'_> {
     }
 
     /// The key-split attention kernel (`dec_attn_split*`, then `dec_attn_merge`) for layer `l`
-    /// when its cache has `splits > 1` key splits, head_dim is a multiple of 8 and at most 256
-    /// (the kernel reads 8 values of a key at a time), a kv head has at
-    /// most `SPLIT_GRP` query heads and their heads fit the kernel's shared memory; `None`:
+    /// when its cache has `splits > 1` key splits and [`split_kernel`] takes its heads; `None`:
     /// one `dec_attention` block per query head.
     fn split_kernel<'d>(
         &self,
@@ -147,21 +146,10 @@ impl CudaDecoder<'_> {
         l: &DevLayer,
         splits: usize,
     ) -> Option<&'d CudaFunction> {
-        let grp = l.n_q / l.n_kv.max(1);
-        if splits < 2
-            || grp > SPLIT_GRP
-            || grp * l.head_dim > MAX_HEAD_DIM
-            || !l.head_dim.is_multiple_of(8)
-        {
+        if splits < 2 {
             return None;
         }
-        let class = match l.head_dim {
-            0..=64 => 0,
-            65..=128 => 1,
-            129..=256 => 2,
-            _ => return None,
-        };
-        Some(&dev.k.dec_attn_split[class + if grp > 4 { 3 } else { 0 }])
+        split_kernel(dev, l.n_q / l.n_kv.max(1), l.head_dim)
     }
 
     /// Quantized-activation pointers of the families `fam` = (Q8_K, 32-value): (q32, d32, qk, dk,
@@ -333,7 +321,7 @@ impl CudaDecoder<'_> {
                     shared_mem_bytes: 0,
                 };
                 let mut args = heads.to_vec();
-                args.extend([A::P(self.p(&b.splits)), A::P(pp)]);
+                args.extend([A::P(self.p(&b.splits)), A::P(pp), A::P(0)]);
                 args.extend(geometry);
                 args.extend([
                     A::F(l.scale),

@@ -26,12 +26,13 @@ use group::{Group, LayerGroups};
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
-    CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+    CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    ValidAsZeroBits,
 };
 use infer_quant::QuantFormat;
 
 use super::cache::as_bytes;
-use super::device::{dev_err, drv, int};
+use super::device::{dev_err, drv, int, Device};
 use super::quant::check;
 use super::{tensor_ops, CudaBackend, State};
 use crate::ops::Activation;
@@ -41,7 +42,7 @@ use crate::{
 };
 
 /// Threads of the one-block kernels; `DEC_THREADS` in decode.cu.
-const DEC_THREADS: u32 = 256;
+pub(in crate::cuda) const DEC_THREADS: u32 = 256;
 /// Threads of `dec_residual_norm` (`RN_THREADS` in decode.cu).
 const RN_THREADS: u32 = 1024;
 /// Threads of `dec_attention` (`ATT_THREADS` in decode.cu).
@@ -56,14 +57,14 @@ const ATT_SPLIT_MIN_CONTEXT: usize = 512;
 const ATT_SPLIT_KEYS: usize = 128;
 const ATT_MAX_SPLITS: usize = 64;
 /// Threads of a `dec_attn_split*` block (`SPLIT_WARPS` warps in decode.cu).
-const ATT_SPLIT_THREADS: u32 = 128;
+pub(in crate::cuda) const ATT_SPLIT_THREADS: u32 = 128;
 /// Query heads per kv head that `dec_attn_split*` holds (`SPLIT_GRP` in decode.cu).
 const SPLIT_GRP: usize = 8;
 
 /// Key splits of a layer's attention for a KV cache of `context` positions: by the keys the
 /// layer can attend to (`window` as `DevLayer::window`: > 0 a sliding window, < 0 none, 0 the
 /// whole cache); see [`ATT_SPLIT_MIN_CONTEXT`].
-fn attention_splits(context: usize, window: i32) -> usize {
+pub(in crate::cuda) fn attention_splits(context: usize, window: i32) -> usize {
     let keys = match window {
         w if w > 0 => context.min(w as usize),
         w if w < 0 => 0,
@@ -73,6 +74,27 @@ fn attention_splits(context: usize, window: i32) -> usize {
         return 1;
     }
     keys.div_ceil(ATT_SPLIT_KEYS).min(ATT_MAX_SPLITS)
+}
+
+/// The key-split attention kernel (`dec_attn_split*`) for heads of `head_dim` values with `grp`
+/// query heads per kv head: `None` unless head_dim is a multiple of 8 and at most 256 (the
+/// kernel reads 8 values of a key at a time), `grp` is at most `SPLIT_GRP` and the group's
+/// heads fit the kernel's shared memory.
+pub(in crate::cuda) fn split_kernel(
+    dev: &Device,
+    grp: usize,
+    head_dim: usize,
+) -> Option<&CudaFunction> {
+    if grp == 0 || grp > SPLIT_GRP || grp * head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(8) {
+        return None;
+    }
+    let class = match head_dim {
+        0..=64 => 0,
+        65..=128 => 1,
+        129..=256 => 2,
+        _ => return None,
+    };
+    Some(&dev.k.dec_attn_split[class + if grp > 4 { 3 } else { 0 }])
 }
 
 // decode.cu's limits: `dec_attn_merge` holds `wt[64]` and takes one split per thread of its
