@@ -887,18 +887,21 @@ extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, in
 }
 
 // Several quantized mat-vecs in one launch (fused QKV, gate+up, one matrix, or the experts an
-// MoE router chose): jobs[7 j .. 7 j + 6] = {W, y, rows, format | activation row << 8, first
-// block, rows per warp, bias (0: none)}; block b runs the job whose first block is the largest
-// <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations aq32/ad32), 4 Q4_K, 5 Q6_K (Q8_K
-// activations aqk/adk/bsk; mvk_stream). ROWS: the job reads row `activation row` of the
-// quantized activations (dec_mv_multi_rows, MoE experts of different inputs); without it the
-// field is 0 and not read (dec_mv_multi, every other product: the offsets cost the dense
-// decode ~1%). At most 64 registers (4 blocks of 8 warps per SM; ptxas sm_90: no spills, 93
-// registers unbounded).
-template <bool ROWS>
+// MoE router chose): jobs[7 j .. 7 j + 6] = {W, y, rows, format | activation row << 8 | slot
+// << 32, first block, rows per warp, bias (0: none)}; block b runs the job whose first block is
+// the largest <= b. format: 0 Q4_0, 1 Q5_0, 2 Q8_0 (32-value activations aq32/ad32), 4 Q4_K,
+// 5 Q6_K (Q8_K activations aqk/adk/bsk; mvk_stream). ROUTED (dec_mv_multi_rows, the experts of
+// ggml's mul_mat_id): W is the product's table of nexp expert weights, the job's expert is
+// sel[slot] (the router's choice, t_moe_route: read after pdl_wait, clamped into the table),
+// and the job reads row `activation row` of the quantized activations (each slot its own
+// input, or row 0). Otherwise those fields are 0 and not read (dec_mv_multi, every other
+// product: the offsets cost the dense decode ~1%). At most 64 registers (4 blocks of 8 warps
+// per SM; ptxas sm_90: no spills, 93 registers unbounded).
+template <bool ROUTED>
 __device__ __forceinline__ void mv_multi(const long long* __restrict__ jobs, int njobs,
                                          const i8* aq32, const float* ad32, const i8* aqk,
-                                         const float* adk, const int* bsk, int cols) {
+                                         const float* adk, const int* bsk, int cols,
+                                         const float* sel, int nexp) {
     __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
     pdl_trigger();
     int b = blockIdx.x;
@@ -912,8 +915,11 @@ __device__ __forceinline__ void mv_multi(const long long* __restrict__ jobs, int
     int rpw = (int)jb[5];
     const float* bias = (const float*)jb[6];
     u8* smw = sm[threadIdx.x >> 5];
-    if (ROWS) {
-        const long long xr = jb[3] >> 8;
+    if (ROUTED) {
+        pdl_wait();
+        int e = (int)sel[jb[3] >> 32];  // a NaN choice converts to 0
+        W = (const u8*)((const long long*)jb[0])[e < 0 ? 0 : e >= nexp ? nexp - 1 : e];
+        const long long xr = (jb[3] >> 8) & 0xffffff;
         aq32 += xr * cols;
         ad32 += xr * (cols / 32);
         aqk += xr * cols;
@@ -932,14 +938,14 @@ __device__ __forceinline__ void mv_multi(const long long* __restrict__ jobs, int
 extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     dec_mv_multi(const long long* __restrict__ jobs, int njobs, const i8* aq32,
                  const float* ad32, const i8* aqk, const float* adk, const int* bsk, int cols) {
-    mv_multi<false>(jobs, njobs, aq32, ad32, aqk, adk, bsk, cols);
+    mv_multi<false>(jobs, njobs, aq32, ad32, aqk, adk, bsk, cols, 0, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     dec_mv_multi_rows(const long long* __restrict__ jobs, int njobs, const i8* aq32,
                       const float* ad32, const i8* aqk, const float* adk, const int* bsk,
-                      int cols) {
-    mv_multi<true>(jobs, njobs, aq32, ad32, aqk, adk, bsk, cols);
+                      int cols, const float* sel, int nexp) {
+    mv_multi<true>(jobs, njobs, aq32, ad32, aqk, adk, bsk, cols, sel, nexp);
 }
 
 // logits[i] = cap * tanh((logits[i] / div) / cap) (no cap when cap <= 0).

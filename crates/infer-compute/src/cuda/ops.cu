@@ -507,22 +507,6 @@ extern "C" __global__ void t_moe_route(const float* logits, const float* bias, i
         for (int j = lane; j < k; j += 32) sel[k + j] = sel[k + j] / chosen;
 }
 
-// jobs[7 q] (job q's weights, dec_mv_multi) = t_j[sel[s]] for job q = s * np + j (slot s < k,
-// product j < np <= 3): the experts the router chose on the device, patched into the staged job
-// table before the mat-vec reads it (launched without programmatic dependent launch).
-extern "C" __global__ void t_moe_patch_jobs(long long* jobs, int np, int k, const long long* t0,
-                                            const long long* t1, const long long* t2,
-                                            const float* sel, int n) {
-    pdl_trigger();
-    pdl_wait();
-    for (int q = threadIdx.x; q < np * k; q += blockDim.x) {
-        int j = q % np, s = q / np;
-        const long long* t = j == 0 ? t0 : j == 1 ? t1 : t2;
-        int e = (int)sel[s];
-        jobs[7 * q] = t[e < 0 ? 0 : e >= n ? n - 1 : e];  // never past the table
-    }
-}
-
 // out[i] = sum over slots s < k of sel[k + s] * y[s * n + i] (the chosen experts' outputs, each
 // with the weight its router chose).
 extern "C" __global__ void t_moe_combine(const float* y, const float* sel, int k, long long n,

@@ -933,9 +933,10 @@ enum MvJobs {
     /// Staged by the host, one activation row: `dec_mv_multi` with programmatic dependent
     /// launch.
     Fixed,
-    /// Patched on the device by the kernel just before (which `dec_mv_multi` would read
-    /// before waiting for it: no PDL), each job on its activation row (`dec_mv_multi_rows`).
-    Routed,
+    /// The experts an MoE router chose (`dec_mv_multi_rows`): each job's weights from its
+    /// product's expert table at the index `sel` holds for its slot (of `experts` entries),
+    /// each job on its activation row.
+    Routed { sel: u64, experts: i32 },
 }
 
 /// Launch `dec_mv_multi` over the `njobs` jobs staged at `jp` (`blocks` blocks in all) on the
@@ -959,6 +960,8 @@ fn launch_mv_jobs(
         ptr(kq.ad.get(), stream),
         ptr(kq.bsums.get(), stream),
         i(to_i32("cols", cols)?),
+        0,
+        0,
     ];
     let cfg = LaunchConfig {
         grid_dim: (int("mat-vec blocks", blocks)? as u32, 1, 1),
@@ -966,8 +969,11 @@ fn launch_mv_jobs(
         shared_mem_bytes: 0,
     };
     match how {
-        MvJobs::Fixed => go(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a),
-        MvJobs::Routed => go_plain(&mut st.rec, &st.dev.k.dec_mv_multi_rows, cfg, &mut a),
+        MvJobs::Fixed => go(&mut st.rec, &st.dev.k.dec_mv_multi, cfg, &mut a[..8]),
+        MvJobs::Routed { sel, experts } => {
+            (a[8], a[9]) = (sel, i(experts));
+            go(&mut st.rec, &st.dev.k.dec_mv_multi_rows, cfg, &mut a)
+        }
     }
 }
 
@@ -1017,8 +1023,8 @@ pub(super) fn moe_route(
     go(&mut st.rec, &st.dev.k.t_moe_route, cfg, &mut a)
 }
 
-/// Whether `experts` are quantized blocks of one format and byte length (the device's
-/// routed mat-vec patches one job's weights with any of them).
+/// Whether `experts` are quantized blocks of one format and byte length (a job of the device's
+/// routed mat-vec reads any of them, whichever its slot's choice).
 fn uniform_blocks(experts: &[Matrix<'_>]) -> bool {
     let first = experts.first().and_then(|e| e.blocks_data().ok());
     experts.iter().all(|e| match (e.blocks_data(), first) {
@@ -1107,7 +1113,7 @@ pub(super) fn project_routed(
     let mut jobs: smallvec::SmallVec<[i64; 128]> = smallvec::SmallVec::new();
     let mut blocks = 0usize;
     for s in 0..k {
-        for &(format, w0, yp, rows) in &templates {
+        for (j, &(format, w0, yp, rows)) in templates.iter().enumerate() {
             let (mut job, n) = mv_job(
                 format,
                 w0,
@@ -1117,6 +1123,9 @@ pub(super) fn project_routed(
                 cols,
                 blocks,
             )?;
+            // The product's expert table in place of the weights; slot s picks from it.
+            job[0] = tables[j] as i64;
+            job[3] |= (s as i64) << 32;
             if per_slot {
                 job[3] |= (s as i64) << 8;
             }
@@ -1125,23 +1134,11 @@ pub(super) fn project_routed(
         }
     }
     let jp = st.rec.stage(&st.dev.stream, as_bytes(&jobs))?;
-    let mut a = [
-        jp,
-        i(to_i32("routed products", projs.len())?),
-        i(to_i32("routed slots", k)?),
-        tables[0],
-        tables[1],
-        tables[2],
-        tp(st, sel, "project_routed")?,
-        i(to_i32("experts", projs[0].experts.len())?),
-    ];
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (32, 1, 1),
-        shared_mem_bytes: 0,
+    let how = MvJobs::Routed {
+        sel: tp(st, sel, "project_routed")?,
+        experts: to_i32("experts", projs[0].experts.len())?,
     };
-    go(&mut st.rec, &st.dev.k.t_moe_patch_jobs, cfg, &mut a)?;
-    launch_mv_jobs(st, jp, k * projs.len(), blocks, cols, MvJobs::Routed)
+    launch_mv_jobs(st, jp, k * projs.len(), blocks, cols, how)
 }
 
 pub(super) fn combine_routed(
