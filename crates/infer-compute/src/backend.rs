@@ -531,6 +531,18 @@ pub trait ComputeBackend: Send + Sync {
         crate::host_ops::add_scaled(host_mut("add_scaled", x)?, host("add_scaled", y)?, alpha)
     }
 
+    /// `x[r] += sigmoid(gate[r]) · y[r]` for every row `r` of `x` and `y` (`[R, width]`; `gate`
+    /// `[R]` logits, kept where the backend keeps them): an MoE layer's shared expert under its
+    /// gate (HF `Qwen2MoeSparseMoeBlock`). Errors: `y` not as long as `x`, `x` not whole rows
+    /// of one gate each; device failures.
+    fn add_gated(&self, x: &mut Tensor, y: &Tensor, gate: &Tensor) -> Result<(), ComputeError> {
+        crate::host_ops::add_gated(
+            host_mut("add_gated", x)?,
+            host("add_gated", y)?,
+            host("add_gated", gate)?,
+        )
+    }
+
     /// The residual step of a pre-norm block and the norm after it, fused: `branch` passed
     /// through `rn.post` when given (in place: `branch` holds unspecified values afterwards),
     /// `x += rn.alpha · branch`, then `out = rn.next(x)` (every row of `x`, `[R, width]`;

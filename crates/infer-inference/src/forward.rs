@@ -798,9 +798,10 @@ fn expert_ffn(
 /// only the router's `num_experts` logits come to the host for [`route`]; the chosen experts
 /// (and the shared one) run as dense products on the backend, so on a device the experts'
 /// weights are read there. `out` = Σ wₑ FFNₑ(x) + `sigmoid(x · shared_gate)` · shared(x),
-/// each term added by `add_rows_scaled`, whose weight is data rather than a launch argument:
-/// a device backend then records the same launches whichever experts a token chooses (the
-/// expert matrices reach its mat-vec through a staged job table), so it can replay them.
+/// each expert's term added by `add_rows_scaled`, whose weight is data rather than a launch
+/// argument. A backend that routes on the device ([`moe_experts_routed`]) keeps even the
+/// logits: it records the same launches whichever experts a token chooses, so it can replay
+/// them.
 fn moe_ffn_one_row(
     backend: &dyn ComputeBackend,
     m: &MoeFfn<'_>,
@@ -816,7 +817,7 @@ fn moe_ffn_one_row(
         .experts
         .iter()
         .any(|e| e.gate_bias.is_some() || e.up_bias.is_some() || e.down_bias.is_some());
-    if backend.routes_on_device() && m.shared_gate.is_none() && !biased && n > 0 {
+    if backend.routes_on_device() && !biased && n > 0 {
         return moe_experts_routed(backend, m, x, g, bufs, out);
     }
     let probs = crate::scratch::fit(&mut bufs.host_out, n);
@@ -835,36 +836,38 @@ fn moe_ffn_one_row(
         bufs.moe_out = y;
         r?;
     }
-    if let Some(shared) = &m.shared {
-        let gate = match &m.shared_gate {
-            Some(sg) => {
-                let sgm = MoeFfn::shared_gate_matrix(sg, h);
-                backend.project(&sgm, x, 1, &mut bufs.moe_out)?;
-                let z = crate::scratch::fit(&mut bufs.host_out, 1);
-                backend.download(&bufs.moe_out, z)?;
-                1.0 / (1.0 + (-z[0]).exp())
-            }
-            None => 1.0,
-        };
-        add_shared_expert(backend, shared, x, g, bufs, gate, out)?;
-    }
-    Ok(())
+    add_shared_expert(backend, m, x, 1, g, bufs, out)
 }
 
-/// `out += weight · shared(x)` for one row `x`, the weight added as data
-/// (`add_rows_scaled`), so that a device backend records the same launches at every step.
+/// `out += gate · shared(x)` for the `t` rows of `x` (`[t, hidden]`), when the layer has a
+/// shared expert: `gate = sigmoid(x · shared_gate)` per row, its logits kept on the backend
+/// (`add_gated`, HF `Qwen2MoeSparseMoeBlock`), or 1 without a shared gate. Nothing comes to
+/// the host, so a device backend records the same launches at every decode step.
 fn add_shared_expert(
     backend: &dyn ComputeBackend,
-    shared: &crate::layer::WalkFfn<'_>,
+    m: &MoeFfn<'_>,
     x: &Tensor,
+    t: usize,
     g: &crate::LayerGeometry,
     bufs: &mut FfnScratch,
-    weight: f32,
     out: &mut Tensor,
 ) -> Result<(), InferenceError> {
+    let Some(shared) = &m.shared else {
+        return Ok(());
+    };
     let mut y = std::mem::take(&mut bufs.moe_out);
-    let r = expert_ffn(backend, shared, x, 1, g, bufs, &mut y)
-        .and_then(|()| Ok(backend.add_rows_scaled(&y, g.hidden_size, &[0], &[weight], out)?));
+    let r = expert_ffn(backend, shared, x, t, g, bufs, &mut y).and_then(|()| {
+        match &m.shared_gate {
+            Some(sg) => {
+                let sgm = MoeFfn::shared_gate_matrix(sg, g.hidden_size);
+                let z = &mut bufs.shared_gate;
+                backend.project(&sgm, x, t, z)?;
+                backend.add_gated(out, &y, z)?;
+            }
+            None => backend.add_scaled(out, &y, 1.0)?,
+        }
+        Ok(())
+    });
     bufs.moe_out = y;
     r
 }
@@ -873,7 +876,7 @@ fn add_shared_expert(
 /// memory ([`ComputeBackend::routes_on_device`]): the router logits (in `bufs.moe_out`) →
 /// `moe_route` → the gate/up and down products of the chosen experts, all slots in one
 /// `project_routed` each (ggml's `mul_mat_id`), summed with their weights (`combine_routed`),
-/// plus the shared expert (Qwen2-MoE without a shared gate). Nothing comes to the host, so a
+/// plus the shared expert under its gate ([`add_shared_expert`]). Nothing comes to the host, so a
 /// decode step of a device backend stays one list of launches (one CUDA graph).
 fn moe_experts_routed(
     backend: &dyn ComputeBackend,
@@ -954,10 +957,7 @@ fn moe_experts_routed(
         k,
     )?;
     backend.combine_routed(moe_out, moe_sel, k, out)?;
-    if let Some(shared) = &m.shared {
-        add_shared_expert(backend, shared, x, g, bufs, 1.0, out)?;
-    }
-    Ok(())
+    add_shared_expert(backend, m, x, 1, g, bufs, out)
 }
 
 /// [`moe_ffn`] for a chunk of `t` rows (`x` `[t, hidden]`) with the activations left in the
@@ -1008,25 +1008,12 @@ fn moe_ffn_rows(
             expert_ffn(backend, &m.experts[e], &xs, rows.len(), g, bufs, &mut y)?;
             backend.add_rows_scaled(&y, h, rows, weights, out)?;
         }
-        if let Some(shared) = &m.shared {
-            let mut gates = vec![1.0f32; t];
-            if let Some(sg) = &m.shared_gate {
-                let sgm = MoeFfn::shared_gate_matrix(sg, h);
-                backend.project(&sgm, x, t, &mut y)?;
-                backend.download(&y, &mut gates)?;
-                gates
-                    .iter_mut()
-                    .for_each(|z| *z = 1.0 / (1.0 + (-*z).exp()));
-            }
-            expert_ffn(backend, shared, x, t, g, bufs, &mut y)?;
-            let all: Vec<usize> = (0..t).collect();
-            backend.add_rows_scaled(&y, h, &all, &gates, out)?;
-        }
         Ok(())
     };
     let res = run();
     (bufs.moe_in, bufs.moe_out) = (xs, y);
-    res
+    res?;
+    add_shared_expert(backend, m, x, t, g, bufs, out)
 }
 
 /// Mixture of experts, per token: softmax router (logits plus the router bias, gpt-oss), top-k

@@ -57,6 +57,8 @@ pub(crate) struct FfnScratch {
     pub(crate) moe_in: Tensor,
     /// A decode step's expert choice where the backend keeps it (`moe_route`).
     pub(crate) moe_sel: Tensor,
+    /// The shared expert's gate logits, one per row (Qwen2-MoE's `shared_expert_gate`).
+    pub(crate) shared_gate: Tensor,
     pub(crate) walk: crate::walk::WalkBuffers,
     /// Host copies of the input and output of the FFNs that run on the host (walk FFN, MoE)
     /// when the backend keeps activations on a device.

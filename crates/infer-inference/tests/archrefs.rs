@@ -252,11 +252,12 @@ fn qwen3_moe_matches_hf() {
 
 /// MoE decode through the operations a device backend routes with (`moe_route`,
 /// `project_routed`, `combine_routed`: `CpuBackend::with_moe_routing_ops`, which a CUDA run
-/// takes without a host round trip) on the float tier: Mixtral and Qwen3-MoE, half of sequence
-/// 0 prefilled, then one token at a time, each step's logits within `TOL × std` of HF's.
+/// takes without a host round trip) on the float tier: Mixtral, Qwen3-MoE and Qwen2-MoE (its
+/// shared expert under the gate, `add_gated`), half of sequence 0 prefilled, then one token at
+/// a time, each step's logits within `TOL × std` of HF's.
 #[test]
 fn moe_decode_through_routing_operations_matches_hf() {
-    for case in ["mixtral", "qwen3-moe"] {
+    for case in ["mixtral", "qwen3-moe", "qwen2-moe"] {
         let tmp = tempfile::tempdir().expect("tempdir");
         let (dir, vpath) = archrefs_q4k(case, tmp.path());
         let vindex = Vindex::open(&vpath).expect("open vindex");

@@ -405,6 +405,17 @@ extern "C" __global__ void t_add_scaled(float* x, const float* y, long long n, f
     x[i] = alpha == 1.0f ? x[i] + y[i] : x[i] + y[i] * alpha;
 }
 
+// x[i] += sigmoid(gate[i / width]) * y[i] over n values (host_ops::add_gated).
+extern "C" __global__ void t_add_gated(float* x, const float* y, const float* gate, long long n,
+                                       long long width) {
+    pdl_trigger();
+    pdl_wait();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float w = 1.0f / (1.0f + expf(-gate[i / width]));
+    x[i] += w * y[i];
+}
+
 // y[i] += b[i % width].
 extern "C" __global__ void t_add_bias(float* y, const float* b, long long n, int width) {
     pdl_trigger();

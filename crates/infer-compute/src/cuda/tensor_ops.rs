@@ -1673,6 +1673,26 @@ pub(super) fn add_scaled(
     go(&mut st.rec, &st.dev.k.t_add_scaled, flat(x.len()), &mut a)
 }
 
+pub(super) fn add_gated(
+    st: &mut State,
+    x: &mut Tensor,
+    y: &Tensor,
+    gate: &Tensor,
+) -> Result<(), ComputeError> {
+    let width = crate::host_ops::check_gated(x.len(), y.len(), gate.len())?;
+    if x.is_empty() {
+        return Ok(());
+    }
+    let mut a = [
+        tp(st, x, "add_gated")?,
+        tp(st, y, "add_gated")?,
+        tp(st, gate, "add_gated")?,
+        x.len() as u64,
+        width as u64,
+    ];
+    go(&mut st.rec, &st.dev.k.t_add_gated, flat(x.len()), &mut a)
+}
+
 pub(super) fn scale_softcap(
     st: &mut State,
     x: &mut Tensor,

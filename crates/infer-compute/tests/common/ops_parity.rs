@@ -510,6 +510,28 @@ fn check_rows_bias_softcap(b: &dyn ComputeBackend, rng: &mut StdRng) {
     }
     b.fill(&mut dt, 13, -2.5).expect("fill");
     close("fill", &down(b, &dt), &[-2.5; 13]);
+    // add_gated: x += sigmoid(gate[r]) · y per row, gates far on both sides and at 0.
+    let gates: Vec<f32> = (0..r)
+        .map(|r| [-30.0, -1.5, 0.0, 2.0, 40.0][r % 5])
+        .collect();
+    let y = randv(rng, x.len());
+    let mut xt = up(b, &x);
+    b.add_gated(&mut xt, &up(b, &y), &up(b, &gates))
+        .expect("add_gated");
+    let want: Vec<f64> = x
+        .iter()
+        .zip(&y)
+        .enumerate()
+        .map(|(i, (&v, &yv))| v as f64 + yv as f64 / (1.0 + (-(gates[i / w] as f64)).exp()))
+        .collect();
+    close("add_gated", &down(b, &xt), &want);
+    assert!(
+        b.add_gated(&mut xt, &up(b, &y[1..]), &up(b, &gates))
+            .is_err()
+            && b.add_gated(&mut xt, &up(b, &y), &up(b, &gates[1..]))
+                .is_err(),
+        "add_gated: a branch or gates of another length are an error"
+    );
     let bias = randv(rng, w);
     let mut yt = up(b, &x);
     b.add_bias(&mut yt, &bias).expect("add_bias");
