@@ -328,8 +328,9 @@ pub trait ComputeBackend: Send + Sync {
     /// `k · r`, `r` the experts' rows) `= x_s · p.experts[e_s]ᵀ`, `e_s` the expert in slot `s`
     /// of `sel` ([`moe_route`](Self::moe_route)) and `x_s` either `x` itself (`[cols]`, one
     /// row for every slot) or its row `s` (`x` `[k, cols]`). Errors: an empty expert list,
-    /// experts of different shapes, `x` neither, `k` past `sel`, an expert index out of range;
-    /// device failures.
+    /// experts of different shapes, `x` neither, `k` past `sel`, an expert index out of range
+    /// where the choice is read on the host (a device backend that reads it in its kernel
+    /// clamps it into the expert list instead: it cannot fail there); device failures.
     fn project_routed(
         &self,
         x: &Tensor,
@@ -533,13 +534,20 @@ pub trait ComputeBackend: Send + Sync {
 
     /// `x[r] += sigmoid(gate[r]) · y[r]` for every row `r` of `x` and `y` (`[R, width]`; `gate`
     /// `[R]` logits, kept where the backend keeps them): an MoE layer's shared expert under its
-    /// gate (HF `Qwen2MoeSparseMoeBlock`). Errors: `y` not as long as `x`, `x` not whole rows
-    /// of one gate each; device failures.
-    fn add_gated(&self, x: &mut Tensor, y: &Tensor, gate: &Tensor) -> Result<(), ComputeError> {
+    /// gate (HF `Qwen2MoeSparseMoeBlock`). Errors: `y` not as long as `x`, `x` not one row of
+    /// `width` per gate; device failures.
+    fn add_gated(
+        &self,
+        x: &mut Tensor,
+        y: &Tensor,
+        gate: &Tensor,
+        width: usize,
+    ) -> Result<(), ComputeError> {
         crate::host_ops::add_gated(
             host_mut("add_gated", x)?,
             host("add_gated", y)?,
             host("add_gated", gate)?,
+            width,
         )
     }
 

@@ -149,8 +149,13 @@ pub(crate) fn add_scaled(x: &mut [f32], y: &[f32], alpha: f32) -> Result<(), Com
 /// `x[r] += sigmoid(gate[r]) · y[r]` per row `r` of `x` and `y` (`[R, width]`, `R =
 /// gate.len()`), `sigmoid(z) = 1 / (1 + e^{-z})` in f32 (HF `Qwen2MoeSparseMoeBlock`'s
 /// shared-expert gate). Errors: [`check_gated`].
-pub(crate) fn add_gated(x: &mut [f32], y: &[f32], gate: &[f32]) -> Result<(), ComputeError> {
-    let width = check_gated(x.len(), y.len(), gate.len())?;
+pub(crate) fn add_gated(
+    x: &mut [f32],
+    y: &[f32],
+    gate: &[f32],
+    width: usize,
+) -> Result<(), ComputeError> {
+    check_gated(x.len(), y.len(), gate.len(), width)?;
     for ((xr, yr), &z) in x
         .chunks_exact_mut(width.max(1))
         .zip(y.chunks_exact(width.max(1)))
@@ -162,18 +167,16 @@ pub(crate) fn add_gated(x: &mut [f32], y: &[f32], gate: &[f32]) -> Result<(), Co
     Ok(())
 }
 
-/// The shapes of [`crate::ComputeBackend::add_gated`]: `y` as long as `x`, whole rows of one
-/// gate each; the row width. Errors: [`ComputeError::ShapeMismatch`].
-pub(crate) fn check_gated(x_len: usize, y_len: usize, rows: usize) -> Result<usize, ComputeError> {
+/// The shapes of [`crate::ComputeBackend::add_gated`]: `y` as long as `x`, one gate per row of
+/// `width`. Errors: [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_gated(
+    x_len: usize,
+    y_len: usize,
+    gates: usize,
+    width: usize,
+) -> Result<(), ComputeError> {
     check("gated branch", y_len, x_len, "values")?;
-    let width = x_len.checked_div(rows).unwrap_or(0);
-    check(
-        "gated rows (one gate logit per row)",
-        x_len,
-        rows * width,
-        "values",
-    )?;
-    Ok(width)
+    check("gate logits (one per row)", gates * width, x_len, "values")
 }
 
 pub(crate) fn embed(

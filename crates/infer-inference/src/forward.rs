@@ -862,7 +862,7 @@ fn add_shared_expert(
                 let sgm = MoeFfn::shared_gate_matrix(sg, g.hidden_size);
                 let z = &mut bufs.shared_gate;
                 backend.project(&sgm, x, t, z)?;
-                backend.add_gated(out, &y, z)?;
+                backend.add_gated(out, &y, z, g.hidden_size)?;
             }
             None => backend.add_scaled(out, &y, 1.0)?,
         }

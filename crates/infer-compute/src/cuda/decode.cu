@@ -126,16 +126,17 @@ __device__ __forceinline__ void st8(float* p, const float (&v)[8]) {
 }
 
 // residual_norm_block of one row by a block of RN_THREADS threads, which calls pdl_wait. Rows of
-// up to 8 RN_THREADS values (a multiple of 8) without 32-value quantization take a shorter path:
-// thread t holds values 8 t .. 8 t + 7 in registers from load to quantization (warp w then
-// holds Q8_K block w, as quant_regs_k wants), and the weights are loaded before pdl_wait (they
-// are never written). Same operations per value and the same block sums as residual_norm_block.
+// up to 8 RN_THREADS values (a multiple of 8; of 32 when 32-value blocks are wanted) take a
+// shorter path: thread t holds values 8 t .. 8 t + 7 in registers from load to quantization
+// (warp w then holds Q8_K block w, as quant_regs_k wants, and 4 lanes each 32-value block), and
+// the weights are loaded before pdl_wait (they are never written). Same operations per value
+// and the same block sums as residual_norm_block.
 __device__ void residual_norm_row(float* x, const float* branch, const float* post_w, float mult,
                                   const float* norm_w, float* out, int n, float eps, float off,
                                   float eps2, float off2, i8* q32, float* d32, i8* qk, float* dk,
                                   int* bsk) {
     __shared__ double sh[32];
-    if (q32 || n % 8 != 0 || n > 8 * RN_THREADS) {
+    if (n % (q32 ? 32 : 8) != 0 || n > 8 * RN_THREADS) {
         pdl_wait();
         residual_norm_block(x, branch, post_w, mult, norm_w, out, n, eps, off, eps2, off2, q32,
                             d32, qk, dk, bsk, sh);
@@ -179,6 +180,7 @@ __device__ void residual_norm_row(float* x, const float* branch, const float* po
 #pragma unroll
     for (int t = 0; t < 8; t++) o[t] = (xv[t] * sc) * (nw[t] + off2);
     if (mine) st8(out + i0, o);
+    if (q32) quant_regs_32(o, q32, d32, i0, mine);
     int w = threadIdx.x >> 5;
     if (qk && w < n / 256) quant_regs_k(o, qk, dk, bsk, w, threadIdx.x & 31);
 }

@@ -116,6 +116,24 @@ __device__ __forceinline__ void quant_reg_32(float v, i8* __restrict__ q, float*
     if (lane == 0) d[blk] = f16_scale ? round_to_f16(dd) : dd;
 }
 
+// quant_reg_32 (f16 scale) with 8 consecutive values per lane, v = values i0 .. i0 + 7 (i0 a
+// multiple of 8): the 4 lanes 4j .. 4j + 3 of a warp hold one 32-value block. Every lane
+// takes part (shuffles); only lanes with `mine` write.
+__device__ __forceinline__ void quant_regs_32(const float (&v)[8], i8* __restrict__ q,
+                                              float* __restrict__ d, int i0, bool mine) {
+    float a = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 8; t++) a = fmaxf(a, fabsf(v[t]));
+    a = fmaxf(a, __shfl_xor_sync(FULL, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(FULL, a, 2));
+    float dd = a / 127.0f;
+    float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    if (!mine) return;
+#pragma unroll
+    for (int t = 0; t < 8; t++) q[i0 + t] = (i8)(int)roundf(v[t] * id);
+    if ((i0 & 31) == 0) d[i0 / 32] = round_to_f16(dd);
+}
+
 // The same with the block's values at xb.
 __device__ __forceinline__ void quant_block_32(const float* __restrict__ xb, i8* __restrict__ q,
                                                float* __restrict__ d, int blk, int lane,

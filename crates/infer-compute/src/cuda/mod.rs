@@ -533,8 +533,14 @@ impl ComputeBackend for CudaBackend {
         self.tensor_op(|st| tensor_ops::activation(st, act, None, x))
     }
 
-    fn add_gated(&self, x: &mut Tensor, y: &Tensor, gate: &Tensor) -> Result<(), ComputeError> {
-        self.tensor_op(|st| tensor_ops::add_gated(st, x, y, gate))
+    fn add_gated(
+        &self,
+        x: &mut Tensor,
+        y: &Tensor,
+        gate: &Tensor,
+        width: usize,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::add_gated(st, x, y, gate, width))
     }
 
     fn add_scaled(&self, x: &mut Tensor, y: &Tensor, alpha: f32) -> Result<(), ComputeError> {

@@ -52,6 +52,8 @@ pub(super) fn att_tile_smem(hd: usize) -> usize {
         + (ATT_TILE_THREADS as usize / 32) * 4 * ATT_BK)
 }
 
+/// The largest y or z dimension of a CUDA grid.
+const MAX_GRID_YZ: usize = 65535;
 /// Threads of `t_add_norm` (`RN_THREADS` in decode.cu).
 const RN_THREADS: u32 = 1024;
 /// Largest rotary half `head_norm_rope` handles with `ATTN_THREADS` threads (two pairs each).
@@ -1105,6 +1107,7 @@ pub(super) fn project_routed(
             .map(|e| e.blocks_data().map(|(_, b)| b))
             .collect::<Result<_, _>>()?;
         tables[j] = st.cache.table(&st.dev.stream, &all)?;
+        // Expert 0's copy only for `mv_job`'s alignment check; the job reads the table.
         let w0 = cached(st, bytes0)?;
         fit(st, p.y, k * rows)?;
         templates.push((format, w0, tp(st, p.y, "project_routed")?, rows));
@@ -1678,8 +1681,9 @@ pub(super) fn add_gated(
     x: &mut Tensor,
     y: &Tensor,
     gate: &Tensor,
+    width: usize,
 ) -> Result<(), ComputeError> {
-    let width = crate::host_ops::check_gated(x.len(), y.len(), gate.len())?;
+    crate::host_ops::check_gated(x.len(), y.len(), gate.len(), width)?;
     if x.is_empty() {
         return Ok(());
     }
@@ -1940,6 +1944,15 @@ pub(super) fn rope_attend(
         "rows",
     )?;
     let rows = a.seqs.len();
+    if rows > MAX_GRID_YZ {
+        // One grid row (y or z) per decode row.
+        return Err(ComputeError::ShapeMismatch {
+            what: "decode attention rows in one step (a grid dimension)",
+            expected: MAX_GRID_YZ,
+            got: rows,
+            unit: "rows at most",
+        });
+    }
     fit(st, out, a.q.len())?;
     if rows == 0 {
         return Ok(true);

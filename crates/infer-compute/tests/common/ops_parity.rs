@@ -516,7 +516,7 @@ fn check_rows_bias_softcap(b: &dyn ComputeBackend, rng: &mut StdRng) {
         .collect();
     let y = randv(rng, x.len());
     let mut xt = up(b, &x);
-    b.add_gated(&mut xt, &up(b, &y), &up(b, &gates))
+    b.add_gated(&mut xt, &up(b, &y), &up(b, &gates), w)
         .expect("add_gated");
     let want: Vec<f64> = x
         .iter()
@@ -526,9 +526,13 @@ fn check_rows_bias_softcap(b: &dyn ComputeBackend, rng: &mut StdRng) {
         .collect();
     close("add_gated", &down(b, &xt), &want);
     assert!(
-        b.add_gated(&mut xt, &up(b, &y[1..]), &up(b, &gates))
+        b.add_gated(&mut xt, &up(b, &y[1..]), &up(b, &gates), w)
             .is_err()
-            && b.add_gated(&mut xt, &up(b, &y), &up(b, &gates[1..]))
+            && b.add_gated(&mut xt, &up(b, &y), &up(b, &gates[1..]), w)
+                .is_err()
+            && b.add_gated(&mut xt, &up(b, &y), &up(b, &gates[..1]), w)
+                .is_err()
+            && b.add_gated(&mut xt, &up(b, &y), &up(b, &gates), w + 1)
                 .is_err(),
         "add_gated: a branch or gates of another length are an error"
     );
