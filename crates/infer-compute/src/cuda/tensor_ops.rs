@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 use infer_quant::QuantFormat;
 
 use super::blas::{chunk_rows, dequant_kernel, uses_gemm, BatchedGemm, Gemm};
@@ -2092,23 +2092,41 @@ pub(super) fn rope_attend(
     Ok(true)
 }
 
-/// The device pointer of the key-split scratch, grown to at least `len` values (a replaced
-/// buffer is kept until the launches that use it are enqueued).
-fn split_scratch(st: &mut State, len: usize) -> Result<u64, ComputeError> {
-    let State { dev, ops, rec, .. } = &mut *st;
-    if ops.splits.as_ref().is_none_or(|b| b.len() < len) {
+/// The device pointer of the scratch buffer in `slot`, grown (zeroed) to at least `len`
+/// values; a replaced buffer is kept until the launches that use it are enqueued. Errors:
+/// allocation failure (`what` names the buffer).
+fn grown<T: DeviceRepr + ValidAsZeroBits + Send + 'static>(
+    stream: &Arc<CudaStream>,
+    rec: &mut Recorder,
+    slot: &mut Option<CudaSlice<T>>,
+    len: usize,
+    what: &str,
+) -> Result<u64, ComputeError> {
+    if slot.as_ref().is_none_or(|b| b.len() < len) {
         let buf = drv(
-            "allocate the attention's key splits",
-            dev.stream.alloc_zeros::<f32>(len.max(1)),
+            &format!("allocate {what}"),
+            stream.alloc_zeros::<T>(len.max(1)),
         )?;
-        if let Some(old) = ops.splits.replace(buf) {
+        if let Some(old) = slot.replace(buf) {
             rec.keep_any(Box::new(old));
         }
     }
-    match &ops.splits {
-        Some(b) => Ok(ptr(b, &dev.stream)),
-        None => Err(dev_err("attention key-split buffer missing")),
+    match slot {
+        Some(b) => Ok(b.device_ptr(stream).0),
+        None => Err(dev_err(format!("{what} missing"))),
     }
+}
+
+/// The device pointer of the key-split scratch, at least `len` values ([`grown`]).
+fn split_scratch(st: &mut State, len: usize) -> Result<u64, ComputeError> {
+    let State { dev, ops, rec, .. } = &mut *st;
+    grown(
+        &dev.stream,
+        rec,
+        &mut ops.splits,
+        len,
+        "the attention's key splits",
+    )
 }
 
 /// The greedy choice of each row of `logits` (`[R, width]`): `t_argmax_clear` and
@@ -2126,21 +2144,15 @@ pub(super) fn argmax_rows(
     if rows == 0 {
         return Ok(());
     }
-    {
+    let bp = {
         let State { dev, ops, rec, .. } = &mut *st;
-        if ops.best.as_ref().is_none_or(|b| b.len() < 2 * rows) {
-            let buf = drv(
-                "allocate the argmax buffer",
-                dev.stream.alloc_zeros::<u64>(2 * rows),
-            )?;
-            if let Some(old) = ops.best.replace(buf) {
-                rec.keep_any(Box::new(old));
-            }
-        }
-    }
-    let bp = match &st.ops.best {
-        Some(b) => ptr(b, &st.dev.stream),
-        None => return Err(dev_err("argmax buffer missing")),
+        grown(
+            &dev.stream,
+            rec,
+            &mut ops.best,
+            2 * rows,
+            "the argmax buffer",
+        )?
     };
     let rows_i = to_i32("argmax rows", rows)?;
     let mut a = [bp, i(rows_i)];
