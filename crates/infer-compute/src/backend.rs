@@ -4,8 +4,8 @@
 
 use crate::ops::Activation;
 use crate::{
-    Argmax, AttentionParams, ComputeError, FloatTable, Matrix, Proj, ResidualNorm, RopeAttend,
-    RopeConfig, RoutedProj, Tensor, TensorProj,
+    Argmax, AttentionParams, ComputeError, ExpertRows, FloatTable, Matrix, Proj, ResidualNorm,
+    RopeAttend, RopeConfig, RoutedProj, Tensor, TensorProj,
 };
 use half::f16;
 
@@ -381,6 +381,72 @@ pub trait ComputeBackend: Send + Sync {
                 .zip(&y[s * width..(s + 1) * width])
                 .for_each(|(a, b)| *a += ws * b);
         }
+        Ok(())
+    }
+
+    /// Grouped expert products for many rows (ggml's `mul_mat_id` over a prompt chunk): `x`
+    /// (`[R, cols]`, `R = Σ g.rows`) holds rows grouped by expert in the order of `groups`;
+    /// for each `p`, the rows of group `g` in `p.y` (fit to `[R, r]`, `r` the experts' rows)
+    /// `= x_g · p.experts[g.expert]ᵀ`. Numerics as [`linear`](Self::linear) of each group.
+    /// Errors: an empty expert list, experts of different shapes, `x` not `R` rows, an expert
+    /// index out of range, a group of no rows; device failures.
+    fn project_grouped(
+        &self,
+        x: &Tensor,
+        projs: &mut [RoutedProj<'_>],
+        groups: &[ExpertRows],
+    ) -> Result<(), ComputeError> {
+        let cols = crate::host_ops::check_grouped(projs, x.len(), groups)?;
+        let total: usize = groups.iter().map(|g| g.rows).sum();
+        for p in projs.iter_mut() {
+            self.fit(p.y, total * p.experts[0].rows)?;
+        }
+        let x = host("project_grouped", x)?;
+        let experts: smallvec::SmallVec<[&[Matrix<'_>]; 3]> =
+            projs.iter().map(|p| p.experts).collect();
+        let mut ys: smallvec::SmallVec<[&mut [f32]; 3]> = projs
+            .iter_mut()
+            .map(|p| host_mut("project_grouped", p.y))
+            .collect::<Result<_, _>>()?;
+        let mut row0 = 0;
+        for g in groups {
+            let xs = &x[row0 * cols..(row0 + g.rows) * cols];
+            // One call per group: a backend quantizes `xs` once for all products.
+            let mut many: smallvec::SmallVec<[Proj<'_>; 3]> = experts
+                .iter()
+                .zip(ys.iter_mut())
+                .map(|(e, y)| {
+                    let r = e[0].rows;
+                    Proj {
+                        w: e[g.expert],
+                        y: &mut y[row0 * r..(row0 + g.rows) * r],
+                    }
+                })
+                .collect();
+            self.linear_many(xs, g.rows, &mut many)?;
+            row0 += g.rows;
+        }
+        Ok(())
+    }
+
+    /// Each token's expert outputs summed back (the end of an MoE chunk after
+    /// [`project_grouped`](Self::project_grouped)): row `i` of `out` (fit to `[t, width]`,
+    /// `t = slots.len() / k`) `= Σ_{j<k} weights[i·k + j] ·` row `slots[i·k + j]` of `y`
+    /// (`[R, width]`), summed in slot order. Errors: `slots` not `t·k` entries, `weights` of
+    /// another length, a slot not below `R`, `y` not whole rows; device failures.
+    fn combine_rows(
+        &self,
+        y: &Tensor,
+        width: usize,
+        slots: &[usize],
+        weights: &[f32],
+        k: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        let t = crate::host_ops::check_combine_rows(y.len(), width, slots, weights, k)?;
+        self.fit(out, t * width)?;
+        let (y, o) = (host("combine_rows", y)?, host_mut("combine_rows", out)?);
+        crate::host_ops::combine_rows(y, width, slots, weights, k, o);
         Ok(())
     }
 

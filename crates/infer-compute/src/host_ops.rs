@@ -444,6 +444,103 @@ pub(crate) fn check_combine(y_len: usize, sel_len: usize, k: usize) -> Result<us
     Ok(y_len / k)
 }
 
+/// The shapes of [`crate::ComputeBackend::project_grouped`]: experts as
+/// [`check_routed`] demands them (one shape per product, one width for all), every group of at
+/// least one row and an expert index in range, `x` the groups' rows. Returns the row width
+/// (`cols`). Errors: [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_grouped(
+    projs: &[crate::RoutedProj<'_>],
+    x_len: usize,
+    groups: &[crate::ExpertRows],
+) -> Result<usize, ComputeError> {
+    // The experts' shapes: those of a routed product of one slot over one row of their width.
+    let cols = projs
+        .first()
+        .and_then(|p| p.experts.first())
+        .map_or(0, |e| e.cols);
+    check_routed(projs, cols, 2, 1)?;
+    let n = projs.first().map_or(0, |p| p.experts.len());
+    let mut total = 0usize;
+    for g in groups {
+        if g.rows == 0 || g.expert >= n {
+            return Err(ComputeError::ShapeMismatch {
+                what: "project_grouped group (rows ≥ 1, expert below the experts)",
+                expected: n,
+                got: g.expert,
+                unit: "experts",
+            });
+        }
+        total += g.rows;
+    }
+    check(
+        "project_grouped x (the groups' rows)",
+        x_len,
+        total * cols,
+        "values",
+    )?;
+    Ok(cols)
+}
+
+/// The shapes of [`crate::ComputeBackend::combine_rows`]: `k ≥ 1` slots per token, one weight
+/// per slot, every slot a row of `y` (`[R, width]`). Returns the token count. Errors:
+/// [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_combine_rows(
+    y_len: usize,
+    width: usize,
+    slots: &[usize],
+    weights: &[f32],
+    k: usize,
+) -> Result<usize, ComputeError> {
+    if k == 0 || !slots.len().is_multiple_of(k) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "combine_rows slots (k per token)",
+            expected: k,
+            got: slots.len(),
+            unit: "slots",
+        });
+    }
+    check(
+        "combine_rows weights (one per slot)",
+        weights.len(),
+        slots.len(),
+        "weights",
+    )?;
+    if width == 0 || !y_len.is_multiple_of(width) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "combine_rows y (whole rows of the width)",
+            expected: width,
+            got: y_len,
+            unit: "values",
+        });
+    }
+    check_row_indices(slots, y_len / width)?;
+    Ok(slots.len() / k)
+}
+
+/// [`crate::ComputeBackend::combine_rows`] on host slices (shapes checked by
+/// [`check_combine_rows`]).
+pub(crate) fn combine_rows(
+    y: &[f32],
+    width: usize,
+    slots: &[usize],
+    weights: &[f32],
+    k: usize,
+    out: &mut [f32],
+) {
+    for ((o, s), w) in out
+        .chunks_exact_mut(width)
+        .zip(slots.chunks_exact(k))
+        .zip(weights.chunks_exact(k))
+    {
+        o.fill(0.0);
+        for (&r, &wj) in s.iter().zip(w) {
+            o.iter_mut()
+                .zip(&y[r * width..(r + 1) * width])
+                .for_each(|(a, b)| *a += wj * b);
+        }
+    }
+}
+
 /// The expert index `id` (an f32 of [`crate::ComputeBackend::moe_route`]'s `sel`) below `n`.
 /// Errors: [`ComputeError::ShapeMismatch`].
 pub(crate) fn expert_index(id: f32, n: usize) -> Result<usize, ComputeError> {

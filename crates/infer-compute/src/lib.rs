@@ -33,7 +33,7 @@ pub use decode_plan::{DecodePlan, PlanBiases, PlanLayer, TokenDecoder};
 pub use error::ComputeError;
 pub use infer_quant::QuantFormat;
 pub use kv_type::KvType;
-pub use matrix::{MatData, Matrix, Proj, RoutedProj, TensorProj};
+pub use matrix::{ExpertRows, MatData, Matrix, Proj, RoutedProj, TensorProj};
 pub use op_args::{
     Argmax, Attend, AttentionInput, FloatTable, KvSlot, Norm, NormKind, ResidualNorm, RopeAttend,
 };

@@ -219,6 +219,17 @@ pub struct TensorProj<'a> {
     pub y: &'a mut crate::Tensor,
 }
 
+/// A run of consecutive activation rows that all chose one expert, for
+/// [`crate::ComputeBackend::project_grouped`] (ggml's `mul_mat_id` for many tokens: the rows of
+/// a prompt chunk sorted by the expert they chose).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertRows {
+    /// Index into the products' expert lists.
+    pub expert: usize,
+    /// How many consecutive rows (≥ 1) go to this expert.
+    pub rows: usize,
+}
+
 /// One product of [`crate::ComputeBackend::project_routed`]: the matrix of every expert (one
 /// shape) and the output tensor of the chosen one's product.
 #[derive(Debug)]

@@ -895,16 +895,7 @@ fn moe_experts_routed(
         m.norm_topk_prob,
         &mut bufs.moe_sel,
     )?;
-    let inter = m.experts[0].intermediate_size;
-    let ups: Vec<infer_compute::Matrix<'_>> =
-        m.experts.iter().map(|e| e.up.matrix(inter, h)).collect();
-    let downs: Vec<infer_compute::Matrix<'_>> =
-        m.experts.iter().map(|e| e.down.matrix(h, inter)).collect();
-    let gates: Option<Vec<infer_compute::Matrix<'_>>> = m
-        .experts
-        .iter()
-        .map(|e| e.gate.as_ref().map(|gw| gw.matrix(inter, h)))
-        .collect();
+    let ExpertMatrices { gates, ups, downs } = ExpertMatrices::of(m, h);
     let act = crate::walk::compute_activation(g.activation);
     let FfnScratch {
         gate,
@@ -960,12 +951,83 @@ fn moe_experts_routed(
     add_shared_expert(backend, m, x, 1, g, bufs, out)
 }
 
+/// Every expert's matrices of an MoE layer, one list per projection (the gates `None` for
+/// ungated experts), as the routed and grouped products take them.
+struct ExpertMatrices<'w> {
+    gates: Option<Vec<infer_compute::Matrix<'w>>>,
+    ups: Vec<infer_compute::Matrix<'w>>,
+    downs: Vec<infer_compute::Matrix<'w>>,
+}
+
+impl<'w> ExpertMatrices<'w> {
+    fn of(m: &'w MoeFfn<'_>, h: usize) -> Self {
+        let inter = m.experts.first().map_or(0, |e| e.intermediate_size);
+        ExpertMatrices {
+            gates: m
+                .experts
+                .iter()
+                .map(|e| e.gate.as_ref().map(|gw| gw.matrix(inter, h)))
+                .collect(),
+            ups: m.experts.iter().map(|e| e.up.matrix(inter, h)).collect(),
+            downs: m.experts.iter().map(|e| e.down.matrix(h, inter)).collect(),
+        }
+    }
+}
+
+/// A prompt chunk's expert choices, sorted by expert (for
+/// [`ComputeBackend::project_grouped`]): `order[i]` is the token of sorted row `i`; token
+/// `r`'s slot `j` is sorted row `slots[r·k + j]`, with router weight `weights[r·k + j]`;
+/// `groups` the runs of sorted rows per expert, in expert order.
+#[derive(Default)]
+struct SortedRoutes {
+    order: Vec<usize>,
+    slots: Vec<usize>,
+    weights: Vec<f32>,
+    groups: Vec<infer_compute::ExpertRows>,
+}
+
+impl SortedRoutes {
+    /// The choices of `k` experts per token of `picks` (`(expert, weight)`, token-major) among
+    /// `n` experts (indices below `n`: from [`route`]).
+    fn sort(picks: &[(usize, f32)], n: usize, k: usize) -> Self {
+        let mut start = vec![0usize; n + 1];
+        for &(e, _) in picks {
+            start[e + 1] += 1;
+        }
+        let groups = (0..n)
+            .filter(|&e| start[e + 1] > 0)
+            .map(|e| infer_compute::ExpertRows {
+                expert: e,
+                rows: start[e + 1],
+            })
+            .collect();
+        for e in 0..n {
+            start[e + 1] += start[e];
+        }
+        let mut r = SortedRoutes {
+            order: vec![0; picks.len()],
+            slots: vec![0; picks.len()],
+            weights: picks.iter().map(|&(_, w)| w).collect(),
+            groups,
+        };
+        for (i, &(e, _)) in picks.iter().enumerate() {
+            let pos = start[e];
+            start[e] += 1;
+            r.order[pos] = i / k;
+            r.slots[i] = pos;
+        }
+        r
+    }
+}
+
 /// [`moe_ffn`] for a chunk of `t` rows (`x` `[t, hidden]`) with the activations left in the
 /// backend's memory: the router's `[t, num_experts]` logits come to the host for [`route`];
-/// each chosen expert then runs once, as dense products over the rows that chose it (gathered
-/// with `copy_rows`, its output rows added back with their router weights by
-/// `add_rows_scaled`), so a prompt chunk reads each expert's weights once, on the device when
-/// the backend has one. The shared expert runs over all rows, each scaled by
+/// the chosen (token, expert) pairs are sorted by expert ([`SortedRoutes`]), their rows
+/// gathered once (`copy_rows`), and each projection of every chosen expert runs as one
+/// grouped product (`project_grouped`, ggml's `mul_mat_id`: each expert's weights read once
+/// per chunk, one launch on a device); `combine_rows` sums each token's slots with their router
+/// weights. Experts with biases (gpt-oss) run one expert at a time instead
+/// ([`moe_ffn_rows_each`]). The shared expert runs over all rows, each scaled by
 /// `sigmoid(x · shared_gate)`. `out` is fit to `[t, hidden]`.
 fn moe_ffn_rows(
     backend: &dyn ComputeBackend,
@@ -986,13 +1048,97 @@ fn moe_ffn_rows(
     backend.project(&router, x, t, &mut bufs.moe_out)?;
     let logits = crate::scratch::fit(&mut bufs.host_out, t * n);
     backend.download(&bufs.moe_out, logits)?;
+    let k = m.top_k.min(n);
+    let mut picks: Vec<(usize, f32)> = Vec::with_capacity(t * k);
+    for probs in logits.chunks_exact_mut(n) {
+        picks.extend(route(m, probs));
+    }
+    let biased = m
+        .experts
+        .iter()
+        .any(|e| e.gate_bias.is_some() || e.up_bias.is_some() || e.down_bias.is_some());
+    if biased {
+        moe_ffn_rows_each(backend, m, x, &picks, g, bufs, out)?;
+        return add_shared_expert(backend, m, x, t, g, bufs, out);
+    }
+    let routes = SortedRoutes::sort(&picks, n, k);
+    let ExpertMatrices { gates, ups, downs } = ExpertMatrices::of(m, h);
+    let act = crate::walk::compute_activation(g.activation);
+    let (mut xs, mut y) = (
+        std::mem::take(&mut bufs.moe_in),
+        std::mem::take(&mut bufs.moe_out),
+    );
+    let mut run = |bufs: &mut FfnScratch| -> Result<(), InferenceError> {
+        backend.copy_rows(x, h, &routes.order, &mut xs)?;
+        let FfnScratch { gate, up, .. } = bufs;
+        match &gates {
+            Some(gates) => {
+                backend.project_grouped(
+                    &xs,
+                    &mut [
+                        RoutedProj {
+                            experts: gates,
+                            y: &mut *gate,
+                        },
+                        RoutedProj {
+                            experts: &ups,
+                            y: &mut *up,
+                        },
+                    ],
+                    &routes.groups,
+                )?;
+                backend.gated_activation(act, gate, up)?;
+            }
+            None => {
+                backend.project_grouped(
+                    &xs,
+                    &mut [RoutedProj {
+                        experts: &ups,
+                        y: &mut *up,
+                    }],
+                    &routes.groups,
+                )?;
+                backend.activation(act, up)?;
+            }
+        }
+        backend.project_grouped(
+            up,
+            &mut [RoutedProj {
+                experts: &downs,
+                y: &mut y,
+            }],
+            &routes.groups,
+        )?;
+        backend.combine_rows(&y, h, &routes.slots, &routes.weights, k, out)?;
+        Ok(())
+    };
+    let res = run(bufs);
+    (bufs.moe_in, bufs.moe_out) = (xs, y);
+    res?;
+    add_shared_expert(backend, m, x, t, g, bufs, out)
+}
+
+/// The experts of [`moe_ffn_rows`] one at a time (experts with biases): each chosen expert runs
+/// once, as dense products over the rows that chose it (gathered with `copy_rows`, its output
+/// rows added back with their router weights by `add_rows_scaled`). `picks` as
+/// [`SortedRoutes::sort`] takes them (`top_k` per token); `out` is fit to `[t, hidden]`.
+fn moe_ffn_rows_each(
+    backend: &dyn ComputeBackend,
+    m: &MoeFfn<'_>,
+    x: &Tensor,
+    picks: &[(usize, f32)],
+    g: &crate::LayerGeometry,
+    bufs: &mut FfnScratch,
+    out: &mut Tensor,
+) -> Result<(), InferenceError> {
+    let (h, n) = (g.hidden_size, m.experts.len());
+    let k = m.top_k.min(n).max(1);
+    let t = picks.len() / k;
     // Per expert: the rows that chose it and their weights.
     let mut chosen: Vec<(Vec<usize>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n];
-    for (row, probs) in logits.chunks_exact_mut(n).enumerate() {
-        for (e, w) in route(m, probs) {
-            chosen[e].0.push(row);
-            chosen[e].1.push(w);
-        }
+    for (i, &(e, w)) in picks.iter().enumerate() {
+        chosen[e].0.push(i / k);
+        chosen[e].1.push(w);
     }
     backend.fill(out, t * h, 0.0)?;
     let (mut xs, mut y) = (
@@ -1012,8 +1158,7 @@ fn moe_ffn_rows(
     };
     let res = run();
     (bufs.moe_in, bufs.moe_out) = (xs, y);
-    res?;
-    add_shared_expert(backend, m, x, t, g, bufs, out)
+    res
 }
 
 /// Mixture of experts, per token: softmax router (logits plus the router bias, gpt-oss), top-k

@@ -30,6 +30,9 @@ pub(super) struct WeightCache {
     /// Device arrays of the device addresses of an MoE layer's experts (one role), keyed by
     /// the first and last expert's host address and length and the count ([`Self::table`]).
     tables: HashMap<(usize, usize, usize, usize), CudaSlice<u64>>,
+    /// Tables dropped since the last [`Self::take_retired`]: recorded launches may still read
+    /// them, so they are freed only after the launches are enqueued.
+    retired: Vec<CudaSlice<u64>>,
 }
 
 impl WeightCache {
@@ -50,8 +53,9 @@ impl WeightCache {
             let buf = upload_padded(stream, bytes)?;
             if let Some(old) = self.map.insert(key, Entry { fp, buf }) {
                 self.bytes -= old.buf.len();
-                // Expert tables may hold the replaced copy's address.
-                self.tables.clear();
+                // Expert tables may hold the replaced copy's address (retired, not freed: a
+                // recorded launch may read one).
+                self.retired.extend(self.tables.drain().map(|(_, t)| t));
             }
             self.bytes += bytes.len();
         }
@@ -108,6 +112,12 @@ impl WeightCache {
             Some(t) => Ok(t.device_ptr(stream).0),
             None => unreachable!("expert table inserted above"),
         }
+    }
+
+    /// The expert tables dropped since the last call, for the caller to keep alive until the
+    /// launches recorded so far are enqueued.
+    pub fn take_retired(&mut self) -> Vec<CudaSlice<u64>> {
+        std::mem::take(&mut self.retired)
     }
 
     /// Drop every device copy.

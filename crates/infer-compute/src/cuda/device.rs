@@ -84,6 +84,11 @@ pub(super) struct Kernels {
     pub mmq_q8s: CudaFunction,
     pub mmq_q4_k: CudaFunction,
     pub mmq_q6_k: CudaFunction,
+    pub mmq_ids_q4_0: CudaFunction,
+    pub mmq_ids_q5_0: CudaFunction,
+    pub mmq_ids_q8_0: CudaFunction,
+    pub mmq_ids_q4_k: CudaFunction,
+    pub mmq_ids_q6_k: CudaFunction,
     pub dq_q4_0: CudaFunction,
     pub dq_q5_0: CudaFunction,
     pub dq_q8_0: CudaFunction,
@@ -125,6 +130,7 @@ pub(super) struct Kernels {
     pub t_fill: CudaFunction,
     pub t_moe_route: CudaFunction,
     pub t_moe_combine: CudaFunction,
+    pub t_moe_combine_rows: CudaFunction,
     pub t_add_gated: CudaFunction,
     pub t_embed: CudaFunction,
     pub t_add_norm: CudaFunction,
@@ -252,6 +258,11 @@ impl Device {
             mmq_q8s: f("mmq_q8s")?,
             mmq_q4_k: f("mmq_q4_k")?,
             mmq_q6_k: f("mmq_q6_k")?,
+            mmq_ids_q4_0: f("mmq_ids_q4_0")?,
+            mmq_ids_q5_0: f("mmq_ids_q5_0")?,
+            mmq_ids_q8_0: f("mmq_ids_q8_0")?,
+            mmq_ids_q4_k: f("mmq_ids_q4_k")?,
+            mmq_ids_q6_k: f("mmq_ids_q6_k")?,
             dq_q4_0: f("dq_q4_0")?,
             dq_q5_0: f("dq_q5_0")?,
             dq_q8_0: f("dq_q8_0")?,
@@ -303,6 +314,7 @@ impl Device {
             t_fill: f("t_fill")?,
             t_moe_route: f("t_moe_route")?,
             t_moe_combine: f("t_moe_combine")?,
+            t_moe_combine_rows: f("t_moe_combine_rows")?,
             t_add_gated: f("t_add_gated")?,
             t_embed: f("t_embed")?,
             t_add_norm: f("t_add_norm")?,
@@ -321,13 +333,15 @@ impl Device {
                 ),
             )?;
         }
-        drv(
-            "allow mmq_q4_k's shared memory",
-            k.mmq_q4_k.set_attribute(
-                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                MMQ_Q4K_SMEM as i32,
-            ),
-        )?;
+        for f in [&k.mmq_q4_k, &k.mmq_ids_q4_k] {
+            drv(
+                "allow mmq_q4_k's shared memory",
+                f.set_attribute(
+                    sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    MMQ_Q4K_SMEM as i32,
+                ),
+            )?;
+        }
         // A stream of its own (not the legacy default stream, which cannot be captured into
         // a CUDA graph: the forward pass's steps are, see `step.rs`).
         let stream = drv("create the backend's stream", ctx.new_stream())?;

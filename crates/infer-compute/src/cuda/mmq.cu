@@ -69,12 +69,23 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float* __
             }
 }
 
-// Split-K: gridDim.z shares of the K steps, whole super-blocks (2 steps) each, so that
-// products with few tiles (decode batches) still fill the device. Share blockIdx.z is
-// [ks0, ks1), empty when the shares outnumber the super-blocks.
-__device__ __forceinline__ void mmq_share(int nks, int& ks0, int& ks1) {
-    int per = 2 * (((nks + 1) / 2 + gridDim.z - 1) / gridDim.z);
-    ks0 = min(nks, per * (int)blockIdx.z);
+// Where a block works: its first weight row and token, and its share of K (split-K).
+struct MmqTile {
+    int row0, tok0, share, shares;
+};
+
+// The tile of a plain product's block: blockIdx.y weight rows, blockIdx.x tokens, blockIdx.z
+// the share of K.
+__device__ __forceinline__ MmqTile mmq_grid_tile() {
+    return {(int)blockIdx.y * MMQ_BM, (int)blockIdx.x * MMQ_BN, (int)blockIdx.z, (int)gridDim.z};
+}
+
+// Split-K: `shares` shares of the K steps (gridDim.z of a plain product), whole super-blocks
+// (2 steps) each, so that products with few tiles (decode batches) still fill the device.
+// Share `share` is [ks0, ks1), empty when the shares outnumber the super-blocks.
+__device__ __forceinline__ void mmq_share(int nks, int share, int shares, int& ks0, int& ks1) {
+    int per = 2 * (((nks + 1) / 2 + shares - 1) / shares);
+    ks0 = min(nks, per * share);
     ks1 = min(nks, ks0 + per);
 }
 
@@ -84,13 +95,13 @@ __device__ __forceinline__ void mmq_share(int nks, int& ks0, int& ks1) {
 // then resets the tile's counter for the next launch.
 __device__ __forceinline__ void mmq_finish(float (&acc)[2][4][4], float* __restrict__ y,
                                            float* __restrict__ part, int* __restrict__ counters,
-                                           int r0, int t0, int rows, int m) {
+                                           int r0, int t0, int rows, int m, MmqTile at) {
     int tid = threadIdx.x;
-    if (gridDim.z > 1) {
+    if (at.shares > 1) {
         __shared__ int last;
-        int tile = blockIdx.y * gridDim.x + blockIdx.x, S = gridDim.z;
+        int tile = blockIdx.y * gridDim.x + blockIdx.x, S = at.shares;
         float* base = part + (long long)tile * S * (32 * MMQ_THREADS) + tid;
-        float* mine = base + blockIdx.z * (32 * MMQ_THREADS);
+        float* mine = base + at.share * (32 * MMQ_THREADS);
 #pragma unroll
         for (int i = 0; i < 32; i++) __stcg(mine + i * MMQ_THREADS, acc[i >> 4][(i >> 2) & 3][i & 3]);
         __threadfence();
@@ -286,16 +297,17 @@ template <int FMT>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __restrict__ wscale,
                                     const i8* __restrict__ aq, const float* __restrict__ ad,
                                     float* __restrict__ y, float* __restrict__ part,
-                                    int* __restrict__ counters, int rows, int cols, int m) {
+                                    int* __restrict__ counters, int rows, int cols, int m,
+                                    MmqTile at) {
     __shared__ __align__(16) MmqSmem s;
     const bool KQ = FMT == F_Q6_K;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tig = lane & 3;
     int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
-    int row0 = blockIdx.y * MMQ_BM, tok0 = blockIdx.x * MMQ_BN;
+    int row0 = at.row0, tok0 = at.tok0;
     int nb = cols / (KQ ? 256 : 32);
     int nks = (cols + MMQ_KS - 1) / MMQ_KS, ks0, ks1;
-    mmq_share(nks, ks0, ks1);
+    mmq_share(nks, at.share, at.shares, ks0, ks1);
     float acc[2][4][4];
     int isum[2][4][4];
 #pragma unroll
@@ -387,34 +399,34 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
                 }
         }
     }
-    mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m);
+    mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
 }
 
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
              float* part, int* counters) {
-    mmq<F_Q4_0>(W, 0, aq, ad, y, part, counters, rows, cols, m);
+    mmq<F_Q4_0>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q5_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
              float* part, int* counters) {
-    mmq<F_Q5_0>(W, 0, aq, ad, y, part, counters, rows, cols, m);
+    mmq<F_Q5_0>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q8_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
              float* part, int* counters) {
-    mmq<F_Q8_0>(W, 0, aq, ad, y, part, counters, rows, cols, m);
+    mmq<F_Q8_0>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
 }
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q8s(const u8* W, const float* ws, const i8* aq, const float* ad, float* y, int rows,
             int cols, int m, float* part, int* counters) {
-    mmq<F_Q8S>(W, ws, aq, ad, y, part, counters, rows, cols, m);
+    mmq<F_Q8S>(W, ws, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
 }
 // bsums unused: the argument list of every K-quant product (Q6_K folds no mins).
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
              int cols, int m, float* part, int* counters) {
-    mmq<F_Q6_K>(W, 0, aq, ad, y, part, counters, rows, cols, m);
+    mmq<F_Q6_K>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -534,10 +546,11 @@ struct HqRegs {
     int4 bs[4];   // likewise: the token's 16 sums of 16 activations
 };
 
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
-             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m,
-             float* __restrict__ part, int* __restrict__ counters) {
+__device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq,
+                                        const float* __restrict__ ad,
+                                        const int* __restrict__ bsums, float* __restrict__ y,
+                                        int rows, int cols, int m, float* __restrict__ part,
+                                        int* __restrict__ counters, MmqTile at) {
     extern __shared__ __align__(16) u8 hq_sm[];
     u16* sw = (u16*)hq_sm;                        // [MMQ_BM][HQ_LD] sc·q
     u16* sa = (u16*)(hq_sm + HQ_OFF_A);           // [MMQ_BN][HQ_LD] activations
@@ -548,9 +561,9 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tig = lane & 3;
     int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
-    int row0 = blockIdx.y * MMQ_BM, tok0 = blockIdx.x * MMQ_BN;
+    int row0 = at.row0, tok0 = at.tok0;
     int nb = cols / 256, nks = 2 * nb, ks0, ks1;
-    mmq_share(nks, ks0, ks1);
+    mmq_share(nks, at.share, at.shares, ks0, ks1);
     // This thread's weight row and 64-value half of each K step; its activation tokens.
     int r = tid & (MMQ_BM - 1), p = tid >> 7;
     bool row_ok = row0 + r < rows;
@@ -700,5 +713,64 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
             }
         }
     }
-    mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m);
+    mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
+}
+
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+    mmq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m,
+             float* __restrict__ part, int* __restrict__ counters) {
+    hq_q4_k(W, aq, ad, bsums, y, rows, cols, m, part, counters, mmq_grid_tile());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouped products (ggml's `mul_mat_id` over a prompt chunk: `mmq_ids_*`): the activation rows
+// are grouped by the expert they chose, and a host-built table gives each blockIdx.x one tile
+// of at most MMQ_BN rows of one group: int4 {expert, first row, rows, 0}. The block reads that
+// expert's weights from the table of expert pointers `Wt` and runs the plain product's tile on
+// the group's rows (no split-K: the tiles of every expert fill the device); blockIdx.y walks
+// the weight rows. Activations as the plain products (quantized once for all groups), `y`
+// [R, rows].
+// ---------------------------------------------------------------------------------------------
+
+template <int FMT>
+__device__ __forceinline__ void mmq_ids(const u8* const* __restrict__ Wt,
+                                        const int4* __restrict__ tiles,
+                                        const i8* __restrict__ aq, const float* __restrict__ ad,
+                                        float* __restrict__ y, int rows, int cols) {
+    int4 t = tiles[blockIdx.x];
+    int nb = cols / (FMT == F_Q6_K ? 256 : 32);
+    long long r0 = t.y;
+    mmq<FMT>(Wt[t.x], 0, aq + r0 * cols, ad + r0 * nb, y + r0 * rows, 0, 0, rows, cols, t.z,
+             MmqTile{(int)blockIdx.y * MMQ_BM, 0, 0, 1});
+}
+
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+    mmq_ids_q4_0(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
+                 float* y, int rows, int cols) {
+    mmq_ids<F_Q4_0>(Wt, tiles, aq, ad, y, rows, cols);
+}
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+    mmq_ids_q5_0(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
+                 float* y, int rows, int cols) {
+    mmq_ids<F_Q5_0>(Wt, tiles, aq, ad, y, rows, cols);
+}
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+    mmq_ids_q8_0(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
+                 float* y, int rows, int cols) {
+    mmq_ids<F_Q8_0>(Wt, tiles, aq, ad, y, rows, cols);
+}
+// bsums unused: the argument list of every K-quant product.
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+    mmq_ids_q6_k(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
+                 const int* bsums, float* y, int rows, int cols) {
+    mmq_ids<F_Q6_K>(Wt, tiles, aq, ad, y, rows, cols);
+}
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+    mmq_ids_q4_k(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
+                 const int* bsums, float* y, int rows, int cols) {
+    int4 t = tiles[blockIdx.x];
+    long long r0 = t.y, nb = cols / 256;
+    hq_q4_k(Wt[t.x], aq + r0 * cols, ad + r0 * nb, bsums + r0 * nb * 16, y + r0 * rows, rows,
+            cols, t.z, 0, 0, MmqTile{(int)blockIdx.y * MMQ_BM, 0, 0, 1});
 }

@@ -422,6 +422,27 @@ impl ComputeBackend for CudaBackend {
         self.tensor_op(|st| tensor_ops::project_routed(st, x, projs, sel, k))
     }
 
+    fn project_grouped(
+        &self,
+        x: &Tensor,
+        projs: &mut [RoutedProj<'_>],
+        groups: &[crate::ExpertRows],
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::project_grouped(st, x, projs, groups))
+    }
+
+    fn combine_rows(
+        &self,
+        y: &Tensor,
+        width: usize,
+        slots: &[usize],
+        weights: &[f32],
+        k: usize,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::combine_rows(st, y, width, slots, weights, k, out))
+    }
+
     fn combine_routed(
         &self,
         y: &Tensor,

@@ -531,6 +531,22 @@ extern "C" __global__ void t_moe_combine(const float* y, const float* sel, int k
     out[i] = acc;
 }
 
+// Token blockIdx.x of an MoE chunk: out row = sum over its slots j < k, in order, of
+// w[j] * row slots[j] of y (the experts' outputs, grouped by expert).
+extern "C" __global__ void t_moe_combine_rows(const float* y, const int* slots, const float* w,
+                                              int k, int width, float* out) {
+    pdl_trigger();
+    pdl_wait();
+    const int* s = slots + (long long)blockIdx.x * k;
+    const float* ws = w + (long long)blockIdx.x * k;
+    float* o = out + (long long)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) acc += ws[j] * y[(long long)s[j] * width + i];
+        o[i] = acc;
+    }
+}
+
 extern "C" __global__ void t_fill(float* x, long long n, float v) {
     pdl_trigger();
     pdl_wait();

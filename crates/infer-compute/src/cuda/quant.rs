@@ -21,25 +21,57 @@ use crate::{ComputeError, MatData, Matrix, Proj};
 
 /// The product kernels of one weight format: the mat-vec (`mv`, `MT` activation rows per weight
 /// read), the one-row mat-vec (`mv1`: the K-quants' `mv1_*`, which keep more weight bytes in
-/// flight; the mat-vec elsewhere), the tensor-core tiles and their dynamic shared memory.
+/// flight; the mat-vec elsewhere), the tensor-core tiles and their dynamic shared memory, and
+/// the grouped tiles over expert tables (`mmq_ids_*`; none for the seed's split Q8).
 struct FormatKernels<'a> {
     mv: &'a CudaFunction,
     mv1: &'a CudaFunction,
     mmq: &'a CudaFunction,
     mmq_smem: usize,
+    mmq_ids: Option<&'a CudaFunction>,
 }
 
 /// The product kernels of weight format `format` (`None`: the seed's split Q8), or `None` when
 /// the CUDA backend has none: the one table of the products' kernels.
 fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_>> {
     let k = &dev.k;
-    let (mv, mv1, mmq, mmq_smem) = match format {
-        None => (&k.mv_q8s, &k.mv_q8s, &k.mmq_q8s, 0),
-        Some(QuantFormat::Q4_0) => (&k.mv_q4_0, &k.mv_q4_0, &k.mmq_q4_0, 0),
-        Some(QuantFormat::Q5_0) => (&k.mv_q5_0, &k.mv_q5_0, &k.mmq_q5_0, 0),
-        Some(QuantFormat::Q8_0) => (&k.mv_q8_0, &k.mv_q8_0, &k.mmq_q8_0, 0),
-        Some(QuantFormat::Q4_K) => (&k.mv_q4_k, &k.mv1_q4_k, &k.mmq_q4_k, MMQ_Q4K_SMEM),
-        Some(QuantFormat::Q6_K) => (&k.mv_q6_k, &k.mv1_q6_k, &k.mmq_q6_k, 0),
+    let (mv, mv1, mmq, mmq_smem, mmq_ids) = match format {
+        None => (&k.mv_q8s, &k.mv_q8s, &k.mmq_q8s, 0, None),
+        Some(QuantFormat::Q4_0) => (
+            &k.mv_q4_0,
+            &k.mv_q4_0,
+            &k.mmq_q4_0,
+            0,
+            Some(&k.mmq_ids_q4_0),
+        ),
+        Some(QuantFormat::Q5_0) => (
+            &k.mv_q5_0,
+            &k.mv_q5_0,
+            &k.mmq_q5_0,
+            0,
+            Some(&k.mmq_ids_q5_0),
+        ),
+        Some(QuantFormat::Q8_0) => (
+            &k.mv_q8_0,
+            &k.mv_q8_0,
+            &k.mmq_q8_0,
+            0,
+            Some(&k.mmq_ids_q8_0),
+        ),
+        Some(QuantFormat::Q4_K) => (
+            &k.mv_q4_k,
+            &k.mv1_q4_k,
+            &k.mmq_q4_k,
+            MMQ_Q4K_SMEM,
+            Some(&k.mmq_ids_q4_k),
+        ),
+        Some(QuantFormat::Q6_K) => (
+            &k.mv_q6_k,
+            &k.mv1_q6_k,
+            &k.mmq_q6_k,
+            0,
+            Some(&k.mmq_ids_q6_k),
+        ),
         Some(_) => return None,
     };
     Some(FormatKernels {
@@ -47,6 +79,7 @@ fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_
         mv1,
         mmq,
         mmq_smem,
+        mmq_ids,
     })
 }
 
@@ -54,6 +87,20 @@ fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_
 /// (else 32-value blocks), or `None` when the CUDA backend has none.
 pub(super) fn kernel(dev: &Device, format: QuantFormat) -> Option<(&CudaFunction, bool)> {
     kernels(dev, Some(format)).map(|k| (k.mv1, is_kq(Some(format))))
+}
+
+/// The grouped tile kernel (`mmq_ids_*`) of weight format `format`, whether it reads Q8_K
+/// activations, and its dynamic shared memory; `None` for a format without one or a device
+/// without the tensor-core instructions (compute capability below 8.0).
+pub(super) fn grouped_kernel(
+    dev: &Device,
+    format: QuantFormat,
+) -> Option<(&CudaFunction, bool, usize)> {
+    if dev.cc.0 < 8 {
+        return None;
+    }
+    let k = kernels(dev, Some(format))?;
+    Some((k.mmq_ids?, is_kq(Some(format)), k.mmq_smem))
 }
 
 /// Activation rows from which the products run the tensor-core tile kernels (`mmq_*`) rather
@@ -92,6 +139,7 @@ pub(super) fn product_kernel(
         mv1,
         mmq,
         mmq_smem: smem,
+        ..
     }) = kernels(dev, format)
     else {
         return Err(match format {

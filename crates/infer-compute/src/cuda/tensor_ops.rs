@@ -14,16 +14,16 @@ use infer_quant::QuantFormat;
 
 use super::blas::{chunk_rows, dequant_kernel, uses_gemm, BatchedGemm, Gemm};
 use super::cache::as_bytes;
-use super::device::{dev_err, drv, int, GT, ROWDOT_MAX_M, ROWS_PER_BLOCK};
-use super::quant::{is_kq, mv_job, product_kernel, rowdot_grid, warp_grid};
+use super::device::{dev_err, drv, int, GT, MMQ_BM, MMQ_BN, ROWDOT_MAX_M, ROWS_PER_BLOCK};
+use super::quant::{grouped_kernel, is_kq, mv_job, product_kernel, rowdot_grid, warp_grid};
 use super::step::Recorder;
 use super::State;
 use crate::host_ops::check;
 use crate::ops::Activation;
 use crate::KvType;
 use crate::{
-    Argmax, Attend, AttentionParams, ComputeError, DeviceBuffer, FloatTable, MatData, Matrix, Norm,
-    NormKind, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor, TensorProj,
+    Argmax, Attend, AttentionParams, ComputeError, DeviceBuffer, ExpertRows, FloatTable, MatData,
+    Matrix, Norm, NormKind, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor, TensorProj,
 };
 
 /// Threads of the row-wise kernels of `ops.cu` (`OPS_THREADS`).
@@ -1101,12 +1101,7 @@ pub(super) fn project_routed(
         let (format, bytes0) = p.experts[0].blocks_data()?;
         let rows = p.experts[0].rows;
         super::quant::check(&st.dev, format, bytes0, rows, cols)?;
-        let all: smallvec::SmallVec<[&[u8]; 128]> = p
-            .experts
-            .iter()
-            .map(|e| e.blocks_data().map(|(_, b)| b))
-            .collect::<Result<_, _>>()?;
-        tables[j] = st.cache.table(&st.dev.stream, &all)?;
+        tables[j] = expert_table(st, p.experts)?;
         // Expert 0's copy only for `mv_job`'s alignment check; the job reads the table.
         let w0 = cached(st, bytes0)?;
         fit(st, p.y, k * rows)?;
@@ -1142,6 +1137,165 @@ pub(super) fn project_routed(
         experts: to_i32("experts", projs[0].experts.len())?,
     };
     launch_mv_jobs(st, jp, k * projs.len(), blocks, cols, how)
+}
+
+/// The device address of the table of `experts`' device copies (quantized blocks), made once
+/// ([`super::cache::WeightCache::table`]); tables a re-upload dropped on the way stay alive
+/// until the launches recorded so far are enqueued (an earlier product of this step may read
+/// one).
+fn expert_table(st: &mut State, experts: &[Matrix<'_>]) -> Result<u64, ComputeError> {
+    let all: smallvec::SmallVec<[&[u8]; 128]> = experts
+        .iter()
+        .map(|e| e.blocks_data().map(|(_, b)| b))
+        .collect::<Result<_, _>>()?;
+    let table = st.cache.table(&st.dev.stream, &all)?;
+    for old in st.cache.take_retired() {
+        st.rec.keep_any(Box::new(old));
+    }
+    Ok(table)
+}
+
+/// [`crate::ComputeBackend::project_grouped`]: where every product's experts are blocks of one
+/// format with a grouped tile kernel, `x` is quantized once per activation family and each
+/// product is one `mmq_ids_*` launch over a staged table of tiles (`{expert, first row, rows}`,
+/// at most `MMQ_BN` rows each) and the product's device table of expert pointers; otherwise one
+/// product per group (the plain kernels on the group's rows).
+pub(super) fn project_grouped(
+    st: &mut State,
+    x: &Tensor,
+    projs: &mut [RoutedProj<'_>],
+    groups: &[ExpertRows],
+) -> Result<(), ComputeError> {
+    let cols = crate::host_ops::check_grouped(projs, x.len(), groups)?;
+    let total: usize = groups.iter().map(|g| g.rows).sum();
+    for p in projs.iter_mut() {
+        fit(st, p.y, total * p.experts[0].rows)?;
+    }
+    if total == 0 || projs.iter().all(|p| p.experts[0].rows == 0) {
+        return Ok(());
+    }
+    if cols == 0 {
+        for p in projs.iter_mut() {
+            zero(st, p.y)?;
+        }
+        return Ok(());
+    }
+    let xp = tp(st, x, "project_grouped")?;
+    let grouped = projs.iter().all(|p| {
+        uniform_blocks(p.experts)
+            && p.experts[0]
+                .blocks_data()
+                .is_ok_and(|(f, _)| grouped_kernel(&st.dev, f).is_some())
+    });
+    if !grouped {
+        for p in projs.iter_mut() {
+            let rows = p.experts[0].rows;
+            let yp = tp(st, p.y, "project_grouped")?;
+            let mut row0 = 0;
+            for g in groups {
+                let (xg, yg) = ((row0 * cols * 4) as u64, (row0 * rows * 4) as u64);
+                product(st, &p.experts[g.expert], xp + xg, g.rows, yp + yg)?;
+                row0 += g.rows;
+            }
+        }
+        return Ok(());
+    }
+    for family in [true, false] {
+        if let Some(p) = projs.iter().find(|p| {
+            matches!(p.experts[0].data, MatData::Blocks { format, .. } if is_kq(Some(format)) == family)
+        }) {
+            let (format, _) = p.experts[0].blocks_data()?;
+            quantize(st, xp, Some(format), total, cols)?;
+        }
+    }
+    let mut tiles: Vec<i32> = Vec::with_capacity(4 * (total.div_ceil(MMQ_BN) + groups.len()));
+    let mut row0 = 0;
+    for g in groups {
+        for t0 in (0..g.rows).step_by(MMQ_BN) {
+            tiles.extend([
+                to_i32("expert", g.expert)?,
+                to_i32("grouped row", row0 + t0)?,
+                (g.rows - t0).min(MMQ_BN) as i32,
+                0,
+            ]);
+        }
+        row0 += g.rows;
+    }
+    let ntiles = tiles.len() / 4;
+    let tiles_p = upload_ints(st, &tiles)?;
+    let cols_i = to_i32("cols", cols)?;
+    for p in projs.iter_mut() {
+        let (format, bytes0) = p.experts[0].blocks_data()?;
+        let rows = p.experts[0].rows;
+        if rows == 0 {
+            continue;
+        }
+        super::quant::check(&st.dev, format, bytes0, rows, cols)?;
+        let table = expert_table(st, p.experts)?;
+        let yp = tp(st, p.y, "project_grouped")?;
+        let Some((func, kq, smem)) = grouped_kernel(&st.dev, format) else {
+            return Err(dev_err(format!("no grouped product kernel for {format:?}")));
+        };
+        let stream = &st.dev.stream;
+        let a = if kq { &st.s.kq } else { &st.s.b32 };
+        let mut args = vec![
+            table,
+            tiles_p,
+            ptr(a.aq.get(), stream),
+            ptr(a.ad.get(), stream),
+        ];
+        if kq {
+            args.push(ptr(a.bsums.get(), stream));
+        }
+        args.extend([yp, i(to_i32("rows", rows)?), i(cols_i)]);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                int("grouped tiles", ntiles)? as u32,
+                int("weight row tiles", rows.div_ceil(MMQ_BM))? as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        go(&mut st.rec, func, cfg, &mut args)?;
+    }
+    Ok(())
+}
+
+pub(super) fn combine_rows(
+    st: &mut State,
+    y: &Tensor,
+    width: usize,
+    slots: &[usize],
+    weights: &[f32],
+    k: usize,
+    out: &mut Tensor,
+) -> Result<(), ComputeError> {
+    let t = crate::host_ops::check_combine_rows(y.len(), width, slots, weights, k)?;
+    fit(st, out, t * width)?;
+    if t == 0 {
+        return Ok(());
+    }
+    let idx: Vec<i32> = slots
+        .iter()
+        .map(|&r| to_i32("combine_rows slot", r))
+        .collect::<Result<_, _>>()?;
+    let ip = upload_ints(st, &idx)?;
+    let wp = st.rec.stage(&st.dev.stream, as_bytes(weights))?;
+    let mut a = [
+        tp(st, y, "combine_rows")?,
+        ip,
+        wp,
+        i(to_i32("routed slots", k)?),
+        i(to_i32("width", width)?),
+        tp(st, out, "combine_rows")?,
+    ];
+    go(
+        &mut st.rec,
+        &st.dev.k.t_moe_combine_rows,
+        per_row(t, OPS_THREADS),
+        &mut a,
+    )
 }
 
 pub(super) fn combine_routed(
@@ -1996,10 +2150,11 @@ pub(super) fn rope_attend(
         tp(st, a.v, "rope_attend")?,
         tp(st, out, "rope_attend")?,
     );
-    // Caches of more than 512 positions: the fused decoder's key-split kernels over every row
-    // of the batch (one block per kv head with its query heads, key split and row, then one
-    // merge block per query head and row). The split count follows the cache's size, not the
-    // position, so a decode step still replays as one graph.
+    // The fused decoder's key-split kernels over every row of the batch (one block per kv head
+    // with its query heads, key split and row, then one merge block per query head and row),
+    // for caches of more than 32 positions (`row_attention_splits`); without attention sinks
+    // or a RoPE attention factor, else `t_rope_attend`. The split count follows the cache's
+    // size, not the position, so a decode step still replays as one graph.
     let kvd = p.n_kv_heads * hd;
     let context = a
         .seqs
@@ -2007,7 +2162,8 @@ pub(super) fn rope_attend(
         .map(|s| s.k_cache.len() / kvd.max(1))
         .max()
         .unwrap_or(0);
-    let splits = super::decode::attention_splits(context, window);
+    let splits =
+        super::decode::row_attention_splits(context, window, p.n_kv_heads * rows, st.dev.sms);
     let grp = p.n_q_heads / p.n_kv_heads.max(1);
     let split = match super::decode::split_kernel(&st.dev, grp, hd) {
         Some(f) if splits > 1 && sinks == 0 && mscale == 1.0 => Some(f.clone()),

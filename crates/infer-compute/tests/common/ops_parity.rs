@@ -11,8 +11,9 @@
 use half::f16;
 use infer_compute::ops::Activation;
 use infer_compute::{
-    Attend, AttentionParams, ComputeBackend, FloatTable, KvSlot, MatData, Matrix, Norm, NormKind,
-    QuantFormat, ResidualNorm, RopeAttend, RopeConfig, RopeScaling, RoutedProj, Tensor, TensorProj,
+    Attend, AttentionParams, ComputeBackend, ExpertRows, FloatTable, KvSlot, MatData, Matrix, Norm,
+    NormKind, QuantFormat, ResidualNorm, RopeAttend, RopeConfig, RopeScaling, RoutedProj, Tensor,
+    TensorProj,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -692,6 +693,161 @@ pub fn check_backend_ops(b: &dyn ComputeBackend) {
     check_act_then_product(b, &mut rng);
     check_argmax_rows(b, &mut rng);
     check_moe_routing(b, &mut rng);
+    check_moe_grouped(b, &mut rng);
+}
+
+/// A prompt chunk's expert products: `project_grouped` (groups of 5, 70 and 1 rows in no
+/// expert order — 70 is two row tiles of a device — over experts of 136 rows, two products
+/// at once of the two activation families, every format with a grouped device kernel) equals
+/// `linear` of each group's rows by its expert within 1e-5 of the largest output;
+/// `combine_rows` sums each token's slots (a slot repeated) with their weights; an expert out
+/// of range, an empty group, `x` of other rows and a slot past `y` are errors.
+fn check_moe_grouped(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    let (n, rows, cols) = (5usize, 136usize, 512usize);
+    let groups = [
+        ExpertRows { expert: 3, rows: 5 },
+        ExpertRows {
+            expert: 0,
+            rows: 70,
+        },
+        ExpertRows { expert: 4, rows: 1 },
+    ];
+    let total: usize = groups.iter().map(|g| g.rows).sum();
+    let x = randv(rng, total * cols);
+    let xt = up(b, &x);
+    let experts = |rng: &mut StdRng, format: QuantFormat| -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|_| {
+                infer_quant::quantize(format, &randv(rng, rows * cols), cols, None)
+                    .expect("quantize")
+            })
+            .collect()
+    };
+    fn mats(bytes: &[Vec<u8>], format: QuantFormat, rows: usize, cols: usize) -> Vec<Matrix<'_>> {
+        bytes
+            .iter()
+            .map(|bytes| Matrix {
+                data: MatData::Blocks { format, bytes },
+                rows,
+                cols,
+            })
+            .collect()
+    }
+    let pairs = [
+        (QuantFormat::Q4_K, QuantFormat::Q8_0),
+        (QuantFormat::Q6_K, QuantFormat::Q4_0),
+        (QuantFormat::Q5_0, QuantFormat::Q4_K),
+    ];
+    for (fa, fb) in pairs {
+        let (ba, bb) = (experts(rng, fa), experts(rng, fb));
+        let (ma, mb) = (mats(&ba, fa, rows, cols), mats(&bb, fb, rows, cols));
+        let (mut ya, mut yb) = (Tensor::default(), Tensor::default());
+        b.project_grouped(
+            &xt,
+            &mut [
+                RoutedProj {
+                    experts: &ma,
+                    y: &mut ya,
+                },
+                RoutedProj {
+                    experts: &mb,
+                    y: &mut yb,
+                },
+            ],
+            &groups,
+        )
+        .expect("project_grouped");
+        for (format, mats, y) in [(fa, &ma, &ya), (fb, &mb, &yb)] {
+            let got = down(b, y);
+            assert_eq!(
+                got.len(),
+                total * rows,
+                "project_grouped {format:?}: length"
+            );
+            let mut row0 = 0;
+            for g in &groups {
+                let xs = &x[row0 * cols..(row0 + g.rows) * cols];
+                let mut host = vec![0.0; g.rows * rows];
+                b.linear(&mats[g.expert], xs, g.rows, &mut host)
+                    .expect("linear");
+                let scale = host.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                let part = &got[row0 * rows..(row0 + g.rows) * rows];
+                for (i, (&gv, &h)) in part.iter().zip(&host).enumerate() {
+                    assert!(
+                        (gv - h).abs() <= 1e-5 * scale,
+                        "project_grouped {format:?} expert {}: element {i}: got {gv}, host {h}",
+                        g.expert
+                    );
+                }
+                row0 += g.rows;
+            }
+        }
+        let mut bad = Tensor::default();
+        for (what, xs, gs) in [
+            (
+                "an expert out of range",
+                &xt,
+                vec![ExpertRows {
+                    expert: n,
+                    rows: total,
+                }],
+            ),
+            (
+                "an empty group",
+                &xt,
+                vec![ExpertRows { expert: 0, rows: 0 }],
+            ),
+            (
+                "x of other rows",
+                &xt,
+                vec![ExpertRows {
+                    expert: 0,
+                    rows: total - 1,
+                }],
+            ),
+        ] {
+            assert!(
+                b.project_grouped(
+                    xs,
+                    &mut [RoutedProj {
+                        experts: &ma,
+                        y: &mut bad
+                    }],
+                    &gs
+                )
+                .is_err(),
+                "project_grouped: {what} is an error"
+            );
+        }
+    }
+    let (r, width, k) = (7usize, 40usize, 2usize);
+    let yv = randv(rng, r * width);
+    let slots = [0usize, 5, 6, 1, 2, 2];
+    let weights = randv(rng, slots.len());
+    let mut out = Tensor::default();
+    b.combine_rows(&up(b, &yv), width, &slots, &weights, k, &mut out)
+        .expect("combine_rows");
+    let want: Vec<f64> = (0..slots.len() / k)
+        .flat_map(|t| {
+            let (slots, weights, yv) = (&slots, &weights, &yv);
+            (0..width).map(move |i| {
+                (0..k)
+                    .map(|j| weights[t * k + j] as f64 * yv[slots[t * k + j] * width + i] as f64)
+                    .sum()
+            })
+        })
+        .collect();
+    close("combine_rows", &down(b, &out), &want);
+    assert!(
+        b.combine_rows(&up(b, &yv), width, &[0, 7], &weights[..2], k, &mut out)
+            .is_err(),
+        "combine_rows: a slot past y is an error"
+    );
+    assert!(
+        b.combine_rows(&up(b, &yv), width, &slots[..3], &weights[..3], k, &mut out)
+            .is_err(),
+        "combine_rows: slots not k per token is an error"
+    );
 }
 
 /// The router's choice where the backend keeps it: `moe_route` against
