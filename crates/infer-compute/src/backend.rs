@@ -297,29 +297,26 @@ pub trait ComputeBackend: Send + Sync {
         false
     }
 
-    /// The top-k experts of one router row `logits` (`[num_experts]`): `sel` (fit to `2·k`)
-    /// holds the chosen experts' indices (as f32, exact below 2²⁴), highest probability first,
-    /// then their weights, as [`crate::ops::moe_route`] chooses them (softmax of `logits +
-    /// bias`, ties to the lower index, renormalised when `norm`). Errors
-    /// ([`ComputeError::ShapeMismatch`]): `k` 0 or above `num_experts`, a bias of another
-    /// length; device failures.
+    /// The top-k experts of each router row of `logits` (`[rows, experts]`): row `r` of `sel`
+    /// (fit to `[rows, 2·k]`) holds the chosen experts' indices (as f32, exact below 2²⁴),
+    /// highest probability first, then their weights, as [`crate::ops::moe_route`] chooses
+    /// them (softmax of `logits + bias`, ties to the lower index, renormalised when `norm`).
+    /// Errors ([`ComputeError::ShapeMismatch`]): `logits` not whole rows, `k` 0 or above
+    /// `experts`, a bias of another length; device failures.
     fn moe_route(
         &self,
         logits: &Tensor,
+        experts: usize,
         bias: Option<&[f32]>,
         k: usize,
         norm: bool,
         sel: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        crate::host_ops::check_route(logits.len(), bias, k)?;
-        let mut probs = host("moe_route", logits)?.to_vec();
-        let chosen = crate::ops::moe_route(&mut probs, bias, k, norm);
-        self.fit(sel, 2 * k)?;
+        let rows = crate::host_ops::check_route(logits.len(), experts, bias, k)?;
+        let logits = host("moe_route", logits)?;
+        self.fit(sel, rows * 2 * k)?;
         let s = host_mut("moe_route", sel)?;
-        for (i, &(e, w)) in chosen.iter().enumerate() {
-            s[i] = e as f32;
-            s[k + i] = w;
-        }
+        crate::host_ops::moe_route_rows(logits, experts, bias, k, norm, s);
         Ok(())
     }
 

@@ -348,7 +348,23 @@ pub(crate) fn check_scatter(
 
 /// The shapes of [`crate::ComputeBackend::moe_route`]: `1 ≤ k ≤ num_experts`, a bias of
 /// `num_experts` values. Errors: [`ComputeError::ShapeMismatch`].
-pub(crate) fn check_route(n: usize, bias: Option<&[f32]>, k: usize) -> Result<(), ComputeError> {
+/// The shapes of [`crate::ComputeBackend::moe_route`]: `logits` whole rows of `n ≥ 1`
+/// experts, `1 ≤ k ≤ n`, a bias of `n` values. Returns the rows. Errors:
+/// [`ComputeError::ShapeMismatch`].
+pub(crate) fn check_route(
+    logits_len: usize,
+    n: usize,
+    bias: Option<&[f32]>,
+    k: usize,
+) -> Result<usize, ComputeError> {
+    if n == 0 || !logits_len.is_multiple_of(n) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "moe_route logits (whole rows of num_experts)",
+            expected: n,
+            got: logits_len,
+            unit: "values",
+        });
+    }
     if k == 0 || k > n {
         return Err(ComputeError::ShapeMismatch {
             what: "moe_route top-k (1 ≤ k ≤ num_experts)",
@@ -360,7 +376,32 @@ pub(crate) fn check_route(n: usize, bias: Option<&[f32]>, k: usize) -> Result<()
     if let Some(b) = bias {
         check("moe_route router bias", b.len(), n, "values")?;
     }
-    Ok(())
+    Ok(logits_len / n)
+}
+
+/// [`crate::ComputeBackend::moe_route`] on host slices (shapes checked by [`check_route`]):
+/// each row of `logits` (`experts` wide) chosen by [`crate::ops::moe_route`] into its `2·k`
+/// values of `sel`.
+pub(crate) fn moe_route_rows(
+    logits: &[f32],
+    experts: usize,
+    bias: Option<&[f32]>,
+    k: usize,
+    norm: bool,
+    sel: &mut [f32],
+) {
+    let mut probs = vec![0.0f32; experts];
+    for (row, s) in logits
+        .chunks_exact(experts)
+        .zip(sel.chunks_exact_mut(2 * k))
+    {
+        probs.copy_from_slice(row);
+        let chosen = crate::ops::moe_route(&mut probs, bias, k, norm);
+        for (i, &(e, w)) in chosen.iter().enumerate() {
+            s[i] = e as f32;
+            s[k + i] = w;
+        }
+    }
 }
 
 /// The shapes of [`crate::ComputeBackend::project_routed`]: products with experts, each
@@ -543,7 +584,7 @@ pub(crate) fn combine_rows(
 
 /// The expert index `id` (an f32 of [`crate::ComputeBackend::moe_route`]'s `sel`) below `n`.
 /// Errors: [`ComputeError::ShapeMismatch`].
-pub(crate) fn expert_index(id: f32, n: usize) -> Result<usize, ComputeError> {
+pub fn expert_index(id: f32, n: usize) -> Result<usize, ComputeError> {
     let e = id as usize;
     if id < 0.0 || id.fract() != 0.0 || e >= n {
         return Err(ComputeError::ShapeMismatch {

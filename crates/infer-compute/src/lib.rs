@@ -31,6 +31,7 @@ pub use backend::{add_norm_composed, host, host_mut, rope_attend_composed, Compu
 pub use cpu::{axpy_f16, dot_f16, CpuBackend};
 pub use decode_plan::{DecodePlan, PlanBiases, PlanLayer, TokenDecoder};
 pub use error::ComputeError;
+pub use host_ops::expert_index;
 pub use infer_quant::QuantFormat;
 pub use kv_type::KvType;
 pub use matrix::{ExpertRows, MatData, Matrix, Proj, RoutedProj, TensorProj};

@@ -890,6 +890,7 @@ fn moe_experts_routed(
     let k = m.top_k.min(n);
     backend.moe_route(
         &bufs.moe_out,
+        n,
         m.router_bias.as_deref(),
         k,
         m.norm_topk_prob,
@@ -1046,12 +1047,24 @@ fn moe_ffn_rows(
         ));
     }
     backend.project(&router, x, t, &mut bufs.moe_out)?;
-    let logits = crate::scratch::fit(&mut bufs.host_out, t * n);
-    backend.download(&bufs.moe_out, logits)?;
+    // The choice made where the logits are (on a device, one warp per row); only the chosen
+    // experts and their weights come to the host.
     let k = m.top_k.min(n);
+    backend.moe_route(
+        &bufs.moe_out,
+        n,
+        m.router_bias.as_deref(),
+        k,
+        m.norm_topk_prob,
+        &mut bufs.moe_sel,
+    )?;
+    let sel = crate::scratch::fit(&mut bufs.host_out, t * 2 * k);
+    backend.download(&bufs.moe_sel, sel)?;
     let mut picks: Vec<(usize, f32)> = Vec::with_capacity(t * k);
-    for probs in logits.chunks_exact_mut(n) {
-        picks.extend(route(m, probs));
+    for row in sel.chunks_exact(2 * k) {
+        for (&id, &w) in row[..k].iter().zip(&row[k..]) {
+            picks.push((infer_compute::expert_index(id, n)?, w));
+        }
     }
     let biased = m
         .experts

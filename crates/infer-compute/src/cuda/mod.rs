@@ -404,12 +404,13 @@ impl ComputeBackend for CudaBackend {
     fn moe_route(
         &self,
         logits: &Tensor,
+        experts: usize,
         bias: Option<&[f32]>,
         k: usize,
         norm: bool,
         sel: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        self.tensor_op(|st| tensor_ops::moe_route(st, logits, bias, k, norm, sel))
+        self.tensor_op(|st| tensor_ops::moe_route(st, logits, experts, bias, k, norm, sel))
     }
 
     fn project_routed(

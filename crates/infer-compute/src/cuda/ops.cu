@@ -458,15 +458,18 @@ extern "C" __global__ void t_add_rows_scaled(const float* src, float* dst, const
     for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] += a * s[i];
 }
 
-// The top-k experts of one router row, as ops::moe_route: p = softmax(logits + bias) (sum in
-// double), then k times the most probable expert not yet chosen (ties to the lower index):
-// sel[j] = its index (as float), sel[k + j] = its probability, divided by the sum of the
-// chosen when norm. One warp; n <= 1024 (the host checks).
+// The top-k experts of router row blockIdx.x, as ops::moe_route: p = softmax(logits + bias)
+// (sum in double), then k times the most probable expert not yet chosen (ties to the lower
+// index): sel[j] = its index (as float), sel[k + j] = its probability, divided by the sum of
+// the chosen when norm (the row's 2k values of sel). One warp per row; n <= 1024 (the host
+// checks).
 extern "C" __global__ void t_moe_route(const float* logits, const float* bias, int n, int k,
                                        int norm, float* sel) {
     __shared__ float p[1024];
     pdl_trigger();
     pdl_wait();
+    logits += (long long)blockIdx.x * n;
+    sel += (long long)blockIdx.x * 2 * k;
     const int lane = threadIdx.x;
     float mx = __int_as_float(0xff800000);  // -inf
     for (int i = lane; i < n; i += 32) {

@@ -585,6 +585,9 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
                 _ => unreachable!("float storage matched above"),
             };
             let wp = cached(st, bytes)?;
+            if !f16 && m > ROWDOT_MAX_M && st.dev.blas.is_some() {
+                return f32_gemm(st, wp, x, y, [m_i, rows_i, cols_i]);
+            }
             let k = &st.dev.k;
             let (func, cfg) = if m <= ROWDOT_MAX_M {
                 (
@@ -643,6 +646,32 @@ fn product(st: &mut State, w: &Matrix<'_>, x: u64, m: usize, y: u64) -> Result<(
             go(&mut st.rec, p.func, p.cfg, &mut a)
         }
     }
+}
+
+/// `y[m × rows] = x[m × cols] · wᵀ` for f32 weights `w` (`rows × cols`) on cuBLAS (an MoE
+/// router over a prompt chunk: the tiled `gemm_nt_f32` ran it at ~1 TFLOPS on an H100): one
+/// f32 GEMM, no TF32 (the results of an f32 product up to the order of the sums), its pointer
+/// arrays staged. Column-major: `yᵀ (rows × m, ld rows) = wᵀᵀ · xᵀ`.
+fn f32_gemm(st: &mut State, w: u64, x: u64, y: u64, mrc: [i32; 3]) -> Result<(), ComputeError> {
+    let [m, rows, cols] = mrc;
+    let stage = |st: &mut State, v: u64| st.rec.stage(&st.dev.stream, as_bytes(&[v]));
+    let (a, b, c) = (stage(st, w)?, stage(st, x)?, stage(st, y)?);
+    st.rec.push_batched(BatchedGemm {
+        trans_a: true,
+        trans_b: false,
+        m: rows,
+        n: m,
+        k: cols,
+        a,
+        lda: cols,
+        b,
+        ldb: cols,
+        c,
+        ldc: rows,
+        batch: 1,
+        alpha: 1f32.to_bits(),
+    });
+    Ok(())
 }
 
 /// Quantize `m × cols` activations at `x` for weights of `format` (`None`: the seed's Q8)
@@ -985,26 +1014,25 @@ const MAX_ROUTED_EXPERTS: usize = 1024;
 pub(super) fn moe_route(
     st: &mut State,
     logits: &Tensor,
+    n: usize,
     bias: Option<&[f32]>,
     k: usize,
     norm: bool,
     sel: &mut Tensor,
 ) -> Result<(), ComputeError> {
-    let n = logits.len();
-    crate::host_ops::check_route(n, bias, k)?;
+    let rows = crate::host_ops::check_route(logits.len(), n, bias, k)?;
     if n > MAX_ROUTED_EXPERTS {
         // Past the kernel's shared memory: chosen on the host (a synchronisation).
-        let mut probs = vec![0.0f32; n];
+        let mut probs = vec![0.0f32; logits.len()];
         download(st, logits, &mut probs)?;
-        let chosen = crate::ops::moe_route(&mut probs, bias, k, norm);
-        let mut v = vec![0.0f32; 2 * k];
-        for (j, &(e, w)) in chosen.iter().enumerate() {
-            v[j] = e as f32;
-            v[k + j] = w;
-        }
+        let mut v = vec![0.0f32; rows * 2 * k];
+        crate::host_ops::moe_route_rows(&probs, n, bias, k, norm, &mut v);
         return upload(st, &v, sel);
     }
-    fit(st, sel, 2 * k)?;
+    fit(st, sel, rows * 2 * k)?;
+    if rows == 0 {
+        return Ok(());
+    }
     let bp = match bias {
         Some(b) => cached(st, as_bytes(b))?,
         None => 0,
@@ -1018,7 +1046,7 @@ pub(super) fn moe_route(
         tp(st, sel, "moe_route")?,
     ];
     let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
+        grid_dim: (int("router rows", rows)? as u32, 1, 1),
         block_dim: (32, 1, 1),
         shared_mem_bytes: 0,
     };

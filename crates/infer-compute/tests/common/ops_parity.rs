@@ -851,7 +851,8 @@ fn check_moe_grouped(b: &dyn ComputeBackend, rng: &mut StdRng) {
 }
 
 /// The router's choice where the backend keeps it: `moe_route` against
-/// [`infer_compute::ops::moe_route`] (indices equal, weights within 1e-6); `project_routed`
+/// [`infer_compute::ops::moe_route`] (indices equal, weights within 1e-6; one row, then five
+/// rows at once); `project_routed`
 /// (Q4_K and Q8_0 experts; two products of one shared row, then one product of a row per
 /// slot) equals `linear` by each slot's expert within 1e-5 of the largest output;
 /// `combine_routed` sums the slots with the chosen weights; k above the experts, k past the
@@ -864,11 +865,11 @@ fn check_moe_routing(b: &dyn ComputeBackend, rng: &mut StdRng) {
         let bias = bias.then_some(&bias_v[..]);
         let mut sel = Tensor::default();
         assert!(
-            b.moe_route(&up(b, &logits), None, n + 1, norm, &mut sel)
+            b.moe_route(&up(b, &logits), n, None, n + 1, norm, &mut sel)
                 .is_err(),
             "moe_route: k above the experts is an error"
         );
-        b.moe_route(&up(b, &logits), bias, k, norm, &mut sel)
+        b.moe_route(&up(b, &logits), n, bias, k, norm, &mut sel)
             .expect("moe_route");
         let got = down(b, &sel);
         let want = infer_compute::ops::moe_route(&mut logits.clone(), bias, k, norm);
@@ -880,6 +881,32 @@ fn check_moe_routing(b: &dyn ComputeBackend, rng: &mut StdRng) {
                 got[k + j]
             );
         }
+        // Five rows at once (a prompt chunk's router), each as the one-row choice.
+        let many = randv(rng, 5 * n);
+        let mut sel5 = Tensor::default();
+        b.moe_route(&up(b, &many), n, bias, k, norm, &mut sel5)
+            .expect("moe_route of rows");
+        let got5 = down(b, &sel5);
+        assert_eq!(got5.len(), 5 * 2 * k, "moe_route of rows: length");
+        for (r, (row, g)) in many
+            .chunks_exact(n)
+            .zip(got5.chunks_exact(2 * k))
+            .enumerate()
+        {
+            let want = infer_compute::ops::moe_route(&mut row.to_vec(), bias, k, norm);
+            for (j, &(e, w)) in want.iter().enumerate() {
+                assert_eq!(g[j], e as f32, "moe_route row {r}: slot {j}'s expert");
+                assert!(
+                    (g[k + j] - w).abs() <= 1e-6,
+                    "moe_route row {r}: slot {j}'s weight"
+                );
+            }
+        }
+        assert!(
+            b.moe_route(&up(b, &many[..5 * n - 1]), n, bias, k, norm, &mut sel5)
+                .is_err(),
+            "moe_route: logits not whole rows is an error"
+        );
         for format in [QuantFormat::Q4_K, QuantFormat::Q8_0] {
             let ws: Vec<Vec<f32>> = (0..n).map(|_| randv(rng, rows * cols)).collect();
             let bytes: Vec<Vec<u8>> = ws
