@@ -384,7 +384,9 @@ pub trait ComputeBackend: Send + Sync {
     /// Grouped expert products for many rows (ggml's `mul_mat_id` over a prompt chunk): `x`
     /// (`[R, cols]`, `R = Σ g.rows`) holds rows grouped by expert in the order of `groups`;
     /// for each `p`, the rows of group `g` in `p.y` (fit to `[R, r]`, `r` the experts' rows)
-    /// `= x_g · p.experts[g.expert]ᵀ`. Numerics as [`linear`](Self::linear) of each group.
+    /// `= x_g · p.experts[g.expert]ᵀ`. Numerics those of a quantized product (the CPU:
+    /// [`linear`](Self::linear) of each group; CUDA: the int8 / f16 tile kernels whatever the
+    /// rows, never the bf16 cuBLAS path of many-row products).
     /// Errors: an empty expert list, experts of different shapes, `x` not `R` rows, an expert
     /// index out of range, a group of no rows; device failures.
     fn project_grouped(
@@ -429,8 +431,9 @@ pub trait ComputeBackend: Send + Sync {
     /// Each token's expert outputs summed back (the end of an MoE chunk after
     /// [`project_grouped`](Self::project_grouped)): row `i` of `out` (fit to `[t, width]`,
     /// `t = slots.len() / k`) `= Σ_{j<k} weights[i·k + j] ·` row `slots[i·k + j]` of `y`
-    /// (`[R, width]`), summed in slot order. Errors: `slots` not `t·k` entries, `weights` of
-    /// another length, a slot not below `R`, `y` not whole rows; device failures.
+    /// (`[R, width]`), summed in slot order. Errors: `k` 0 or `slots` not `t·k` entries,
+    /// `weights` of another length, a slot not below `R`, a width of 0 or `y` not whole rows;
+    /// device failures.
     fn combine_rows(
         &self,
         y: &Tensor,

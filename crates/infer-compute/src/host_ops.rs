@@ -250,15 +250,7 @@ pub(crate) fn argmax(logits: &[f32]) -> Result<Argmax, ComputeError> {
 /// `Ok` when `len` values are whole rows of a non-zero `width` (the logits of `argmax_rows`),
 /// else a shape error.
 pub(crate) fn check_argmax_rows(len: usize, width: usize) -> Result<(), ComputeError> {
-    if width == 0 || !len.is_multiple_of(width) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "argmax rows (whole rows of the width)",
-            expected: width.max(1),
-            got: len,
-            unit: "values",
-        });
-    }
-    Ok(())
+    check_whole_rows("argmax rows (whole rows of the width)", len, width)
 }
 
 /// `offset..offset + n` when it lies within `len` values, else a shape error naming `what`.
@@ -346,8 +338,6 @@ pub(crate) fn check_scatter(
     Ok(())
 }
 
-/// The shapes of [`crate::ComputeBackend::moe_route`]: `1 ≤ k ≤ num_experts`, a bias of
-/// `num_experts` values. Errors: [`ComputeError::ShapeMismatch`].
 /// The shapes of [`crate::ComputeBackend::moe_route`]: `logits` whole rows of `n ≥ 1`
 /// experts, `1 ≤ k ≤ n`, a bias of `n` values. Returns the rows. Errors:
 /// [`ComputeError::ShapeMismatch`].
@@ -357,14 +347,11 @@ pub(crate) fn check_route(
     bias: Option<&[f32]>,
     k: usize,
 ) -> Result<usize, ComputeError> {
-    if n == 0 || !logits_len.is_multiple_of(n) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "moe_route logits (whole rows of num_experts)",
-            expected: n,
-            got: logits_len,
-            unit: "values",
-        });
-    }
+    check_whole_rows(
+        "moe_route logits (whole rows of num_experts)",
+        logits_len,
+        n,
+    )?;
     if k == 0 || k > n {
         return Err(ComputeError::ShapeMismatch {
             what: "moe_route top-k (1 ≤ k ≤ num_experts)",
@@ -474,14 +461,7 @@ pub(crate) fn check_combine(y_len: usize, sel_len: usize, k: usize) -> Result<us
         2 * k,
         "values",
     )?;
-    if k == 0 || !y_len.is_multiple_of(k) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "combine_routed y (k whole rows)",
-            expected: k,
-            got: y_len,
-            unit: "values",
-        });
-    }
+    check_whole_rows("combine_routed y (k whole rows)", y_len, k)?;
     Ok(y_len / k)
 }
 
@@ -532,28 +512,14 @@ pub(crate) fn check_combine_rows(
     weights: &[f32],
     k: usize,
 ) -> Result<usize, ComputeError> {
-    if k == 0 || !slots.len().is_multiple_of(k) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "combine_rows slots (k per token)",
-            expected: k,
-            got: slots.len(),
-            unit: "slots",
-        });
-    }
+    check_whole_rows("combine_rows slots (k per token)", slots.len(), k)?;
     check(
         "combine_rows weights (one per slot)",
         weights.len(),
         slots.len(),
         "weights",
     )?;
-    if width == 0 || !y_len.is_multiple_of(width) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "combine_rows y (whole rows of the width)",
-            expected: width,
-            got: y_len,
-            unit: "values",
-        });
-    }
+    check_whole_rows("combine_rows y (whole rows of the width)", y_len, width)?;
     check_row_indices(slots, y_len / width)?;
     Ok(slots.len() / k)
 }
@@ -582,13 +548,30 @@ pub(crate) fn combine_rows(
     }
 }
 
+/// `Err(ShapeMismatch)` unless `len` values are whole rows of `width ≥ 1` (`what` names them).
+pub(crate) fn check_whole_rows(
+    what: &'static str,
+    len: usize,
+    width: usize,
+) -> Result<(), ComputeError> {
+    if width == 0 || !len.is_multiple_of(width) {
+        return Err(ComputeError::ShapeMismatch {
+            what,
+            expected: width.max(1),
+            got: len,
+            unit: "values",
+        });
+    }
+    Ok(())
+}
+
 /// The expert index `id` (an f32 of [`crate::ComputeBackend::moe_route`]'s `sel`) below `n`.
 /// Errors: [`ComputeError::ShapeMismatch`].
 pub fn expert_index(id: f32, n: usize) -> Result<usize, ComputeError> {
     let e = id as usize;
     if id < 0.0 || id.fract() != 0.0 || e >= n {
         return Err(ComputeError::ShapeMismatch {
-            what: "project_routed expert index (sel from moe_route)",
+            what: "expert index (a choice of moe_route)",
             expected: n,
             got: e,
             unit: "experts",

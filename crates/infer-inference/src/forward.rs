@@ -886,16 +886,8 @@ fn moe_experts_routed(
     bufs: &mut FfnScratch,
     out: &mut Tensor,
 ) -> Result<(), InferenceError> {
-    let (h, n) = (g.hidden_size, m.experts.len());
-    let k = m.top_k.min(n);
-    backend.moe_route(
-        &bufs.moe_out,
-        n,
-        m.router_bias.as_deref(),
-        k,
-        m.norm_topk_prob,
-        &mut bufs.moe_sel,
-    )?;
+    let h = g.hidden_size;
+    let k = route_where_logits_are(backend, m, bufs)?;
     let ExpertMatrices { gates, ups, downs } = ExpertMatrices::of(m, h);
     let act = crate::walk::compute_activation(g.activation);
     let FfnScratch {
@@ -952,6 +944,27 @@ fn moe_experts_routed(
     add_shared_expert(backend, m, x, 1, g, bufs, out)
 }
 
+/// The layer's top-k choice for the router logits in `bufs.moe_out` (`[rows, num_experts]`),
+/// made where they are (`moe_route`: on a device, one warp per row) into `bufs.moe_sel`
+/// (`[rows, 2·k]`: the experts, then their weights). Returns `k`.
+fn route_where_logits_are(
+    backend: &dyn ComputeBackend,
+    m: &MoeFfn<'_>,
+    bufs: &mut FfnScratch,
+) -> Result<usize, InferenceError> {
+    let n = m.experts.len();
+    let k = m.top_k.min(n);
+    backend.moe_route(
+        &bufs.moe_out,
+        n,
+        m.router_bias.as_deref(),
+        k,
+        m.norm_topk_prob,
+        &mut bufs.moe_sel,
+    )?;
+    Ok(k)
+}
+
 /// Every expert's matrices of an MoE layer, one list per projection (the gates `None` for
 /// ungated experts), as the routed and grouped products take them.
 struct ExpertMatrices<'w> {
@@ -989,7 +1002,7 @@ struct SortedRoutes {
 
 impl SortedRoutes {
     /// The choices of `k` experts per token of `picks` (`(expert, weight)`, token-major) among
-    /// `n` experts (indices below `n`: from [`route`]).
+    /// `n` experts (indices below `n`: `moe_route`'s, checked by `expert_index`).
     fn sort(picks: &[(usize, f32)], n: usize, k: usize) -> Self {
         let mut start = vec![0usize; n + 1];
         for &(e, _) in picks {
@@ -1022,8 +1035,9 @@ impl SortedRoutes {
 }
 
 /// [`moe_ffn`] for a chunk of `t` rows (`x` `[t, hidden]`) with the activations left in the
-/// backend's memory: the router's `[t, num_experts]` logits come to the host for [`route`];
-/// the chosen (token, expert) pairs are sorted by expert ([`SortedRoutes`]), their rows
+/// backend's memory: the router's `[t, num_experts]` logits choose their experts where they are
+/// (`moe_route`) and only the `[t, 2·k]` choice comes to the host, which sorts the chosen
+/// (token, expert) pairs by expert ([`SortedRoutes`]); their rows
 /// gathered once (`copy_rows`), and each projection of every chosen expert runs as one
 /// grouped product (`project_grouped`, ggml's `mul_mat_id`: each expert's weights read once
 /// per chunk, one launch on a device); `combine_rows` sums each token's slots with their router
@@ -1047,17 +1061,8 @@ fn moe_ffn_rows(
         ));
     }
     backend.project(&router, x, t, &mut bufs.moe_out)?;
-    // The choice made where the logits are (on a device, one warp per row); only the chosen
-    // experts and their weights come to the host.
-    let k = m.top_k.min(n);
-    backend.moe_route(
-        &bufs.moe_out,
-        n,
-        m.router_bias.as_deref(),
-        k,
-        m.norm_topk_prob,
-        &mut bufs.moe_sel,
-    )?;
+    // Only the chosen experts and their weights come to the host.
+    let k = route_where_logits_are(backend, m, bufs)?;
     let sel = crate::scratch::fit(&mut bufs.host_out, t * 2 * k);
     backend.download(&bufs.moe_sel, sel)?;
     let mut picks: Vec<(usize, f32)> = Vec::with_capacity(t * k);

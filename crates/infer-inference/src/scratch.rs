@@ -51,11 +51,12 @@ pub(crate) struct Scratch {
 pub(crate) struct FfnScratch {
     pub(crate) gate: Tensor,
     pub(crate) up: Tensor,
-    /// An MoE step's router logits, then each expert's output rows.
+    /// An MoE step's router logits, then the experts' output rows (a decode step's slots, a
+    /// prompt chunk's rows sorted by expert, or one expert's rows when experts have biases).
     pub(crate) moe_out: Tensor,
-    /// The rows of a prompt chunk that chose one MoE expert (gathered).
+    /// A prompt chunk's rows gathered for its experts (sorted by expert, or one expert's).
     pub(crate) moe_in: Tensor,
-    /// A decode step's expert choice where the backend keeps it (`moe_route`).
+    /// The expert choice `[rows, 2·k]` where the backend keeps it (`moe_route`).
     pub(crate) moe_sel: Tensor,
     /// The shared expert's gate logits, one per row (Qwen2-MoE's `shared_expert_gate`).
     pub(crate) shared_gate: Tensor,

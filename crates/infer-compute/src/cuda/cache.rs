@@ -30,9 +30,10 @@ pub(super) struct WeightCache {
     /// Device arrays of the device addresses of an MoE layer's experts (one role), keyed by
     /// the first and last expert's host address and length and the count ([`Self::table`]).
     tables: HashMap<(usize, usize, usize, usize), CudaSlice<u64>>,
-    /// Tables dropped since the last [`Self::take_retired`]: recorded launches may still read
-    /// them, so they are freed only after the launches are enqueued.
-    retired: Vec<CudaSlice<u64>>,
+    /// Replaced weight copies and the expert tables dropped with them since the last
+    /// [`Self::take_retired`]: launches recorded but not yet enqueued may still read them, so
+    /// they are freed only after those launches are enqueued.
+    retired: Vec<Box<dyn std::any::Any + Send>>,
 }
 
 impl WeightCache {
@@ -53,9 +54,12 @@ impl WeightCache {
             let buf = upload_padded(stream, bytes)?;
             if let Some(old) = self.map.insert(key, Entry { fp, buf }) {
                 self.bytes -= old.buf.len();
-                // Expert tables may hold the replaced copy's address (retired, not freed: a
-                // recorded launch may read one).
-                self.retired.extend(self.tables.drain().map(|(_, t)| t));
+                // Retired, not freed: a recorded launch may read the old copy, or an expert
+                // table holding its address.
+                self.retired.push(Box::new(old.buf));
+                for (_, t) in self.tables.drain() {
+                    self.retired.push(Box::new(t));
+                }
             }
             self.bytes += bytes.len();
         }
@@ -114,14 +118,15 @@ impl WeightCache {
         }
     }
 
-    /// The expert tables dropped since the last call, for the caller to keep alive until the
-    /// launches recorded so far are enqueued.
-    pub fn take_retired(&mut self) -> Vec<CudaSlice<u64>> {
+    /// The weight copies and expert tables replaced since the last call, for the caller to
+    /// keep alive until the launches recorded so far are enqueued.
+    pub fn take_retired(&mut self) -> Vec<Box<dyn std::any::Any + Send>> {
         std::mem::take(&mut self.retired)
     }
 
-    /// Drop every device copy.
+    /// Drop every device copy (the caller has enqueued every recorded launch first).
     pub fn clear(&mut self) {
+        self.retired.clear();
         self.map.clear();
         self.tables.clear();
         self.bytes = 0;

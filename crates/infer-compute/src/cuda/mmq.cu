@@ -69,15 +69,17 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float* __
             }
 }
 
-// Where a block works: its first weight row and token, and its share of K (split-K).
+// Where a block works: its first weight row and token, its share of K (split-K) and, with
+// shares > 1, the tile's index among the launch's tiles (its split-K counter and partials).
 struct MmqTile {
-    int row0, tok0, share, shares;
+    int row0, tok0, share, shares, tile;
 };
 
 // The tile of a plain product's block: blockIdx.y weight rows, blockIdx.x tokens, blockIdx.z
 // the share of K.
 __device__ __forceinline__ MmqTile mmq_grid_tile() {
-    return {(int)blockIdx.y * MMQ_BM, (int)blockIdx.x * MMQ_BN, (int)blockIdx.z, (int)gridDim.z};
+    return {(int)blockIdx.y * MMQ_BM, (int)blockIdx.x * MMQ_BN, (int)blockIdx.z, (int)gridDim.z,
+            (int)(blockIdx.y * gridDim.x + blockIdx.x)};
 }
 
 // Split-K: `shares` shares of the K steps (gridDim.z of a plain product), whole super-blocks
@@ -99,7 +101,7 @@ __device__ __forceinline__ void mmq_finish(float (&acc)[2][4][4], float* __restr
     int tid = threadIdx.x;
     if (at.shares > 1) {
         __shared__ int last;
-        int tile = blockIdx.y * gridDim.x + blockIdx.x, S = at.shares;
+        int tile = at.tile, S = at.shares;
         float* base = part + (long long)tile * S * (32 * MMQ_THREADS) + tid;
         float* mine = base + at.share * (32 * MMQ_THREADS);
 #pragma unroll
@@ -733,16 +735,34 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
 // [R, rows].
 // ---------------------------------------------------------------------------------------------
 
+// Block blockIdx.x's tile of a grouped product: its expert's weights, its first activation
+// row and its row count. Read before pdl_wait: the tile table is host-staged (copied before the
+// step's launches) and the expert table uploaded when made; no kernel writes either.
+struct MmqGroupTile {
+    const u8* W;
+    long long r0;
+    int m;
+};
+__device__ __forceinline__ MmqGroupTile mmq_group_tile(const u8* const* __restrict__ Wt,
+                                                       const int4* __restrict__ tiles) {
+    int4 t = tiles[blockIdx.x];
+    return {Wt[t.x], (long long)t.y, t.z};
+}
+
+// A grouped block's place: weight rows blockIdx.y, its tile's rows from token 0, no split-K.
+__device__ __forceinline__ MmqTile mmq_group_place() {
+    return {(int)blockIdx.y * MMQ_BM, 0, 0, 1, 0};
+}
+
 template <int FMT>
 __device__ __forceinline__ void mmq_ids(const u8* const* __restrict__ Wt,
                                         const int4* __restrict__ tiles,
                                         const i8* __restrict__ aq, const float* __restrict__ ad,
                                         float* __restrict__ y, int rows, int cols) {
-    int4 t = tiles[blockIdx.x];
+    MmqGroupTile g = mmq_group_tile(Wt, tiles);
     int nb = cols / (FMT == F_Q6_K ? 256 : 32);
-    long long r0 = t.y;
-    mmq<FMT>(Wt[t.x], 0, aq + r0 * cols, ad + r0 * nb, y + r0 * rows, 0, 0, rows, cols, t.z,
-             MmqTile{(int)blockIdx.y * MMQ_BM, 0, 0, 1});
+    mmq<FMT>(g.W, 0, aq + g.r0 * cols, ad + g.r0 * nb, y + g.r0 * rows, 0, 0, rows, cols, g.m,
+             mmq_group_place());
 }
 
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
@@ -769,8 +789,8 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
     mmq_ids_q4_k(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
                  const int* bsums, float* y, int rows, int cols) {
-    int4 t = tiles[blockIdx.x];
-    long long r0 = t.y, nb = cols / 256;
-    hq_q4_k(Wt[t.x], aq + r0 * cols, ad + r0 * nb, bsums + r0 * nb * 16, y + r0 * rows, rows,
-            cols, t.z, 0, 0, MmqTile{(int)blockIdx.y * MMQ_BM, 0, 0, 1});
+    MmqGroupTile g = mmq_group_tile(Wt, tiles);
+    long long nb = cols / 256;
+    hq_q4_k(g.W, aq + g.r0 * cols, ad + g.r0 * nb, bsums + g.r0 * nb * 16, y + g.r0 * rows, rows,
+            cols, g.m, 0, 0, mmq_group_place());
 }

@@ -21,7 +21,10 @@
 //! - The forward pass's quantized products of many rows (from 128, or 16 for mid-sized
 //!   matrices) and the attention of long prompt chunks run through cuBLAS instead (`blas.rs`:
 //!   weights dequantized to bf16, bf16 GEMMs with f32 accumulation, within 2⁻⁸ of Σ|terms| of
-//!   the exact product; attention as f32 batched GEMMs around a masked softmax).
+//!   the exact product; attention as f32 batched GEMMs around a masked softmax), as do f32
+//!   weights from 9 rows (an MoE router over a chunk: one f32 GEMM, no TF32). A prompt chunk's
+//!   MoE experts run as grouped tile products (`mmq_ids_*`, ggml's `mul_mat_id`: one launch per
+//!   projection over every chosen expert, always the int8 / f16 tiles).
 //! - Fused products ([`ComputeBackend::quant_matmul_many`]: QKV, gate+up) upload and quantize the
 //!   activations once per activation format and return all outputs after one synchronisation.
 //! - One stream for the products, calls serialised by a mutex.

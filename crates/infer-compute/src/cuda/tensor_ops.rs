@@ -274,9 +274,22 @@ fn push(
 }
 
 /// A device pointer to the cached copy of `v` (a weight, norm weight or bias).
+/// Copies a re-upload replaced stay alive until the launches recorded so far are enqueued.
 fn cached(st: &mut State, bytes: &[u8]) -> Result<u64, ComputeError> {
-    let State { dev, cache, .. } = st;
-    Ok(ptr(cache.get(&dev.stream, bytes)?, &dev.stream))
+    let State {
+        dev, cache, rec, ..
+    } = st;
+    let p = ptr(cache.get(&dev.stream, bytes)?, &dev.stream);
+    keep_retired(cache, rec);
+    Ok(p)
+}
+
+/// Hand the weight copies and expert tables the cache replaced to the recorder, which keeps
+/// them until the pending launches are enqueued.
+fn keep_retired(cache: &mut super::cache::WeightCache, rec: &mut Recorder) {
+    for old in cache.take_retired() {
+        rec.keep_any(old);
+    }
 }
 
 /// Stage `v` in the step's arena; its device pointer when the step runs.
@@ -1177,9 +1190,7 @@ fn expert_table(st: &mut State, experts: &[Matrix<'_>]) -> Result<u64, ComputeEr
         .map(|e| e.blocks_data().map(|(_, b)| b))
         .collect::<Result<_, _>>()?;
     let table = st.cache.table(&st.dev.stream, &all)?;
-    for old in st.cache.take_retired() {
-        st.rec.keep_any(Box::new(old));
-    }
+    keep_retired(&mut st.cache, &mut st.rec);
     Ok(table)
 }
 
@@ -2180,7 +2191,8 @@ pub(super) fn rope_attend(
     );
     // The fused decoder's key-split kernels over every row of the batch (one block per kv head
     // with its query heads, key split and row, then one merge block per query head and row),
-    // for caches of more than 32 positions (`row_attention_splits`); without attention sinks
+    // for caches of more than 32 positions while kv heads × rows leave multiprocessors idle, and
+    // past 512 as the fused decoder (`row_attention_splits`); without attention sinks
     // or a RoPE attention factor, else `t_rope_attend`. The split count follows the cache's
     // size, not the position, so a decode step still replays as one graph.
     let kvd = p.n_kv_heads * hd;
