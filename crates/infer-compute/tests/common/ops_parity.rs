@@ -699,7 +699,8 @@ pub fn check_backend_ops(b: &dyn ComputeBackend) {
 /// A prompt chunk's expert products: `project_grouped` (groups of 5, 70 and 1 rows in no
 /// expert order — 70 is two row tiles of a device — over experts of 136 rows, two products
 /// at once of the two activation families, every format with a grouped device kernel) equals
-/// `linear` of each group's rows by its expert within 1e-5 of the largest output;
+/// `linear` of each group's rows by its expert within 1e-5 of the largest output, and f32
+/// experts an f64 reference;
 /// `combine_rows` sums each token's slots (a slot repeated) with their weights; an expert out
 /// of range, an empty group, `x` of other rows and a slot past `y` are errors.
 fn check_moe_grouped(b: &dyn ComputeBackend, rng: &mut StdRng) {
@@ -819,6 +820,48 @@ fn check_moe_grouped(b: &dyn ComputeBackend, rng: &mut StdRng) {
                 "project_grouped: {what} is an error"
             );
         }
+    }
+    // f32 experts (no grouped kernel: one product per group on a device; the 70-row group
+    // past the one-row kernels) against an f64 reference.
+    let wf: Vec<Vec<f32>> = (0..n).map(|_| randv(rng, rows * cols)).collect();
+    let mf: Vec<Matrix<'_>> = wf
+        .iter()
+        .map(|w| Matrix {
+            data: MatData::F32(w),
+            rows,
+            cols,
+        })
+        .collect();
+    let mut yf = Tensor::default();
+    b.project_grouped(
+        &xt,
+        &mut [RoutedProj {
+            experts: &mf,
+            y: &mut yf,
+        }],
+        &groups,
+    )
+    .expect("project_grouped f32");
+    // Within 1e-6 of Σ|xᵢwᵢ| (f32 sums of 512 terms in any order).
+    let got = down(b, &yf);
+    assert_eq!(got.len(), total * rows, "project_grouped f32: length");
+    let mut i = 0;
+    let mut row0 = 0;
+    for g in &groups {
+        for xr in x[row0 * cols..(row0 + g.rows) * cols].chunks_exact(cols) {
+            for wr in wf[g.expert].chunks_exact(cols) {
+                let terms = xr.iter().zip(wr).map(|(&a, &w)| a as f64 * w as f64);
+                let (want, abs) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                assert!(
+                    (got[i] as f64 - want).abs() <= 1e-6 * abs,
+                    "project_grouped f32 expert {}: element {i}: got {}, want {want}",
+                    g.expert,
+                    got[i]
+                );
+                i += 1;
+            }
+        }
+        row0 += g.rows;
     }
     let (r, width, k) = (7usize, 40usize, 2usize);
     let yv = randv(rng, r * width);
