@@ -1,7 +1,8 @@
 //! The forward pass — one loop for prefill (many tokens) and decode (one token).
 
 use infer_compute::{
-    ops, Argmax, ComputeBackend, KvSlot, ResidualNorm, RopeAttend, RoutedProj, Tensor, TensorProj,
+    ops, Argmax, ComputeBackend, ComputeError, KvSlot, ResidualNorm, RopeAttend, RoutedProj,
+    Tensor, TensorProj,
 };
 use infer_models::{FfnType, NormType};
 
@@ -813,10 +814,7 @@ fn moe_ffn_one_row(
     let (h, n) = (g.hidden_size, m.experts.len());
     let router = m.router_matrix(h);
     backend.project(&router, x, 1, &mut bufs.moe_out)?;
-    let biased = m
-        .experts
-        .iter()
-        .any(|e| e.gate_bias.is_some() || e.up_bias.is_some() || e.down_bias.is_some());
+    let biased = m.experts_biased();
     if backend.routes_on_device() && !biased && n > 0 {
         return moe_experts_routed(backend, m, x, g, bufs, out);
     }
@@ -888,7 +886,6 @@ fn moe_experts_routed(
 ) -> Result<(), InferenceError> {
     let h = g.hidden_size;
     let k = route_where_logits_are(backend, m, bufs)?;
-    let ExpertMatrices { gates, ups, downs } = ExpertMatrices::of(m, h);
     let act = crate::walk::compute_activation(g.activation);
     let FfnScratch {
         gate,
@@ -899,47 +896,9 @@ fn moe_experts_routed(
     } = &mut *bufs;
     // Every slot at once: gate/up `[k, inter]` from the one input row, the activation over
     // all slots, down `[k, hidden]` from each slot's own row, then the weighted sum.
-    match &gates {
-        Some(gates) => {
-            backend.project_routed(
-                x,
-                &mut [
-                    RoutedProj {
-                        experts: gates,
-                        y: &mut *gate,
-                    },
-                    RoutedProj {
-                        experts: &ups,
-                        y: &mut *up,
-                    },
-                ],
-                moe_sel,
-                k,
-            )?;
-            backend.gated_activation(act, gate, up)?;
-        }
-        None => {
-            backend.project_routed(
-                x,
-                &mut [RoutedProj {
-                    experts: &ups,
-                    y: &mut *up,
-                }],
-                moe_sel,
-                k,
-            )?;
-            backend.activation(act, up)?;
-        }
-    }
-    backend.project_routed(
-        up,
-        &mut [RoutedProj {
-            experts: &downs,
-            y: &mut *moe_out,
-        }],
-        moe_sel,
-        k,
-    )?;
+    ExpertMatrices::of(m, h).run(backend, act, x, [gate, up], moe_out, &mut |x, projs| {
+        backend.project_routed(x, projs, moe_sel, k)
+    })?;
     backend.combine_routed(moe_out, moe_sel, k, out)?;
     add_shared_expert(backend, m, x, 1, g, bufs, out)
 }
@@ -965,6 +924,11 @@ fn route_where_logits_are(
     Ok(k)
 }
 
+/// Runs every chosen expert's products of the listed projections on an input
+/// ([`ExpertMatrices::run`]): routed slots of a decode row or a chunk's grouped rows.
+type ExpertProducts<'f> =
+    dyn FnMut(&Tensor, &mut [RoutedProj<'_>]) -> Result<(), ComputeError> + 'f;
+
 /// Every expert's matrices of an MoE layer, one list per projection (the gates `None` for
 /// ungated experts), as the routed and grouped products take them.
 struct ExpertMatrices<'w> {
@@ -985,6 +949,58 @@ impl<'w> ExpertMatrices<'w> {
             ups: m.experts.iter().map(|e| e.up.matrix(inter, h)).collect(),
             downs: m.experts.iter().map(|e| e.down.matrix(h, inter)).collect(),
         }
+    }
+
+    /// The chosen experts' FFN over `x`, `down(act(gate(x)) ⊙ up(x))` (ungated experts:
+    /// `down(act(up(x)))`), into `y`; `gate`, `up` are scratch. `products(input, projections)`
+    /// runs every chosen expert's products of each projection listed (gate and up in one
+    /// call): the routed slots of a decode row (`project_routed`) or a chunk's rows grouped by
+    /// expert (`project_grouped`).
+    fn run(
+        &self,
+        backend: &dyn ComputeBackend,
+        act: ops::Activation,
+        x: &Tensor,
+        [gate, up]: [&mut Tensor; 2],
+        y: &mut Tensor,
+        products: &mut ExpertProducts<'_>,
+    ) -> Result<(), InferenceError> {
+        match &self.gates {
+            Some(gates) => {
+                products(
+                    x,
+                    &mut [
+                        RoutedProj {
+                            experts: gates,
+                            y: &mut *gate,
+                        },
+                        RoutedProj {
+                            experts: &self.ups,
+                            y: &mut *up,
+                        },
+                    ],
+                )?;
+                backend.gated_activation(act, gate, up)?;
+            }
+            None => {
+                products(
+                    x,
+                    &mut [RoutedProj {
+                        experts: &self.ups,
+                        y: &mut *up,
+                    }],
+                )?;
+                backend.activation(act, up)?;
+            }
+        }
+        products(
+            up,
+            &mut [RoutedProj {
+                experts: &self.downs,
+                y,
+            }],
+        )?;
+        Ok(())
     }
 }
 
@@ -1071,68 +1087,30 @@ fn moe_ffn_rows(
             picks.push((infer_compute::expert_index(id, n)?, w));
         }
     }
-    let biased = m
-        .experts
-        .iter()
-        .any(|e| e.gate_bias.is_some() || e.up_bias.is_some() || e.down_bias.is_some());
+    let biased = m.experts_biased();
     if biased {
         moe_ffn_rows_each(backend, m, x, &picks, g, bufs, out)?;
         return add_shared_expert(backend, m, x, t, g, bufs, out);
     }
     let routes = SortedRoutes::sort(&picks, n, k);
-    let ExpertMatrices { gates, ups, downs } = ExpertMatrices::of(m, h);
     let act = crate::walk::compute_activation(g.activation);
-    let (mut xs, mut y) = (
-        std::mem::take(&mut bufs.moe_in),
-        std::mem::take(&mut bufs.moe_out),
-    );
-    let mut run = |bufs: &mut FfnScratch| -> Result<(), InferenceError> {
-        backend.copy_rows(x, h, &routes.order, &mut xs)?;
-        let FfnScratch { gate, up, .. } = bufs;
-        match &gates {
-            Some(gates) => {
-                backend.project_grouped(
-                    &xs,
-                    &mut [
-                        RoutedProj {
-                            experts: gates,
-                            y: &mut *gate,
-                        },
-                        RoutedProj {
-                            experts: &ups,
-                            y: &mut *up,
-                        },
-                    ],
-                    &routes.groups,
-                )?;
-                backend.gated_activation(act, gate, up)?;
-            }
-            None => {
-                backend.project_grouped(
-                    &xs,
-                    &mut [RoutedProj {
-                        experts: &ups,
-                        y: &mut *up,
-                    }],
-                    &routes.groups,
-                )?;
-                backend.activation(act, up)?;
-            }
-        }
-        backend.project_grouped(
-            up,
-            &mut [RoutedProj {
-                experts: &downs,
-                y: &mut y,
-            }],
-            &routes.groups,
-        )?;
-        backend.combine_rows(&y, h, &routes.slots, &routes.weights, k, out)?;
-        Ok(())
-    };
-    let res = run(bufs);
-    (bufs.moe_in, bufs.moe_out) = (xs, y);
-    res?;
+    let FfnScratch {
+        gate,
+        up,
+        moe_in,
+        moe_out,
+        ..
+    } = &mut *bufs;
+    backend.copy_rows(x, h, &routes.order, moe_in)?;
+    ExpertMatrices::of(m, h).run(
+        backend,
+        act,
+        moe_in,
+        [gate, up],
+        moe_out,
+        &mut |x, projs| backend.project_grouped(x, projs, &routes.groups),
+    )?;
+    backend.combine_rows(moe_out, h, &routes.slots, &routes.weights, k, out)?;
     add_shared_expert(backend, m, x, t, g, bufs, out)
 }
 

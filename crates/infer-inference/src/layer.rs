@@ -419,6 +419,14 @@ impl MoeFfn<'_> {
         }
     }
 
+    /// Whether any expert has a bias (gpt-oss): such experts run one at a time, their biases
+    /// added after each product, rather than through the routed or grouped products.
+    pub(crate) fn experts_biased(&self) -> bool {
+        self.experts
+            .iter()
+            .any(|e| e.gate_bias.is_some() || e.up_bias.is_some() || e.down_bias.is_some())
+    }
+
     /// Whether a one-row (decode) step runs this layer's experts as dense products on the
     /// backend (forward.rs `moe_ffn_one_row`): every expert, and the shared one, in the HF
     /// Linear layout, gated as the layer says, without gpt-oss's clamped SwiGLU or a sparse
