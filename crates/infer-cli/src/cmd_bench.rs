@@ -380,6 +380,7 @@ struct Outcome {
 /// once) with caches of `ctx` positions.
 struct Bench<'r, 'm, 'a> {
     model: &'m Model<'a>,
+    backend: &'m dyn infer_compute::ComputeBackend,
     runner: TokenRunner<'m, 'a>,
     /// The context's ids, then the prompt's (a test at depth `d` reads `ids[d..]`).
     ids: &'r [u32],
@@ -474,9 +475,19 @@ impl<'r> Bench<'r, '_, '_> {
         let mut tok = self.ids[0];
         let ffn0 = infer_inference::walk::walk_ffn_nanos();
         let t0 = Instant::now();
-        for _ in 0..test.tokens {
-            // Greedy, chosen on the device when the decoder offers it (as `run` does).
-            tok = self.runner.forward_greedy(tok, cache, &mut self.logits)?;
+        if self.runner.on_device() {
+            for _ in 0..test.tokens {
+                // Greedy, chosen on the device decoder (as `run` does).
+                tok = self.runner.forward_greedy(tok, cache, &mut self.logits)?;
+            }
+        } else {
+            // The forward pass, greedy as `run` is: a device records each step while the
+            // one before runs.
+            self.model
+                .decode_greedy(self.backend, tok, cache, test.tokens, |t| {
+                    tok = t;
+                    Ok(true)
+                })?;
         }
         let rate = test.tokens as f64 / t0.elapsed().as_secs_f64();
         let ffn_ns = infer_inference::walk::walk_ffn_nanos() - ffn0;
@@ -525,6 +536,7 @@ fn single(
     }
     let mut bench = Bench {
         model,
+        backend,
         profile: args.profile && !args.json && runner.on_device(),
         runner,
         ids,

@@ -4,8 +4,8 @@
 
 use crate::ops::Activation;
 use crate::{
-    Argmax, AttentionParams, ComputeError, ExpertRows, FloatTable, Matrix, Proj, ResidualNorm,
-    RopeAttend, RopeConfig, RoutedProj, Tensor, TensorProj,
+    Argmax, AttentionParams, Chosen, ComputeError, ExpertRows, FloatTable, Matrix, Proj,
+    ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor, TensorProj,
 };
 use half::f16;
 
@@ -694,6 +694,72 @@ pub trait ComputeBackend: Send + Sync {
             out.push(self.argmax(row)?);
         }
         Ok(())
+    }
+
+    /// [`argmax_rows`](Self::argmax_rows) without waiting for the device: the choices of
+    /// every row of `logits` are made where the logits are and start their way to the host;
+    /// `chosen` (overwritten) says where they are. [`take_chosen`](Self::take_chosen) waits for
+    /// them; [`embed_chosen`](Self::embed_chosen) looks them up before that. Errors as
+    /// [`argmax_rows`](Self::argmax_rows). The default (a host backend): the choices made now,
+    /// into `chosen.host`.
+    fn argmax_rows_later(
+        &self,
+        logits: &Tensor,
+        width: usize,
+        chosen: &mut Chosen,
+    ) -> Result<(), ComputeError> {
+        let mut picks = chosen.host.take().unwrap_or_default();
+        self.argmax_rows(logits, width, &mut picks)?;
+        *chosen = Chosen {
+            rows: picks.len(),
+            host: Some(picks),
+            ticket: 0,
+        };
+        Ok(())
+    }
+
+    /// The choices of an [`argmax_rows_later`](Self::argmax_rows_later) into `out` (resized to
+    /// `chosen.rows`), waiting for the device if they are not on the host yet. Errors: choices
+    /// this backend no longer holds (a device keeps the last two steps' in flight), device
+    /// failures.
+    fn take_chosen(&self, chosen: &Chosen, out: &mut Vec<Argmax>) -> Result<(), ComputeError> {
+        match &chosen.host {
+            Some(picks) => {
+                out.clear();
+                out.extend_from_slice(picks);
+                Ok(())
+            }
+            None => Err(ComputeError::NotOnHost { op: "take_chosen" }),
+        }
+    }
+
+    /// [`embed`](Self::embed) of the token ids `chosen` holds (row `r` of `out`: the choice of
+    /// row `r`), read where they were made: a device looks up the choices of its last
+    /// [`argmax_rows_later`](Self::argmax_rows_later) without waiting for them. A row whose
+    /// logits were not all finite looks up some row of the table (its step is the caller's to
+    /// discard). Errors as [`embed`](Self::embed) and [`take_chosen`](Self::take_chosen).
+    fn embed_chosen(
+        &self,
+        table: FloatTable<'_>,
+        width: usize,
+        chosen: &Chosen,
+        scale: f32,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        let mut picks = Vec::with_capacity(chosen.rows);
+        self.take_chosen(chosen, &mut picks)?;
+        let rows = table.len().checked_div(width).unwrap_or(0);
+        let ids: Vec<u32> = picks
+            .iter()
+            .map(|a| {
+                if (a.token as usize) < rows {
+                    a.token
+                } else {
+                    0
+                }
+            })
+            .collect();
+        self.embed(table, width, &ids, scale, out)
     }
 
     /// A device-resident whole-token decoder for `plan` (the seed's `decode_token`): weights,

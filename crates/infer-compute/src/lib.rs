@@ -36,7 +36,8 @@ pub use infer_quant::QuantFormat;
 pub use kv_type::KvType;
 pub use matrix::{ExpertRows, MatData, Matrix, Proj, RoutedProj, TensorProj};
 pub use op_args::{
-    Argmax, Attend, AttentionInput, FloatTable, KvSlot, Norm, NormKind, ResidualNorm, RopeAttend,
+    Argmax, Attend, AttentionInput, Chosen, FloatTable, KvSlot, Norm, NormKind, ResidualNorm,
+    RopeAttend,
 };
 pub use rope::{apply_rope, Rope, RopeConfig, RopeScaling};
 pub use tensor::{DeviceBuffer, HostVec, Tensor};

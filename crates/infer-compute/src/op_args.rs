@@ -80,6 +80,22 @@ pub struct Argmax {
     pub all_finite: bool,
 }
 
+/// The greedy choices of one step on their way to the host: made by
+/// [`crate::ComputeBackend::argmax_rows_later`] (which does not wait for the device), read by
+/// [`crate::ComputeBackend::take_chosen`] (which does), and looked up before that by
+/// [`crate::ComputeBackend::embed_chosen`] as the next step's token ids, where they were made.
+/// So a device can run step `i + 1` while the host has not yet read step `i`'s choice.
+#[derive(Clone, Debug, Default)]
+pub struct Chosen {
+    /// Rows chosen: one per row of the logits.
+    pub rows: usize,
+    /// The choices when they were made on the host (a host backend); `None` while a device
+    /// holds them.
+    pub host: Option<Vec<Argmax>>,
+    /// A device backend's number of the copy in flight (0 for choices made on the host).
+    pub ticket: u64,
+}
+
 /// One sequence's KV cache slot in an [`Attend`] batch.
 #[derive(Debug)]
 pub struct KvSlot<'a> {

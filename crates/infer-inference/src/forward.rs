@@ -1,8 +1,8 @@
 //! The forward pass — one loop for prefill (many tokens) and decode (one token).
 
 use infer_compute::{
-    ops, Argmax, ComputeBackend, ComputeError, KvSlot, ResidualNorm, RopeAttend, RoutedProj,
-    Tensor, TensorProj,
+    ops, Argmax, Chosen, ComputeBackend, ComputeError, KvSlot, ResidualNorm, RopeAttend,
+    RoutedProj, Tensor, TensorProj,
 };
 use infer_models::{FfnType, NormType};
 
@@ -38,6 +38,17 @@ enum Capture<'c> {
 enum Output<'o> {
     Logits(&'o mut Vec<f32>),
     Greedy(&'o mut Vec<Argmax>),
+    /// The greedy choices left where they were made, on their way to the host
+    /// ([`ComputeBackend::argmax_rows_later`]).
+    Later(&'o mut Chosen),
+}
+
+/// The token ids of a pass: given, or the greedy choices of the pass before, read where they
+/// were made ([`ComputeBackend::embed_chosen`]).
+#[derive(Clone, Copy)]
+enum Feed<'f> {
+    Ids(&'f [u32]),
+    Chosen(&'f Chosen),
 }
 
 /// The norm that follows a block: the next layer's pre-attention norm (with that layer's
@@ -91,6 +102,8 @@ struct Pass<'p, 'b, 'c> {
     seqs: &'p mut [BatchSeq<'b>],
     s: &'p mut Scratch,
     capture: Capture<'c>,
+    /// The choices the rows' token ids are (the sequences' `tokens` then only count rows).
+    chosen: Option<&'p Chosen>,
 }
 
 impl Pass<'_, '_, '_> {
@@ -181,7 +194,7 @@ impl Model<'_> {
     ) -> Result<(), InferenceError> {
         self.forward_inner(
             backend,
-            tokens,
+            Feed::Ids(tokens),
             cache,
             which,
             Capture::Nothing,
@@ -204,7 +217,7 @@ impl Model<'_> {
         let mut chosen = Vec::with_capacity(1);
         self.forward_inner(
             backend,
-            tokens,
+            Feed::Ids(tokens),
             cache,
             Logits::Last,
             Capture::Nothing,
@@ -213,6 +226,74 @@ impl Model<'_> {
         match chosen.first() {
             Some(a) if a.all_finite => Ok(a.token),
             _ => Err(InferenceError::NonFiniteLogits),
+        }
+    }
+
+    /// Greedy decode of one sequence: runs `first` at position `cache.len()`, then each token
+    /// chosen (the largest logit, ties to the smaller id, [`crate::sampling::argmax`]) in
+    /// turn, and hands each choice to `on_token`, which returns whether to go on. Stops after
+    /// `max_new` choices, when `on_token` says so, or when the cache is full; returns the
+    /// choices made. The cache then holds `first` and every choice but the last (as a loop
+    /// of [`Model::forward_greedy`] would leave it).
+    ///
+    /// Where a device makes the choices ([`ComputeBackend::argmax_rows_later`] leaves them
+    /// there), the next step is recorded and launched from the device's choice
+    /// ([`ComputeBackend::embed_chosen`]) before the host reads it: the host's work for
+    /// step `i + 1` overlaps the device's for step `i`. A step run ahead of a stop is dropped
+    /// from the cache. A host backend chooses at once and runs no step ahead.
+    ///
+    /// Errors as [`Model::forward_greedy`] (a choice with non-finite logits:
+    /// [`InferenceError::NonFiniteLogits`]), and those of `on_token`.
+    pub fn decode_greedy(
+        &self,
+        backend: &dyn ComputeBackend,
+        first: u32,
+        cache: &mut KvCache,
+        max_new: usize,
+        mut on_token: impl FnMut(u32) -> Result<bool, InferenceError>,
+    ) -> Result<usize, InferenceError> {
+        if max_new == 0 || cache.check_room(1).is_err() {
+            return Ok(0);
+        }
+        let step = |feed: Feed<'_>, cache: &mut KvCache, out: &mut Chosen| {
+            self.forward_inner(
+                backend,
+                feed,
+                cache,
+                Logits::Last,
+                Capture::Nothing,
+                Output::Later(out),
+            )
+        };
+        let (mut cur, mut next) = (Chosen::default(), Chosen::default());
+        step(Feed::Ids(&[first]), cache, &mut cur)?;
+        let mut picks = Vec::with_capacity(1);
+        let mut made = 0;
+        loop {
+            let wanted = made + 1 < max_new && cache.check_room(1).is_ok();
+            // The step of the choice not read yet, from where it is.
+            let ahead = wanted && cur.host.is_none();
+            if ahead {
+                step(Feed::Chosen(&cur), cache, &mut next)?;
+            }
+            backend.take_chosen(&cur, &mut picks)?;
+            let Some(a) = picks.first().copied() else {
+                return Err(InferenceError::EmptyInput);
+            };
+            if !a.all_finite {
+                return Err(InferenceError::NonFiniteLogits);
+            }
+            made += 1;
+            if !(on_token(a.token)? && wanted) {
+                if ahead {
+                    cache.truncate(cache.len() - 1);
+                }
+                return Ok(made);
+            }
+            if !ahead {
+                step(Feed::Ids(&[a.token]), cache, &mut next)?;
+            }
+            std::mem::swap(&mut cur, &mut next);
         }
     }
 
@@ -250,7 +331,7 @@ impl Model<'_> {
         let mut logits = Vec::new();
         self.forward_inner(
             backend,
-            tokens,
+            Feed::Ids(tokens),
             cache,
             which,
             Capture::Hidden(&mut hidden),
@@ -274,7 +355,7 @@ impl Model<'_> {
         let mut logits = Vec::new();
         self.forward_inner(
             backend,
-            tokens,
+            Feed::Ids(tokens),
             cache,
             Logits::Last,
             Capture::FfnInputs(&mut inputs),
@@ -341,6 +422,7 @@ impl Model<'_> {
             seqs,
             s: &mut bufs.scratch,
             capture: Capture::Nothing,
+            chosen: None,
         };
         in_pool(|| self.forward_body(&mut pass, out))
     }
@@ -350,7 +432,7 @@ impl Model<'_> {
     fn forward_inner(
         &self,
         backend: &dyn ComputeBackend,
-        tokens: &[u32],
+        feed: Feed<'_>,
         cache: &mut KvCache,
         which: Logits,
         capture: Capture<'_>,
@@ -359,6 +441,11 @@ impl Model<'_> {
         // The scratch buffers leave the cache for the pass (a move, no allocation) so that
         // the cache can be written while they are borrowed; they are put back even on error.
         let mut s = std::mem::take(&mut cache.scratch);
+        let (tokens, chosen) = match feed {
+            Feed::Ids(t) => (t, None),
+            // One row: the choice of the pass before (its id is not known here).
+            Feed::Chosen(c) => (&[0u32][..], Some(c)),
+        };
         let mut seqs = [BatchSeq {
             tokens,
             cache,
@@ -369,6 +456,7 @@ impl Model<'_> {
             seqs: &mut seqs,
             s: &mut s,
             capture,
+            chosen,
         };
         let r = in_pool(|| self.forward_body(&mut pass, out));
         seqs[0].cache.scratch = s;
@@ -389,7 +477,7 @@ impl Model<'_> {
             q.cache.ensure(b)?;
         }
         let s = &mut *p.s;
-        self.embed(b, s)?;
+        self.embed(b, s, p.chosen)?;
         if let Capture::Hidden(hs) = &mut p.capture {
             hs.push(to_host(b, &p.s.x)?);
         }
@@ -471,6 +559,10 @@ impl Model<'_> {
                 b.argmax_rows(&s.logits, self.vocab_size, chosen)?;
                 return Ok(());
             }
+            Output::Later(chosen) => {
+                b.argmax_rows_later(&s.logits, self.vocab_size, chosen)?;
+                return Ok(());
+            }
             Output::Logits(logits) => logits,
         };
         // Host logits: swapped out of a host tensor (no copy), downloaded from a device one.
@@ -486,22 +578,28 @@ impl Model<'_> {
     }
 
     /// Token (and learned position) embeddings times the embedding scale of every row of the
-    /// batch (`s.tokens[r]` at `s.positions[r]`), into `s.x`: `[R, hidden]`.
-    fn embed(&self, backend: &dyn ComputeBackend, s: &mut Scratch) -> Result<(), InferenceError> {
+    /// batch (`s.tokens[r]`, or the choice of row `r` of `chosen`, at `s.positions[r]`), into
+    /// `s.x`: `[R, hidden]`.
+    fn embed(
+        &self,
+        backend: &dyn ComputeBackend,
+        s: &mut Scratch,
+        chosen: Option<&Chosen>,
+    ) -> Result<(), InferenceError> {
         let h = self.hidden_size;
-        if let Some(&id) = s.tokens.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(InferenceError::TokenOutOfRange {
-                id,
-                vocab: self.vocab_size,
-            });
+        let (table, scale) = (self.embeddings.table(), self.arch.embedding_scale());
+        match chosen {
+            Some(c) => backend.embed_chosen(table, h, c, scale, &mut s.x)?,
+            None => {
+                if let Some(&id) = s.tokens.iter().find(|&&id| id as usize >= self.vocab_size) {
+                    return Err(InferenceError::TokenOutOfRange {
+                        id,
+                        vocab: self.vocab_size,
+                    });
+                }
+                backend.embed(table, h, &s.tokens, scale, &mut s.x)?;
+            }
         }
-        backend.embed(
-            self.embeddings.table(),
-            h,
-            &s.tokens,
-            self.arch.embedding_scale(),
-            &mut s.x,
-        )?;
         if let Some(pe) = &self.position_embeddings {
             let capacity = pe.len() / h;
             if let Some(&pos) = s.positions.iter().find(|&&pos| pos >= capacity) {

@@ -131,47 +131,80 @@ impl<'m, 'a> Generator<'m, 'a> {
         let mut streamer = TextStreamer::new(self.tokenizer);
         let mut out = StopFilter::new(&opts.stop_strings);
         let mut tokens = Vec::new();
-        // Greedy sampling: each step's token is chosen where the logits are (on a device
-        // decoder, without copying them back); `chosen` carries it to the next iteration.
-        let greedy = sampler.is_greedy();
-        let mut chosen = None;
-        let stop = loop {
-            if interrupt.load(Ordering::Relaxed) {
-                break StopReason::Interrupted;
-            }
-            if tokens.len() >= opts.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            let next = match chosen.take() {
-                Some(next) => next,
-                None => {
-                    if logits.iter().any(|v| !v.is_finite()) {
-                        return Err(InferenceError::NonFiniteLogits);
+        // Each token taken: streamed, and the reason to stop after it, if any.
+        let mut accept =
+            |next: u32, history: &mut Vec<u32>| -> Result<Option<StopReason>, InferenceError> {
+                tokens.push(next);
+                history.push(next);
+                if opts.eog_ids.contains(&next) {
+                    return Ok(Some(StopReason::Eog));
+                }
+                if let Some(piece) = streamer.push(next)? {
+                    if out.push(&piece, &mut on_text) {
+                        return Ok(Some(StopReason::StopString));
                     }
-                    sampler.sample(&logits, &history)
                 }
+                if tokens.len() >= opts.max_tokens {
+                    return Ok(Some(StopReason::MaxTokens));
+                }
+                if interrupt.load(Ordering::Relaxed) {
+                    return Ok(Some(StopReason::Interrupted));
+                }
+                Ok(None)
             };
-            tokens.push(next);
-            history.push(next);
-            if opts.eog_ids.contains(&next) {
-                break StopReason::Eog;
+        let greedy = sampler.is_greedy();
+        let stop = if interrupt.load(Ordering::Relaxed) {
+            StopReason::Interrupted
+        } else if opts.max_tokens == 0 {
+            StopReason::MaxTokens
+        } else if greedy && !runner.on_device() {
+            // The forward pass, greedy: each step's token is chosen where the logits are and,
+            // on a device, the next step is launched before the host reads it
+            // (`Model::decode_greedy`).
+            if logits.iter().any(|v| !v.is_finite()) {
+                return Err(InferenceError::NonFiniteLogits);
             }
-            if let Some(piece) = streamer.push(next)? {
-                if out.push(&piece, &mut on_text) {
-                    break StopReason::StopString;
+            let first = sampler.sample(&logits, &history);
+            let mut stop = accept(first, &mut history)?;
+            if stop.is_none() {
+                let budget = opts.max_tokens.saturating_sub(1);
+                self.model
+                    .decode_greedy(self.backend, first, cache, budget, |t| {
+                        stop = accept(t, &mut history)?;
+                        Ok(stop.is_none())
+                    })?;
+            }
+            match stop {
+                Some(reason) => reason,
+                None if cache.check_room(1).is_err() => StopReason::ContextFull,
+                None => StopReason::MaxTokens,
+            }
+        } else {
+            // Greedy on a device decoder: each step's token is chosen there, without copying
+            // the logits back; `chosen` carries it to the next iteration.
+            let mut chosen = None;
+            loop {
+                let next = match chosen.take() {
+                    Some(next) => next,
+                    None => {
+                        if logits.iter().any(|v| !v.is_finite()) {
+                            return Err(InferenceError::NonFiniteLogits);
+                        }
+                        sampler.sample(&logits, &history)
+                    }
+                };
+                if let Some(reason) = accept(next, &mut history)? {
+                    break reason;
                 }
-            }
-            if tokens.len() >= opts.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            if cache.check_room(1).is_err() {
-                break StopReason::ContextFull;
-            }
-            // Reuses the logits buffer: no allocation per decoded token in this crate.
-            if greedy {
-                chosen = Some(runner.forward_greedy(next, cache, &mut logits)?);
-            } else {
-                runner.forward_into(&[next], cache, Logits::Last, &mut logits)?;
+                if cache.check_room(1).is_err() {
+                    break StopReason::ContextFull;
+                }
+                // Reuses the logits buffer: no allocation per decoded token in this crate.
+                if greedy {
+                    chosen = Some(runner.forward_greedy(next, cache, &mut logits)?);
+                } else {
+                    runner.forward_into(&[next], cache, Logits::Last, &mut logits)?;
+                }
             }
         };
         if stop != StopReason::StopString {

@@ -50,8 +50,8 @@ use half::f16;
 use crate::backend::check_product;
 use crate::ops::Activation;
 use crate::{
-    Argmax, Attend, AttentionParams, ComputeBackend, ComputeError, DecodePlan, FloatTable, KvType,
-    MatData, Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor,
+    Argmax, Attend, AttentionParams, Chosen, ComputeBackend, ComputeError, DecodePlan, FloatTable,
+    KvType, MatData, Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor,
     TensorProj, TokenDecoder,
 };
 use cache::{Scratch, WeightCache};
@@ -543,6 +543,30 @@ impl ComputeBackend for CudaBackend {
         out: &mut Vec<Argmax>,
     ) -> Result<(), ComputeError> {
         self.tensor_op(|st| tensor_ops::argmax_rows(st, logits, width, out))
+    }
+
+    fn argmax_rows_later(
+        &self,
+        logits: &Tensor,
+        width: usize,
+        chosen: &mut Chosen,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::argmax_rows_later(st, logits, width, chosen))
+    }
+
+    fn take_chosen(&self, chosen: &Chosen, out: &mut Vec<Argmax>) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::take_chosen(st, chosen, out))
+    }
+
+    fn embed_chosen(
+        &self,
+        table: FloatTable<'_>,
+        width: usize,
+        chosen: &Chosen,
+        scale: f32,
+        out: &mut Tensor,
+    ) -> Result<(), ComputeError> {
+        self.tensor_op(|st| tensor_ops::embed_chosen(st, table, width, chosen, scale, out))
     }
 
     fn gated_activation(

@@ -557,13 +557,14 @@ extern "C" __global__ void t_fill(float* x, long long n, float v) {
     if (i < n) x[i] = v;
 }
 
-// Row blockIdx.x of out = scale * row ids[blockIdx.x] of the f32 (f16 = 0) or f16 (f16 = 1)
-// table E.
-extern "C" __global__ void t_embed(const void* E, const int* ids, float* out, int width,
-                                   float scale, int f16) {
+// Row blockIdx.x of out = scale * row embed_id(r) (dequant.cu: ids[r] or the last greedy
+// choice of row r) of the f32 (f16 = 0) or f16 (f16 = 1) table E.
+extern "C" __global__ void t_embed(const void* E, const int* ids,
+                                   const unsigned long long* best, int table_rows, float* out,
+                                   int width, float scale, int f16) {
     pdl_trigger();
     pdl_wait();
-    long long id = ids[blockIdx.x];
+    long long id = embed_id(ids, best, blockIdx.x, table_rows);
     float* o = out + (long long)blockIdx.x * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float v = f16 ? f16_to_f32(((const u16*)E)[id * width + i]) : ((const float*)E)[id * width + i];

@@ -22,8 +22,9 @@ use crate::host_ops::check;
 use crate::ops::Activation;
 use crate::KvType;
 use crate::{
-    Argmax, Attend, AttentionParams, ComputeError, DeviceBuffer, ExpertRows, FloatTable, MatData,
-    Matrix, Norm, NormKind, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor, TensorProj,
+    Argmax, Attend, AttentionParams, Chosen, ComputeError, DeviceBuffer, ExpertRows, FloatTable,
+    MatData, Matrix, Norm, NormKind, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor,
+    TensorProj,
 };
 
 /// Threads of the row-wise kernels of `ops.cu` (`OPS_THREADS`).
@@ -105,6 +106,12 @@ pub(super) struct OpScratch {
     inv_freq: Vec<(RopeConfig, CudaSlice<f64>)>,
     /// `argmax_rows`' packed (value, id) keys and non-finite flags, two words per row.
     best: Option<CudaSlice<u64>>,
+    /// The `argmax_rows_later` whose choices `best` holds, if it still does.
+    best_ticket: Option<u64>,
+    /// `argmax_rows_later`s so far (each one's ticket).
+    tickets: u64,
+    /// Choice copies in flight to the host, ticket `t` in slot `t % 2`.
+    copies: [Option<ChoiceCopy>; 2],
     /// The decode attention's key splits (`dec_attn_split*`): `[rows, n_q, splits, head_dim + 2]`.
     splits: Option<CudaSlice<f32>>,
 }
@@ -1910,6 +1917,27 @@ pub(super) fn scale_softcap(
     )
 }
 
+/// Where an embedding lookup's token ids are.
+#[derive(Clone, Copy)]
+enum Ids<'a> {
+    /// Given by the host (staged in the step's arena).
+    Host(&'a [u32]),
+    /// The choices of the last `argmax_rows_later`, `rows` of them, in `OpScratch::best`.
+    Best(usize),
+}
+
+impl Ids<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Ids::Host(v) => v.len(),
+            Ids::Best(rows) => *rows,
+        }
+    }
+}
+
+/// [`crate::ComputeBackend::embed`] on the device: `t_embed` for an f32/f16 table, the
+/// quantized formats of `t_embed_*` (ggml's dequantizers, dequant.cu) for a table of blocks;
+/// other block formats are dequantized on the host row by row and uploaded.
 pub(super) fn embed(
     st: &mut State,
     table: FloatTable<'_>,
@@ -1918,6 +1946,51 @@ pub(super) fn embed(
     scale: f32,
     out: &mut Tensor,
 ) -> Result<(), ComputeError> {
+    let rows = table_rows(table, width)?;
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= rows) {
+        return Err(ComputeError::ShapeMismatch {
+            what: "embedding row (token id < rows)",
+            expected: rows,
+            got: id as usize,
+            unit: "row",
+        });
+    }
+    embed_rows(st, table, width, Ids::Host(ids), scale, out)
+}
+
+/// [`crate::ComputeBackend::embed_chosen`] on the device: the choices of the last
+/// [`argmax_rows_later`] looked up where they are (no wait); choices of an earlier step, or a
+/// table only the host can read, wait for them ([`take_chosen`]).
+pub(super) fn embed_chosen(
+    st: &mut State,
+    table: FloatTable<'_>,
+    width: usize,
+    chosen: &Chosen,
+    scale: f32,
+    out: &mut Tensor,
+) -> Result<(), ComputeError> {
+    let rows = table_rows(table, width)?;
+    let latest = chosen.host.is_none() && st.ops.best_ticket == Some(chosen.ticket);
+    if latest && embed_kernel(st, table, width).is_some() {
+        return embed_rows(st, table, width, Ids::Best(chosen.rows), scale, out);
+    }
+    let mut picks = Vec::with_capacity(chosen.rows);
+    take_chosen(st, chosen, &mut picks)?;
+    let ids: Vec<u32> = picks
+        .iter()
+        .map(|a| {
+            if (a.token as usize) < rows {
+                a.token
+            } else {
+                0
+            }
+        })
+        .collect();
+    embed_rows(st, table, width, Ids::Host(&ids), scale, out)
+}
+
+/// Rows of an embedding table of `width`. Errors: a table that is not whole rows.
+fn table_rows(table: FloatTable<'_>, width: usize) -> Result<usize, ComputeError> {
     let rows = table.len().checked_div(width).unwrap_or(0);
     if width == 0 || rows * width != table.len() {
         return Err(ComputeError::ShapeMismatch {
@@ -1927,46 +2000,95 @@ pub(super) fn embed(
             unit: "values",
         });
     }
-    if let Some(&id) = ids.iter().find(|&&id| id as usize >= rows) {
-        return Err(ComputeError::ShapeMismatch {
-            what: "embedding row (token id < rows)",
-            expected: rows,
-            got: id as usize,
-            unit: "row",
-        });
+    Ok(rows)
+}
+
+/// The kernel that looks up rows of `table` on the device and its `f16` argument (`t_embed`),
+/// or `None` for block formats without one (or rows that are not whole blocks).
+fn embed_kernel(
+    st: &State,
+    table: FloatTable<'_>,
+    width: usize,
+) -> Option<(cudarc::driver::CudaFunction, Option<i32>)> {
+    let k = &st.dev.k;
+    match table {
+        FloatTable::F32(_) => Some((k.t_embed.clone(), Some(0))),
+        FloatTable::F16(_) => Some((k.t_embed.clone(), Some(1))),
+        FloatTable::Blocks { format, .. } => {
+            if !width.is_multiple_of(format.block_elems()) {
+                return None;
+            }
+            let f = match format {
+                QuantFormat::Q4_0 => &k.t_embed_q4_0,
+                QuantFormat::Q5_0 => &k.t_embed_q5_0,
+                QuantFormat::Q8_0 => &k.t_embed_q8_0,
+                QuantFormat::Q4_K => &k.t_embed_q4_k,
+                QuantFormat::Q6_K => &k.t_embed_q6_k,
+                _ => return None,
+            };
+            Some((f.clone(), None))
+        }
     }
-    fit(st, out, ids.len() * width)?;
-    if ids.is_empty() {
+}
+
+/// Row `r` of `out` (fit to `ids.len() · width`) = row `ids[r]` of `table` times `scale`; the
+/// ids are in range (checked by the caller, or choices of a product of this table's rows).
+fn embed_rows(
+    st: &mut State,
+    table: FloatTable<'_>,
+    width: usize,
+    ids: Ids<'_>,
+    scale: f32,
+    out: &mut Tensor,
+) -> Result<(), ComputeError> {
+    let n = ids.len();
+    fit(st, out, n * width)?;
+    if n == 0 {
         return Ok(());
     }
-    let (bytes, f16) = match table {
-        FloatTable::F32(v) => (as_bytes(v), 0),
-        FloatTable::F16(v) => (as_bytes(v), 1),
-        // A quantized table (no float tier): the few looked-up rows are dequantized on the
-        // host (ggml's dequantizers) and copied over.
-        FloatTable::Blocks { .. } => {
-            let mut rows_host = vec![0.0; ids.len() * width];
-            crate::host_ops::embed(table, ids, scale, &mut rows_host)?;
-            return upload(st, &rows_host, out);
-        }
+    let rows = table_rows(table, width)?;
+    let Some((func, f16)) = embed_kernel(st, table, width) else {
+        // A block format without a device kernel: the few looked-up rows are dequantized on
+        // the host (ggml's dequantizers) and copied over.
+        let Ids::Host(ids) = ids else {
+            return Err(dev_err(
+                "embed: chosen ids for a table the device cannot read",
+            ));
+        };
+        let mut rows_host = vec![0.0; n * width];
+        crate::host_ops::embed(table, ids, scale, &mut rows_host)?;
+        return upload(st, &rows_host, out);
+    };
+    let bytes = match table {
+        FloatTable::F32(v) => as_bytes(v),
+        FloatTable::F16(v) => as_bytes(v),
+        FloatTable::Blocks { bytes, .. } => bytes,
     };
     let tpp = cached(st, bytes)?;
-    let idx: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
-    let ip = upload_ints(st, &idx)?;
-    let mut a = [
+    let (ip, bp) = match ids {
+        Ids::Host(ids) => {
+            let idx: Vec<i32> = ids.iter().map(|&v| v as i32).collect();
+            (upload_ints(st, &idx)?, 0)
+        }
+        Ids::Best(_) => match &st.ops.best {
+            Some(b) => (0, ptr(b, &st.dev.stream)),
+            None => return Err(dev_err("embed: no greedy choices on the device")),
+        },
+    };
+    let op = tp(st, out, "embed")?;
+    let mut a = vec![
         tpp,
         ip,
-        tp(st, out, "embed")?,
+        bp,
+        i(to_i32("embedding rows", rows)?),
+        op,
         i(to_i32("width", width)?),
         f(scale),
-        i(f16),
     ];
-    go(
-        &mut st.rec,
-        &st.dev.k.t_embed,
-        per_row(ids.len(), OPS_THREADS),
-        &mut a,
-    )
+    if let Some(f16) = f16 {
+        a.push(i(f16));
+    }
+    go(&mut st.rec, &func, per_row(n, OPS_THREADS), &mut a)
 }
 
 /// Device pointers `[q32, d32, qk, dk, bsk]` of the activation buffers, sized for `n` values,
@@ -2325,20 +2447,14 @@ fn split_scratch(st: &mut State, len: usize) -> Result<u64, ComputeError> {
     )
 }
 
-/// The greedy choice of each row of `logits` (`[R, width]`): `t_argmax_clear` and
-/// `t_argmax_rows` into a device buffer, then its `2 R` words copied back (this syncs the
-/// step).
-pub(super) fn argmax_rows(
-    st: &mut State,
-    logits: &Tensor,
-    width: usize,
-    out: &mut Vec<Argmax>,
-) -> Result<(), ComputeError> {
+/// Record `t_argmax_clear` and `t_argmax_rows`: the greedy choice of each row of `logits`
+/// (`[R, width]`) into `OpScratch::best`, two words per row; returns `R`. Errors: `width` 0 or
+/// not whole rows; device failures.
+fn record_argmax(st: &mut State, logits: &Tensor, width: usize) -> Result<usize, ComputeError> {
     crate::host_ops::check_argmax_rows(logits.len(), width)?;
     let rows = logits.len() / width;
-    out.clear();
     if rows == 0 {
-        return Ok(());
+        return Ok(0);
     }
     let bp = {
         let State { dev, ops, rec, .. } = &mut *st;
@@ -2366,6 +2482,34 @@ pub(super) fn argmax_rows(
     };
     let mut a = [lp, i(to_i32("vocab", width)?), bp];
     go(&mut st.rec, &st.dev.k.t_argmax_rows, cfg, &mut a)?;
+    Ok(rows)
+}
+
+/// The choices of `t_argmax_rows`' packed words (two per row) into `out`.
+fn unpack_choices(words: &[u64], out: &mut Vec<Argmax>) {
+    out.clear();
+    out.extend(words.chunks_exact(2).map(|b| Argmax {
+        // The low 32 bits hold 0xffffffff - id (t_argmax_rows).
+        token: u32::MAX - (b[0] & 0xffff_ffff) as u32,
+        all_finite: b[1] == 0,
+    }));
+}
+
+/// The greedy choice of each row of `logits` (`[R, width]`) ([`record_argmax`]), then its
+/// `2 R` words copied back (this syncs the step).
+pub(super) fn argmax_rows(
+    st: &mut State,
+    logits: &Tensor,
+    width: usize,
+    out: &mut Vec<Argmax>,
+) -> Result<(), ComputeError> {
+    let rows = record_argmax(st, logits, width)?;
+    out.clear();
+    if rows == 0 {
+        return Ok(());
+    }
+    // `best` no longer holds the choices of an `argmax_rows_later`.
+    st.ops.best_ticket = None;
     st.rec.flush(&st.dev.stream)?;
     let mut best = vec![0u64; 2 * rows];
     let Some(buf) = &st.ops.best else {
@@ -2379,10 +2523,114 @@ pub(super) fn argmax_rows(
         )?;
         drv("synchronize", stream.synchronize())
     })?;
-    out.extend(best.chunks_exact(2).map(|b| Argmax {
-        // The low 32 bits hold 0xffffffff - id (t_argmax_rows).
-        token: u32::MAX - (b[0] & 0xffff_ffff) as u32,
-        all_finite: b[1] == 0,
-    }));
+    unpack_choices(&best, out);
+    Ok(())
+}
+
+/// A copy of greedy choices to the host in flight ([`argmax_rows_later`]): its pinned buffer
+/// and the event recorded after the copy into it.
+#[derive(Debug)]
+pub(super) struct ChoiceCopy {
+    host: cudarc::driver::PinnedHostSlice<u64>,
+    done: cudarc::driver::CudaEvent,
+    /// The `argmax_rows_later` whose choices it holds (or receives) and their rows.
+    ticket: u64,
+    rows: usize,
+}
+
+/// [`crate::ComputeBackend::argmax_rows_later`] on the device: [`record_argmax`], everything
+/// pending launched, then the `2 R` words copied into one of two pinned buffers (used in turn)
+/// and an event recorded after the copy: the host does not wait. The choices stay in
+/// `OpScratch::best` for [`embed_chosen`] until the next argmax.
+pub(super) fn argmax_rows_later(
+    st: &mut State,
+    logits: &Tensor,
+    width: usize,
+    chosen: &mut Chosen,
+) -> Result<(), ComputeError> {
+    let rows = record_argmax(st, logits, width)?;
+    st.ops.best_ticket = None;
+    st.rec.flush(&st.dev.stream)?;
+    st.ops.tickets += 1;
+    let ticket = st.ops.tickets;
+    *chosen = Chosen {
+        rows,
+        host: None,
+        ticket,
+    };
+    let State { dev, ops, rec, .. } = &mut *st;
+    let stream = &dev.stream;
+    let slot = &mut ops.copies[(ticket % 2) as usize];
+    // The slot's last copy (two tickets ago) may still be in flight: done before its buffer
+    // is reused or replaced.
+    if let Some(c) = slot.as_ref() {
+        rec.timed_wait(|| drv("wait for an older choice copy", c.done.synchronize()))?;
+    }
+    if slot.as_ref().is_none_or(|c| c.host.len() < 2 * rows) {
+        // SAFETY: the buffer is written by the copy below before it is read.
+        let host = drv("allocate pinned memory for the greedy choices", unsafe {
+            stream
+                .context()
+                .alloc_pinned_with_flags::<u64>((2 * rows).max(64), 0)
+        })?;
+        let done = drv("create an event", stream.context().new_event(None))?;
+        *slot = Some(ChoiceCopy {
+            host,
+            done,
+            ticket,
+            rows,
+        });
+    }
+    let Some(c) = slot.as_mut() else {
+        return Err(dev_err("choice copy missing"));
+    };
+    c.ticket = ticket;
+    c.rows = rows;
+    if rows == 0 {
+        return Ok(());
+    }
+    let src = match &ops.best {
+        Some(b) => ptr(b, stream),
+        None => return Err(dev_err("argmax buffer missing")),
+    };
+    let dst = drv("pinned choices", c.host.as_mut_slice())?;
+    // SAFETY: `dst` is pinned host memory of at least `2 rows` words, alive until the event
+    // below has completed (it is synchronised before the buffer is reused or dropped: the
+    // slot is waited on above, and `take_chosen` waits before reading); `src` holds `2 rows`
+    // words written by the launches enqueued before the copy.
+    drv("copy the greedy tokens to the host", unsafe {
+        cudarc::driver::result::memcpy_dtoh_async(&mut dst[..2 * rows], src, stream.cu_stream())
+    })?;
+    drv("record the choice copy", c.done.record(stream))?;
+    ops.best_ticket = Some(ticket);
+    Ok(())
+}
+
+/// [`crate::ComputeBackend::take_chosen`] on the device: waits for the copy of `chosen`'s
+/// ticket. Errors: a ticket whose buffer was reused (more than two steps old), device failures.
+pub(super) fn take_chosen(
+    st: &mut State,
+    chosen: &Chosen,
+    out: &mut Vec<Argmax>,
+) -> Result<(), ComputeError> {
+    if let Some(picks) = &chosen.host {
+        out.clear();
+        out.extend_from_slice(picks);
+        return Ok(());
+    }
+    let State { ops, rec, .. } = &mut *st;
+    let Some(c) = ops.copies[(chosen.ticket % 2) as usize]
+        .as_ref()
+        .filter(|c| c.ticket == chosen.ticket && chosen.ticket != 0)
+    else {
+        return Err(dev_err(format!(
+            "take_chosen: the greedy choices of step {} are no longer held (a device keeps the \
+             last two)",
+            chosen.ticket
+        )));
+    };
+    rec.timed_wait(|| drv("wait for the greedy choices", c.done.synchronize()))?;
+    let words = drv("pinned choices", c.host.as_slice())?;
+    unpack_choices(&words[..2 * c.rows], out);
     Ok(())
 }

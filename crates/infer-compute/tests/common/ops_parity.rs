@@ -11,9 +11,9 @@
 use half::f16;
 use infer_compute::ops::Activation;
 use infer_compute::{
-    Attend, AttentionParams, ComputeBackend, ExpertRows, FloatTable, KvSlot, MatData, Matrix, Norm,
-    NormKind, QuantFormat, ResidualNorm, RopeAttend, RopeConfig, RopeScaling, RoutedProj, Tensor,
-    TensorProj,
+    Attend, AttentionParams, Chosen, ComputeBackend, ExpertRows, FloatTable, KvSlot, MatData,
+    Matrix, Norm, NormKind, QuantFormat, ResidualNorm, RopeAttend, RopeConfig, RopeScaling,
+    RoutedProj, Tensor, TensorProj,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -637,7 +637,15 @@ fn check_embed_argmax(b: &dyn ComputeBackend, rng: &mut StdRng) {
     // the ggml dequantization of its blocks, times the scale.
     let (rows, h) = (9, 256);
     let values = randv(rng, rows * h);
-    for format in [QuantFormat::Q4_K, QuantFormat::Q6_K, QuantFormat::Q8_0] {
+    for format in [
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+        QuantFormat::Q5_0,
+        // No device kernel: looked up on the host.
+        QuantFormat::Q5_K,
+    ] {
         let bytes = infer_quant::quantize(format, &values, h, None).expect("quantize");
         let deq = infer_quant::dequantize_to_vec(format, &bytes, rows * h).expect("dequantize");
         let t = FloatTable::Blocks {
@@ -692,6 +700,7 @@ pub fn check_backend_ops(b: &dyn ComputeBackend) {
     check_rope_attend(b, &mut rng);
     check_act_then_product(b, &mut rng);
     check_argmax_rows(b, &mut rng);
+    check_chosen(b, &mut rng);
     check_moe_routing(b, &mut rng);
     check_moe_grouped(b, &mut rng);
 }
@@ -1472,6 +1481,69 @@ fn check_act_then_product(b: &dyn ComputeBackend, rng: &mut StdRng) {
         let what = format!("gated SiLU [{m}x{n}] then products");
         check_products_of(b, rng, &what, &got, m);
         close(&what, &down(b, &got), &want);
+    }
+}
+
+/// `argmax_rows_later`, `take_chosen` and `embed_chosen`: the choices those of `argmax_rows`
+/// (a row of NaN flagged, and looked up as some row of the table), the lookup that of `embed`
+/// of the chosen ids, for the last choices and for those of the step before (held in turn).
+fn check_chosen(b: &dyn ComputeBackend, rng: &mut StdRng) {
+    let (rows, h) = (11, 256);
+    let values = randv(rng, rows * h);
+    let bytes = infer_quant::quantize(QuantFormat::Q4_K, &values, h, None).expect("quantize");
+    let tables = [
+        FloatTable::F32(&values),
+        FloatTable::Blocks {
+            format: QuantFormat::Q4_K,
+            bytes: &bytes,
+        },
+    ];
+    let mut logits = randv(rng, 3 * rows);
+    logits[rows + 4] = 7.0;
+    for v in &mut logits[2 * rows..] {
+        *v = f32::NAN;
+    }
+    let first = up(b, &logits);
+    let second = up(b, &randv(rng, 2 * rows));
+    let mut want_first = Vec::new();
+    b.argmax_rows(&first, rows, &mut want_first)
+        .expect("argmax_rows");
+    let mut want_second = Vec::new();
+    b.argmax_rows(&second, rows, &mut want_second)
+        .expect("argmax_rows");
+    let (mut c1, mut c2) = (Chosen::default(), Chosen::default());
+    let mut got = Vec::new();
+    for table in tables {
+        b.argmax_rows_later(&first, rows, &mut c1)
+            .expect("argmax_rows_later");
+        assert_eq!(c1.rows, 3, "argmax_rows_later: rows");
+        let mut out = Tensor::default();
+        b.embed_chosen(table, h, &c1, 2.5, &mut out)
+            .expect("embed_chosen");
+        let via_chosen = down(b, &out);
+        let ids: Vec<u32> = want_first.iter().map(|a| a.token).collect();
+        b.embed(table, h, &ids[..2], 2.5, &mut out).expect("embed");
+        assert_eq!(
+            via_chosen[..2 * h],
+            down(b, &out)[..],
+            "embed_chosen of the last choices: the rows of the chosen ids"
+        );
+        b.take_chosen(&c1, &mut got).expect("take_chosen");
+        assert_eq!(got, want_first, "take_chosen: the choices of argmax_rows");
+        // A second step's choices; the first ones are still held and looked up.
+        b.argmax_rows_later(&second, rows, &mut c2)
+            .expect("argmax_rows_later");
+        b.embed_chosen(table, h, &c1, 2.5, &mut out)
+            .expect("embed_chosen of the step before");
+        assert_eq!(
+            down(b, &out)[..2 * h],
+            via_chosen[..2 * h],
+            "embed_chosen of the step before"
+        );
+        b.take_chosen(&c2, &mut got).expect("take_chosen");
+        assert_eq!(got, want_second, "take_chosen of the second step");
+        b.take_chosen(&c1, &mut got).expect("take_chosen");
+        assert_eq!(got, want_first, "take_chosen of the step before");
     }
 }
 
