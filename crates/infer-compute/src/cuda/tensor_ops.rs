@@ -100,9 +100,52 @@ impl DeviceBuffer for DevBuf {
     }
 }
 
+/// Which activation block families the quantized products read, per activation size (values,
+/// rows × width): Q8_K (`kq`, the K-quants) and/or 32-value blocks (`b32`, the other ggml
+/// formats). A fused operation quantizes its output only for the families a product of that
+/// size has read (both until one has run): a Q4_K_M model's products all read Q8_K, so the
+/// 32-value copy would be written for nothing at every layer.
+#[derive(Debug, Default)]
+struct ActFamilies(Vec<(usize, bool, bool)>);
+
+/// Sizes remembered by [`ActFamilies`] (prompt chunks of many lengths come and go).
+const ACT_FAMILY_SIZES: usize = 16;
+
+impl ActFamilies {
+    /// A product of `n` activation values read the family `kq` (else 32-value blocks).
+    fn note(&mut self, n: usize, kq: bool) {
+        let k = match self.0.iter().position(|e| e.0 == n) {
+            Some(k) => k,
+            None => {
+                if self.0.len() == ACT_FAMILY_SIZES {
+                    self.0.remove(0);
+                }
+                self.0.push((n, false, false));
+                self.0.len() - 1
+            }
+        };
+        if kq {
+            self.0[k].1 = true;
+        } else {
+            self.0[k].2 = true;
+        }
+    }
+
+    /// Of the families `(kq, b32)` a fused operation's output of `n` values could be quantized
+    /// to, those a product of that size read (all of them before any has run).
+    fn wanted(&self, n: usize, kq: bool, b32: bool) -> (bool, bool) {
+        match self.0.iter().find(|e| e.0 == n) {
+            Some(&(_, k, b)) => (kq && k, b32 && b),
+            None => (kq, b32),
+        }
+    }
+}
+
 /// RoPE's inverse frequencies per configuration and the greedy choices, on the device.
 #[derive(Debug, Default)]
 pub(super) struct OpScratch {
+    /// The activation families the products read, per size.
+    act_families: ActFamilies,
     inv_freq: Vec<(RopeConfig, CudaSlice<f64>)>,
     /// `argmax_rows`' packed (value, id) keys and non-finite flags, two words per row.
     best: Option<CudaSlice<u64>>,
@@ -705,6 +748,9 @@ fn quantize(
 ) -> Result<(), ComputeError> {
     let n = m * cols;
     let kq = is_kq(format);
+    if format.is_some() {
+        st.ops.act_families.note(n, kq);
+    }
     if let Some(p) = st.pq {
         // Quantized by the kernel that wrote `x` (ggml formats only: the seed's Q8 keeps f32
         // scales).
@@ -1414,6 +1460,9 @@ fn norm_launch(
     )
 }
 
+/// [`crate::ComputeBackend::norm`]: an RMSNorm without bias as `t_add_norm` without a branch
+/// (its output quantized for the next product, as after a residual step: the first layer's
+/// input norm), any other norm as `t_norm`.
 pub(super) fn norm(
     st: &mut State,
     n: &Norm<'_>,
@@ -1422,7 +1471,47 @@ pub(super) fn norm(
 ) -> Result<(), ComputeError> {
     fit(st, out, x.len())?;
     let (xp, op) = (tp(st, x, "norm")?, tp(st, out, "norm")?);
-    norm_launch(st, n, xp, op, x.len())
+    crate::host_ops::check_norm(n, x.len())?;
+    let len = x.len();
+    let d = n.weight.len();
+    let rms = match rms_parts(st, n)? {
+        Some(p) if len > 0 => p,
+        _ => return norm_launch(st, n, xp, op, len),
+    };
+    let (nw, eps, off) = rms;
+    let (kq, b32) = wanted_families(st, len, d.is_multiple_of(256), d.is_multiple_of(32));
+    let t = quant_targets(st, len, kq, b32)?;
+    let mut a = [
+        xp,
+        0,
+        0,
+        f(1.0),
+        nw,
+        op,
+        i(to_i32("norm width", d)?),
+        f(0.0),
+        f(0.0),
+        f(eps),
+        f(off),
+        t[0],
+        t[1],
+        t[2],
+        t[3],
+        t[4],
+    ];
+    go(
+        &mut st.rec,
+        &st.dev.k.t_add_norm,
+        per_row(len / d, RN_THREADS),
+        &mut a,
+    )?;
+    st.pq_next = Some(PreQuant {
+        x: op,
+        n: len,
+        kq,
+        b32,
+    });
+    Ok(())
 }
 
 pub(super) fn norm_inplace(
@@ -1830,8 +1919,8 @@ pub(super) fn activation(
         None => 0,
     };
     let n = up.len();
-    let (kq, b32) = (n.is_multiple_of(256), n.is_multiple_of(32));
-    if !b32 || n == 0 {
+    let (kq, b32) = wanted_families(st, n, n.is_multiple_of(256), n.is_multiple_of(32));
+    if !(kq || b32) || n == 0 {
         let mut a = [gp, tp(st, up, "activation")?, n as u64, i(act_code(act))];
         return go(&mut st.rec, &st.dev.k.t_act, flat(n), &mut a);
     }
@@ -2091,6 +2180,12 @@ fn embed_rows(
     go(&mut st.rec, &func, per_row(n, OPS_THREADS), &mut a)
 }
 
+/// The families `(kq, b32)` a fused operation quantizes its `n` output values to: of those
+/// its width allows, the ones a product of that size read ([`ActFamilies`]).
+fn wanted_families(st: &State, n: usize, kq: bool, b32: bool) -> (bool, bool) {
+    st.ops.act_families.wanted(n, kq, b32)
+}
+
 /// Device pointers `[q32, d32, qk, dk, bsk]` of the activation buffers, sized for `n` values,
 /// for the families wanted (`kq`: Q8_K, `b32`: 32-value blocks), 0 for the others.
 fn quant_targets(st: &mut State, n: usize, kq: bool, b32: bool) -> Result<[u64; 5], ComputeError> {
@@ -2161,7 +2256,7 @@ pub(super) fn add_norm(
         return Ok(true);
     }
     let n = x.len();
-    let (kq, b32) = (d.is_multiple_of(256), d.is_multiple_of(32));
+    let (kq, b32) = wanted_families(st, n, d.is_multiple_of(256), d.is_multiple_of(32));
     let t = quant_targets(st, n, kq, b32)?;
     let (xp, bp, op) = (
         tp(st, x, "add_norm")?,
@@ -2303,7 +2398,7 @@ pub(super) fn rope_attend(
     };
     let (window, sinks, cfg) = attention_launch(st, p, rows)?;
     let n = a.q.len();
-    let (kq, b32) = (hd.is_multiple_of(256), hd.is_multiple_of(32));
+    let (kq, b32) = wanted_families(st, n, hd.is_multiple_of(256), hd.is_multiple_of(32));
     let t = quant_targets(st, n, kq, b32)?;
     let (qp, kp, vp, op) = (
         tp(st, a.q, "rope_attend")?,
