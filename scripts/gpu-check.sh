@@ -27,8 +27,8 @@
 #                                # MB) of GGUFs into .gpu/skel, with this machine's `infer synth`
 #   scripts/gpu-check.sh synth [prep]  # on the GPU machine (carry .gpu/bin and .gpu/skel): random
 #                                # weights of each skeleton's shapes and ggml types (`infer
-#                                # synth`), a q4k vindex of each, `infer bench` with the device
-#                                # decoder and with --host-loop, and llama.cpp's CUDA llama-bench
+#                                # synth`), a q4k vindex of each, `infer bench` (a table with
+#                                # --profile, then --json), and llama.cpp's CUDA llama-bench
 #                                # on the same GGUF when scripts/gpu-llamacpp.sh has built it;
 #                                # `prep`: only make the files (no timing)
 #   scripts/gpu-check.sh configs [NAME[:LAYERS[:DIV]]...|all]  # here: copy
@@ -285,10 +285,9 @@ synth() {
         [[ -f "$g" ]] || "$BIN/infer" synth --like "$s" -o "$g" 2>&1 | tail -2 | tee -a "$log"
         [[ -d "$v" ]] || "$BIN/infer" extract "$g" -o "$v" --quant q4k --float f32 --no-tokenizer 2>&1 | tail -2 | tee -a "$log"
         [[ "${1:-}" == prep ]] && continue
-        echo "== $name: infer bench --device cuda (device decoder, then --host-loop)" | tee -a "$log"
+        echo "== $name: infer bench --device cuda (--profile, then --json)" | tee -a "$log"
         "$BIN/infer" bench "$v" --device cuda -p 128 -n 64 -r 5 --profile 2>&1 | tee -a "$log" || true
         "$BIN/infer" bench "$v" --device cuda -p 128 -n 64 -r 5 --json 2>&1 | tee -a "$log" || true
-        "$BIN/infer" bench "$v" --device cuda --host-loop -p 0 -n 64 -r 3 2>&1 | tee -a "$log" || true
         if [[ -x /tmp/llama-build/bin/llama-bench ]]; then
             echo "== $name: llama.cpp CUDA llama-bench" | tee -a "$log"
             bash scripts/gpu-llamacpp.sh bench "$g" 2>&1 | tee -a "$log" || true
@@ -474,7 +473,7 @@ PY
 
 # The markdown header (HEADER) or one row (ROW NAME GIB INFER_OUT LLAMA_JSON TIMES NOTE) of
 # `sizes`: per test of SIZES_BENCH (pp<p>, tg<n>) infer's and llama.cpp's tokens/s and their
-# ratio, then the step times, infer's decoder and memory lines and any note.
+# ratio, then the step times, infer's decode and memory lines and any note.
 sizes_row() {
     python3 - "$@" <<'PY'
 import json, re, sys

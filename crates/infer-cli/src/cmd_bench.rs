@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use infer_inference::forward::Logits;
-use infer_inference::{KvCache, Model, TokenRunner};
+use infer_inference::{KvCache, Model};
 use infer_vindex::Vindex;
 
 use crate::device_args::DeviceArgs;
@@ -76,9 +76,9 @@ pub struct BenchArgs {
     /// `-d` context, empty by default).
     #[arg(short = 'B', long = "batch")]
     pub batch: Option<usize>,
-    /// With a device decoder (`--device cuda`): after each tg test, also run one decode step
-    /// kernel by kernel with timing events and print the device time per kernel kind (table
-    /// output, single-sequence protocol; one table per tg test).
+    /// On a device (`--device cuda`): after each tg test, also run one decode step kernel by
+    /// kernel with timing events between launches (no CUDA graph) and print the device time
+    /// per kernel (table output, single-sequence protocol; one table per tg test).
     #[arg(long)]
     pub profile: bool,
     /// Print the format plan (which tier each operation reads) to stderr before the runs.
@@ -290,7 +290,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let ctx = largest.context(model.arch.config().max_position_embeddings)?;
     // Weights, KV caches and scratch against the device's free memory (the host's available
     // memory for the KV caches on the CPU), before anything is uploaded or allocated.
-    let work = workload(&args, &model, largest, ctx);
+    let work = workload(&args, largest, ctx);
     let (what, fix) = memory_words(&args, largest, ctx);
     // The table prints the `memory:` line; with --json, --explain prints it on stderr.
     let explain = args.explain && args.json;
@@ -316,7 +316,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// What the memory check counts: with `--batch`, B sequences prefilled in steps of whole
 /// prompts (at most [`MAX_STEP_TOKENS`]) and then decoded B tokens a step; without, one
 /// sequence of `ctx` positions whose longest step is the largest context or prompt.
-fn workload(args: &BenchArgs, model: &Model<'_>, largest: Largest, ctx: usize) -> Workload {
+fn workload(args: &BenchArgs, largest: Largest, ctx: usize) -> Workload {
     match args.batch {
         Some(b) => {
             let prompt = largest.prompt.max(1);
@@ -326,7 +326,6 @@ fn workload(args: &BenchArgs, model: &Model<'_>, largest: Largest, ctx: usize) -
                 positions: ctx,
                 step_tokens: (per_step * prompt).max(b),
                 logit_rows: b,
-                fused_decoder: false,
             }
         }
         None => Workload {
@@ -334,7 +333,6 @@ fn workload(args: &BenchArgs, model: &Model<'_>, largest: Largest, ctx: usize) -
             positions: ctx,
             step_tokens: largest.depth.max(largest.prompt).max(1),
             logit_rows: 1,
-            fused_decoder: args.device.fused_decoder(model, ctx),
         },
     }
 }
@@ -362,7 +360,7 @@ fn memory_words(args: &BenchArgs, largest: Largest, ctx: usize) -> (String, &'st
     (what, fix)
 }
 
-/// Device time per kernel kind of one decode step: name, launches, µs.
+/// Device time per kernel of one decode step: name, launches, µs.
 type Profile = Vec<(String, usize, f64)>;
 
 /// What one test measured: medians over its repetitions.
@@ -372,16 +370,15 @@ struct Outcome {
     /// Walk-FFN time per decoded token (all layers) of a tg test, from the process-wide walk
     /// FFN clock; `None` where the FFN does not run the walk path (the clock does not move).
     walk_ffn_ms: Option<f64>,
-    /// `--profile` of a tg test on a device decoder: one step after the first repetition.
+    /// `--profile` of a tg test on a device: one step after the first repetition.
     profile: Profile,
 }
 
-/// The single-sequence protocol's state across its tests: one runner (the weights uploaded
-/// once) with caches of `ctx` positions.
+/// The single-sequence protocol's state across its tests: one model and backend (the weights
+/// uploaded on the first pass, kept) with caches of `ctx` positions.
 struct Bench<'r, 'm, 'a> {
     model: &'m Model<'a>,
     backend: &'m dyn infer_compute::ComputeBackend,
-    runner: TokenRunner<'m, 'a>,
     /// The context's ids, then the prompt's (a test at depth `d` reads `ids[d..]`).
     ids: &'r [u32],
     ctx: usize,
@@ -409,7 +406,7 @@ impl<'r> Bench<'r, '_, '_> {
                     rates.push(rate);
                     ffn_ms.push(ffn);
                     if self.profile && profile.is_empty() {
-                        profile = self.runner.profile_step(last, &cache)?;
+                        profile = self.profile_step(last, &mut cache)?;
                     }
                 }
             }
@@ -426,32 +423,63 @@ impl<'r> Bench<'r, '_, '_> {
     }
 
     /// Untimed, as llama-bench's warm-up: the first device steps upload the weights, record
-    /// the CUDA graph and load the kernels of each product shape (cuBLAS loads its kernels
-    /// lazily); a tg test warms one decode step after its context, a pp test its prompt.
+    /// the CUDA graphs and load the kernels of each product shape (cuBLAS loads its kernels
+    /// lazily); a tg test warms a few greedy decode steps after its context (a step's list is
+    /// captured as a graph the second time it is launched), a pp test its prompt.
     fn warm(&mut self, test: Test) -> anyhow::Result<()> {
-        // One forward-pass cache at a time (the memory check counts one beside the fused
-        // decoder's): this one is dropped before the timed runs make theirs.
+        // One cache at a time (the memory check counts one): this one is dropped before the
+        // timed runs make theirs.
         let mut cache = self.context(test.depth)?;
-        let tokens = match test.phase {
-            Phase::Prompt => self.prompt(test),
-            Phase::Gen => &self.ids[..1],
-        };
-        self.runner
-            .forward_into(tokens, &mut cache, Logits::Last, &mut self.logits)?;
+        match test.phase {
+            Phase::Prompt => {
+                let prompt = self.prompt(test);
+                self.model.forward_into(
+                    self.backend,
+                    prompt,
+                    &mut cache,
+                    Logits::Last,
+                    &mut self.logits,
+                )?;
+            }
+            Phase::Gen => {
+                let steps = test.tokens.min(3);
+                self.model
+                    .decode_greedy(self.backend, self.ids[0], &mut cache, steps, |_| Ok(true))?;
+            }
+        }
         Ok(())
     }
 
-    /// A new cache holding a context of `depth` tokens, prefilled untimed; its K/V reach the
-    /// device decoder here, untimed too (llama-bench times decode from a filled cache).
+    /// A new cache holding a context of `depth` tokens, prefilled untimed (llama-bench times
+    /// decode from a filled cache).
     fn context(&mut self, depth: usize) -> anyhow::Result<KvCache> {
         let mut cache = self.model.new_cache(self.ctx);
         if depth > 0 {
             let ids = self.ids;
-            self.runner
-                .forward_into(&ids[..depth], &mut cache, Logits::Last, &mut self.logits)?;
-            self.runner.sync_to_device(&cache)?;
+            self.model.forward_into(
+                self.backend,
+                &ids[..depth],
+                &mut cache,
+                Logits::Last,
+                &mut self.logits,
+            )?;
         }
         Ok(cache)
+    }
+
+    /// `--profile`: device time per kernel of one greedy decode step of `token` at position
+    /// `cache.len()`, its kernels launched one by one with timing events between them
+    /// ([`infer_compute::ComputeBackend::start_kernel_profile`]); empty where the backend times
+    /// nothing (the CPU). The step advances `cache`.
+    fn profile_step(&mut self, token: u32, cache: &mut KvCache) -> anyhow::Result<Profile> {
+        if !self.backend.start_kernel_profile()? {
+            return Ok(Vec::new());
+        }
+        let step = self.model.forward_greedy(self.backend, &[token], cache);
+        // Stop timing whether or not the step ran.
+        let profile = self.backend.take_kernel_profile();
+        step?;
+        Ok(profile?)
     }
 
     /// The pp test's prompt: the ids after its context.
@@ -464,8 +492,8 @@ impl<'r> Bench<'r, '_, '_> {
     fn prefill(&mut self, test: Test, cache: &mut KvCache) -> anyhow::Result<f64> {
         let prompt = self.prompt(test);
         let t0 = Instant::now();
-        self.runner
-            .forward_into(prompt, cache, Logits::Last, &mut self.logits)?;
+        self.model
+            .forward_into(self.backend, prompt, cache, Logits::Last, &mut self.logits)?;
         Ok(test.tokens as f64 / t0.elapsed().as_secs_f64())
     }
 
@@ -475,20 +503,12 @@ impl<'r> Bench<'r, '_, '_> {
         let mut tok = self.ids[0];
         let ffn0 = infer_inference::walk::walk_ffn_nanos();
         let t0 = Instant::now();
-        if self.runner.on_device() {
-            for _ in 0..test.tokens {
-                // Greedy, chosen on the device decoder (as `run` does).
-                tok = self.runner.forward_greedy(tok, cache, &mut self.logits)?;
-            }
-        } else {
-            // The forward pass, greedy as `run` is: a device records each step while the
-            // one before runs.
-            self.model
-                .decode_greedy(self.backend, tok, cache, test.tokens, |t| {
-                    tok = t;
-                    Ok(true)
-                })?;
-        }
+        // Greedy as `run` is: a device records each step while the one before runs.
+        self.model
+            .decode_greedy(self.backend, tok, cache, test.tokens, |t| {
+                tok = t;
+                Ok(true)
+            })?;
         let rate = test.tokens as f64 / t0.elapsed().as_secs_f64();
         let ffn_ns = infer_inference::walk::walk_ffn_nanos() - ffn0;
         Ok((rate, ffn_ns as f64 / 1e6 / test.tokens as f64, tok))
@@ -510,8 +530,8 @@ struct Shared<'a> {
     memory: &'a (kv_memory::Need, kv_memory::Room),
 }
 
-/// The llama-bench protocol: every test on one runner, then one table or one JSON object per
-/// test.
+/// The llama-bench protocol: every test on one model and backend, then one table or one JSON
+/// object per test.
 fn single(
     args: &BenchArgs,
     tests: &[Test],
@@ -521,15 +541,13 @@ fn single(
     ctx: usize,
     memory: &(kv_memory::Need, kv_memory::Room),
 ) -> anyhow::Result<()> {
-    let runner = TokenRunner::new(model, backend, ctx, !args.device.host_loop)?;
-    let decode = crate::device_args::decode_mode(&runner, &args.device);
+    let decode = crate::device_args::decode_mode(&args.device);
     let has_tg = tests.iter().any(|t| t.phase == Phase::Gen);
-    if args.profile && !runner.on_device() {
-        eprintln!(
-            "note: --profile times the device decoder's kernels; this run has none ({decode})"
-        );
+    let on_device = args.device.device != crate::device_args::Device::Cpu;
+    if args.profile && !on_device {
+        eprintln!("note: --profile times a device's kernels; this run has none ({decode})");
     }
-    if args.profile && runner.on_device() && (args.json || !has_tg) {
+    if args.profile && on_device && (args.json || !has_tg) {
         eprintln!(
             "note: --profile prints a table of one decode step: it needs -n > 0 and no --json"
         );
@@ -537,13 +555,12 @@ fn single(
     let mut bench = Bench {
         model,
         backend,
-        profile: args.profile && !args.json && runner.on_device(),
-        runner,
+        profile: args.profile && !args.json && on_device,
         ids,
         ctx,
         logits: Vec::new(),
         repetitions: args.repetitions,
-        warm_up: args.device.device != crate::device_args::Device::Cpu,
+        warm_up: on_device,
     };
     let outcomes = tests
         .iter()

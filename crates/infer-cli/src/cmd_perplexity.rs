@@ -144,7 +144,6 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
         positions: ctx,
         step_tokens: ctx,
         logit_rows: ctx,
-        fused_decoder: false,
     };
     let what = format!("windows of --ctx {ctx}");
     args.device

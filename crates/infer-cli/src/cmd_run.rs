@@ -129,8 +129,8 @@ impl SamplingArgs {
     /// The [`Decoding`] of these flags for `model` on `backend` with a context of `ctx`, for
     /// prompt passes of up to `longest_prompt` tokens. First checks that the weights, the KV
     /// cache and the scratch fit in the device's memory (the KV cache in the host's on the CPU;
-    /// `--explain` prints the `memory:` line). Errors: a context that does not fit (naming
-    /// `--ctx`), the device fails while setting up.
+    /// `--explain` prints the `memory:` line, then where the prompt and the decoded tokens run).
+    /// Errors: a context that does not fit (naming `--ctx`).
     pub(crate) fn decoding<'m, 'a>(
         &self,
         model: &'m Model<'a>,
@@ -144,7 +144,6 @@ impl SamplingArgs {
             positions: ctx,
             step_tokens: longest_prompt.clamp(1, ctx),
             logit_rows: 1,
-            fused_decoder: self.device.fused_decoder(model, ctx),
         };
         self.device.check_memory(
             model,
@@ -154,8 +153,8 @@ impl SamplingArgs {
             "lower --ctx (-c)",
             self.explain,
         )?;
-        let mut gen = Generator::new(model, backend, tokenizer, ctx);
-        self.device.prepare(&mut gen, self.explain)?;
+        let gen = Generator::new(model, backend, tokenizer, ctx);
+        self.device.explain(self.explain);
         Ok(Decoding {
             gen,
             sampler: Sampler::new(self.params()),
@@ -424,7 +423,6 @@ pub fn logits(args: LogitsArgs) -> anyhow::Result<()> {
         positions: ids.len(),
         step_tokens: ids.len(),
         logit_rows: ids.len(),
-        fused_decoder: false,
     };
     let what = format!("{} tokens", ids.len());
     let fix = "give fewer tokens";

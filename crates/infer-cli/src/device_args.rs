@@ -6,7 +6,6 @@ use std::str::FromStr;
 
 use anyhow::Result;
 use infer_compute::{ComputeBackend, CpuBackend, KvType};
-use infer_inference::{Generator, TokenRunner};
 
 /// The error of `--device cuda` in a binary built without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
@@ -56,14 +55,9 @@ pub struct DeviceArgs {
     /// `--features cuda`, an NVIDIA driver and NVRTC (libnvrtc.so) on the loader path. On CUDA
     /// the forward pass runs on the GPU (weights, KV cache and activations resident; the MoE
     /// and walk FFNs on the host), and a decode step of a shape seen before is one CUDA graph
-    /// replay; where the model's layers allow it, single-sequence decode uses the fused
-    /// whole-token decoder (`--explain` says which).
+    /// replay.
     #[arg(long, default_value = "cpu", value_parser = Device::from_str)]
     pub device: Device,
-    /// Decode through the forward pass (its operations on the device, steps replayed as CUDA
-    /// graphs) even where the fused whole-token decoder could run (for comparison).
-    #[arg(long)]
-    pub host_loop: bool,
     /// How the KV cache stores keys and values: f32, f16 or q8_0 (ggml's 8-bit blocks: 17/32 of
     /// f16's memory; needs head_dim a multiple of 32), as llama.cpp's `-ctk/-ctv`. Default:
     /// f16 on cuda (llama.cpp's default), f32 on cpu (the only type the CPU backend stores).
@@ -72,24 +66,12 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
-    /// Set up `gen`'s forward passes for this device (uploads the weights when the device
-    /// decodes whole tokens) and, with `explain`, say on stderr how tokens are decoded.
-    /// Errors: the device fails while setting up.
-    pub fn prepare(&self, gen: &mut Generator<'_, '_>, explain: bool) -> Result<()> {
-        gen.device_decode = !self.host_loop;
-        let runner = gen.runner()?;
+    /// With `explain`, say on stderr where the prompt's and the decoded tokens' operations run.
+    pub fn explain(&self, explain: bool) {
         if explain {
             eprintln!("{}", prompt_mode(self));
-            eprintln!("decode: {}", decode_mode(runner, self));
+            eprintln!("decode: {}", decode_mode(self));
         }
-        Ok(())
-    }
-
-    /// True when single-sequence decode on this device may run the backend's fused
-    /// whole-token decoder for `model` with caches of `ctx` positions (it then keeps a KV
-    /// cache of its own: the memory check counts two).
-    pub fn fused_decoder(&self, model: &infer_inference::Model<'_>, ctx: usize) -> bool {
-        self.device != Device::Cpu && !self.host_loop && model.decode_plan(ctx).is_ok()
     }
 
     /// [`crate::kv_memory::check`] of `w` for `model` on `backend` (this device): prints the
@@ -162,27 +144,13 @@ pub fn prompt_mode(args: &DeviceArgs) -> String {
 }
 
 /// Where single tokens run, in words: the `decode: …` line of `--explain` and of `bench`.
-pub fn decode_mode(runner: &TokenRunner<'_, '_>, args: &DeviceArgs) -> String {
-    if runner.on_device() {
-        return format!(
-            "whole tokens on {} (weights, KV cache and activations resident, one CUDA \
-             graph per token)",
-            args.device
-        );
-    }
-    match (&runner.host_reason, args.device, args.host_loop) {
-        (_, Device::Cpu, _) => "CPU forward loop".into(),
-        (_, d, true) => format!(
-            "the forward pass's operations on {d}, each step replayed as a CUDA graph \
-             (--host-loop)"
+pub fn decode_mode(args: &DeviceArgs) -> String {
+    match args.device {
+        Device::Cpu => "CPU forward loop".into(),
+        d => format!(
+            "the forward pass's operations on {d}, each step replayed as a CUDA graph (greedy: \
+             the next step launched from the device's choice before the host reads it)"
         ),
-        (Some(why), d, false) => format!(
-            "the forward pass's operations on {d}, each step replayed as a CUDA graph \
-             (the fused decoder does not cover {why})"
-        ),
-        (None, d, false) => {
-            format!("the forward pass's operations on {d}, each step replayed as a CUDA graph")
-        }
     }
 }
 
@@ -228,7 +196,6 @@ mod tests {
     fn cuda_without_the_feature_is_a_clear_error() {
         let a = DeviceArgs {
             device: Device::Cuda(0),
-            host_loop: false,
             kv_type: None,
         };
         let e = a.backend().err().expect("an error").to_string();

@@ -51,9 +51,6 @@ pub struct Shape {
     /// or MoE FFNs that run on the host.
     pub weights: u64,
     pub host_weights: u64,
-    /// The f32 copy of a quantized embedding table that the fused decoder makes on the device
-    /// (`vocab · hidden · 4` bytes; 0 for an f32 or f16 table, which it reads in place).
-    pub embed_copy: u64,
 }
 
 impl Shape {
@@ -77,12 +74,6 @@ impl Shape {
             vocab: model.vocab_size,
             weights: weights as u64,
             host_weights: host_weights as u64,
-            embed_copy: match model.embeddings {
-                infer_inference::FloatRows::Blocks { .. } => {
-                    (model.vocab_size * model.hidden_size * 4) as u64
-                }
-                _ => 0,
-            },
         }
     }
 }
@@ -98,9 +89,6 @@ pub struct Workload {
     /// Rows of logits one step computes (1 per sequence, or every position for `perplexity`
     /// and `logits`).
     pub logit_rows: usize,
-    /// Single-sequence decode through the backend's fused whole-token decoder, which keeps a
-    /// KV cache of its own beside the forward pass's (both on the device).
-    pub fused_decoder: bool,
 }
 
 /// The memory a [`Workload`] needs, in bytes.
@@ -110,11 +98,9 @@ pub struct Need {
     pub weights: u64,
     /// Walk and MoE FFN weights that stay on the host with a device (0 on the CPU).
     pub host_weights: u64,
-    /// Every KV cache (every copy).
+    /// Every KV cache (one per sequence).
     pub kv: u64,
     pub kv_type: KvType,
-    /// Copies of each sequence's cache (2 with the fused decoder).
-    pub kv_copies: usize,
     /// Activations, logits and (on a device) the backend's work buffers and
     /// [`DEVICE_RESERVE`]: an estimate.
     pub scratch: u64,
@@ -141,12 +127,9 @@ impl Need {
 /// product buffers (input and output copies, bf16 and quantized activations, about 16 bytes per
 /// value of the widest product); the logits; on a device for a prompt step, the attention
 /// scores of a long chunk, an f32 copy of the keys and values it reads from an f16 or q8_0
-/// cache, and the dequantized weight rows of its GEMMs; the fused decoder's buffers and its f32
-/// copy of a quantized embedding table ([`Shape::embed_copy`]); and
-/// [`DEVICE_RESERVE`].
+/// cache, and the dequantized weight rows of its GEMMs; and [`DEVICE_RESERVE`].
 pub fn estimate(shape: &Shape, kv: KvType, device: bool, w: &Workload) -> Need {
-    let copies = if w.fused_decoder { 2 } else { 1 };
-    let kv_bytes = kv_bytes(&shape.kv_dims, kv, w.positions) * (w.sequences * copies) as u64;
+    let kv_bytes = kv_bytes(&shape.kv_dims, kv, w.positions) * w.sequences as u64;
     let kv_dim = shape.kv_dims.iter().copied().max().unwrap_or(0) as u64;
     let (h, qd, inter) = (
         shape.hidden as u64,
@@ -169,9 +152,6 @@ pub fn estimate(shape: &Shape, kv: KvType, device: bool, w: &Workload) -> Need {
             }
             scratch += DEQUANT_BYTES;
         }
-        if w.fused_decoder {
-            scratch += 2 * shape.q_heads as u64 * positions * 4 + shape.embed_copy;
-        }
         scratch += DEVICE_RESERVE;
     }
     Need {
@@ -183,7 +163,6 @@ pub fn estimate(shape: &Shape, kv: KvType, device: bool, w: &Workload) -> Need {
         host_weights: if device { shape.host_weights } else { 0 },
         kv: kv_bytes,
         kv_type: kv,
-        kv_copies: copies,
         scratch,
         work: *w,
         device,
@@ -240,8 +219,8 @@ pub fn size(bytes: u64) -> String {
     }
 }
 
-/// The `memory: …` line: weights, KV cache (type, positions × sequences, copies), scratch,
-/// and the room.
+/// The `memory: …` line: weights, KV cache (type, positions × sequences), scratch, and the
+/// room.
 pub fn line(need: &Need, room: &Room) -> String {
     let w = &need.work;
     let s = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
@@ -254,11 +233,6 @@ pub fn line(need: &Need, room: &Room) -> String {
             size(h)
         ),
     };
-    let copies = if need.kv_copies > 1 {
-        ", twice: the fused decoder's and the forward pass's"
-    } else {
-        ""
-    };
     let room = match room {
         Room::Device { name, free, total } => {
             format!("{name} has {} free of {}", size(*free), size(*total))
@@ -270,7 +244,7 @@ pub fn line(need: &Need, room: &Room) -> String {
         Room::Unknown => "memory available unknown".into(),
     };
     format!(
-        "memory: {weights}, KV cache {} ({}, {} × {}{copies}), scratch ~{} (steps of up to {}); \
+        "memory: {weights}, KV cache {} ({}, {} × {}), scratch ~{} (steps of up to {}); \
          {room}",
         size(need.kv),
         need.kv_type,
@@ -361,14 +335,12 @@ pub fn check_host_config(
         host_weights: 0,
         kv: kv_bytes(&dims, KvType::F32, ctx) * slots as u64,
         kv_type: KvType::F32,
-        kv_copies: 1,
         scratch: 0,
         work: Workload {
             sequences: slots,
             positions: ctx,
             step_tokens: 1,
             logit_rows: 1,
-            fused_decoder: false,
         },
         device: false,
     };
@@ -415,8 +387,6 @@ mod tests {
             vocab: 128256,
             weights: 4_920_000_000,
             host_weights: 0,
-            // A q4k vindex: the fused decoder's f32 copy of the quantized embedding table.
-            embed_copy: 128256 * 4096 * 4,
         }
     }
 
@@ -426,7 +396,6 @@ mod tests {
             positions,
             step_tokens: 512,
             logit_rows: 1,
-            fused_decoder: false,
         }
     }
 
@@ -447,7 +416,7 @@ mod tests {
     }
 
     #[test]
-    fn estimate_counts_sequences_copies_and_the_device_scratch() {
+    fn estimate_counts_sequences_and_the_device_scratch() {
         let s = llama8b();
         let host = estimate(&s, KvType::F32, false, &one(4096));
         assert_eq!(host.kv, 1024 * MIB);
@@ -462,18 +431,13 @@ mod tests {
             "{}",
             dev.scratch
         );
+        // One sequence: one cache (the forward pass's, the only one).
         w.sequences = 1;
-        w.fused_decoder = true;
-        let fused = estimate(&s, KvType::F16, true, &w);
-        assert_eq!((fused.kv, fused.kv_copies), (1024 * MIB, 2));
-        // The fused decoder's f32 embedding copy (2 GiB for the 8B vocabulary) is counted.
-        let mut no_copy = s.clone();
-        no_copy.embed_copy = 0;
-        let plain = estimate(&no_copy, KvType::F16, true, &w);
-        assert_eq!(fused.scratch - plain.scratch, 128256 * 4096 * 4);
+        let one = estimate(&s, KvType::F16, true, &w);
+        assert_eq!(one.kv, 512 * MIB);
         // A decode-only step needs no prompt buffers: less scratch than a 512-token step.
         w.step_tokens = 1;
-        assert!(estimate(&s, KvType::F16, true, &w).scratch < fused.scratch);
+        assert!(estimate(&s, KvType::F16, true, &w).scratch < one.scratch);
     }
 
     #[test]
@@ -523,7 +487,6 @@ mod tests {
             vocab: 49152,
             weights: 3 << 30,
             host_weights: 0,
-            embed_copy: 0,
         };
         let mut w = one(8101);
         w.sequences = 4096;

@@ -762,17 +762,22 @@ pub trait ComputeBackend: Send + Sync {
         self.embed(table, width, &ids, scale, out)
     }
 
-    /// A device-resident whole-token decoder for `plan` (the seed's `decode_token`): weights,
-    /// KV cache and activations stay on the device and one token costs one upload of its id and
-    /// one download of the logits. `Ok(None)` (the default, and the CPU backend): no such
-    /// decoder; the caller runs its host forward loop with this backend's products. Errors: the
-    /// plan is malformed (shapes, formats) or the device fails.
-    fn token_decoder<'s>(
-        &'s self,
-        plan: &crate::DecodePlan<'_>,
-    ) -> Result<Option<Box<dyn crate::TokenDecoder + 's>>, ComputeError> {
-        let _ = plan;
-        Ok(None)
+    /// Start timing this backend's kernels: from now on, until
+    /// [`take_kernel_profile`](Self::take_kernel_profile), each launch of the operations
+    /// recorded so far runs kernel by kernel with a timing event after each (no CUDA graph), so
+    /// that one step's device time can be split by kernel. Returns false where the backend has
+    /// no kernels to time (the default, and the CPU backend). Errors: a device failure while
+    /// launching what was pending before (that stays untimed).
+    fn start_kernel_profile(&self) -> Result<bool, ComputeError> {
+        Ok(false)
+    }
+
+    /// Stop timing (see [`start_kernel_profile`](Self::start_kernel_profile)) and return the
+    /// device time of the kernels launched since, per kernel name: (name, launches, µs), in
+    /// first-launch order; empty when nothing was timed. Errors: a device failure of the timed
+    /// launches.
+    fn take_kernel_profile(&self) -> Result<Vec<(String, usize, f64)>, ComputeError> {
+        Ok(Vec::new())
     }
 }
 

@@ -12,7 +12,6 @@ mod backend;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-mod decode_plan;
 mod error;
 mod host_ops;
 mod kv_type;
@@ -29,7 +28,6 @@ pub mod vec_dot;
 pub use attention::{attention, attention_reference, AttentionParams};
 pub use backend::{add_norm_composed, host, host_mut, rope_attend_composed, ComputeBackend};
 pub use cpu::{axpy_f16, dot_f16, CpuBackend};
-pub use decode_plan::{DecodePlan, PlanBiases, PlanLayer, TokenDecoder};
 pub use error::ComputeError;
 pub use host_ops::expert_index;
 pub use infer_quant::QuantFormat;

@@ -71,7 +71,7 @@ impl FloatTable<'_> {
 }
 
 /// The greedy choice of an argmax over logits ([`crate::ComputeBackend::argmax`],
-/// `TokenDecoder::step_argmax`).
+/// [`crate::ComputeBackend::argmax_rows`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Argmax {
     /// Id of the largest finite logit (ties → the smaller id).

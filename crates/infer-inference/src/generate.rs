@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use infer_compute::ComputeBackend;
 
 use crate::forward::Logits;
-use crate::{InferenceError, KvCache, Model, Sampler, TextStreamer, TokenRunner, Tokenizer};
+use crate::{InferenceError, KvCache, Model, Sampler, TextStreamer, Tokenizer};
 
 /// Generation limits and stop conditions.
 #[derive(Clone, Debug, Default)]
@@ -53,18 +53,15 @@ impl GenerationStats {
     }
 }
 
-/// Runs a [`Model`] with a KV cache, a sampler and a tokenizer. Forward passes go through a
-/// [`TokenRunner`] (the backend's device-resident decoder for single tokens when it has one),
-/// made on the first [`Generator::generate`].
+/// Runs a [`Model`] with a KV cache, a sampler and a tokenizer, every step through the one
+/// forward pass: the prompt in one batch ([`Model::forward_into`]), greedy decode through
+/// [`Model::decode_greedy`] (each choice made where the logits are; on a device the next step
+/// launched before the host reads it), sampled decode one [`Model::forward_into`] per token.
 pub struct Generator<'m, 'a> {
     pub model: &'m Model<'a>,
     pub backend: &'m dyn ComputeBackend,
     pub tokenizer: &'m Tokenizer,
     pub cache: KvCache,
-    /// Use the backend's device-resident decoder when it has one (default true; false runs
-    /// every pass through the host loop).
-    pub device_decode: bool,
-    runner: Option<TokenRunner<'m, 'a>>,
 }
 
 impl<'m, 'a> Generator<'m, 'a> {
@@ -79,26 +76,6 @@ impl<'m, 'a> Generator<'m, 'a> {
             backend,
             tokenizer,
             cache: model.new_cache(context),
-            device_decode: true,
-            runner: None,
-        }
-    }
-
-    /// The runner of this generator's forward passes (made on first use: uploads the weights
-    /// when the backend has a device decoder). Errors: device failures.
-    pub fn runner(&mut self) -> Result<&mut TokenRunner<'m, 'a>, InferenceError> {
-        if self.runner.is_none() {
-            let r = TokenRunner::new(
-                self.model,
-                self.backend,
-                self.cache.capacity(),
-                self.device_decode,
-            )?;
-            self.runner = Some(r);
-        }
-        match self.runner.as_mut() {
-            Some(r) => Ok(r),
-            None => unreachable!("runner set above"),
         }
     }
 
@@ -118,14 +95,11 @@ impl<'m, 'a> Generator<'m, 'a> {
         }
         self.cache.check_room(prompt.len())?;
         let mut history: Vec<u32> = prompt.to_vec();
-        self.runner()?;
-        let Generator { cache, runner, .. } = self;
-        let Some(runner) = runner.as_mut() else {
-            unreachable!("runner made above")
-        };
+        let (model, backend) = (self.model, self.backend);
+        let cache = &mut self.cache;
         let t0 = Instant::now();
         let mut logits = Vec::new();
-        runner.forward_into(prompt, cache, Logits::Last, &mut logits)?;
+        model.forward_into(backend, prompt, cache, Logits::Last, &mut logits)?;
         let prefill_time = t0.elapsed();
         let t1 = Instant::now();
         let mut streamer = TextStreamer::new(self.tokenizer);
@@ -157,10 +131,9 @@ impl<'m, 'a> Generator<'m, 'a> {
             StopReason::Interrupted
         } else if opts.max_tokens == 0 {
             StopReason::MaxTokens
-        } else if greedy && !runner.on_device() {
-            // The forward pass, greedy: each step's token is chosen where the logits are and,
-            // on a device, the next step is launched before the host reads it
-            // (`Model::decode_greedy`).
+        } else if greedy {
+            // Each step's token is chosen where the logits are and, on a device, the next step
+            // is launched before the host reads it (`Model::decode_greedy`).
             if logits.iter().any(|v| !v.is_finite()) {
                 return Err(InferenceError::NonFiniteLogits);
             }
@@ -168,11 +141,10 @@ impl<'m, 'a> Generator<'m, 'a> {
             let mut stop = accept(first, &mut history)?;
             if stop.is_none() {
                 let budget = opts.max_tokens.saturating_sub(1);
-                self.model
-                    .decode_greedy(self.backend, first, cache, budget, |t| {
-                        stop = accept(t, &mut history)?;
-                        Ok(stop.is_none())
-                    })?;
+                model.decode_greedy(backend, first, cache, budget, |t| {
+                    stop = accept(t, &mut history)?;
+                    Ok(stop.is_none())
+                })?;
             }
             match stop {
                 Some(reason) => reason,
@@ -180,19 +152,12 @@ impl<'m, 'a> Generator<'m, 'a> {
                 None => StopReason::MaxTokens,
             }
         } else {
-            // Greedy on a device decoder: each step's token is chosen there, without copying
-            // the logits back; `chosen` carries it to the next iteration.
-            let mut chosen = None;
+            // Sampling: the logits of each step come back to the host.
             loop {
-                let next = match chosen.take() {
-                    Some(next) => next,
-                    None => {
-                        if logits.iter().any(|v| !v.is_finite()) {
-                            return Err(InferenceError::NonFiniteLogits);
-                        }
-                        sampler.sample(&logits, &history)
-                    }
-                };
+                if logits.iter().any(|v| !v.is_finite()) {
+                    return Err(InferenceError::NonFiniteLogits);
+                }
+                let next = sampler.sample(&logits, &history);
                 if let Some(reason) = accept(next, &mut history)? {
                     break reason;
                 }
@@ -200,11 +165,7 @@ impl<'m, 'a> Generator<'m, 'a> {
                     break StopReason::ContextFull;
                 }
                 // Reuses the logits buffer: no allocation per decoded token in this crate.
-                if greedy {
-                    chosen = Some(runner.forward_greedy(next, cache, &mut logits)?);
-                } else {
-                    runner.forward_into(&[next], cache, Logits::Last, &mut logits)?;
-                }
+                model.forward_into(backend, &[next], cache, Logits::Last, &mut logits)?;
             }
         };
         if stop != StopReason::StopString {

@@ -66,11 +66,6 @@ impl KvCache {
         Ok(())
     }
 
-    /// Layer `layer`'s K and V tensors.
-    pub(crate) fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
-        (&self.k[layer], &self.v[layer])
-    }
-
     /// Layer `layer`'s K and V tensors, writable (for the attention step).
     pub(crate) fn layer_mut(&mut self, layer: usize) -> (&mut Tensor, &mut Tensor) {
         (&mut self.k[layer], &mut self.v[layer])
@@ -130,7 +125,7 @@ impl KvCache {
     }
 
     /// Copy `k` and `v` (whole rows of `layer`'s kv_dim) into the rows of positions `start..`
-    /// (e.g. from a device decoder's cache). Errors as [`KvCache::read_rows`].
+    /// (as [`KvCache::copy_prefix_from`] does). Errors as [`KvCache::read_rows`].
     pub fn write_rows(
         &mut self,
         backend: &dyn ComputeBackend,

@@ -4,7 +4,6 @@
 
 pub mod chat;
 pub mod conversation;
-pub mod device_decode;
 pub mod error;
 pub mod forward;
 pub mod generate;
@@ -22,7 +21,6 @@ pub mod walk_k;
 mod walk_sparse;
 
 pub use conversation::Conversation;
-pub use device_decode::TokenRunner;
 pub use error::InferenceError;
 pub use generate::{GenerateOptions, GenerationStats, Generator, StopFilter, StopReason};
 pub use kv_cache::KvCache;

@@ -349,9 +349,7 @@ impl<'a> Model<'a> {
     /// layer's norms, attention and dense FFN ([`FullPipelineLayer::stored_weight_bytes`]),
     /// the final norm and an untied output projection with its bias; `host`: the walk and MoE
     /// FFNs, which run on the host even with a device (every expert counted). On the CPU both
-    /// parts are read from the vindex's mapping. A device may hold a little more than
-    /// `device`: the fused decoder keeps an f32 copy of a quantized embedding table (a vindex
-    /// without a float tier).
+    /// parts are read from the vindex's mapping.
     pub fn stored_weight_bytes(&self) -> (usize, usize) {
         let (mut device, mut host) = (0, 0);
         for l in &self.layers {
@@ -531,7 +529,7 @@ fn quant_weight<'a>(
     } = w
     {
         // A quantized tier's F16 fallback (rows no block divides): a float weight, so every
-        // backend and the device decoder multiply it as the f16 float tier.
+        // backend multiplies it as the f16 float tier.
         let values = bytes
             .chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]))

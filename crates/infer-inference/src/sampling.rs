@@ -67,7 +67,7 @@ impl Sampler {
 
     /// True when [`Sampler::sample`] is a plain argmax of the logits (temperature 0, no
     /// repetition penalty), so the choice can be made where the logits are
-    /// ([`crate::TokenRunner::forward_greedy`]).
+    /// ([`crate::Model::decode_greedy`]).
     pub fn is_greedy(&self) -> bool {
         self.params.temperature <= 0.0 && self.params.repeat_penalty == 1.0
     }

@@ -17,12 +17,15 @@
 //!   Greedy (argmax) tokens must agree at every position whose CPU top-1/top-2 margin exceeds
 //!   0.1 × std.
 //!
-//! - Device-resident decoder (`TokenRunner`, CUDA graph per token) on the quantized plan:
-//!   sequence 0 as prefill of a quarter, single tokens to the half, a two-token host pass (K/V
-//!   copied back from the device), single tokens to the end; every call's last logits against
-//!   the CPU host loop's for the same calls, with the quantized bound above. Every case whose
-//!   model has a decode plan must run on the device (llama and gemma3 must have one); the others
-//!   print why they run the host loop.
+//! - The forward pass's calls of mixed lengths through one cache on the quantized plan:
+//!   sequence 0 as prefill of a quarter, single tokens to the half (CUDA graph replays), a
+//!   two-token pass, single tokens to the end; every call's last logits against the CPU
+//!   backend's for the same calls, with the quantized bound above.
+//! - Greedy decode through `Model::decode_greedy` (on CUDA each choice made on the device and
+//!   the next step launched from it before the host reads it) after prefilling half of
+//!   sequence 0: the GPU's choices equal the CPU backend's at every step whose CPU top-1/top-2
+//!   margin exceeds 0.1 × std, for as long as both have chosen the same tokens (past a
+//!   below-margin step where they differ, the two continue from different tokens).
 //!
 //! The tests need a CUDA device and are `#[ignore]`d; `scripts/gpu-check.sh` runs them (it copies
 //! the archrefs folders next to the test binary and sets `INFER_SHARED`).
@@ -36,9 +39,7 @@ use infer_compute::cuda::CudaBackend;
 use infer_compute::{ComputeBackend, CpuBackend};
 use infer_inference::forward::Logits;
 use infer_inference::sampling::argmax;
-use infer_inference::{
-    AttnChoice, FfnChoice, FfnPath, FormatRequest, LmHeadChoice, Model, TokenRunner,
-};
+use infer_inference::{AttnChoice, FfnChoice, FfnPath, FormatRequest, LmHeadChoice, Model};
 use infer_vindex::Vindex;
 
 /// Float tier vs HF and vs the CPU backend: max |Δ| ≤ TOL_FLOAT × std (as tests/archrefs.rs).
@@ -124,28 +125,6 @@ fn check_greedy(
     (compared, skipped)
 }
 
-/// The device decoder's greedy choices (`forward_greedy`: argmax on the device): `seq[..t/2]`
-/// prefilled, then each token of `seq[t/2..]`; entry i matches chunk i + 1 of
-/// [`decode_logits`].
-fn device_greedy_ids(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -> Vec<u32> {
-    let t = seq.len();
-    let mut cache = model.new_cache(t);
-    let mut runner = TokenRunner::new(model, backend, t, true).expect("runner");
-    assert!(runner.on_device(), "device decoder expected");
-    let mut logits = Vec::new();
-    runner
-        .forward_into(&seq[..t / 2], &mut cache, Logits::Last, &mut logits)
-        .expect("prefill");
-    seq[t / 2..]
-        .iter()
-        .map(|&tok| {
-            runner
-                .forward_greedy(tok, &mut cache, &mut logits)
-                .expect("greedy step")
-        })
-        .collect()
-}
-
 /// The forward pass's greedy choices ([`Model::forward_greedy`]: argmax where the logits are,
 /// on the device for CUDA): `seq[..t/2]` prefilled, then each token of `seq[t/2..]`; entry i
 /// matches chunk i + 1 of [`decode_logits`].
@@ -167,12 +146,7 @@ fn forward_greedy_ids(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) 
 
 /// Sequence `seq` as calls of these lengths: a quarter, single tokens to the half, two tokens,
 /// single tokens to the end. Returns each call's last logits, `[calls, vocab]`.
-fn chunked_logits(
-    model: &Model,
-    backend: &dyn ComputeBackend,
-    seq: &[u32],
-    device: bool,
-) -> Vec<f32> {
+fn chunked_logits(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -> Vec<f32> {
     let t = seq.len();
     let (q, h) = ((t / 4).max(1), t / 2);
     let mut sizes = vec![q];
@@ -181,22 +155,81 @@ fn chunked_logits(
     let used: usize = sizes.iter().sum();
     sizes.extend(std::iter::repeat(1).take(t - used));
     let mut cache = model.new_cache(t);
-    let mut runner = TokenRunner::new(model, backend, t, true).expect("runner");
-    if device {
-        assert!(
-            runner.on_device(),
-            "the CUDA backend must run this model's single tokens on the device decoder"
-        );
-    }
     let (mut out, mut logits, mut at) = (Vec::new(), Vec::new(), 0);
     for n in sizes {
-        runner
-            .forward_into(&seq[at..at + n], &mut cache, Logits::Last, &mut logits)
+        model
+            .forward_into(
+                backend,
+                &seq[at..at + n],
+                &mut cache,
+                Logits::Last,
+                &mut logits,
+            )
             .unwrap_or_else(|e| panic!("forward at {at} on {}: {e}", backend.name()));
         out.extend_from_slice(&logits);
         at += n;
     }
     out
+}
+
+/// Greedy decode of `seq[..t/2]`'s continuation through [`Model::decode_greedy`]: prefill
+/// `seq[..t/2]`, then `seq[t/2]` and each choice in turn, `t - t/2` choices.
+fn decode_greedy_ids(model: &Model, backend: &dyn ComputeBackend, seq: &[u32]) -> Vec<u32> {
+    let t = seq.len();
+    let half = t / 2;
+    let mut cache = model.new_cache(t);
+    model
+        .forward(backend, &seq[..half], &mut cache, Logits::Last)
+        .expect("prefill");
+    let mut ids = Vec::with_capacity(t - half);
+    model
+        .decode_greedy(backend, seq[half], &mut cache, t - half, |tok| {
+            ids.push(tok);
+            Ok(true)
+        })
+        .unwrap_or_else(|e| panic!("decode_greedy on {}: {e}", backend.name()));
+    ids
+}
+
+/// `got` (the GPU's [`decode_greedy_ids`]) against `want` (the CPU's), step by step: `logits`
+/// are the CPU's logits of each step of `want` (chunk i chose `want[i]`). Equal tokens are
+/// compared (above the margin) or skipped (below it); at the first step where they differ the
+/// CPU margin must be below MARGIN × `sq` (a rounding flip), and the comparison ends there
+/// (the two continue from different tokens). Returns (compared, skipped).
+fn check_greedy_run(
+    case: &str,
+    got: &[u32],
+    want: &[u32],
+    logits: &[f32],
+    vocab: usize,
+    sq: f64,
+) -> (usize, usize) {
+    assert_eq!(got.len(), want.len(), "{case}: greedy decode lengths");
+    let (mut compared, mut skipped) = (0, 0);
+    for (i, ((&g, &w), l)) in got
+        .iter()
+        .zip(want)
+        .zip(logits.chunks_exact(vocab))
+        .enumerate()
+    {
+        let mut sorted = l.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let margin = (sorted[0] - sorted[1]) as f64;
+        if g != w {
+            assert!(
+                margin < MARGIN * sq,
+                "{case}: decode_greedy step {i}: GPU chose {g}, CPU {w}, CPU margin {margin:e} \
+                 ≥ {MARGIN} × std {sq:e}"
+            );
+            break;
+        }
+        if margin < MARGIN * sq {
+            skipped += 1;
+        } else {
+            compared += 1;
+        }
+    }
+    (compared, skipped)
 }
 
 fn ratio(what: &str, case: &str, got: &[f32], want: &[f32], s: f64, tol: f64) {
@@ -314,33 +347,35 @@ fn check_case(case: &str, gpu: &CudaBackend) {
     assert!(compared > 0, "{case}: no decode step above the margin");
     println!("cuda archrefs {case}: forward-pass device argmax equal at {compared} steps ({skipped} below margin)");
 
-    // The device-resident decoder where the model has a decode plan.
-    match model.decode_plan(t) {
-        Err(why) => {
-            assert!(
-                !matches!(case, "llama" | "gemma3"),
-                "{case} must have a decode plan: {why}"
-            );
-            println!("cuda archrefs {case}: device decoder not used ({why})");
-        }
-        Ok(_) => {
-            let gd = chunked_logits(&model, gpu, &ids[..t], true);
-            let cd = chunked_logits(&model, &cpu, &ids[..t], false);
-            ratio_quant("device decoder vs CPU", case, &gd, &cd, vocab, sq);
-            let ids_dev = device_greedy_ids(&model, gpu, &ids[..t]);
-            let cpu_steps = decode_logits(&model, &cpu, &ids[..t]);
-            let (compared, skipped) = check_greedy(
-                case,
-                "device argmax",
-                &ids_dev,
-                &cpu_steps[vocab..],
-                vocab,
-                sq,
-            );
-            assert!(compared > 0, "{case}: no decode step above the margin");
-            println!("cuda archrefs {case}: device argmax equal at {compared} steps ({skipped} below margin)");
-        }
+    // Calls of mixed lengths through one cache (decode steps between prompt chunks).
+    let gd = chunked_logits(&model, gpu, &ids[..t]);
+    let cd = chunked_logits(&model, &cpu, &ids[..t]);
+    ratio_quant("chunked forward vs CPU", case, &gd, &cd, vocab, sq);
+    // Greedy decode, each choice fed back (on CUDA chosen and fed on the device).
+    let ids_gpu = decode_greedy_ids(&model, gpu, &ids[..t]);
+    let ids_cpu = decode_greedy_ids(&model, &cpu, &ids[..t]);
+    // The CPU's logits of each of its steps: seq[..t/2] prefilled, then seq[t/2] and its
+    // choices but the last, one at a time ([`decode_logits`] past the prefill's chunk).
+    let mut path = ids[..=half].to_vec();
+    path.extend_from_slice(&ids_cpu[..ids_cpu.len() - 1]);
+    let cpu_steps = &decode_logits(&model, &cpu, &path)[vocab..];
+    for (i, l) in cpu_steps.chunks_exact(vocab).enumerate() {
+        assert_eq!(
+            argmax(l),
+            ids_cpu[i],
+            "{case}: CPU decode_greedy vs its logits at {i}"
+        );
     }
+    let (compared, skipped) = check_greedy_run(case, &ids_gpu, &ids_cpu, cpu_steps, vocab, sq);
+    assert!(
+        compared > 0,
+        "{case}: no decode_greedy step above the margin"
+    );
+    println!(
+        "cuda archrefs {case}: decode_greedy tokens equal at {compared} steps ({skipped} below \
+         margin) of {}",
+        ids_cpu.len()
+    );
 }
 
 #[test]

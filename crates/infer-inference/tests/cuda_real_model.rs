@@ -1,12 +1,15 @@
 //! A real model on the CUDA backend: SmolLM2-135M-Instruct (Q4_1 GGUF from `INFER_MODELS`)
 //! extracted with the q4k tier, default quantized plan, CPU backend vs `CudaBackend`:
 //!
-//! - Greedy tokens of the chat prompt "What is the capital of France?" (24 tokens; on CUDA each
-//!   decoded token runs on the device-resident decoder): identical on both backends up to the first step whose CPU top-1/top-2 margin is below 1e-2 × std of
-//!   the logits (there a rounding difference may legitimately pick the other token), and the
-//!   CPU answer starts with "The capital of France is Paris" (models/README.md).
-//! - Speed (printed, not asserted): prefill of 128 tokens and decode of 64 tokens, median of
-//!   3 repetitions, tokens/s per backend; weight bytes per decoded token.
+//! - Greedy tokens of the chat prompt "What is the capital of France?" (24 tokens, through the
+//!   forward pass; on each backend the host's argmax of each step's logits equals
+//!   `Model::decode_greedy`'s choices, on CUDA made on the device): identical on both backends
+//!   up to the first step whose CPU top-1/top-2 margin is below 1e-2 × std of the logits
+//!   (there a rounding difference may legitimately pick the other token), and the CPU answer
+//!   starts with "The capital of France is Paris" (models/README.md).
+//! - Speed (printed, not asserted): prefill of 128 tokens and greedy decode of 64 tokens
+//!   (`Model::decode_greedy`), median of 3 repetitions, tokens/s per backend; weight bytes per
+//!   decoded token.
 //!
 //! Needs a CUDA device and the model: `#[ignore]`d; `scripts/gpu-check.sh model` runs it.
 
@@ -22,29 +25,23 @@ use infer_compute::{ComputeBackend, CpuBackend};
 use infer_inference::forward::Logits;
 use infer_inference::sampling::argmax;
 use infer_inference::tokenizer::Tokenizer;
-use infer_inference::{Model, TokenRunner};
+use infer_inference::Model;
 use infer_vindex::Vindex;
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const PROMPT: &str =
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
 
-/// Greedy ids after `prompt` and each step's logits margin / std, through a `TokenRunner` (on
-/// CUDA: prefill in the host loop, each token on the device decoder, which must be in use).
+/// Greedy ids after `prompt` and each step's logits margin / std, from the logits of
+/// `Model::forward_into` (prefill, then one token at a time); the same continuation through
+/// `Model::decode_greedy` from a fresh cache (on CUDA: chosen on the device, each step launched
+/// before the host reads the choice before it) must be identical.
 fn greedy(model: &Model, b: &dyn ComputeBackend, prompt: &[u32], n: usize) -> Vec<(u32, f64)> {
     let ctx = prompt.len() + n + 1;
     let mut cache = model.new_cache(ctx);
-    let mut runner = TokenRunner::new(model, b, ctx, true).expect("runner");
-    assert_eq!(
-        runner.on_device(),
-        b.name() != CpuBackend::new().name(),
-        "decode mode on {}: {:?}",
-        b.name(),
-        runner.host_reason
-    );
     let mut logits = Vec::new();
-    runner
-        .forward_into(prompt, &mut cache, Logits::Last, &mut logits)
+    model
+        .forward_into(b, prompt, &mut cache, Logits::Last, &mut logits)
         .expect("prefill");
     let mut out = Vec::new();
     for _ in 0..n {
@@ -52,22 +49,29 @@ fn greedy(model: &Model, b: &dyn ComputeBackend, prompt: &[u32], n: usize) -> Ve
         let mut s = logits.clone();
         s.sort_by(|a, b| b.total_cmp(a));
         out.push((tok, ((s[0] - s[1]) as f64) / std_dev(&logits)));
-        runner
-            .forward_into(&[tok], &mut cache, Logits::Last, &mut logits)
+        model
+            .forward_into(b, &[tok], &mut cache, Logits::Last, &mut logits)
             .expect("decode");
     }
-    // The same continuation chosen on the device (`forward_greedy`), from a fresh cache.
+    // The same continuation chosen where the logits are (`decode_greedy`), from a fresh cache.
     let mut cache = model.new_cache(ctx);
-    runner
-        .forward_into(prompt, &mut cache, Logits::Last, &mut logits)
+    model
+        .forward_into(b, prompt, &mut cache, Logits::Last, &mut logits)
         .expect("prefill");
-    let mut tok = argmax(&logits);
-    for (i, &(want, _)) in out.iter().enumerate() {
-        assert_eq!(tok, want, "{}: forward_greedy at step {i}", b.name());
-        tok = runner
-            .forward_greedy(tok, &mut cache, &mut logits)
-            .expect("greedy step");
-    }
+    let mut chosen = vec![argmax(&logits)];
+    model
+        .decode_greedy(b, chosen[0], &mut cache, n - 1, |t| {
+            chosen.push(t);
+            Ok(true)
+        })
+        .expect("greedy decode");
+    let want: Vec<u32> = out.iter().map(|x| x.0).collect();
+    assert_eq!(
+        chosen,
+        want,
+        "{}: decode_greedy vs the host's argmax",
+        b.name()
+    );
     out
 }
 
@@ -96,14 +100,10 @@ fn speed(model: &Model, b: &dyn ComputeBackend, n_prompt: usize, n_gen: usize) -
             .expect("prefill");
         pp.push(n_prompt as f64 / t0.elapsed().as_secs_f64());
         let mut cache = model.new_cache(n_gen + 1);
-        let mut tok = ids[0];
         let t0 = Instant::now();
-        for _ in 0..n_gen {
-            let l = model
-                .forward(b, &[tok], &mut cache, Logits::Last)
-                .expect("decode");
-            tok = argmax(&l);
-        }
+        model
+            .decode_greedy(b, ids[0], &mut cache, n_gen, |_| Ok(true))
+            .expect("decode");
         tg.push(n_gen as f64 / t0.elapsed().as_secs_f64());
     }
     (median(pp), median(tg))

@@ -244,7 +244,6 @@ fn run_engine(
         positions: ctx,
         step_tokens: (args.batch_tokens as usize).max(slots),
         logit_rows: slots,
-        fused_decoder: false,
     };
     let (need, room) = args.device.check_memory(
         &model,

@@ -100,7 +100,7 @@ impl CudaBackend {
     /// step the norm or activation kernel before the product quantizes them): the single
     /// product's kernel ([`quant_matvec`](crate::ComputeBackend::quant_matvec) for one row,
     /// `fused == false`) or the decode step's `dec_mv_multi` with this one matrix as its job
-    /// (`fused == true`, rows per warp as the decoder picks them). The weights are copied on
+    /// (`fused == true`, rows per warp as `mv_job` picks them). The weights are copied on
     /// the device (enough copies to exceed the L2 cache: 512 MiB in all, at most 64) and the
     /// launches rotate among them, so the time is that of reads from device memory. `bytes`
     /// of the result: one weight matrix.

@@ -1,17 +1,18 @@
-// Whole-token decode kernels (decode.rs), appended to kernels.cu in one NVRTC program. Every
-// kernel reads the token id and position from the device array p = {token, pos}, so one
-// captured CUDA graph replays every step; only p changes between replays.
+// Decode kernels and the device helpers of the forward pass's fused operations (ops.cu, launched
+// from tensor_ops.rs), appended to kernels.cu in one NVRTC program: residual + RMSNorm with
+// quantization (residual_norm_row), per-head q/k norm and RoPE, KV cache rows of every
+// KvType, the key-split decode attention (dec_attn_split*, dec_attn_merge; attn_split.rs), the
+// activation with quantization (act_chunk), the one-row mat-vecs of several matrices in one
+// launch (dec_mv_multi*) and the greedy token (argmax_into).
 //
 // Numerics follow the CPU ops: RMSNorm x * (float)(1 / sqrt(mean(x^2) + eps)) * (w + offset)
 // with the sum of squares in double (src/ops/norm.rs); RoPE angles pos * inv_freq in double,
 // cos/sin rounded to f32 (src/rope.rs); attention scores scale * q.k, soft-capped, softmax with
 // the maximum subtracted (src/attention.rs). Sums run in a different order than the CPU's.
 
-#define DEC_THREADS 256
-#define RN_THREADS 1024
-#define ATT_THREADS 512
-#define MAX_HD 1024   // largest head_dim (decode/mod.rs MAX_HEAD_DIM)
-#define ATT_PART 4096 // floats of the attention warps' partial value sums
+#define DEC_THREADS 256  // threads of dec_attn_merge (attn_split.rs DEC_THREADS)
+#define RN_THREADS 1024  // threads of residual_norm_row's block (tensor_ops.rs RN_THREADS)
+#define MAX_HD 1024      // largest group of heads × head_dim (attn_split.rs MAX_HEAD_DIM)
 #define NEG_INF __int_as_float(0xff800000)
 
 // Block-wide sum of one double per thread (blockDim.x a multiple of 32, at most 1024): warp
@@ -42,26 +43,6 @@ __device__ float block_max_f(float v, float* sh) {
 
 __device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
     return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-}
-
-// x[0:h] = scale * E[token, 0:h] (f32 or f16 table: to_f32 of kernels.cu); clears
-// dec_argmax's best[0..2] for this step. One block.
-template <typename T>
-__device__ __forceinline__ void embed_row(const T* E, const int* p, float* x, int h, float scale,
-                                          unsigned long long* best) {
-    pdl_trigger();
-    pdl_wait();
-    if (threadIdx.x < 2) best[threadIdx.x] = 0;
-    const T* row = E + (long long)p[0] * h;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) x[i] = to_f32(row[i]) * scale;
-}
-extern "C" __global__ void dec_embed_f32(const float* E, const int* p, float* x, int h,
-                                         float scale, unsigned long long* best) {
-    embed_row(E, p, x, h, scale, best);
-}
-extern "C" __global__ void dec_embed_f16(const u16* E, const int* p, float* x, int h,
-                                         float scale, unsigned long long* best) {
-    embed_row(E, p, x, h, scale, best);
 }
 
 // Residual + RMSNorm + quantization by one whole block (any size, a multiple of 32), n values:
@@ -183,16 +164,6 @@ __device__ void residual_norm_row(float* x, const float* branch, const float* po
     if (q32) quant_regs_32(o, q32, d32, i0, mine);
     int w = threadIdx.x >> 5;
     if (qk && w < n / 256) quant_regs_k(o, qk, dk, bsk, w, threadIdx.x & 31);
-}
-
-// residual_norm_row as the fused decoder's kernel (one row, one block of RN_THREADS threads).
-extern "C" __global__ void __launch_bounds__(RN_THREADS)
-    dec_residual_norm(float* x, const float* branch, const float* post_w, float mult,
-                      const float* norm_w, float* out, int n, float eps, float off, float eps2,
-                      float off2, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {
-    pdl_trigger();
-    residual_norm_row(x, branch, post_w, mult, norm_w, out, n, eps, off, eps2, off2, q32, d32, qk,
-                      dk, bsk);
 }
 
 // RMSNorm of one head held in shared memory row[0:hd] by weights nw (nothing when nw is null),
@@ -349,31 +320,6 @@ __device__ __forceinline__ void store_kv_row(void* kc, void* vc, const float* k,
     kv_put_row(vc, o, v, hd, kt);
 }
 
-// Attention values of warp w of nv: keys j = lo + w, lo + w + nv, ... <= pos (p_j = sc[j], rows
-// at value vb + j * kvd of cache vc of type kt, this token's at vcur), lane d of each 32 dims,
-// S >= hd / 32 register sums, written to part[w * hd + d].
-template <int S>
-__device__ __forceinline__ void attn_values(const float* sc, const void* vc, long long vb,
-                                            const float* vcur, float* part, int lo, int pos,
-                                            int kvd, int hd, int w, int nv, int lane, int kt) {
-    float acc[S];
-#pragma unroll
-    for (int i = 0; i < S; i++) acc[i] = 0.0f;
-#pragma unroll 2
-    for (int j = lo + w; j <= pos; j += nv) {
-        float pj = sc[j];
-        long long r = vb + (long long)j * kvd;
-#pragma unroll
-        for (int i = 0; i < S; i++) {
-            int d = i * 32 + lane;
-            if (d < hd) acc[i] += pj * (j == pos ? vcur[d] : kv_get(vc, r + d, kt));
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < S; i++)
-        if (i * 32 + lane < hd) part[w * hd + i * 32 + lane] = acc[i];
-}
-
 // The head's output res[0..hd) (shared memory, written by this block) quantized for the o
 // projection when q32 / qk are given, by the block's warps.
 __device__ void head_quant(float* res, int h, int hd, i8* q32, float* d32, i8* qk, float* dk,
@@ -394,122 +340,6 @@ __device__ void head_quant(float* res, int h, int hd, i8* q32, float* d32, i8* q
 __device__ __forceinline__ int first_key(int window, int pos) {
     if (window > 0) return max(0, pos - window + 1);
     return window < 0 ? pos + 1 : 0;
-}
-
-// Decode attention of this token, one block (ATT_THREADS) per query head h, kv head
-// g = h / (nq / nkv):
-// 1. q head h and k head g of the projections: optional per-head RMSNorm (q_norm, k_norm), RoPE
-//    on the first rot dims at position pos = p[1]; the first query head of each group writes
-//    K and V of position pos into the cache (kc, vc: [ctx, nkv * hd] of type kt), then uses
-//    its own k and v as the cache holds them (kv_round_row).
-// 2. s_j = scale * q.k_j (soft-capped when cap > 0) over keys lo..pos (the cache for j < pos,
-//    this token's k for j = pos), softmax, out[h] = sum_j p_j v_j.
-//    window > 0: keys with pos - j < window; 0: no limit; < 0: no key (zeros).
-// 3. When given, the head's output quantized for the o projection (q32/d32: 32-value blocks;
-//    qk/dk/bsk: Q8_K; the host passes them only when hd is a multiple of the block).
-// scores: [nq, ctx] scratch.
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-    dec_attention(const float* q, const float* k, const float* v, const float* q_norm,
-                  const float* k_norm, const double* inv_freq, void* kc, void* vc, float* out,
-                  float* scores, const int* p, int nq, int nkv, int hd, int rot, int interleaved,
-                  float eps, float off, int ctx, float scale, int window, float cap, i8* q32,
-                  float* d32, i8* qk, float* dk, int* bsk, int kt) {
-    pdl_trigger();
-    pdl_wait();
-    __shared__ double shd[32];
-    __shared__ float shf[32];
-    __shared__ __align__(16) float qs[MAX_HD];
-    __shared__ __align__(16) float ks[MAX_HD];
-    __shared__ __align__(16) float vs[MAX_HD];
-    __shared__ float part[ATT_PART];
-    int h = blockIdx.x;
-    int grp = nq / nkv;
-    int g = h / grp;
-    int pos = p[1];
-    int kvd = nkv * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        qs[d] = q[(long long)h * hd + d];
-        ks[d] = k[(long long)g * hd + d];
-        vs[d] = v[(long long)g * hd + d];
-    }
-    __syncthreads();
-    head_norm_rope(qs, q_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
-    head_norm_rope(ks, k_norm, inv_freq, pos, hd, rot, interleaved, eps, off, 1.0, shd);
-    if (h % grp == 0) store_kv_row(kc, vc, ks, vs, pos, kvd, g, hd, kt);
-    kv_round_row(ks, hd, kt);
-    kv_round_row(vs, hd, kt);
-    const float* vcur = vs;
-    int lo = first_key(window, pos);
-    float* sc = scores + (long long)h * ctx;
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    // Scores: T threads per key (T a power of two, T | hd / 4), thread t reading the float4s
-    // t, t + T, ... of the row, so the T threads of a key read adjacent 16 bytes of k and of q
-    // (no shared-memory bank conflicts); their partial sums meet by shuffles. T = 1 and scalar
-    // loads when hd % 4 != 0.
-    int T = 1;
-    if ((hd & 3) == 0)
-        while (T < 8 && T * 64 < hd && (hd / 4) % (2 * T) == 0) T *= 2;
-    int sub = threadIdx.x & (T - 1);
-    float mx = NEG_INF;
-    for (int j0 = lo; j0 <= pos; j0 += blockDim.x / T) {
-        int j = j0 + threadIdx.x / T;
-        bool live = j <= pos;
-        long long kb = (long long)j * kvd + (long long)g * hd;
-        float acc = 0.0f;
-        if (live) {
-            if ((hd & 3) == 0) {
-                const float4* q4 = (const float4*)qs;
-#pragma unroll 4
-                for (int d4 = sub; d4 < hd / 4; d4 += T) {
-                    float4 kv = j == pos ? ((const float4*)ks)[d4] : kv_get4(kc, kb + 4 * d4, kt);
-                    float4 qv = q4[d4];
-                    acc += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
-                }
-            } else {
-                for (int d = 0; d < hd; d++) acc += qs[d] * (j == pos ? ks[d] : kv_get(kc, kb + d, kt));
-            }
-        }
-        for (int o = T / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(FULL, acc, o);
-        if (live) {
-            float s = acc * scale;
-            if (cap > 0.0f) s = cap * tanhf(s / cap);
-            if (sub == 0) sc[j] = s;
-            mx = fmaxf(mx, s);
-        }
-    }
-    mx = block_max_f(mx, shf);
-    __syncthreads();
-    double sum = 0.0;
-    for (int j = lo + threadIdx.x; j <= pos; j += blockDim.x) {
-        float e = expf(sc[j] - mx);
-        sc[j] = e;
-        sum += e;
-    }
-    float total = (float)block_sum_d(sum, shd);
-    __syncthreads();
-    float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    // Values: the first nv warps take every nv-th key, lane d of each 32 output dims (coalesced
-    // row reads, the sums in registers); the warps' partial sums meet in shared memory.
-    int nv = min(nw, ATT_PART / hd);
-    if (w < nv) {
-        long long vb = (long long)g * hd;
-        int slots = (hd + 31) / 32;
-#define AV_ARGS sc, vc, vb, vcur, part, lo, pos, kvd, hd, w, nv, lane, kt
-        if (slots <= 2) attn_values<2>(AV_ARGS);
-        else if (slots <= 4) attn_values<4>(AV_ARGS);
-        else if (slots <= 8) attn_values<8>(AV_ARGS);
-        else attn_values<MAX_HD / 32>(AV_ARGS);
-#undef AV_ARGS
-    }
-    __syncthreads();
-    float* res = ks;  // the head's output, for the quantizing warps
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int t = 0; t < nv; t++) acc += part[t * hd + d];
-        res[d] = acc * inv;
-        out[(long long)h * hd + d] = acc * inv;
-    }
-    head_quant(res, h, hd, q32, d32, qk, dk, bsk);
 }
 
 // Eight consecutive values i .. i + 7 (i % 8 == 0) of a KV cache of type KT, loaded by `load`
@@ -557,12 +387,12 @@ template <> struct Kv8<KV_Q8_0> {
 // Long contexts (flash decoding): the keys of each kv head split over blocks. Block (g =
 // blockIdx.x, s = blockIdx.y) takes the grp = nq / nkv query heads of kv head g (GQA: each
 // key and value row is read once for all of them) and the s-th of nsplit equal parts of keys
-// lo..pos (lo as dec_attention). Like dec_attention it normalises and rotates the heads (q_norm,
-// k_norm, inv_freq; one cos/sin per pair for all of them); the part holding position pos stores
-// K and V of pos (caches of type KT) and reads them back like every other key. The fused
-// decoder passes its caches and p (p[1]: the position); the forward pass passes info instead
-// (as t_kv_store: {k cache, v cache, position} of row r = blockIdx.z, whose q/k/v rows and
-// splits follow those of the rows before it). Warp w takes the
+// first_key(window, pos)..pos. It normalises and rotates the heads (q_norm, k_norm, inv_freq;
+// one cos/sin per pair for all of them); the part holding position pos stores K and V of pos
+// (caches of type KT) and reads them back like every other key. Row r = blockIdx.z of the
+// forward pass's batch takes its caches and position from info[3 r ..] = {k cache, v cache,
+// position} (as t_kv_store), its q/k/v rows and splits after those of the rows before it.
+// Warp w takes the
 // part's tiles of TK = 8 keys w, w + SPLIT_WARPS, ..., one rolled loop step each (the code of
 // an unrolled part overflowed the instruction cache: see BENCHMARKS.md):
 // - the tile's key and value loads are issued together;
@@ -595,8 +425,7 @@ template <int S> struct SplitShared {
 template <int S, int KT, int G>
 __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, const float* v,
                            const float* q_norm, const float* k_norm, const double* inv_freq,
-                           void* kc, void* vc, float* splits, const int* p,
-                           const long long* info, int nq, int nkv, int hd, int rot,
+                           float* splits, const long long* info, int nq, int nkv, int hd, int rot,
                            int interleaved, float eps, float off, float scale, int window,
                            float cap, int nsplit) {
     constexpr int NC = S * 4;   // 8-value chunks of a row (hd <= 8 NC)
@@ -606,20 +435,15 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
     float* qs = sh.qs;
     float* vs = sh.vs;
     int g = blockIdx.x, grp = nq / nkv, kvd = nkv * hd;
-    int pos;
-    if (info) {
-        // Row blockIdx.z of a batch (the forward pass): its caches and position from info.
-        long long r = blockIdx.z;
-        kc = (void*)info[3 * r];
-        vc = (void*)info[3 * r + 1];
-        pos = (int)info[3 * r + 2];
-        q += r * nq * hd;
-        k += r * kvd;
-        v += r * kvd;
-        splits += r * nq * nsplit * (hd + 2);
-    } else {
-        pos = p[1];
-    }
+    // Row blockIdx.z of the batch: its caches and position from info.
+    long long r = blockIdx.z;
+    void* kc = (void*)info[3 * r];
+    void* vc = (void*)info[3 * r + 1];
+    int pos = (int)info[3 * r + 2];
+    q += r * nq * hd;
+    k += r * kvd;
+    v += r * kvd;
+    splits += r * nq * nsplit * (hd + 2);
     float* ks = qs + grp * hd;
     for (int i = threadIdx.x; i < grp * hd; i += blockDim.x) qs[i] = q[(long long)g * grp * hd + i];
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -782,15 +606,14 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
 // 5 .. 8 query heads per kv head, whose sums take twice the registers: fewer blocks per
 // multiprocessor, MINB); the cache type kt picks the instantiation.
 #define SPLIT_ARGS                                                                             \
-    sh, q, k, v, q_norm, k_norm, inv_freq, kc, vc, splits, p, info, nq, nkv, hd, rot,         \
-        interleaved, eps, off, scale, window, cap, nsplit
+    sh, q, k, v, q_norm, k_norm, inv_freq, splits, info, nq, nkv, hd, rot, interleaved, eps,  \
+        off, scale, window, cap, nsplit
 #define ATTN_SPLIT_KERNEL(NAME, S, G, MINB)                                                    \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)                       \
         NAME(const float* q, const float* k, const float* v, const float* q_norm,              \
-             const float* k_norm, const double* inv_freq, void* kc, void* vc, float* splits,   \
-             const int* p, const long long* info, int nq, int nkv, int hd, int rot,            \
-             int interleaved, float eps, float off, float scale, int window, float cap,         \
-             int nsplit, int kt) {                                                              \
+             const float* k_norm, const double* inv_freq, float* splits,                       \
+             const long long* info, int nq, int nkv, int hd, int rot, int interleaved,          \
+             float eps, float off, float scale, int window, float cap, int nsplit, int kt) {    \
         __shared__ SplitShared<S> sh;                                                          \
         pdl_trigger();                                                                         \
         pdl_wait();                                                                            \
@@ -805,10 +628,10 @@ ATTN_SPLIT_KERNEL(dec_attn_split64_g8, 2, SPLIT_GRP, 3)
 ATTN_SPLIT_KERNEL(dec_attn_split128_g8, 4, SPLIT_GRP, 2)
 ATTN_SPLIT_KERNEL(dec_attn_split256_g8, 8, SPLIT_GRP, 2)
 
-// The key splits of query head h = blockIdx.x (of row blockIdx.y) combined (dec_attn_split*): with M the
-// largest split maximum and w_s = exp(m_s - M) (0 for an empty split), out[h] = sum_s w_s o_s /
-// sum_s w_s l_s; then quantized for the o projection as dec_attention does. One block of
-// DEC_THREADS (>= nsplit, >= hd) threads per head: thread t sums dim t % hd over the splits
+// The key splits of query head h = blockIdx.x (of row blockIdx.y) combined (dec_attn_split*):
+// with M the largest split maximum and w_s = exp(m_s - M) (0 for an empty split), out[h] =
+// sum_s w_s o_s / sum_s w_s l_s; then quantized for the o projection when q32 / qk are given
+// (head_quant). One block of DEC_THREADS (>= nsplit, >= hd) threads per head: thread t sums dim t % hd over the splits
 // t / hd, t / hd + parts, ... (parts = DEC_THREADS / hd groups of loads in flight), then the
 // groups' sums meet in shared memory.
 extern "C" __global__ void dec_attn_merge(const float* splits, float* out, int hd, int nsplit,
@@ -816,7 +639,7 @@ extern "C" __global__ void dec_attn_merge(const float* splits, float* out, int h
     pdl_trigger();
     pdl_wait();
     __shared__ __align__(16) float res[MAX_HD];
-    __shared__ float wt[64];  // w_s (nsplit <= 64, decode/mod.rs ATT_MAX_SPLITS)
+    __shared__ float wt[64];  // w_s (nsplit <= 64, attn_split.rs ATT_MAX_SPLITS)
     __shared__ double shd[32];
     __shared__ float shf[32];
     // Head h of all rows' heads (row blockIdx.y of a forward-pass batch).
@@ -876,16 +699,6 @@ __device__ void act_chunk(const float* gate, float* up, int n, int act, i8* q, f
     if (!q) return;
     if (kq) quant_regs_k(v, q, d, bsums, c, lane);
     else quant_reg_32(v[0], q, d, c, lane, 1);
-}
-
-// act_chunk over all chunks, one warp each.
-extern "C" __global__ void dec_act_quant(const float* gate, float* up, int n, int act, i8* q,
-                                         float* d, int* bsums, int kq) {
-    pdl_trigger();
-    pdl_wait();
-    int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if ((long long)c * (kq ? 256 : 32) >= n) return;
-    act_chunk(gate, up, n, act, q, d, bsums, kq, c, threadIdx.x & 31);
 }
 
 // Several quantized mat-vecs in one launch (fused QKV, gate+up, one matrix, or the experts an
@@ -950,18 +763,6 @@ extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     mv_multi<true>(jobs, njobs, aq32, ad32, aqk, adk, bsk, cols, sel, nexp);
 }
 
-// logits[i] = cap * tanh((logits[i] / div) / cap) (no cap when cap <= 0).
-extern "C" __global__ void dec_logits_post(float* logits, int n, float div, float cap) {
-    pdl_trigger();
-    pdl_wait();
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float v = logits[i];
-    if (div != 1.0f) v /= div;
-    if (cap > 0.0f) v = cap * tanhf(v / cap);
-    logits[i] = v;
-}
-
 // The greedy token over logits[0:n], by the block's threads (any grid of whole warps): best[0]
 // = max over finite logits of (the value's bits mapped to an unsigned order, -0 as +0) << 32 |
 // (0xffffffff - i), so the largest value wins and ties go to the smaller id (sampling::argmax);
@@ -994,11 +795,4 @@ __device__ void argmax_into(const float* logits, int n, unsigned long long* best
         for (int i = 1; i < nw; i++) key = sk[i] > key ? sk[i] : key;
         if (key) atomicMax(best, key);
     }
-}
-
-// argmax_into over the step's logits; best[] is cleared by dec_embed_* at the start of the step.
-extern "C" __global__ void dec_argmax(const float* logits, int n, unsigned long long* best) {
-    pdl_trigger();
-    pdl_wait();
-    argmax_into(logits, n, best);
 }

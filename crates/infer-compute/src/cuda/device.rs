@@ -2,6 +2,7 @@
 //! kernels of `kernels.cu` compiled for the device, and the error mapping to
 //! [`ComputeError::Device`].
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -15,8 +16,9 @@ use super::kernel_cache;
 use crate::ComputeError;
 
 /// The kernel source (CUDA C++ for NVRTC, no headers): the products (mat-vecs, then the
-/// tensor-core tiles of `mmq.cu`), the whole-token decode kernels, which use the products' helpers, and the forward pass's tensor operations, which use
-/// both.
+/// tensor-core tiles of `mmq.cu`, the dequantizers of `dequant.cu`), the decode kernels and
+/// device helpers of `decode.cu`, which use the products' helpers, and the forward pass's
+/// tensor operations (`ops.cu`), which use both.
 pub(super) const KERNELS_CU: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("mmq.cu"),
@@ -107,18 +109,11 @@ pub(super) struct Kernels {
     pub gemm_nt_f16: CudaFunction,
     pub gemm_nn_f16: CudaFunction,
     pub noop: CudaFunction,
-    pub dec_embed_f32: CudaFunction,
-    pub dec_embed_f16: CudaFunction,
-    pub dec_residual_norm: CudaFunction,
-    pub dec_attention: CudaFunction,
     pub dec_attn_merge: CudaFunction,
     /// `dec_attn_split{64,128,256}` then the same `_g8` (more than 4 query heads per kv head).
     pub dec_attn_split: [CudaFunction; 6],
-    pub dec_act_quant: CudaFunction,
     pub dec_mv_multi: CudaFunction,
     pub dec_mv_multi_rows: CudaFunction,
-    pub dec_logits_post: CudaFunction,
-    pub dec_argmax: CudaFunction,
     pub t_norm: CudaFunction,
     pub t_rope: CudaFunction,
     pub t_kv_store: CudaFunction,
@@ -151,6 +146,9 @@ pub(super) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub k: Kernels,
+    /// The name of every kernel of [`Kernels`] by its `CUfunction` handle (`bench --profile`'s
+    /// table: [`super::step::Recorder`] names the launches it times).
+    pub names: Arc<HashMap<usize, &'static str>>,
     pub name: String,
     pub cc: (i32, i32),
     /// Streaming multiprocessors.
@@ -231,9 +229,9 @@ impl Device {
             ));
         }
         let ctx = drv("create context", CudaContext::new(ordinal))?;
-        // Every stream is synchronised explicitly (each product waits for its result; the
-        // decoder waits for weight uploads), and cudarc's per-buffer events would be recorded
-        // inside CUDA graph captures, where waiting on them is not allowed.
+        // Every stream is synchronised explicitly (each product waits for its result), and
+        // cudarc's per-buffer events would be recorded inside CUDA graph captures, where
+        // waiting on them is not allowed.
         // SAFETY: called before any buffer or stream of this context exists.
         unsafe { ctx.disable_event_tracking() };
         let name = drv("device name", ctx.name())?;
@@ -245,7 +243,12 @@ impl Device {
             })?,
             None => load(compile(arch_for(cc))?)?,
         };
-        let f = |n: &str| drv(&format!("kernel {n}"), module.load_function(n));
+        let mut names = HashMap::new();
+        let mut f = |n: &'static str| {
+            let func = drv(&format!("kernel {n}"), module.load_function(n))?;
+            names.insert(func.cu_function() as usize, n);
+            Ok::<_, ComputeError>(func)
+        };
         let k = Kernels {
             quantize_q8_32: f("quantize_q8_32")?,
             quantize_q8_k: f("quantize_q8_k")?,
@@ -286,10 +289,6 @@ impl Device {
             gemm_nt_f16: f("gemm_nt_f16")?,
             gemm_nn_f16: f("gemm_nn_f16")?,
             noop: f("noop")?,
-            dec_embed_f32: f("dec_embed_f32")?,
-            dec_embed_f16: f("dec_embed_f16")?,
-            dec_residual_norm: f("dec_residual_norm")?,
-            dec_attention: f("dec_attention")?,
             dec_attn_merge: f("dec_attn_merge")?,
             dec_attn_split: [
                 f("dec_attn_split64")?,
@@ -299,11 +298,8 @@ impl Device {
                 f("dec_attn_split128_g8")?,
                 f("dec_attn_split256_g8")?,
             ],
-            dec_act_quant: f("dec_act_quant")?,
             dec_mv_multi: f("dec_mv_multi")?,
             dec_mv_multi_rows: f("dec_mv_multi_rows")?,
-            dec_logits_post: f("dec_logits_post")?,
-            dec_argmax: f("dec_argmax")?,
             t_norm: f("t_norm")?,
             t_rope: f("t_rope")?,
             t_kv_store: f("t_kv_store")?,
@@ -378,6 +374,7 @@ impl Device {
             ctx,
             stream,
             k,
+            names: Arc::new(names),
             name,
             cc,
             sms,

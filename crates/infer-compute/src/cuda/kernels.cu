@@ -31,7 +31,7 @@ typedef unsigned int u32;
 #define MT 4
 
 // Programmatic dependent launch (sm_90+; no-ops elsewhere and when the kernel was launched
-// without the attribute, as the host-loop products are): pdl_wait blocks until the kernels
+// without the attribute, as the host-slice products are): pdl_wait blocks until the kernels
 // this one depends on have finished and their writes are visible; pdl_trigger lets the next
 // kernel of the stream start launching (it still waits before reading our outputs).
 __device__ __forceinline__ void pdl_wait() {

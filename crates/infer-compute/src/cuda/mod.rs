@@ -28,14 +28,15 @@
 //! - Fused products ([`ComputeBackend::quant_matmul_many`]: QKV, gate+up) upload and quantize the
 //!   activations once per activation format and return all outputs after one synchronisation.
 //! - One stream for the products, calls serialised by a mutex.
-//! - [`ComputeBackend::token_decoder`] returns a device-resident whole-token decoder
-//!   (`decode.rs`): weights from the same cache, the KV cache and activations on the device, one
-//!   CUDA graph replay per token on its own stream.
+//! - The forward pass's tensor operations are recorded and launched together when the host
+//!   needs a result (`step.rs`): a decode step of a shape seen before is one CUDA graph replay.
+//!   [`ComputeBackend::start_kernel_profile`] launches them kernel by kernel with timing events
+//!   instead (`infer bench --profile`).
 
+mod attn_split;
 mod bench;
 mod blas;
 mod cache;
-mod decode;
 mod device;
 mod float;
 mod kernel_cache;
@@ -50,9 +51,9 @@ use half::f16;
 use crate::backend::check_product;
 use crate::ops::Activation;
 use crate::{
-    Argmax, Attend, AttentionParams, Chosen, ComputeBackend, ComputeError, DecodePlan, FloatTable,
-    KvType, MatData, Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor,
-    TensorProj, TokenDecoder,
+    Argmax, Attend, AttentionParams, Chosen, ComputeBackend, ComputeError, FloatTable, KvType,
+    MatData, Matrix, Norm, Proj, ResidualNorm, RopeAttend, RopeConfig, RoutedProj, Tensor,
+    TensorProj,
 };
 use cache::{Scratch, WeightCache};
 use device::Device;
@@ -72,14 +73,12 @@ struct State {
     ops: tensor_ops::OpScratch,
     /// The tensor operations' pending launches, step arena and captured graphs.
     rec: step::Recorder,
-    /// Incremented by [`CudaBackend::clear_weight_cache`]: decoders made before refuse to run.
-    generation: u64,
     /// Activations a fused operation quantized for the next product, set by that operation
     /// (`pq_next`) and seen by the one tensor operation after it (`pq`): see
     /// [`tensor_ops::PreQuant`].
     pq_next: Option<tensor_ops::PreQuant>,
     pq: Option<tensor_ops::PreQuant>,
-    /// How KV caches made by `fit_kv` (and the device decoder's) store their values.
+    /// How KV caches made by `fit_kv` store their values.
     kv: KvType,
 }
 
@@ -111,7 +110,6 @@ impl CudaBackend {
                 s,
                 ops,
                 rec,
-                generation: 0,
                 pq_next: None,
                 pq: None,
                 kv: KvType::F32,
@@ -120,8 +118,8 @@ impl CudaBackend {
         })
     }
 
-    /// This backend with its KV caches (those made by [`ComputeBackend::fit_kv`] from now on,
-    /// and the device decoder's) stored as `kv` (f32 after [`CudaBackend::new`]).
+    /// This backend with its KV caches (those made by [`ComputeBackend::fit_kv`] from now on)
+    /// stored as `kv` (f32 after [`CudaBackend::new`]).
     pub fn with_kv_type(self, kv: KvType) -> Self {
         self.lock().kv = kv;
         self
@@ -134,7 +132,7 @@ impl CudaBackend {
     }
 
     /// The backend's state with every recorded tensor operation launched: for the host-slice
-    /// products and the decoder, which launch directly on the stream. Errors: a failed launch.
+    /// products, which launch directly on the stream. Errors: a failed launch.
     fn synced(&self) -> Result<MutexGuard<'_, State>, ComputeError> {
         let mut st = self.lock();
         // These products overwrite the activation buffers: nothing stays pre-quantized.
@@ -178,7 +176,6 @@ impl CudaBackend {
         let State { rec, dev, .. } = &mut *st;
         let _ = rec.flush(&dev.stream);
         st.cache.clear();
-        st.generation += 1;
     }
 
     /// Whether quantized products of the forward pass from [`blas::GEMM_MIN_M`] rows run as
@@ -616,11 +613,16 @@ impl ComputeBackend for CudaBackend {
         self.tensor_op(|st| tensor_ops::scale_softcap(st, x, divisor, softcap))
     }
 
-    fn token_decoder<'s>(
-        &'s self,
-        plan: &DecodePlan<'_>,
-    ) -> Result<Option<Box<dyn TokenDecoder + 's>>, ComputeError> {
-        drop(self.synced()?);
-        Ok(Some(Box::new(decode::CudaDecoder::new(self, plan)?)))
+    fn start_kernel_profile(&self) -> Result<bool, ComputeError> {
+        let mut st = self.lock();
+        let State { rec, dev, .. } = &mut *st;
+        rec.start_profile(&dev.stream, dev.names.clone())?;
+        Ok(true)
+    }
+
+    fn take_kernel_profile(&self) -> Result<Vec<(String, usize, f64)>, ComputeError> {
+        let mut st = self.lock();
+        let State { rec, dev, .. } = &mut *st;
+        rec.take_profile(&dev.stream)
     }
 }

@@ -580,7 +580,7 @@ extern "C" __global__ void t_embed(const void* E, const int* ids,
 // ---------------------------------------------------------------------------------------------
 
 // Row blockIdx.x of width n (one block of RN_THREADS threads per row): residual_norm_row of
-// decode.cu (the fused decoder's), x += mult * post(branch) (post_w null: the branch as it is),
+// decode.cu, x += mult * post(branch) (post_w null: the branch as it is),
 // out = rmsnorm(x) * (norm_w + off2), and out quantized per row (block indices continue across
 // rows, as the quantizers' flat layout of [rows, n]).
 extern "C" __global__ void __launch_bounds__(RN_THREADS)

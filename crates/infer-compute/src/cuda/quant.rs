@@ -232,7 +232,7 @@ pub(super) fn check(
 
 /// Grid of the mat-vec kernels: `ROWS_PER_BLOCK` weight rows per block, `MT` activation rows
 /// per block row.
-pub(super) fn mv_grid(rows: usize, m: usize) -> LaunchConfig {
+fn mv_grid(rows: usize, m: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             rows.div_ceil(ROWS_PER_BLOCK) as u32,

@@ -12,8 +12,12 @@
 //! buffer copied to a fixed device buffer in one copy right before the launch, and the kernels
 //! get pointers into that device buffer. So the recorded list of a decode step is the same at
 //! every position, and the graph replayed for it reads that step's values. This is what lets
-//! the one forward pass (`infer-inference`'s `forward_batch`) run a decode step as one graph,
-//! as the separate device decoder (`decode/`) does.
+//! the one forward pass (`infer-inference`'s `forward_batch`) run a decode step as one graph.
+//!
+//! While profiling ([`Recorder::start_profile`], `infer bench --profile`) every list is
+//! launched kernel by kernel instead, with a CUDA event recorded after each command, and
+//! [`Recorder::take_profile`] adds up the device time between consecutive events per kernel
+//! name.
 //!
 //! Buffers a recorded launch uses stay alive until it was launched: tensors are reference
 //! counted and every pointer taken for a launch keeps a reference ([`Recorder::keep`]), and a
@@ -21,9 +25,11 @@
 //! freed in stream order, so once the launches are enqueued dropping is safe).
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{sys, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 
 use super::blas::{BatchedGemm, Blas, Gemm};
 use super::device::{capture_graph, dev_err, drv, launch_raw};
@@ -81,6 +87,26 @@ struct Captured {
     graph: CudaGraph,
 }
 
+/// The timing state of [`Recorder::start_profile`].
+struct Profiling {
+    /// Kernel names by `CUfunction` handle ([`super::device::Device::names`]).
+    names: Arc<HashMap<usize, &'static str>>,
+    /// Per timed list: an event recorded before its first command, then each command's name
+    /// and the event recorded after it.
+    lists: Vec<(CudaEvent, Vec<(&'static str, CudaEvent)>)>,
+}
+
+impl Cmd {
+    /// The name of a command in a profile: its kernel's (`names`), or the cuBLAS call's.
+    fn name(&self, names: &HashMap<usize, &'static str>) -> &'static str {
+        match self {
+            Cmd::Kernel(l) => names.get(&l.func).copied().unwrap_or("(unnamed kernel)"),
+            Cmd::Gemm(_) => "cuBLAS bf16 GEMM",
+            Cmd::Batched(_) => "cuBLAS batched f32 GEMM",
+        }
+    }
+}
+
 /// Pending launches, the step's arena and the captured graphs of one backend stream.
 pub(super) struct Recorder {
     pending: List,
@@ -97,6 +123,8 @@ pub(super) struct Recorder {
     blas: Option<Arc<Blas>>,
     /// When the host last launched a list or finished waiting for the device.
     idle_since: std::time::Instant,
+    /// Set while profiling: lists are launched kernel by kernel and timed.
+    profile: Option<Profiling>,
     /// Launches and graph replays so far (for tests and `--explain`).
     pub stats: StepStats,
 }
@@ -160,6 +188,7 @@ impl Recorder {
                 stream.alloc_zeros::<u8>(ARENA_START),
             )?,
             idle_since: std::time::Instant::now(),
+            profile: None,
             stats: StepStats::default(),
         })
     }
@@ -250,7 +279,8 @@ impl Recorder {
 
     /// Launch everything pending: copy the arena to the device, then replay the captured
     /// graph of an equal list, capture one when the list was launched recently, or
-    /// launch kernel by kernel. Errors: device failures (the pending list is dropped).
+    /// launch kernel by kernel (always, timed, while profiling). Errors: device failures (the
+    /// pending list is dropped).
     pub(super) fn flush(&mut self, stream: &Arc<CudaStream>) -> Result<(), ComputeError> {
         let t0 = std::time::Instant::now();
         let replayed = self.stats.replayed;
@@ -278,6 +308,10 @@ impl Recorder {
                 "copy the step's indices to the device",
                 stream.memcpy_htod(&self.arena[..self.arena_used], &mut view),
             )?;
+        }
+        if self.profile.is_some() {
+            self.stats.eager += 1;
+            return self.launch_timed(stream);
         }
         if let Some(k) = self.graphs.iter().position(|g| g.list == self.pending) {
             let g = self.graphs.remove(k);
@@ -312,6 +346,84 @@ impl Recorder {
 }
 
 impl Recorder {
+    /// Launch the pending list kernel by kernel with an event before it and after each command
+    /// (profiling). Errors: device failures.
+    fn launch_timed(&mut self, stream: &Arc<CudaStream>) -> Result<(), ComputeError> {
+        let Recorder {
+            pending,
+            blas,
+            profile: Some(p),
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        drv("bind the CUDA context", stream.context().bind_to_thread())?;
+        let event = || {
+            drv(
+                "record a profiling event",
+                stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+            )
+        };
+        let start = event()?;
+        let mut timed = Vec::with_capacity(pending.cmds.len());
+        let mut args = Vec::with_capacity(32);
+        for cmd in &pending.cmds {
+            launch_one(stream, blas.as_deref(), pending, cmd, &mut args)?;
+            timed.push((cmd.name(&p.names), event()?));
+        }
+        p.lists.push((start, timed));
+        Ok(())
+    }
+
+    /// Start profiling: what is pending now is launched first (untimed), then every list until
+    /// [`Recorder::take_profile`] runs kernel by kernel with timing events; `names` names the
+    /// kernels. Errors: a failed launch of what was pending.
+    pub(super) fn start_profile(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        names: Arc<HashMap<usize, &'static str>>,
+    ) -> Result<(), ComputeError> {
+        self.profile = None;
+        self.flush(stream)?;
+        self.profile = Some(Profiling {
+            names,
+            lists: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Stop profiling: launch what is pending (timed), wait for the device, and return per
+    /// kernel name (name, launches, µs between the event before the launch and the one after
+    /// it), in first-launch order; empty when not profiling. Errors: device failures.
+    pub(super) fn take_profile(
+        &mut self,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Vec<(String, usize, f64)>, ComputeError> {
+        let flushed = self.flush(stream);
+        let Some(p) = self.profile.take() else {
+            return flushed.map(|()| Vec::new());
+        };
+        flushed?;
+        drv("synchronize", stream.synchronize())?;
+        let mut out: Vec<(String, usize, f64)> = Vec::new();
+        for (start, timed) in &p.lists {
+            let mut prev = start;
+            for (name, e) in timed {
+                let us = drv("event time", prev.elapsed_ms(e))? as f64 * 1e3;
+                match out.iter_mut().find(|o| o.0 == *name) {
+                    Some(o) => {
+                        o.1 += 1;
+                        o.2 += us;
+                    }
+                    None => out.push((name.to_string(), 1, us)),
+                }
+                prev = e;
+            }
+        }
+        Ok(out)
+    }
+
     /// Wait for everything enqueued on `stream` (timed into [`StepStats::wait_ns`]). Errors: a
     /// device failure of anything enqueued.
     pub(super) fn wait(&mut self, stream: &Arc<CudaStream>) -> Result<(), ComputeError> {
@@ -336,35 +448,47 @@ fn launch_all(stream: &CudaStream, blas: Option<&Blas>, list: &List) -> Result<(
     // cuBLAS enqueues on the thread's current context (the kernels bind it per launch).
     drv("bind the CUDA context", stream.context().bind_to_thread())?;
     for cmd in &list.cmds {
-        let c = match cmd {
-            Cmd::Kernel(c) => c,
-            Cmd::Gemm(g) => {
-                let blas = blas.ok_or_else(|| dev_err("a GEMM was recorded without cuBLAS"))?;
-                // SAFETY: recorded by `tensor_ops` with pointers to buffers of the sizes the
-                // GEMM reads and writes, kept alive until after this launch.
-                unsafe { blas.gemm(g)? };
-                continue;
-            }
-            Cmd::Batched(g) => {
-                let blas = blas.ok_or_else(|| dev_err("a GEMM was recorded without cuBLAS"))?;
-                // SAFETY: as for `Cmd::Gemm`; the pointer arrays are in the arena, copied to
-                // the device before the list is launched.
-                unsafe { blas.batched(g)? };
-                continue;
-            }
-        };
-        args.clear();
-        let a0 = c.arg0 as usize;
-        args.extend_from_slice(&list.args[a0..a0 + c.nargs as usize]);
-        let cfg = LaunchConfig {
-            grid_dim: c.grid,
-            block_dim: c.block,
-            shared_mem_bytes: c.smem,
-        };
-        // SAFETY: the command was recorded by `Recorder::push` from a kernel of the backend's
-        // loaded module with the argument list of that kernel (see `tensor_ops::go`), and
-        // every buffer its pointers address is kept alive until after this launch.
-        unsafe { launch_raw(stream, c.func as sys::CUfunction, cfg, &mut args, c.pdl)? };
+        launch_one(stream, blas, list, cmd, &mut args)?;
     }
     Ok(())
+}
+
+/// Launch `cmd`, a command of `list`, on `stream` (`args`: scratch for its argument slots; the
+/// thread's context bound to `stream`'s, for cuBLAS).
+fn launch_one(
+    stream: &CudaStream,
+    blas: Option<&Blas>,
+    list: &List,
+    cmd: &Cmd,
+    args: &mut Vec<u64>,
+) -> Result<(), ComputeError> {
+    let c = match cmd {
+        Cmd::Kernel(c) => c,
+        Cmd::Gemm(g) => {
+            let blas = blas.ok_or_else(|| dev_err("a GEMM was recorded without cuBLAS"))?;
+            // SAFETY: recorded by `tensor_ops` with pointers to buffers of the sizes the
+            // GEMM reads and writes, kept alive until after this launch.
+            unsafe { blas.gemm(g)? };
+            return Ok(());
+        }
+        Cmd::Batched(g) => {
+            let blas = blas.ok_or_else(|| dev_err("a GEMM was recorded without cuBLAS"))?;
+            // SAFETY: as for `Cmd::Gemm`; the pointer arrays are in the arena, copied to
+            // the device before the list is launched.
+            unsafe { blas.batched(g)? };
+            return Ok(());
+        }
+    };
+    args.clear();
+    let a0 = c.arg0 as usize;
+    args.extend_from_slice(&list.args[a0..a0 + c.nargs as usize]);
+    let cfg = LaunchConfig {
+        grid_dim: c.grid,
+        block_dim: c.block,
+        shared_mem_bytes: c.smem,
+    };
+    // SAFETY: the command was recorded by `Recorder::push` from a kernel of the backend's
+    // loaded module with the argument list of that kernel (see `tensor_ops::go`), and
+    // every buffer its pointers address is kept alive until after this launch.
+    unsafe { launch_raw(stream, c.func as sys::CUfunction, cfg, args, c.pdl) }
 }

@@ -163,15 +163,8 @@ fn ptr<T>(s: &CudaSlice<T>, st: &Arc<CudaStream>) -> u64 {
     s.device_ptr(st).0
 }
 
-/// The device pointer and storage type of tensor `t` when it lives in this backend's device
-/// memory.
-pub(super) fn device_ptr(t: &Tensor, stream: &Arc<CudaStream>) -> Option<(u64, KvType)> {
-    let b = t.device()?.as_any().downcast_ref::<DevBuf>()?;
-    Some((ptr(&b.0, stream), b.1))
-}
-
 /// The kernels' code of a KV cache type (`KV_F32`, `KV_F16`, `KV_Q8_0` in decode.cu).
-pub(super) fn kv_code(kv: KvType) -> i32 {
+fn kv_code(kv: KvType) -> i32 {
     match kv {
         KvType::F32 => 0,
         KvType::F16 => 1,
@@ -408,7 +401,7 @@ fn read_kv_values(
 
 /// `dst.len()` values stored as `kv` in `b`, as f32 (f16 widening, ggml
 /// `dequantize_row_q8_0`). Errors: `b` of another length.
-pub(super) fn decode_kv(kv: KvType, b: &[u8], dst: &mut [f32]) -> Result<(), ComputeError> {
+fn decode_kv(kv: KvType, b: &[u8], dst: &mut [f32]) -> Result<(), ComputeError> {
     check("KV cache bytes", b.len(), kv.row_bytes(dst.len()), "bytes")?;
     match kv {
         KvType::F32 => {
@@ -443,7 +436,7 @@ fn kv_bytes(
 
 /// `src` stored as `kv` (f16 rounding to nearest even; ggml `quantize_row_q8_0_ref`, as the
 /// kernels' `kv_put_row`).
-pub(super) fn encode_kv(kv: KvType, src: &[f32]) -> Result<Vec<u8>, ComputeError> {
+fn encode_kv(kv: KvType, src: &[f32]) -> Result<Vec<u8>, ComputeError> {
     Ok(match kv {
         KvType::F32 => super::cache::as_bytes(src).to_vec(),
         KvType::F16 => src
@@ -2406,12 +2399,12 @@ pub(super) fn rope_attend(
         tp(st, a.v, "rope_attend")?,
         tp(st, out, "rope_attend")?,
     );
-    // The fused decoder's key-split kernels over every row of the batch (one block per kv head
-    // with its query heads, key split and row, then one merge block per query head and row),
-    // for caches of more than 32 positions while kv heads × rows leave multiprocessors idle, and
-    // past 512 as the fused decoder (`row_attention_splits`); without attention sinks
-    // or a RoPE attention factor, else `t_rope_attend`. The split count follows the cache's
-    // size, not the position, so a decode step still replays as one graph.
+    // The key-split kernels (flash decoding, `attn_split.rs`) over every row of the batch (one
+    // block per kv head with its query heads, key split and row, then one merge block per
+    // query head and row), for caches of more than 32 positions while kv heads × rows leave
+    // multiprocessors idle, and for every cache past 512 (`row_attention_splits`); without
+    // attention sinks or a RoPE attention factor, else `t_rope_attend`. The split count follows
+    // the cache's size, not the position, so a decode step still replays as one graph.
     let kvd = p.n_kv_heads * hd;
     let context = a
         .seqs
@@ -2420,9 +2413,9 @@ pub(super) fn rope_attend(
         .max()
         .unwrap_or(0);
     let splits =
-        super::decode::row_attention_splits(context, window, p.n_kv_heads * rows, st.dev.sms);
+        super::attn_split::row_attention_splits(context, window, p.n_kv_heads * rows, st.dev.sms);
     let grp = p.n_q_heads / p.n_kv_heads.max(1);
-    let split = match super::decode::split_kernel(&st.dev, grp, hd) {
+    let split = match super::attn_split::split_kernel(&st.dev, grp, hd) {
         Some(f) if splits > 1 && sinks == 0 && mscale == 1.0 => Some(f.clone()),
         _ => None,
     };
@@ -2438,10 +2431,7 @@ pub(super) fn rope_attend(
             qn,
             kn,
             inv,
-            0,
-            0,
             sp,
-            0,
             ip,
             nq,
             i(to_i32("kv heads", p.n_kv_heads)?),
@@ -2458,13 +2448,13 @@ pub(super) fn rope_attend(
         ];
         let cfg = LaunchConfig {
             grid_dim: (p.n_kv_heads as u32, splits as u32, rows as u32),
-            block_dim: (super::decode::ATT_SPLIT_THREADS, 1, 1),
+            block_dim: (super::attn_split::ATT_SPLIT_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         go(&mut st.rec, &func, cfg, &mut args)?;
         let merge = LaunchConfig {
             grid_dim: (p.n_q_heads as u32, rows as u32, 1),
-            block_dim: (super::decode::DEC_THREADS, 1, 1),
+            block_dim: (super::attn_split::DEC_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut args = [sp, op, hd_i, splits_i, t[0], t[1], t[2], t[3], t[4]];
