@@ -726,6 +726,7 @@ fn batched(
     ctx: usize,
     memory: &(kv_memory::Need, kv_memory::Room),
 ) -> anyhow::Result<()> {
+    use infer_compute::Chosen;
     use infer_inference::forward::{BatchBuffers, BatchSeq};
     // With --batch, -p and -n have one value each (`validate`).
     let sizes = Largest::of(args);
@@ -768,9 +769,13 @@ fn batched(
         }
         // The last prefill group's logits give its next tokens; the others start from a
         // fixed id (the tokens only need to be valid).
-        let mut next: Vec<u32> = vec![ids[0]; b];
+        let next: Vec<u32> = vec![ids[0]; b];
         let t1 = Instant::now();
-        for _ in 0..sizes.gen {
+        // Greedy, chosen where the logits are: each step after the first runs the choices of
+        // the one before where they were made (a device records step i + 1 while step i
+        // runs; only the ids come back, one step late).
+        let (mut cur, mut fed) = (Chosen::default(), Chosen::default());
+        for step in 0..sizes.gen {
             let mut seqs: Vec<BatchSeq<'_>> = caches
                 .iter_mut()
                 .zip(next.chunks(1))
@@ -780,13 +785,14 @@ fn batched(
                     logits: Logits::Last,
                 })
                 .collect();
-            // Greedy, chosen where the logits are (as the server does): a device backend
-            // returns token ids, not [B, vocab] logits.
-            model.forward_batch_greedy(backend, &mut seqs, &mut bufs, &mut chosen)?;
-            for (n, c) in next.iter_mut().zip(&chosen) {
-                *n = c.token;
+            std::mem::swap(&mut cur, &mut fed);
+            let feed = (step > 0).then_some(&fed);
+            model.forward_batch_later(backend, &mut seqs, &mut bufs, feed, &mut cur)?;
+            if step > 0 {
+                backend.take_chosen(&fed, &mut chosen)?;
             }
         }
+        backend.take_chosen(&cur, &mut chosen)?;
         if timed {
             tg.push((b * sizes.gen) as f64 / t1.elapsed().as_secs_f64());
         }

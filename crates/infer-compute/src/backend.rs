@@ -749,16 +749,7 @@ pub trait ComputeBackend: Send + Sync {
         let mut picks = Vec::with_capacity(chosen.rows);
         self.take_chosen(chosen, &mut picks)?;
         let rows = table.len().checked_div(width).unwrap_or(0);
-        let ids: Vec<u32> = picks
-            .iter()
-            .map(|a| {
-                if (a.token as usize) < rows {
-                    a.token
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let ids = crate::host_ops::chosen_ids(&picks, rows);
         self.embed(table, width, &ids, scale, out)
     }
 

@@ -221,6 +221,21 @@ pub(crate) fn embed(
     Ok(())
 }
 
+/// The token ids of greedy choices for a lookup in a table of `rows` rows: a choice past the
+/// table (a row without a finite logit, whose step the caller discards) reads row 0.
+pub(crate) fn chosen_ids(picks: &[Argmax], rows: usize) -> Vec<u32> {
+    picks
+        .iter()
+        .map(|a| {
+            if (a.token as usize) < rows {
+                a.token
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
 pub(crate) fn argmax(logits: &[f32]) -> Result<Argmax, ComputeError> {
     if logits.is_empty() {
         return Err(ComputeError::ShapeMismatch {

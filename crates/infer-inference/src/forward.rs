@@ -409,6 +409,40 @@ impl Model<'_> {
         self.batch_pass(backend, seqs, bufs, Output::Greedy(chosen))
     }
 
+    /// One step of a batch ([`Model::forward_batch`]) whose greedy choices, one per sequence
+    /// (each one's last row), stay where they are made ([`ComputeBackend::argmax_rows_later`])
+    /// into `out`. With `feed`, every sequence runs one token: its choice of the step before
+    /// (row `i` of `feed` for sequence `i`; the sequences' `tokens` then only count one row
+    /// each), looked up where it was made ([`ComputeBackend::embed_chosen`]). So a device runs
+    /// step `i + 1` before the host has read step `i`'s choices
+    /// ([`ComputeBackend::take_chosen`]), as [`Model::decode_greedy`] does for one sequence.
+    /// Errors as [`Model::forward_batch`], and with `feed` a sequence of more than one token
+    /// or a `feed` without one row per sequence ([`InferenceError::Architecture`], naming the
+    /// counts; checked before anything runs).
+    pub fn forward_batch_later(
+        &self,
+        backend: &dyn ComputeBackend,
+        seqs: &mut [BatchSeq<'_>],
+        bufs: &mut BatchBuffers,
+        feed: Option<&Chosen>,
+        out: &mut Chosen,
+    ) -> Result<(), InferenceError> {
+        if let Some(f) = feed {
+            if f.rows != seqs.len() || seqs.iter().any(|q| q.tokens.len() != 1) {
+                return Err(InferenceError::Architecture(format!(
+                    "a step fed by the choices of the step before runs one token of each \
+                     sequence: {} choices for {} sequences",
+                    f.rows,
+                    seqs.len()
+                )));
+            }
+        }
+        for q in seqs.iter_mut() {
+            q.logits = Logits::Last;
+        }
+        self.batch_pass_fed(backend, seqs, bufs, feed, Output::Later(out))
+    }
+
     /// A batch through [`Model::forward_body`] with the batch's scratch buffers.
     fn batch_pass(
         &self,
@@ -417,12 +451,24 @@ impl Model<'_> {
         bufs: &mut BatchBuffers,
         out: Output<'_>,
     ) -> Result<(), InferenceError> {
+        self.batch_pass_fed(backend, seqs, bufs, None, out)
+    }
+
+    /// [`Model::batch_pass`] with the token ids of `chosen` when given.
+    fn batch_pass_fed(
+        &self,
+        backend: &dyn ComputeBackend,
+        seqs: &mut [BatchSeq<'_>],
+        bufs: &mut BatchBuffers,
+        chosen: Option<&Chosen>,
+        out: Output<'_>,
+    ) -> Result<(), InferenceError> {
         let mut pass = Pass {
             backend,
             seqs,
             s: &mut bufs.scratch,
             capture: Capture::Nothing,
-            chosen: None,
+            chosen,
         };
         in_pool(|| self.forward_body(&mut pass, out))
     }

@@ -9,7 +9,8 @@
 //!
 //! Cases: archrefs `llama`, `gemma3` (embedding scale) and `qwen3-moe` (routed experts), on
 //! the quantized plan; stops by `on_token` after 1, 2 and 5 choices, by `max_new`, and by a
-//! full cache.
+//! full cache. And [`Model::forward_batch_later`]: three sequences stepped together, each step
+//! fed by the choices of the one before, choose what host-fed batches choose.
 
 mod common;
 
@@ -20,7 +21,7 @@ use common::*;
 use infer_compute::{
     Argmax, Chosen, ComputeBackend, ComputeError, CpuBackend, FloatTable, Matrix, Proj, Tensor,
 };
-use infer_inference::forward::Logits;
+use infer_inference::forward::{BatchBuffers, BatchSeq, Logits};
 use infer_inference::{KvCache, Model};
 use infer_vindex::Vindex;
 
@@ -266,6 +267,89 @@ fn check_case(case: &str) {
                 .expect("after");
             assert!(a == b, "{label}: logits after the stop differ");
         }
+    }
+}
+
+/// Three sequences (prompts of 3, 5 and 8 tokens) prefilled, then `steps` greedy steps of all
+/// three: through [`Model::forward_batch_greedy`] with the host feeding the ids (the
+/// reference), and through [`Model::forward_batch_later`] on `backend`, each step fed by the
+/// choices of the one before; the choices of every step must be equal.
+fn check_batch(model: &Model<'_>, prompt: &[u32], backend: &dyn ComputeBackend, label: &str) {
+    let steps = 5;
+    let prompts = [&prompt[..3], &prompt[..5], prompt];
+    let ctx = prompt.len() + steps + 2;
+    let run = |later: bool| -> Vec<Vec<u32>> {
+        let cpu = CpuBackend::new();
+        let mut caches: Vec<KvCache> = prompts.iter().map(|_| model.new_cache(ctx)).collect();
+        let mut bufs = BatchBuffers::default();
+        let mut next = Vec::new();
+        for (c, p) in caches.iter_mut().zip(prompts) {
+            let logits = model.forward(&cpu, p, c, Logits::Last).expect("prompt");
+            next.push(infer_inference::sampling::argmax(&logits));
+        }
+        let mut made = vec![];
+        let (mut cur, mut fed) = (Chosen::default(), Chosen::default());
+        let mut picks = Vec::new();
+        for step in 0..steps {
+            let mut seqs: Vec<BatchSeq<'_>> = caches
+                .iter_mut()
+                .zip(next.chunks(1))
+                .map(|(cache, tokens)| BatchSeq {
+                    tokens,
+                    cache,
+                    logits: Logits::Last,
+                })
+                .collect();
+            if later {
+                std::mem::swap(&mut cur, &mut fed);
+                let feed = (step > 0).then_some(&fed);
+                model
+                    .forward_batch_later(backend, &mut seqs, &mut bufs, feed, &mut cur)
+                    .expect("forward_batch_later");
+                if step > 0 {
+                    backend.take_chosen(&fed, &mut picks).expect("take_chosen");
+                    made.push(picks.iter().map(|a| a.token).collect());
+                }
+            } else {
+                model
+                    .forward_batch_greedy(&cpu, &mut seqs, &mut bufs, &mut picks)
+                    .expect("forward_batch_greedy");
+                let ids: Vec<u32> = picks.iter().map(|a| a.token).collect();
+                next.clone_from(&ids);
+                made.push(ids);
+            }
+        }
+        if later {
+            backend.take_chosen(&cur, &mut picks).expect("take_chosen");
+            made.push(picks.iter().map(|a| a.token).collect());
+        }
+        made
+    };
+    assert_eq!(
+        run(true),
+        run(false),
+        "{label}: batched choices step by step"
+    );
+}
+
+#[test]
+fn forward_batch_later_matches_host_fed_batches() {
+    for case in ["llama", "qwen3-moe"] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (dir, vpath) = archrefs_q4k(case, tmp.path());
+        let vindex = Vindex::open(&vpath).expect("open vindex");
+        let model = Model::from_vindex(&vindex).expect("model");
+        let r = StFile::open(&dir.join("reference.safetensors"));
+        let t = r.shape("input_ids")[1].min(8);
+        let prompt = r.i64_as_u32("input_ids")[..t].to_vec();
+        check_batch(&model, &prompt, &CpuBackend::new(), &format!("{case} cpu"));
+        check_batch(
+            &model,
+            &prompt,
+            &HeldChoices::new(),
+            &format!("{case} held"),
+        );
+        println!("forward_batch_later {case}: ok");
     }
 }
 

@@ -406,10 +406,7 @@ extern "C" __global__ void mv_q8s(const u8* W, const float* ws, const i8* aq, co
 }
 
 // ---------------------------------------------------------------------------------------------
-// K-quants x Q8_K activations (mvk_block: one super-block of one weight row): one 256-value super-block per warp iteration, eight values per
-// lane (lane L: values 8L..8L+7, Q4_K sub-block L/4, Q6_K 16-value group L/2).
-// Per super-block: sum += (d*yd) * (f32)(scale*isum) per lane; Q4_K also subtracts
-// (dmin*yd) * (f32)(min * bsum) for its 32-value sub-block (lanes with L%4 == 0).
+// K-quants x Q8_K activations
 // ---------------------------------------------------------------------------------------------
 
 // ggml get_scale_min_k4.
@@ -423,78 +420,12 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m
     }
 }
 
-template <bool Q4K, int M>
-__device__ __forceinline__ void mvk_block(const u8* __restrict__ b, int ib, int nb, int cols,
-                                          int t0, int nt, int lane,
-                                          const i8* __restrict__ aq,
-                                          const float* __restrict__ ad,
-                                          const int* __restrict__ bsums, float (&acc)[M]) {
-    int w0, w1, sc, mn = 0;
-    float d, dmin = 0.0f;
-    if (Q4K) {
-        d = ld_f16(b);
-        dmin = ld_f16(b + 2);
-        int j = lane >> 2, p = lane & 3;
-        scale_min_k4(j, b + 4, &sc, &mn);
-        const u8* qp = b + 16 + 32 * (j >> 1) + 8 * p;
-        int q0 = ld_i32_a2(qp), q1 = ld_i32_a2(qp + 4);
-        int sh = (j & 1) * 4;
-        w0 = (q0 >> sh) & 0x0F0F0F0F;
-        w1 = (q1 >> sh) & 0x0F0F0F0F;
-    } else {
-        d = ld_f16(b + 208);
-        int h = lane >> 4, tq = (lane >> 2) & 3, l0 = 8 * (lane & 3);
-        const u8* ql = b + 64 * h + 32 * (tq & 1) + l0;
-        const u8* qh = b + 128 + 32 * h + l0;
-        int sh = (tq >= 2) ? 4 : 0;
-        int n0 = (ld_i32_a2(ql) >> sh) & 0x0F0F0F0F;
-        int n1 = (ld_i32_a2(ql + 4) >> sh) & 0x0F0F0F0F;
-        int h0 = ((ld_i32_a2(qh) >> (2 * tq)) & 0x03030303) << 4;
-        int h1 = ((ld_i32_a2(qh + 4) >> (2 * tq)) & 0x03030303) << 4;
-        w0 = __vsub4(n0 | h0, 0x20202020);
-        w1 = __vsub4(n1 | h1, 0x20202020);
-        sc = (int)(i8)b[192 + (lane >> 1)];
-    }
-#pragma unroll
-    for (int t = 0; t < M; t++) {
-        if (t < nt) {
-            long long ar = (long long)(t0 + t);
-            const i8* a = aq + ar * cols + ib * 256 + 8 * lane;
-            int s = __dp4a(w0, *(const int*)a, 0);
-            s = __dp4a(w1, *(const int*)(a + 4), s);
-            float yd = ad[ar * nb + ib];
-            acc[t] += (d * yd) * (float)(sc * s);
-            if (Q4K && (lane & 3) == 0) {
-                const int* bs = bsums + (ar * nb + ib) * 16 + 2 * (lane >> 2);
-                acc[t] -= (dmin * yd) * (float)(mn * (bs[0] + bs[1]));
-            }
-        }
-    }
-}
-
-// K-quants: mv_rows over mvk_block.
-template <bool Q4K, int M>
-__device__ __forceinline__ void mvk(const u8* __restrict__ W, const i8* __restrict__ aq,
-                                    const float* __restrict__ ad, const int* __restrict__ bsums,
-                                    float* __restrict__ y, int rows, int cols, int m, int bx,
-                                    u8* smw, int rpw = 1) {
-    const int bb = Q4K ? 144 : 210;
-    int nb = cols / 256, lane = threadIdx.x & 31;
-    mv_rows<M>(W, y, rows, nb, bb, m, bx, smw, rpw, nullptr,
-               [&](const u8* wr, int c0, int cb, int, int t0, int nt, float (&acc)[M]) {
-#pragma unroll 2
-                   for (int j = 0; j < cb; j++)
-                       mvk_block<Q4K, M>(wr + j * bb, c0 + j, nb, cols, t0, nt, lane, aq, ad,
-                                         bsums, acc);
-               });
-}
-
 // ---------------------------------------------------------------------------------------------
 // Decode mat-vecs of the K-quants for one activation row (dec_mv_multi), reading the weights
 // straight into registers: four lanes per super-block (a warp step covers eight), each lane
 // 64 of its 256 values, the next step's weights loaded before this step's are used. One
 // 16-byte load per 16 quant bytes (Q4_K blocks are 16-byte aligned; Q6_K's 210-byte blocks are
-// read as aligned words funnel-shifted into place). Integer sums are exact, as in mvk_block.
+// read as aligned words funnel-shifted into place). Integer sums are exact.
 // ---------------------------------------------------------------------------------------------
 
 // A lane's share of one Q4_K super-block: quant bytes 32p .. 32p + 31 (q0, q1: sub-block 2p in
@@ -670,15 +601,54 @@ extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 4)
     mvk_stream<Q6kLane>(W, aq, ad, bsums, y, rows, cols, blockIdx.x, 1, 210, nullptr);
 }
 
-extern "C" __global__ void mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
-                                   float* y, int rows, int cols, int m) {
-    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
-    mvk<true, MT>(W, aq, ad, bsums, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
+// The K-quant mat-vec of MT activation rows (rows blockIdx.y * MT ..): each lane's share of
+// a weight super-block is loaded once (the next one before this one is used, as mvk_stream) and
+// dotted with every activation row, as ggml's mul_mat_vec_q for a few columns. One weight row
+// per warp; y is [m, rows].
+template <typename L>
+__device__ __forceinline__ void mvk_stream_rows(const u8* __restrict__ W,
+                                                const i8* __restrict__ aq,
+                                                const float* __restrict__ ad,
+                                                const int* __restrict__ bsums,
+                                                float* __restrict__ y, int rows, int cols, int m,
+                                                int bb) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int nb = cols / 256, g = lane >> 2, s4 = lane & 3, steps = (nb + 7) / 8;
+    int t0 = blockIdx.y * MT, nt = min(MT, m - t0);
+    const u8* w0 = W + (long long)row * nb * bb;
+    L cur, nxt;
+    if (g < nb) kq_load(w0 + (long long)g * bb, s4, cur);
+    pdl_wait();
+    float acc[MT];
+#pragma unroll
+    for (int t = 0; t < MT; t++) acc[t] = 0.0f;
+    for (int s = 0; s < steps; s++) {
+        int ib = g + 8 * s;
+        if (ib + 8 < nb) kq_load(w0 + (long long)(ib + 8) * bb, s4, nxt);
+        if (ib < nb) {
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                if (t < nt) {
+                    long long b = (long long)(t0 + t) * nb + ib;
+                    acc[t] += kq_term(cur, s4, aq + b * 256, ad[b], bsums + b * 16);
+                }
+            }
+        }
+        cur = nxt;
+    }
+    mv_store(acc, y, rows, row, t0, nt, lane, nullptr);
 }
-extern "C" __global__ void mv_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums,
-                                   float* y, int rows, int cols, int m) {
-    __shared__ __align__(16) u8 sm[ROWS_PER_BLOCK][STAGE_BYTES];
-    mvk<false, MT>(W, aq, ad, bsums, y, rows, cols, m, blockIdx.x, sm[threadIdx.x >> 5]);
+
+extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 3)
+    mv_q4_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
+            int cols, int m) {
+    mvk_stream_rows<Q4kLane>(W, aq, ad, bsums, y, rows, cols, m, 144);
+}
+extern "C" __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK, 3)
+    mv_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
+            int cols, int m) {
+    mvk_stream_rows<Q6kLane>(W, aq, ad, bsums, y, rows, cols, m, 210);
 }
 
 // ---------------------------------------------------------------------------------------------

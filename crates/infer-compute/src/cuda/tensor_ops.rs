@@ -1471,40 +1471,19 @@ pub(super) fn norm(
         Some(p) if len > 0 => p,
         _ => return norm_launch(st, n, xp, op, len),
     };
-    let (nw, eps, off) = rms;
-    let (kq, b32) = wanted_families(st, len, d.is_multiple_of(256), d.is_multiple_of(32));
-    let t = quant_targets(st, len, kq, b32)?;
-    let mut a = [
-        xp,
-        0,
-        0,
-        f(1.0),
-        nw,
-        op,
-        i(to_i32("norm width", d)?),
-        f(0.0),
-        f(0.0),
-        f(eps),
-        f(off),
-        t[0],
-        t[1],
-        t[2],
-        t[3],
-        t[4],
-    ];
-    go(
-        &mut st.rec,
-        &st.dev.k.t_add_norm,
-        per_row(len / d, RN_THREADS),
-        &mut a,
-    )?;
-    st.pq_next = Some(PreQuant {
-        x: op,
-        n: len,
-        kq,
-        b32,
-    });
-    Ok(())
+    add_norm_launch(
+        st,
+        AddNormLaunch {
+            x: xp,
+            branch: 0,
+            post: (0, 0.0, 0.0),
+            alpha: 1.0,
+            next: rms,
+            out: op,
+            n: len,
+            width: d,
+        },
+    )
 }
 
 pub(super) fn norm_inplace(
@@ -2058,16 +2037,7 @@ pub(super) fn embed_chosen(
     }
     let mut picks = Vec::with_capacity(chosen.rows);
     take_chosen(st, chosen, &mut picks)?;
-    let ids: Vec<u32> = picks
-        .iter()
-        .map(|a| {
-            if (a.token as usize) < rows {
-                a.token
-            } else {
-                0
-            }
-        })
-        .collect();
+    let ids = crate::host_ops::chosen_ids(&picks, rows);
     embed_rows(st, table, width, Ids::Host(&ids), scale, out)
 }
 
@@ -2248,26 +2218,59 @@ pub(super) fn add_norm(
     if x.is_empty() {
         return Ok(true);
     }
-    let n = x.len();
-    let (kq, b32) = wanted_families(st, n, d.is_multiple_of(256), d.is_multiple_of(32));
-    let t = quant_targets(st, n, kq, b32)?;
     let (xp, bp, op) = (
         tp(st, x, "add_norm")?,
         tp(st, branch, "add_norm")?,
         tp(st, out, "add_norm")?,
     );
+    add_norm_launch(
+        st,
+        AddNormLaunch {
+            x: xp,
+            branch: bp,
+            post: (pw, eps, off),
+            alpha: rn.alpha,
+            next: (nw, eps2, off2),
+            out: op,
+            n: x.len(),
+            width: d,
+        },
+    )?;
+    Ok(true)
+}
+
+/// One `t_add_norm` launch: device pointers and the RMSNorms' `(weight, eps, offset)` (a
+/// weight pointer 0: no post norm; `branch` 0: no residual add, only the norm of `x`).
+struct AddNormLaunch {
+    x: u64,
+    branch: u64,
+    post: (u64, f32, f32),
+    alpha: f32,
+    next: (u64, f32, f32),
+    out: u64,
+    /// Values of `x` (whole rows of `width`).
+    n: usize,
+    width: usize,
+}
+
+/// `t_add_norm` over the `n / width` rows of `l` (a block per row), its output quantized for
+/// the next product's activation family ([`wanted_families`]), remembered as [`PreQuant`].
+fn add_norm_launch(st: &mut State, l: AddNormLaunch) -> Result<(), ComputeError> {
+    let (n, d) = (l.n, l.width);
+    let (kq, b32) = wanted_families(st, n, d.is_multiple_of(256), d.is_multiple_of(32));
+    let t = quant_targets(st, n, kq, b32)?;
     let mut a = [
-        xp,
-        bp,
-        pw,
-        f(rn.alpha),
-        nw,
-        op,
+        l.x,
+        l.branch,
+        l.post.0,
+        f(l.alpha),
+        l.next.0,
+        l.out,
         i(to_i32("norm width", d)?),
-        f(eps),
-        f(off),
-        f(eps2),
-        f(off2),
+        f(l.post.1),
+        f(l.post.2),
+        f(l.next.1),
+        f(l.next.2),
         t[0],
         t[1],
         t[2],
@@ -2280,8 +2283,13 @@ pub(super) fn add_norm(
         per_row(n / d, RN_THREADS),
         &mut a,
     )?;
-    st.pq_next = Some(PreQuant { x: op, n, kq, b32 });
-    Ok(true)
+    st.pq_next = Some(PreQuant {
+        x: l.out,
+        n,
+        kq,
+        b32,
+    });
+    Ok(())
 }
 
 /// The device copy of RoPE's inverse frequencies for `cfg`.
