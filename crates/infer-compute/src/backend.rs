@@ -746,10 +746,17 @@ pub trait ComputeBackend: Send + Sync {
         scale: f32,
         out: &mut Tensor,
     ) -> Result<(), ComputeError> {
-        let mut picks = Vec::with_capacity(chosen.rows);
-        self.take_chosen(chosen, &mut picks)?;
+        // Choices made on the host are read in place; others are taken (waited for) first.
+        let mut taken = Vec::new();
+        let picks = match &chosen.host {
+            Some(picks) => picks,
+            None => {
+                self.take_chosen(chosen, &mut taken)?;
+                &taken
+            }
+        };
         let rows = table.len().checked_div(width).unwrap_or(0);
-        let ids = crate::host_ops::chosen_ids(&picks, rows);
+        let ids = crate::host_ops::chosen_ids(picks, rows);
         self.embed(table, width, &ids, scale, out)
     }
 

@@ -417,8 +417,8 @@ impl Model<'_> {
     /// step `i + 1` before the host has read step `i`'s choices
     /// ([`ComputeBackend::take_chosen`]), as [`Model::decode_greedy`] does for one sequence.
     /// Errors as [`Model::forward_batch`], and with `feed` a sequence of more than one token
-    /// or a `feed` without one row per sequence ([`InferenceError::Architecture`], naming the
-    /// counts; checked before anything runs).
+    /// or a `feed` without one row per sequence ([`ComputeError::ShapeMismatch`], checked before
+    /// anything runs).
     pub fn forward_batch_later(
         &self,
         backend: &dyn ComputeBackend,
@@ -428,13 +428,21 @@ impl Model<'_> {
         out: &mut Chosen,
     ) -> Result<(), InferenceError> {
         if let Some(f) = feed {
-            if f.rows != seqs.len() || seqs.iter().any(|q| q.tokens.len() != 1) {
-                return Err(InferenceError::Architecture(format!(
-                    "a step fed by the choices of the step before runs one token of each \
-                     sequence: {} choices for {} sequences",
-                    f.rows,
-                    seqs.len()
-                )));
+            // One row per sequence, each its own choice.
+            let rows: usize = seqs.iter().map(|q| q.tokens.len()).sum();
+            for (what, got) in [
+                ("choices feeding a batch step (one per sequence)", f.rows),
+                ("tokens of a fed batch step (one per sequence)", rows),
+            ] {
+                if got != seqs.len() {
+                    return Err(ComputeError::ShapeMismatch {
+                        what,
+                        expected: seqs.len(),
+                        got,
+                        unit: "rows",
+                    }
+                    .into());
+                }
             }
         }
         for q in seqs.iter_mut() {

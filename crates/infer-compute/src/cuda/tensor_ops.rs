@@ -2016,7 +2016,7 @@ pub(super) fn embed(
             unit: "row",
         });
     }
-    embed_rows(st, table, width, Ids::Host(ids), scale, out)
+    embed_rows(st, table, (rows, width), Ids::Host(ids), scale, out)
 }
 
 /// [`crate::ComputeBackend::embed_chosen`] on the device: the choices of the last
@@ -2033,12 +2033,12 @@ pub(super) fn embed_chosen(
     let rows = table_rows(table, width)?;
     let latest = chosen.host.is_none() && st.ops.best_ticket == Some(chosen.ticket);
     if latest && embed_kernel(st, table, width).is_some() {
-        return embed_rows(st, table, width, Ids::Best(chosen.rows), scale, out);
+        return embed_rows(st, table, (rows, width), Ids::Best(chosen.rows), scale, out);
     }
     let mut picks = Vec::with_capacity(chosen.rows);
     take_chosen(st, chosen, &mut picks)?;
     let ids = crate::host_ops::chosen_ids(&picks, rows);
-    embed_rows(st, table, width, Ids::Host(&ids), scale, out)
+    embed_rows(st, table, (rows, width), Ids::Host(&ids), scale, out)
 }
 
 /// Rows of an embedding table of `width`. Errors: a table that is not whole rows.
@@ -2083,12 +2083,13 @@ fn embed_kernel(
     }
 }
 
-/// Row `r` of `out` (fit to `ids.len() · width`) = row `ids[r]` of `table` times `scale`; the
-/// ids are in range (checked by the caller, or choices of a product of this table's rows).
+/// Row `r` of `out` (fit to `ids.len() · width`) = row `ids[r]` of `table` (`[rows, width]`,
+/// [`table_rows`] of the caller) times `scale`; the ids are in range (checked by the caller, or
+/// choices of a product of this table's rows).
 fn embed_rows(
     st: &mut State,
     table: FloatTable<'_>,
-    width: usize,
+    (rows, width): (usize, usize),
     ids: Ids<'_>,
     scale: f32,
     out: &mut Tensor,
@@ -2098,7 +2099,6 @@ fn embed_rows(
     if n == 0 {
         return Ok(());
     }
-    let rows = table_rows(table, width)?;
     let Some((func, f16)) = embed_kernel(st, table, width) else {
         // A block format without a device kernel: the few looked-up rows are dequantized on
         // the host (ggml's dequantizers) and copied over.
