@@ -228,9 +228,9 @@ const SHAPES_K: &[(usize, usize)] = &[
     (40, 1792),
     (8461, 4096),
 ];
-/// Activation rows: the mat-vecs (below 8) and the tensor-core tiles (one partial tile, two
-/// tiles of 64 and a partial third).
-const MS: &[usize] = &[1, 2, 3, 5, 8, 17, 64, 130];
+/// Activation rows: the mat-vecs (below 8) and the tensor-core tiles (16-token tiles partial
+/// and full, 32-token tiles partial and full, two tiles of 64 and a partial third).
+const MS: &[usize] = &[1, 2, 3, 5, 8, 16, 17, 32, 64, 130];
 
 fn quant_format_parity(fmt: QuantFormat, seed: u64) {
     let gpu = gpu();
@@ -243,7 +243,7 @@ fn quant_format_parity(fmt: QuantFormat, seed: u64) {
     let mut worst = 0f64;
     for &(rows, cols) in shapes {
         let ms: &[usize] = if rows * cols > 1 << 20 {
-            &[1, 5, 70]
+            &[1, 5, 16, 70]
         } else {
             MS
         };

@@ -39,15 +39,19 @@ pub(super) const ROWDOT_THREADS: usize = 128;
 /// At most this many activation rows take the float mat-vecs (`rowdot_*`); more take the
 /// tiled `gemm_*`.
 pub(super) const ROWDOT_MAX_M: usize = 8;
-/// Weight rows × activation rows of one block of the tensor-core products; `MMQ_BM`, `MMQ_BN`
-/// in `mmq.cu`.
+/// Weight rows × activation rows of one block of the tensor-core products (the widest token
+/// tile; the grouped products' tiles); `MMQ_BM`, `MMQ_BN` in `mmq.cu`.
 pub(super) const MMQ_BM: usize = 128;
 pub(super) const MMQ_BN: usize = 64;
-/// Dynamic shared memory of `mmq_q4_k` (bytes; `HQ_SMEM` in `mmq.cu`): f16 weight and
-/// activation tiles of 136 halves per row, the mins operands (24 halves per row), (d, dmin) per
-/// weight row and d per activation row.
-pub(super) const MMQ_Q4K_SMEM: usize =
-    (MMQ_BM + MMQ_BN) * 136 * 2 + (MMQ_BM + MMQ_BN) * 24 * 2 + MMQ_BM * 8 + MMQ_BN * 4;
+/// The token tiles of the plain tensor-core products, in the order of their kernels
+/// (`mmq_<format>`, `mmq_<format>_n32`, `mmq_<format>_n16` in `mmq.cu`).
+pub(super) const MMQ_WIDTHS: [usize; 3] = [MMQ_BN, 32, 16];
+/// Dynamic shared memory of `mmq_q4_k` with a token tile of `bn` rows (bytes; `HqSmem` in
+/// `mmq.cu`): f16 weight and activation tiles of 136 halves per row, the mins operands (24
+/// halves per row), (d, dmin) per weight row and d per activation row.
+pub(super) const fn mmq_q4k_smem(bn: usize) -> usize {
+    (MMQ_BM + bn) * 136 * 2 + (MMQ_BM + bn) * 24 * 2 + MMQ_BM * 8 + bn * 4
+}
 /// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.
 pub(super) const GT: usize = 64;
 
@@ -80,12 +84,18 @@ pub(super) struct Kernels {
     pub mv_q6_k: CudaFunction,
     pub mv1_q4_k: CudaFunction,
     pub mv1_q6_k: CudaFunction,
-    pub mmq_q4_0: CudaFunction,
-    pub mmq_q5_0: CudaFunction,
-    pub mmq_q8_0: CudaFunction,
-    pub mmq_q8s: CudaFunction,
-    pub mmq_q4_k: CudaFunction,
-    pub mmq_q6_k: CudaFunction,
+    /// One kernel per token tile of [`MMQ_WIDTHS`].
+    pub mmq_q4_0: [CudaFunction; 3],
+    /// One kernel per token tile of [`MMQ_WIDTHS`].
+    pub mmq_q5_0: [CudaFunction; 3],
+    /// One kernel per token tile of [`MMQ_WIDTHS`].
+    pub mmq_q8_0: [CudaFunction; 3],
+    /// One kernel per token tile of [`MMQ_WIDTHS`].
+    pub mmq_q8s: [CudaFunction; 3],
+    /// One kernel per token tile of [`MMQ_WIDTHS`].
+    pub mmq_q4_k: [CudaFunction; 3],
+    /// One kernel per token tile of [`MMQ_WIDTHS`].
+    pub mmq_q6_k: [CudaFunction; 3],
     pub mmq_ids_q4_0: CudaFunction,
     pub mmq_ids_q5_0: CudaFunction,
     pub mmq_ids_q8_0: CudaFunction,
@@ -260,12 +270,12 @@ impl Device {
             mv_q6_k: f("mv_q6_k")?,
             mv1_q4_k: f("mv1_q4_k")?,
             mv1_q6_k: f("mv1_q6_k")?,
-            mmq_q4_0: f("mmq_q4_0")?,
-            mmq_q5_0: f("mmq_q5_0")?,
-            mmq_q8_0: f("mmq_q8_0")?,
-            mmq_q8s: f("mmq_q8s")?,
-            mmq_q4_k: f("mmq_q4_k")?,
-            mmq_q6_k: f("mmq_q6_k")?,
+            mmq_q4_0: [f("mmq_q4_0")?, f("mmq_q4_0_n32")?, f("mmq_q4_0_n16")?],
+            mmq_q5_0: [f("mmq_q5_0")?, f("mmq_q5_0_n32")?, f("mmq_q5_0_n16")?],
+            mmq_q8_0: [f("mmq_q8_0")?, f("mmq_q8_0_n32")?, f("mmq_q8_0_n16")?],
+            mmq_q8s: [f("mmq_q8s")?, f("mmq_q8s_n32")?, f("mmq_q8s_n16")?],
+            mmq_q4_k: [f("mmq_q4_k")?, f("mmq_q4_k_n32")?, f("mmq_q4_k_n16")?],
+            mmq_q6_k: [f("mmq_q6_k")?, f("mmq_q6_k_n32")?, f("mmq_q6_k_n16")?],
             mmq_ids_q4_0: f("mmq_ids_q4_0")?,
             mmq_ids_q5_0: f("mmq_ids_q5_0")?,
             mmq_ids_q8_0: f("mmq_ids_q8_0")?,
@@ -339,12 +349,13 @@ impl Device {
                 ),
             )?;
         }
-        for f in [&k.mmq_q4_k, &k.mmq_ids_q4_k] {
+        let q4k_tiles = k.mmq_q4_k.iter().zip(MMQ_WIDTHS);
+        for (f, bn) in q4k_tiles.chain([(&k.mmq_ids_q4_k, MMQ_BN)]) {
             drv(
                 "allow mmq_q4_k's shared memory",
                 f.set_attribute(
                     sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    MMQ_Q4K_SMEM as i32,
+                    mmq_q4k_smem(bn) as i32,
                 ),
             )?;
         }

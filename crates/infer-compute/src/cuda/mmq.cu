@@ -25,12 +25,28 @@
 #define MMQ_THREADS 256
 #define F_Q6_K 5
 
+// The warps of a block with a token tile of BN (16, 32 or 64) activation rows: WM x WN warps,
+// each TM x TN mma tiles of 16 weight rows x 8 tokens. Narrow tiles serve decode batches (a
+// 64-token tile would leave most of its columns idle at 16 sequences) with fewer accumulators
+// per thread, so that two blocks fit a multiprocessor.
+template <int BN>
+struct MmqWarps {
+    static constexpr int WN = BN >= 64 ? 2 : 1;
+    static constexpr int WM = 8 / WN;
+    static constexpr int TM = MMQ_BM / WM / 16;
+    static constexpr int TN = BN / WN / 8;
+    // 16-byte activation chunks of a K step, and per thread (rounded up).
+    static constexpr int A_CHUNKS = BN * (MMQ_KS / 16);
+    static constexpr int A_ITEMS = (A_CHUNKS + MMQ_THREADS - 1) / MMQ_THREADS;
+};
+
+template <int BN>
 struct MmqSmem {
     int w[MMQ_BM * MMQ_LDW];  // weights, int8 [row][k]
-    int a[MMQ_BN * MMQ_LDW];  // activations, int8 [token][k]
+    int a[BN * MMQ_LDW];      // activations, int8 [token][k]
     float wd[MMQ_BM][4];      // 32-value formats: d per block; Q6_K: d
     int wsc[MMQ_BM][8];       // Q6_K: the step's 8 group scales
-    float ad[MMQ_BN][4];      // 32-value formats: d per block; Q6_K: the super-block's d
+    float ad[BN][4];          // 32-value formats: d per block; Q6_K: the super-block's d
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
@@ -51,16 +67,17 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
 #endif
 }
 
-// A warp's 32 x 32 outputs (2 x 4 mma tiles of 16 rows x 8 tokens, in the accumulator layout of
+// A warp's outputs (TM x TN mma tiles of 16 rows x 8 tokens, in the accumulator layout of
 // mma.m16n8k*: rows g and g + 8, tokens 2·tig and 2·tig + 1) into y[token][row], from weight
 // row r0 and token t0, within rows x m.
-__device__ __forceinline__ void mmq_store(const float (&acc)[2][4][4], float* __restrict__ y,
+template <int TM, int TN>
+__device__ __forceinline__ void mmq_store(const float (&acc)[TM][TN][4], float* __restrict__ y,
                                           int r0, int t0, int rows, int m, int lane) {
     int g = lane >> 2, tig = lane & 3;
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < TM; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < TN; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = r0 + 16 * mt + g + 8 * (e >> 1);
@@ -75,10 +92,11 @@ struct MmqTile {
     int row0, tok0, share, shares, tile;
 };
 
-// The tile of a plain product's block: blockIdx.y weight rows, blockIdx.x tokens, blockIdx.z
-// the share of K.
+// The tile of a plain product's block: blockIdx.y weight rows, blockIdx.x tiles of BN tokens,
+// blockIdx.z the share of K.
+template <int BN>
 __device__ __forceinline__ MmqTile mmq_grid_tile() {
-    return {(int)blockIdx.y * MMQ_BM, (int)blockIdx.x * MMQ_BN, (int)blockIdx.z, (int)gridDim.z,
+    return {(int)blockIdx.y * MMQ_BM, (int)blockIdx.x * BN, (int)blockIdx.z, (int)gridDim.z,
             (int)(blockIdx.y * gridDim.x + blockIdx.x)};
 }
 
@@ -92,10 +110,11 @@ __device__ __forceinline__ void mmq_share(int nks, int share, int shares, int& k
 }
 
 // Store the block's tile; with split-K each share's accumulators go to `part` (slots of
-// 32 values × MMQ_THREADS per share and tile) and the share that finishes last sums them in
-// the order z = 0, 1, ... (the same sum whichever block finishes last) and stores the tile,
-// then resets the tile's counter for the next launch.
-__device__ __forceinline__ void mmq_finish(float (&acc)[2][4][4], float* __restrict__ y,
+// 32 values × MMQ_THREADS per share and tile, of which a thread uses TM·TN·4) and the share
+// that finishes last sums them in the order z = 0, 1, ... (the same sum whichever block
+// finishes last) and stores the tile, then resets the tile's counter for the next launch.
+template <int TM, int TN>
+__device__ __forceinline__ void mmq_finish(float (&acc)[TM][TN][4], float* __restrict__ y,
                                            float* __restrict__ part, int* __restrict__ counters,
                                            int r0, int t0, int rows, int m, MmqTile at) {
     int tid = threadIdx.x;
@@ -104,8 +123,10 @@ __device__ __forceinline__ void mmq_finish(float (&acc)[2][4][4], float* __restr
         int tile = at.tile, S = at.shares;
         float* base = part + (long long)tile * S * (32 * MMQ_THREADS) + tid;
         float* mine = base + at.share * (32 * MMQ_THREADS);
+        const int N = TM * TN * 4;
 #pragma unroll
-        for (int i = 0; i < 32; i++) __stcg(mine + i * MMQ_THREADS, acc[i >> 4][(i >> 2) & 3][i & 3]);
+        for (int i = 0; i < N; i++)
+            __stcg(mine + i * MMQ_THREADS, acc[i / (TN * 4)][(i >> 2) % TN][i & 3]);
         __threadfence();
         __syncthreads();
         if (tid == 0) {
@@ -116,10 +137,10 @@ __device__ __forceinline__ void mmq_finish(float (&acc)[2][4][4], float* __restr
         if (!last) return;
         __threadfence();
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < N; i++) {
             float sum = 0.0f;
             for (int z = 0; z < S; z++) sum += __ldcg(base + (z * 32 + i) * MMQ_THREADS);
-            acc[i >> 4][(i >> 2) & 3][i & 3] = sum;
+            acc[i / (TN * 4)][(i >> 2) % TN][i & 3] = sum;
         }
     }
     mmq_store(acc, y, r0, t0, rows, m, tid & 31);
@@ -140,7 +161,7 @@ struct MmqRegs {
                    // token's super-block d
 };
 
-template <int FMT>
+template <int FMT, int BN>
 __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
                                           const float* __restrict__ wscale,
                                           const i8* __restrict__ aq,
@@ -173,7 +194,7 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
                 g.wx[4] = ok ? ld_u16(b + 208) : 0;
             }
         }
-        if (tid < MMQ_BN) {
+        if (tid < BN) {
             bool ok = tok0 + tid < m;
             long long blk = (long long)(tok0 + tid) * nb + sb;
             g.ad = ok ? ad[blk] : 0.0f;
@@ -211,24 +232,26 @@ __device__ __forceinline__ void mmq_fetch(MmqRegs& g, const u8* __restrict__ W,
                 g.wx[j] = !ok ? 0 : FMT == F_Q8S ? __float_as_uint(wscale[blk]) : ld_u16(W + blk * bb);
             }
         }
-        {
+        if (tid < 4 * BN) {
             int t = tid >> 2, j = ks * 4 + (tid & 3);
             g.ad = (tok0 + t < m && j < nb) ? ad[(long long)(tok0 + t) * nb + j] : 0.0f;
         }
     }
+    using S = MmqWarps<BN>;
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < S::A_ITEMS; k++) {
         int i = tid + MMQ_THREADS * k;
         int t = i / (MMQ_KS / 16), c = i % (MMQ_KS / 16);
         int kk = ks * MMQ_KS + 16 * c;
-        g.a[k] = (tok0 + t < m && kk < cols) ? *(const uint4*)(aq + (long long)(tok0 + t) * cols + kk)
-                                             : make_uint4(0, 0, 0, 0);
+        g.a[k] = (i < S::A_CHUNKS && tok0 + t < m && kk < cols)
+                     ? *(const uint4*)(aq + (long long)(tok0 + t) * cols + kk)
+                     : make_uint4(0, 0, 0, 0);
     }
 }
 
 // Decode the fetched step into shared memory (int8 weights with their scales, activations).
-template <int FMT>
-__device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, int tid) {
+template <int FMT, int BN>
+__device__ __forceinline__ void mmq_put(MmqSmem<BN>& s, const MmqRegs& g, int ks, int tid) {
     if (FMT == F_Q6_K) {
         int u = tid & 7;
 #pragma unroll
@@ -280,42 +303,45 @@ __device__ __forceinline__ void mmq_put(MmqSmem& s, const MmqRegs& g, int ks, in
         }
     }
     if (FMT == F_Q6_K) {
-        if (tid < MMQ_BN) {
+        if (tid < BN) {
             s.ad[tid][0] = g.ad;
         }
-    } else {
+    } else if (tid < 4 * BN) {
         s.ad[tid >> 2][tid & 3] = g.ad;
     }
+    using S = MmqWarps<BN>;
 #pragma unroll
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < S::A_ITEMS; k++) {
         int i = tid + MMQ_THREADS * k;
         int t = i / (MMQ_KS / 16), c = i % (MMQ_KS / 16);
-        *(uint4*)(s.a + t * MMQ_LDW + 4 * c) = g.a[k];
+        if (i < S::A_CHUNKS) *(uint4*)(s.a + t * MMQ_LDW + 4 * c) = g.a[k];
     }
 }
 
 // y[m, rows] = x · Wᵀ for the tile of block (blockIdx.y: weight rows, blockIdx.x: tokens).
-template <int FMT>
+template <int FMT, int BN>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __restrict__ wscale,
                                     const i8* __restrict__ aq, const float* __restrict__ ad,
                                     float* __restrict__ y, float* __restrict__ part,
                                     int* __restrict__ counters, int rows, int cols, int m,
                                     MmqTile at) {
-    __shared__ __align__(16) MmqSmem s;
+    __shared__ __align__(16) MmqSmem<BN> s;
+    using S = MmqWarps<BN>;
+    constexpr int TM = S::TM, TN = S::TN;
     const bool KQ = FMT == F_Q6_K;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tig = lane & 3;
-    int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
+    int wm = (warp % S::WM) * (16 * TM), wn = (warp / S::WM) * (8 * TN);
     int row0 = at.row0, tok0 = at.tok0;
     int nb = cols / (KQ ? 256 : 32);
     int nks = (cols + MMQ_KS - 1) / MMQ_KS, ks0, ks1;
     mmq_share(nks, at.share, at.shares, ks0, ks1);
-    float acc[2][4][4];
-    int isum[2][4][4];
+    float acc[TM][TN][4];
+    int isum[TM][TN][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < TM; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < TN; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 acc[mt][nt][e] = 0.0f;
@@ -324,19 +350,19 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
     MmqRegs next;
     pdl_wait();
     if (ks0 < ks1)
-        mmq_fetch<FMT>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb, ks0, tid);
+        mmq_fetch<FMT, BN>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb, ks0, tid);
     for (int ks = ks0; ks < ks1; ks++) {
         __syncthreads();
-        mmq_put<FMT>(s, next, ks, tid);
+        mmq_put<FMT, BN>(s, next, ks, tid);
         __syncthreads();
         if (ks + 1 < ks1)
-            mmq_fetch<FMT>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb,
-                           ks + 1, tid);
+            mmq_fetch<FMT, BN>(next, W, wscale, aq, ad, row0, rows, tok0, m, cols, nb,
+                               ks + 1, tid);
 #pragma unroll
         for (int k = 0; k < MMQ_KS / 32; k++) {
-            int a[2][4], b[4][2];
+            int a[TM][4], b[TN][2];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
+            for (int mt = 0; mt < TM; mt++) {
                 const int* p = s.w + (wm + 16 * mt + g) * MMQ_LDW + 8 * k + tig;
                 a[mt][0] = p[0];
                 a[mt][1] = p[8 * MMQ_LDW];
@@ -344,19 +370,19 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
                 a[mt][3] = p[8 * MMQ_LDW + 4];
             }
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < TN; nt++) {
                 const int* p = s.a + (wn + 8 * nt + g) * MMQ_LDW + 8 * k + tig;
                 b[nt][0] = p[0];
                 b[nt][1] = p[4];
             }
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
+            for (int mt = 0; mt < TM; mt++) {
                 int r = wm + 16 * mt + g;
                 if (FMT == F_Q6_K) {
                     int s0a = s.wsc[r][2 * k], s0b = s.wsc[r + 8][2 * k];
                     int s1a = s.wsc[r][2 * k + 1], s1b = s.wsc[r + 8][2 * k + 1];
 #pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
+                    for (int nt = 0; nt < TN; nt++) {
                         int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
                         mma_k16(c0, a[mt][0], a[mt][1], b[nt][0]);
                         mma_k16(c1, a[mt][2], a[mt][3], b[nt][1]);
@@ -367,7 +393,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
                     }
                 } else {
 #pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
+                    for (int nt = 0; nt < TN; nt++) {
                         int c[4] = {0, 0, 0, 0};
                         mma_k32(c, a[mt], b[nt][0], b[nt][1]);
                         float da = s.wd[r][k], db = s.wd[r + 8][k];
@@ -384,13 +410,13 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
         if (KQ && (ks & 1)) {
             // One f32 term per row, token and super-block (both halves' isum: |sum| < 2^28).
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < TM; mt++)
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     int r = wm + 16 * mt + g + 8 * hr;
                     float d = s.wd[r][0];
 #pragma unroll
-                    for (int nt = 0; nt < 4; nt++)
+                    for (int nt = 0; nt < TN; nt++)
 #pragma unroll
                         for (int ec = 0; ec < 2; ec++) {
                             int t = wn + 8 * nt + 2 * tig + ec, e = 2 * hr + ec;
@@ -404,32 +430,34 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
     mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
 }
 
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q4_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
-             float* part, int* counters) {
-    mmq<F_Q4_0>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
-}
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q5_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
-             float* part, int* counters) {
-    mmq<F_Q5_0>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
-}
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q8_0(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols, int m,
-             float* part, int* counters) {
-    mmq<F_Q8_0>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
-}
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q8s(const u8* W, const float* ws, const i8* aq, const float* ad, float* y, int rows,
-            int cols, int m, float* part, int* counters) {
-    mmq<F_Q8S>(W, ws, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
-}
-// bsums unused: the argument list of every K-quant product (Q6_K folds no mins).
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q6_k(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y, int rows,
-             int cols, int m, float* part, int* counters) {
-    mmq<F_Q6_K>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile());
-}
+// The plain products of each format at each token tile: `mmq_<format>` (64 tokens),
+// `mmq_<format>_n32`, `mmq_<format>_n16`. The narrow tiles keep two blocks per multiprocessor.
+#define MMQ_MIN_BLOCKS(BN) ((BN) < 64 ? 2 : 1)
+#define MMQ_PLAIN(NAME, SUFFIX, BN, FMT)                                                        \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS(BN))               \
+        NAME##SUFFIX(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols,  \
+                     int m, float* part, int* counters) {                                       \
+        mmq<FMT, BN>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile<BN>());      \
+    }
+/* bsums unused: the argument list of every K-quant product (Q6_K folds no mins). */
+#define MMQ_PLAIN_KQ(NAME, SUFFIX, BN, FMT)                                                     \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS(BN))               \
+        NAME##SUFFIX(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y,    \
+                     int rows, int cols, int m, float* part, int* counters) {                   \
+        mmq<FMT, BN>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile<BN>());      \
+    }
+#define MMQ_PLAIN_Q8S(NAME, SUFFIX, BN, FMT)                                                       \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS(BN))               \
+        NAME##SUFFIX(const u8* W, const float* ws, const i8* aq, const float* ad, float* y,     \
+                     int rows, int cols, int m, float* part, int* counters) {                   \
+        mmq<FMT, BN>(W, ws, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile<BN>());     \
+    }
+#define MMQ_PLAIN_WIDTHS(M, NAME, FMT) M(NAME, , 64, FMT) M(NAME, _n32, 32, FMT) M(NAME, _n16, 16, FMT)
+MMQ_PLAIN_WIDTHS(MMQ_PLAIN, mmq_q4_0, F_Q4_0)
+MMQ_PLAIN_WIDTHS(MMQ_PLAIN, mmq_q5_0, F_Q5_0)
+MMQ_PLAIN_WIDTHS(MMQ_PLAIN, mmq_q8_0, F_Q8_0)
+MMQ_PLAIN_WIDTHS(MMQ_PLAIN_Q8S, mmq_q8s, F_Q8S)
+MMQ_PLAIN_WIDTHS(MMQ_PLAIN_KQ, mmq_q6_k, F_Q6_K)
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K products on the f16 tensor cores (`mmq_q4_k`). The int8 path above would apply each
@@ -452,13 +480,17 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
 #define HQ_LD 136  // halves per shared row: MMQ_KS + 8
 #define HQ_MLD 24  // halves per row of the mins operands: 16 + 8
 
-// Byte offsets of the parts of the kernel's dynamic shared memory.
-#define HQ_OFF_A (MMQ_BM * HQ_LD * 2)
-#define HQ_OFF_MW (HQ_OFF_A + MMQ_BN * HQ_LD * 2)
-#define HQ_OFF_MA (HQ_OFF_MW + MMQ_BM * HQ_MLD * 2)
-#define HQ_OFF_DM (HQ_OFF_MA + MMQ_BN * HQ_MLD * 2)
-#define HQ_OFF_YD (HQ_OFF_DM + MMQ_BM * 8)
-#define HQ_SMEM (HQ_OFF_YD + MMQ_BN * 4)
+// Byte offsets of the parts of the kernel's dynamic shared memory, for a token tile of BN
+// (`MMQ_Q4K_SMEM` in device.rs: the total).
+template <int BN>
+struct HqSmem {
+    static constexpr int OFF_A = MMQ_BM * HQ_LD * 2;
+    static constexpr int OFF_MW = OFF_A + BN * HQ_LD * 2;
+    static constexpr int OFF_MA = OFF_MW + MMQ_BM * HQ_MLD * 2;
+    static constexpr int OFF_DM = OFF_MA + BN * HQ_MLD * 2;
+    static constexpr int OFF_YD = OFF_DM + MMQ_BM * 8;
+    static constexpr int BYTES = OFF_YD + BN * 4;
+};
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -544,25 +576,29 @@ struct HqRegs {
     uint4 hdr;    // the row's block header: d, dmin, 12 scale bytes
     uint4 q[2];   // the row's 32 quant bytes of this thread's 64 values
     uint4 a[2];   // activation bytes
-    float yd;     // threads < MMQ_BN, first step of a super-block: the token's Q8_K d
+    float yd;     // threads < BN, first step of a super-block: the token's Q8_K d
     int4 bs[4];   // likewise: the token's 16 sums of 16 activations
 };
 
+template <int BN>
 __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq,
                                         const float* __restrict__ ad,
                                         const int* __restrict__ bsums, float* __restrict__ y,
                                         int rows, int cols, int m, float* __restrict__ part,
                                         int* __restrict__ counters, MmqTile at) {
     extern __shared__ __align__(16) u8 hq_sm[];
+    using L = HqSmem<BN>;
+    using S = MmqWarps<BN>;
+    constexpr int TM = S::TM, TN = S::TN;
     u16* sw = (u16*)hq_sm;                        // [MMQ_BM][HQ_LD] sc·q
-    u16* sa = (u16*)(hq_sm + HQ_OFF_A);           // [MMQ_BN][HQ_LD] activations
-    u16* smw = (u16*)(hq_sm + HQ_OFF_MW);         // [MMQ_BM][HQ_MLD] mins operand
-    u16* sma = (u16*)(hq_sm + HQ_OFF_MA);         // [MMQ_BN][HQ_MLD] bsum operand
-    float2* sdm = (float2*)(hq_sm + HQ_OFF_DM);   // [MMQ_BM] (d, dmin)
-    float* syd = (float*)(hq_sm + HQ_OFF_YD);     // [MMQ_BN] activation d
+    u16* sa = (u16*)(hq_sm + L::OFF_A);           // [BN][HQ_LD] activations
+    u16* smw = (u16*)(hq_sm + L::OFF_MW);         // [MMQ_BM][HQ_MLD] mins operand
+    u16* sma = (u16*)(hq_sm + L::OFF_MA);         // [BN][HQ_MLD] bsum operand
+    float2* sdm = (float2*)(hq_sm + L::OFF_DM);   // [MMQ_BM] (d, dmin)
+    float* syd = (float*)(hq_sm + L::OFF_YD);     // [BN] activation d
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tig = lane & 3;
-    int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
+    int wm = (warp % S::WM) * (16 * TM), wn = (warp / S::WM) * (8 * TN);
     int row0 = at.row0, tok0 = at.tok0;
     int nb = cols / 256, nks = 2 * nb, ks0, ks1;
     mmq_share(nks, at.share, at.shares, ks0, ks1);
@@ -570,11 +606,11 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
     int r = tid & (MMQ_BM - 1), p = tid >> 7;
     bool row_ok = row0 + r < rows;
     const u8* wrow = W + (long long)(row_ok ? row0 + r : 0) * nb * 144;
-    float acc[2][4][4], cs[2][4][4];
+    float acc[TM][TN][4], cs[TM][TN][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < TM; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < TN; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = cs[mt][nt][e] = 0.0f;
     const uint4 z4 = make_uint4(0, 0, 0, 0);
@@ -586,13 +622,14 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
         nx.q[0] = row_ok ? *(const uint4*)(b + 16 + 64 * h + 32 * p) : z4;
         nx.q[1] = row_ok ? *(const uint4*)(b + 32 + 64 * h + 32 * p) : z4;
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
-            int i = tid + MMQ_THREADS * k, t = i & (MMQ_BN - 1), c = i >> 6;
-            nx.a[k] = tok0 + t < m ? *(const uint4*)(aq + (long long)(tok0 + t) * cols +
-                                                      ks * MMQ_KS + 16 * c)
-                                   : z4;
+        for (int k = 0; k < S::A_ITEMS; k++) {
+            int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
+            nx.a[k] = i < S::A_CHUNKS && tok0 + t < m
+                          ? *(const uint4*)(aq + (long long)(tok0 + t) * cols + ks * MMQ_KS +
+                                            16 * c)
+                          : z4;
         }
-        if (h == 0 && tid < MMQ_BN) {
+        if (h == 0 && tid < BN) {
             bool ok = tok0 + tid < m;
             long long blk = (long long)(tok0 + tid) * nb + sb;
             nx.yd = ok ? ad[blk] : 0.0f;
@@ -617,8 +654,9 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
             *(uint4*)(dst + 32 + 8 * t) = make_uint4(h0.x, h0.y, h1.x, h1.y);
         }
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
-            int i = tid + MMQ_THREADS * k, t = i & (MMQ_BN - 1), c = i >> 6;
+        for (int k = 0; k < S::A_ITEMS; k++) {
+            int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
+            if (i >= S::A_CHUNKS) break;
             uint2 e0 = i8x4_h(nx.a[k].x), e1 = i8x4_h(nx.a[k].y);
             uint2 e2 = i8x4_h(nx.a[k].z), e3 = i8x4_h(nx.a[k].w);
             u16* da = sa + t * HQ_LD + 16 * c;
@@ -640,7 +678,7 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
                 *(uint4*)d = make_uint4(mw[0], mw[1], mw[2], mw[3]);
                 *(uint4*)(d + 8) = make_uint4(mw[4], mw[5], mw[6], mw[7]);
             }
-            if (tid < MMQ_BN) {
+            if (tid < BN) {
                 syd[tid] = nx.yd;
                 int s[8];
 #pragma unroll
@@ -673,34 +711,34 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
         if (ks + 1 < ks1) fetch(ks + 1);
 #pragma unroll
         for (int kk = 0; kk < MMQ_KS / 16; kk++) {
-            u32 af[2][4], bf[2][4];
+            u32 af[TM][4], bf[TN / 2][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < TM; mt++)
                 ldmatrix_x4(af[mt], a_sm + 2 * (16 * mt * HQ_LD + 16 * kk));
 #pragma unroll
-            for (int np = 0; np < 2; np++)
+            for (int np = 0; np < TN / 2; np++)
                 ldmatrix_x4(bf[np], b_sm + 2 * (16 * np * HQ_LD + 16 * kk));
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < TM; mt++)
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++)
+                for (int nt = 0; nt < TN; nt++)
                     mma_f16(cs[mt][nt], af[mt], bf[nt >> 1][2 * (nt & 1)],
                             bf[nt >> 1][2 * (nt & 1) + 1]);
         }
         if (ks & 1) {
             // End of a super-block: its f32 terms, mins included.
-            u32 am[2][4], bm[2][4];
+            u32 am[TM][4], bm[TN / 2][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < TM; mt++)
                 ldmatrix_x4(am[mt], smem_addr(smw + (a_row + 16 * mt) * HQ_MLD + a_k));
 #pragma unroll
-            for (int np = 0; np < 2; np++)
+            for (int np = 0; np < TN / 2; np++)
                 ldmatrix_x4(bm[np], smem_addr(sma + (b_row + 16 * np) * HQ_MLD + b_k));
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
+            for (int mt = 0; mt < TM; mt++) {
                 float2 dma = sdm[wm + 16 * mt + g], dmb = sdm[wm + 16 * mt + g + 8];
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
+                for (int nt = 0; nt < TN; nt++) {
                     float mn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_f16(mn, am[mt], bm[nt >> 1][2 * (nt & 1)], bm[nt >> 1][2 * (nt & 1) + 1]);
                     float2 yd = *(const float2*)(syd + wn + 8 * nt + 2 * tig);
@@ -718,12 +756,15 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
     mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
 }
 
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
-    mmq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
-             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m,
-             float* __restrict__ part, int* __restrict__ counters) {
-    hq_q4_k(W, aq, ad, bsums, y, rows, cols, m, part, counters, mmq_grid_tile());
-}
+#define MMQ_Q4K(NAME, SUFFIX, BN, FMT)                                                          \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS(BN))               \
+        NAME##SUFFIX(const u8* __restrict__ W, const i8* __restrict__ aq,                       \
+                     const float* __restrict__ ad, const int* __restrict__ bsums,               \
+                     float* __restrict__ y, int rows, int cols, int m, float* __restrict__ part, \
+                     int* __restrict__ counters) {                                              \
+        hq_q4_k<BN>(W, aq, ad, bsums, y, rows, cols, m, part, counters, mmq_grid_tile<BN>());   \
+    }
+MMQ_PLAIN_WIDTHS(MMQ_Q4K, mmq_q4_k, 0)
 
 // ---------------------------------------------------------------------------------------------
 // Grouped products (ggml's `mul_mat_id` over a prompt chunk: `mmq_ids_*`): the activation rows
@@ -761,7 +802,7 @@ __device__ __forceinline__ void mmq_ids(const u8* const* __restrict__ Wt,
                                         float* __restrict__ y, int rows, int cols) {
     MmqGroupTile g = mmq_group_tile(Wt, tiles);
     int nb = cols / (FMT == F_Q6_K ? 256 : 32);
-    mmq<FMT>(g.W, 0, aq + g.r0 * cols, ad + g.r0 * nb, y + g.r0 * rows, 0, 0, rows, cols, g.m,
+    mmq<FMT, MMQ_BN>(g.W, 0, aq + g.r0 * cols, ad + g.r0 * nb, y + g.r0 * rows, 0, 0, rows, cols, g.m,
              mmq_group_place());
 }
 
@@ -791,6 +832,6 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
                  const int* bsums, float* y, int rows, int cols) {
     MmqGroupTile g = mmq_group_tile(Wt, tiles);
     long long nb = cols / 256;
-    hq_q4_k(g.W, aq + g.r0 * cols, ad + g.r0 * nb, bsums + g.r0 * nb * 16, y + g.r0 * rows, rows,
+    hq_q4_k<MMQ_BN>(g.W, aq + g.r0 * cols, ad + g.r0 * nb, bsums + g.r0 * nb * 16, y + g.r0 * rows, rows,
             cols, g.m, 0, 0, mmq_group_place());
 }

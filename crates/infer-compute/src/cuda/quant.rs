@@ -13,7 +13,8 @@ use infer_quant::QuantFormat;
 
 use super::cache::Scratch;
 use super::device::{
-    drv, int, Device, MMQ_BM, MMQ_BN, MMQ_Q4K_SMEM, MT, ROWDOT_THREADS, ROWS_PER_BLOCK, STAGE,
+    drv, int, mmq_q4k_smem, Device, MMQ_BM, MMQ_BN, MMQ_WIDTHS, MT, ROWDOT_THREADS, ROWS_PER_BLOCK,
+    STAGE,
 };
 use super::State;
 use crate::backend::empty_product;
@@ -21,55 +22,67 @@ use crate::{ComputeError, MatData, Matrix, Proj};
 
 /// The product kernels of one weight format: the mat-vec (`mv`, `MT` activation rows per weight
 /// read), the one-row mat-vec (`mv1`: the K-quants' `mv1_*`, which keep more weight bytes in
-/// flight; the mat-vec elsewhere), the tensor-core tiles and their dynamic shared memory, and
-/// the grouped tiles over expert tables (`mmq_ids_*`; none for the seed's split Q8).
+/// flight; the mat-vec elsewhere), the tensor-core tiles (one per token tile of
+/// [`MMQ_WIDTHS`]), whether they take dynamic shared memory (Q4_K: [`mmq_q4k_smem`]), and the
+/// grouped tiles over expert tables (`mmq_ids_*`; none for the seed's split Q8).
 struct FormatKernels<'a> {
     mv: &'a CudaFunction,
     mv1: &'a CudaFunction,
-    mmq: &'a CudaFunction,
-    mmq_smem: usize,
+    mmq: &'a [CudaFunction; 3],
+    mmq_dynamic_smem: bool,
     mmq_ids: Option<&'a CudaFunction>,
+}
+
+impl FormatKernels<'_> {
+    /// Dynamic shared memory of the tile kernels with a token tile of `bn` rows (bytes).
+    fn mmq_smem(&self, bn: usize) -> usize {
+        if self.mmq_dynamic_smem {
+            mmq_q4k_smem(bn)
+        } else {
+            0
+        }
+    }
 }
 
 /// The product kernels of weight format `format` (`None`: the seed's split Q8), or `None` when
 /// the CUDA backend has none: the one table of the products' kernels.
 fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_>> {
     let k = &dev.k;
-    let (mv, mv1, mmq, mmq_smem, mmq_ids) = match format {
-        None => (&k.mv_q8s, &k.mv_q8s, &k.mmq_q8s, 0, None),
+    let (mv, mv1, mmq, mmq_dynamic_smem, mmq_ids) = match format {
+        None => (&k.mv_q8s, &k.mv_q8s, &k.mmq_q8s, false, None),
         Some(QuantFormat::Q4_0) => (
             &k.mv_q4_0,
             &k.mv_q4_0,
             &k.mmq_q4_0,
-            0,
+            false,
             Some(&k.mmq_ids_q4_0),
         ),
         Some(QuantFormat::Q5_0) => (
             &k.mv_q5_0,
             &k.mv_q5_0,
             &k.mmq_q5_0,
-            0,
+            false,
             Some(&k.mmq_ids_q5_0),
         ),
         Some(QuantFormat::Q8_0) => (
             &k.mv_q8_0,
             &k.mv_q8_0,
             &k.mmq_q8_0,
-            0,
+            false,
             Some(&k.mmq_ids_q8_0),
         ),
         Some(QuantFormat::Q4_K) => (
             &k.mv_q4_k,
             &k.mv1_q4_k,
             &k.mmq_q4_k,
-            MMQ_Q4K_SMEM,
+            true,
             Some(&k.mmq_ids_q4_k),
         ),
         Some(QuantFormat::Q6_K) => (
             &k.mv_q6_k,
             &k.mv1_q6_k,
             &k.mmq_q6_k,
-            0,
+            false,
             Some(&k.mmq_ids_q6_k),
         ),
         Some(_) => return None,
@@ -78,7 +91,7 @@ fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_
         mv,
         mv1,
         mmq,
-        mmq_smem,
+        mmq_dynamic_smem,
         mmq_ids,
     })
 }
@@ -100,7 +113,7 @@ pub(super) fn grouped_kernel(
         return None;
     }
     let k = kernels(dev, Some(format))?;
-    Some((k.mmq_ids?, is_kq(Some(format)), k.mmq_smem))
+    Some((k.mmq_ids?, is_kq(Some(format)), k.mmq_smem(MMQ_BN)))
 }
 
 /// Activation rows from which the products run the tensor-core tile kernels (`mmq_*`) rather
@@ -117,14 +130,24 @@ pub(super) struct ProductLaunch<'a> {
     pub split: Option<[u64; 2]>,
 }
 
+/// The index in [`MMQ_WIDTHS`] of the token tile for `m` activation rows: the narrowest tile
+/// that holds them all, the widest beyond it (a 16-sequence decode step fills a 16-token tile,
+/// where a 64-token one would leave three quarters of its columns idle).
+fn token_tile(m: usize) -> usize {
+    (0..MMQ_WIDTHS.len())
+        .rev()
+        .find(|&i| MMQ_WIDTHS[i] >= m)
+        .unwrap_or(0)
+}
+
 /// The product kernel for `m` activation rows of weights `format` (`None`: the seed's split Q8)
-/// of `rows × cols` and its launch: the tensor-core tiles (`mmq_*`, one block per `MMQ_BN`
-/// activation rows × `MMQ_BM` weight rows, activation tiles fastest so the blocks sharing a
-/// weight tile run together, K split into [`split_shares`] shares when the tiles alone would
-/// leave the device idle) from [`MMQ_MIN_M`] rows on devices of compute capability 8.0 or
-/// later, else the mat-vecs (the one-row kernel for one row). All take the same arguments, the
-/// tile kernels then the split-K pointers; Q4_K's tile kernel asks for [`MMQ_Q4K_SMEM`] bytes
-/// of dynamic shared memory.
+/// of `rows × cols` and its launch: the tensor-core tiles (`mmq_*`, one block per
+/// [`token_tile`] activation rows × `MMQ_BM` weight rows, activation tiles fastest so the
+/// blocks sharing a weight tile run together, K split into [`split_shares`] shares when the
+/// tiles alone would leave the device idle) from [`MMQ_MIN_M`] rows on devices of compute
+/// capability 8.0 or later, else the mat-vecs (the one-row kernel for one row). All take the
+/// same arguments, the tile kernels then the split-K pointers; Q4_K's tile kernels ask for
+/// [`mmq_q4k_smem`] bytes of dynamic shared memory.
 /// Errors: a format without a kernel.
 pub(super) fn product_kernel(
     dev: &Device,
@@ -134,14 +157,7 @@ pub(super) fn product_kernel(
     m: usize,
 ) -> Result<ProductLaunch<'_>, ComputeError> {
     let tiles = m >= MMQ_MIN_M && dev.cc.0 >= 8;
-    let Some(FormatKernels {
-        mv,
-        mv1,
-        mmq,
-        mmq_smem: smem,
-        ..
-    }) = kernels(dev, format)
-    else {
+    let Some(fk) = kernels(dev, format) else {
         return Err(match format {
             Some(format) => ComputeError::UnsupportedFormat {
                 backend: "cuda".to_string(),
@@ -153,13 +169,19 @@ pub(super) fn product_kernel(
     let kq = is_kq(format);
     if !tiles {
         return Ok(ProductLaunch {
-            func: if m == 1 { mv1 } else { mv },
+            func: if m == 1 { fk.mv1 } else { fk.mv },
             kq,
             cfg: mv_grid(rows, m),
             split: None,
         });
     }
-    let (gx, gy) = (m.div_ceil(MMQ_BN), rows.div_ceil(MMQ_BM));
+    let tile = token_tile(m);
+    let (mmq, bn, smem) = (
+        &fk.mmq[tile],
+        MMQ_WIDTHS[tile],
+        fk.mmq_smem(MMQ_WIDTHS[tile]),
+    );
+    let (gx, gy) = (m.div_ceil(bn), rows.div_ceil(MMQ_BM));
     // Blocks of this kernel the device runs at once (1 per multiprocessor if the driver
     // cannot say).
     let per_sm = mmq
@@ -598,7 +620,15 @@ pub(super) fn download_y(dev: &Device, s: &Scratch, y: &mut [f32]) -> Result<(),
 
 #[cfg(test)]
 mod tests {
-    use super::split_shares;
+    use super::{split_shares, token_tile, MMQ_WIDTHS};
+
+    #[test]
+    fn token_tile_is_the_narrowest_that_holds_the_rows() {
+        let width = |m| MMQ_WIDTHS[token_tile(m)];
+        assert_eq!((width(8), width(16)), (16, 16));
+        assert_eq!((width(17), width(32)), (32, 32));
+        assert_eq!((width(33), width(64), width(512)), (64, 64, 64));
+    }
 
     #[test]
     fn split_k_fills_the_device_only_where_the_tiles_do_not() {
