@@ -31,10 +31,12 @@ use crate::ComputeError;
 /// cuBLAS GEMM instead of the tile kernels (see the module docs).
 pub(super) const GEMM_MIN_M: usize = 128;
 /// Below [`GEMM_MIN_M`], from this many rows, matrices of [`MID_GEMM_VALUES`] values run as
-/// GEMMs too: their tiles are too few to fill the device even split along K (H200, 8 B
-/// q/o/k/v at m = 16–64: 1.4–1.9× faster as GEMMs), while taller matrices (8 B gate/up/down:
-/// 0.8–0.9×) and small ones (SmolLM2, Gemma-3 270M: launch-bound, ≈ 1×) stay on the tiles.
-const MID_GEMM_MIN_M: usize = 16;
+/// GEMMs too: beyond the 32-token tile their 64-token tiles are too few to fill the device
+/// even split along K (H100, 8 B q/o/k/v at m = 64: 1.2–1.8× faster as GEMMs), while the
+/// 16- and 32-token tiles beat the GEMM (m = 8–32: the GEMM 1.1–1.6× slower; `cuda_bench`),
+/// and taller matrices (8 B gate/up/down) and small ones (SmolLM2, Gemma-3 270M) stay on
+/// the tiles.
+pub(super) const MID_GEMM_MIN_M: usize = 33;
 /// Weight values (rows × cols) of the matrices that run as GEMMs from [`MID_GEMM_MIN_M`] rows.
 const MID_GEMM_VALUES: std::ops::RangeInclusive<usize> = (1 << 22)..=(1 << 24);
 
@@ -248,11 +250,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gemm_from_128_rows_and_from_16_for_mid_sized_matrices() {
-        // 8 B q/o (4096 × 4096) and k/v (1024 × 4096): from 16 rows; gate/up and down, and
-        // SmolLM2's matrices: from 128.
-        assert!(gemm_shape(4096, 4096, 16) && gemm_shape(1024, 4096, 16));
-        assert!(!gemm_shape(4096, 4096, 15));
+    fn gemm_from_128_rows_and_from_33_for_mid_sized_matrices() {
+        // 8 B q/o (4096 × 4096) and k/v (1024 × 4096): past the 32-token tile; gate/up and
+        // down, and SmolLM2's matrices: from 128.
+        assert!(gemm_shape(4096, 4096, 33) && gemm_shape(1024, 4096, 64));
+        assert!(!gemm_shape(4096, 4096, 32) && !gemm_shape(1024, 4096, 16));
         assert!(!gemm_shape(14336, 4096, 64) && gemm_shape(14336, 4096, 128));
         assert!(!gemm_shape(4096, 14336, 127));
         assert!(!gemm_shape(1536, 576, 64) && gemm_shape(1536, 576, 128));

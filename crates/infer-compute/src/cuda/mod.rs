@@ -214,9 +214,10 @@ impl ComputeBackend for CudaBackend {
         let per = |ns: u64| ns as f64 / 1e3 / s.replayed.max(1) as f64;
         let products = if self.uses_cublas() {
             format!(
-                "quantized products of ≥ {} rows (≥ 16 for matrices of 4–16 Mi values) as \
+                "quantized products of ≥ {} rows (≥ {} for matrices of 4–16 Mi values) as \
                  dequantize + cuBLAS bf16 GEMM",
-                blas::GEMM_MIN_M
+                blas::GEMM_MIN_M,
+                blas::MID_GEMM_MIN_M
             )
         } else {
             "no cuBLAS (libcublas not found, or compute capability below 8.0): every many-row \
