@@ -1,7 +1,7 @@
 //! The bodies of infer's fuzz targets (one function per target, called by
-//! `fuzz_targets/*.rs`), and the helpers they share: a scratch file / folder per process for
-//! readers that take a path (they memory-map it, as they do real models), and the small
-//! container format of the `vindex_open` target.
+//! `fuzz_targets/*.rs`), and the helpers they share: a scratch folder per input for readers
+//! that take a path (they memory-map it, as they do real models), and the small container
+//! format of the `vindex_open` target.
 //!
 //! Every function must return normally for any input: a parser error is the expected outcome of
 //! most inputs; a panic, an abort (e.g. a failed allocation), a sanitizer report or a timeout
@@ -24,23 +24,23 @@ const MAX_DECODE_ELEMENTS: usize = 1 << 16;
 /// Sparse `.bin` files the `vindex_open` target creates are capped at this size.
 const MAX_SPARSE_BYTES: u64 = 1 << 30;
 
-/// A folder private to this process, removed when the process exits normally.
-fn scratch_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| {
-        tempfile::Builder::new()
-            .prefix("infer-fuzz-")
-            .tempdir()
-            .expect("scratch folder")
-    })
-    .path()
+/// A fresh scratch folder for one input, removed when dropped (one per input rather than per
+/// process: a process's folder kept in a static was never dropped, so every fuzzing run left
+/// one behind in the temp folder).
+fn scratch_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("infer-fuzz-")
+        .tempdir()
+        .expect("scratch folder")
 }
 
-/// Write `data` to this process's scratch file named `name` and return its path.
-pub fn scratch_file(name: &str, data: &[u8]) -> PathBuf {
-    let p = scratch_dir().join(name);
+/// Write `data` to a file named `name` in a fresh scratch folder; returns the folder (removed,
+/// with the file, when dropped: keep it while the file is read) and the file's path.
+pub fn scratch_file(name: &str, data: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    let dir = scratch_dir();
+    let p = dir.path().join(name);
     std::fs::write(&p, data).expect("write scratch file");
-    p
+    (dir, p)
 }
 
 /// `gguf_header`: header, metadata and tensor table parsed from memory, then the data-section
@@ -65,7 +65,7 @@ pub fn gguf_header(data: &[u8]) {
 /// by HF name decoded to f32 (llama.cpp's Q/K row permutation undone), each tensor of at most
 /// [`MAX_DECODE_ELEMENTS`] values.
 pub fn gguf_tensors(data: &[u8]) {
-    let path = scratch_file("tensors.gguf", data);
+    let (_scratch, path) = scratch_file("tensors.gguf", data);
     let Ok(g) = GgufFile::open(&path) else {
         return;
     };
@@ -86,7 +86,7 @@ pub fn gguf_tensors(data: &[u8]) {
 /// `safetensors_header`: a safetensors file memory-mapped and validated, every tensor decoded
 /// to f32 (each of at most [`MAX_DECODE_ELEMENTS`] values).
 pub fn safetensors_header(data: &[u8]) {
-    let path = scratch_file("model.safetensors", data);
+    let (_scratch, path) = scratch_file("model.safetensors", data);
     if let Ok(src) = SafetensorsSource::open(&[path]) {
         decode_all(&src);
     }
@@ -141,7 +141,7 @@ pub fn hf_config(data: &[u8]) {
 /// `gguf_tokenizer`: a GGUF's `tokenizer.ggml.*` metadata → vindex `tokenizer.json` →
 /// tokenizer, which then encodes and decodes a fixed text (special markup included).
 pub fn gguf_tokenizer(data: &[u8]) {
-    let path = scratch_file("tokenizer.gguf", data);
+    let (_scratch, path) = scratch_file("tokenizer.gguf", data);
     let Ok(g) = GgufFile::open(&path) else {
         return;
     };
@@ -275,8 +275,8 @@ pub fn unpack_files(mut data: &[u8]) -> Vec<(String, &[u8])> {
 /// [`MAX_SPARSE_BYTES`]), so sizes agree and opening gets past them. Then `Vindex::open` and,
 /// when it opens, every accessor: tensor views, per-layer FFN and quantized views, tokenizer.
 pub fn vindex_open(data: &[u8]) {
-    let dir = scratch_dir().join("v.vindex");
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = scratch_dir();
+    let dir = scratch.path().join("v.vindex");
     std::fs::create_dir(&dir).expect("scratch vindex folder");
     let files = unpack_files(data);
     for (name, content) in &files {
