@@ -431,23 +431,27 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, const float* __res
 }
 
 // The plain products of each format at each token tile: `mmq_<format>` (64 tokens),
-// `mmq_<format>_n32`, `mmq_<format>_n16`. The narrow tiles keep two blocks per multiprocessor.
-#define MMQ_MIN_BLOCKS(BN) ((BN) < 64 ? 2 : 1)
+// `mmq_<format>_n32`, `mmq_<format>_n16`. The narrow tiles keep two blocks per multiprocessor
+// (at most 128 registers); the wide one is left to the compiler (a minimum of one block made
+// it take up to 250 registers where it took 134-209).
+#define MMQ_BOUNDS_64 __launch_bounds__(MMQ_THREADS)
+#define MMQ_BOUNDS_32 __launch_bounds__(MMQ_THREADS, 2)
+#define MMQ_BOUNDS_16 __launch_bounds__(MMQ_THREADS, 2)
 #define MMQ_PLAIN(NAME, SUFFIX, BN, FMT)                                                        \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS(BN))               \
+    extern "C" __global__ void MMQ_BOUNDS_##BN                                                  \
         NAME##SUFFIX(const u8* W, const i8* aq, const float* ad, float* y, int rows, int cols,  \
                      int m, float* part, int* counters) {                                       \
         mmq<FMT, BN>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile<BN>());      \
     }
 /* bsums unused: the argument list of every K-quant product (Q6_K folds no mins). */
 #define MMQ_PLAIN_KQ(NAME, SUFFIX, BN, FMT)                                                     \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS(BN))               \
+    extern "C" __global__ void MMQ_BOUNDS_##BN                                                  \
         NAME##SUFFIX(const u8* W, const i8* aq, const float* ad, const int* bsums, float* y,    \
                      int rows, int cols, int m, float* part, int* counters) {                   \
         mmq<FMT, BN>(W, 0, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile<BN>());      \
     }
 #define MMQ_PLAIN_Q8S(NAME, SUFFIX, BN, FMT)                                                       \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS(BN))               \
+    extern "C" __global__ void MMQ_BOUNDS_##BN                                                  \
         NAME##SUFFIX(const u8* W, const float* ws, const i8* aq, const float* ad, float* y,     \
                      int rows, int cols, int m, float* part, int* counters) {                   \
         mmq<FMT, BN>(W, ws, aq, ad, y, part, counters, rows, cols, m, mmq_grid_tile<BN>());     \
@@ -757,7 +761,7 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
 }
 
 #define MMQ_Q4K(NAME, SUFFIX, BN, FMT)                                                          \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, MMQ_MIN_BLOCKS(BN))               \
+    extern "C" __global__ void MMQ_BOUNDS_##BN                                                  \
         NAME##SUFFIX(const u8* __restrict__ W, const i8* __restrict__ aq,                       \
                      const float* __restrict__ ad, const int* __restrict__ bsums,               \
                      float* __restrict__ y, int rows, int cols, int m, float* __restrict__ part, \
