@@ -78,7 +78,8 @@ pub struct BenchArgs {
     pub batch: Option<usize>,
     /// On a device (`--device cuda`): after each tg test, also run one decode step kernel by
     /// kernel with timing events between launches (no CUDA graph) and print the device time
-    /// per kernel (table output, single-sequence protocol; one table per tg test).
+    /// per kernel (table output; one table per tg test; with `--batch`, one step of all B
+    /// sequences).
     #[arg(long)]
     pub profile: bool,
     /// Print the format plan (which tier each operation reads) to stderr before the runs.
@@ -303,11 +304,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .map(|i| ((i * 2654435761 + 12345) % vocab) as u32)
         .collect();
     if let Some(b) = args.batch {
-        if args.profile {
-            eprintln!(
-                "note: --profile times the single-sequence decode; with --batch it is not run"
-            );
-        }
         return batched(&args, b, &model, &*backend, &ids, ctx, &memory);
     }
     single(&args, &tests, &model, &*backend, &ids, ctx, &memory)
@@ -739,6 +735,7 @@ fn batched(
         .collect();
     let per_step = (MAX_STEP_TOKENS / sizes.prompt.max(1)).max(1);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    let mut profile = Profile::new();
     let mut bufs = BatchBuffers::default();
     let mut logits = Vec::new();
     let mut chosen = Vec::new();
@@ -796,6 +793,9 @@ fn batched(
         if timed {
             tg.push((b * sizes.gen) as f64 / t1.elapsed().as_secs_f64());
         }
+        if timed && args.profile && !args.json && profile.is_empty() {
+            profile = profile_batch_step(model, backend, &mut caches, &next, &mut bufs)?;
+        }
     }
     let threads = rayon::current_num_threads();
     let pp_med = (!pp.is_empty()).then(|| median(pp));
@@ -849,8 +849,48 @@ fn batched(
                 println!("{l}");
             }
         }
+        if let Some(tg) = tg_med {
+            let at = Test {
+                phase: Phase::Gen,
+                tokens: sizes.gen,
+                depth: sizes.prompt,
+            };
+            print_profile(&format!("{b} sequences: "), &profile, at, tg / b as f64);
+        }
     }
     Ok(())
+}
+
+/// `--profile` with `--batch`: device time per kernel of one batched decode step (one token
+/// of each sequence in `caches`, `next[i]` for sequence i), its kernels launched one by one
+/// with timing events between them; empty where the backend times nothing (the CPU). The
+/// step advances every cache.
+fn profile_batch_step(
+    model: &Model<'_>,
+    backend: &dyn infer_compute::ComputeBackend,
+    caches: &mut [KvCache],
+    next: &[u32],
+    bufs: &mut infer_inference::forward::BatchBuffers,
+) -> anyhow::Result<Profile> {
+    use infer_inference::forward::BatchSeq;
+    if !backend.start_kernel_profile()? {
+        return Ok(Profile::new());
+    }
+    let mut seqs: Vec<BatchSeq<'_>> = caches
+        .iter_mut()
+        .zip(next.chunks(1))
+        .map(|(cache, tok)| BatchSeq {
+            tokens: tok,
+            cache,
+            logits: Logits::Last,
+        })
+        .collect();
+    let mut logits = Vec::new();
+    let step = model.forward_batch(backend, &mut seqs, bufs, &mut logits);
+    // Stop timing whether or not the step ran.
+    let profile = backend.take_kernel_profile();
+    step?;
+    Ok(profile?)
 }
 
 /// The `--profile` table of a tg test: device time per kernel kind of one decode step after
