@@ -46,6 +46,11 @@ pub struct ExtractArgs {
     /// Store FFN down in Q4_K instead of Q6_K in interleaved_q4k.bin.
     #[arg(long)]
     pub down_q4k: bool,
+    /// Store the q4 tier's FFN and lm_head as Q4_0x16: the Q4_0 blocks re-laid sixteen rows
+    /// per group for the CPU's int8 kernels (the same bytes and outputs; a GGUF's Q4_0 blocks
+    /// pass through re-laid). The CUDA backend refuses it; `infer export` writes Q4_0 back.
+    #[arg(long)]
+    pub q4_x16: bool,
     /// Dequantize and requantize GGUF tensors even when they already have the target format
     /// (default: copy their blocks unchanged).
     #[arg(long)]
@@ -129,6 +134,7 @@ pub fn extract(args: ExtractArgs) -> anyhow::Result<()> {
         progress: true,
         quant: args.quant,
         down_q4k: args.down_q4k,
+        q4_x16: args.q4_x16,
         requantize: args.requantize,
         down_meta: args.down_meta.map(|n| n as usize),
     };

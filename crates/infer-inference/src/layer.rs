@@ -112,11 +112,15 @@ impl FloatRows<'_> {
         }
     }
 
-    /// Row `i` of a block table dequantized into `out` (`cols` values). Panics if row `i` is
-    /// out of range or the bytes are not whole rows of blocks (checked when the model is built).
+    /// Row `i` of a block table dequantized into `out` (`cols` values; an interleaved layout's
+    /// row gathered from its group). Panics if row `i` is out of range or the bytes are not
+    /// whole rows of blocks (checked when the model is built).
     fn dequantize_row(format: QuantFormat, bytes: &[u8], i: usize, out: &mut [f32]) {
         let rb = format.bytes_for(out.len()).expect("rows of whole blocks");
-        infer_quant::dequantize(format, &bytes[i * rb..(i + 1) * rb], out)
+        let rows = bytes.len() / rb.max(1);
+        let row = infer_quant::interleave::row_bytes_of(format, bytes, rows, out.len(), i)
+            .expect("a row of the checked matrix");
+        infer_quant::dequantize(format.row_format(), &row, out)
             .expect("a block row of the checked size");
     }
 
@@ -351,7 +355,7 @@ impl fmt::Display for FfnPath {
                 f.write_str("MoE (f32 router, top-k experts from the quantized FFN tier)")
             }
             FfnPath::Q4K => f.write_str("FFN interleaved Q4_K tier"),
-            FfnPath::Q4 => f.write_str("FFN interleaved Q4_0 tier"),
+            FfnPath::Q4 => f.write_str("FFN interleaved Q4_0 tier (Q4_0 or Q4_0x16)"),
         }
     }
 }

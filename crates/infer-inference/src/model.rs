@@ -290,14 +290,17 @@ impl<'a> Model<'a> {
                     hidden,
                 )?)
             }
-            LmHeadPath::Q4 => Some(quant_weight(
-                "lm_head".into(),
-                v.lm_head_q4_data()?,
-                None,
-                QuantFormat::Q4_0,
-                vocab,
-                hidden,
-            )?),
+            LmHeadPath::Q4 => {
+                let (data, format) = v.lm_head_q4_data()?;
+                Some(quant_weight(
+                    "lm_head".into(),
+                    data,
+                    None,
+                    format,
+                    vocab,
+                    hidden,
+                )?)
+            }
             LmHeadPath::Float => v
                 .lm_head()
                 .map(|(s, _)| {

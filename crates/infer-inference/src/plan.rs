@@ -161,7 +161,7 @@ impl fmt::Display for FormatPlan {
         let lm = match self.lm_head {
             LmHeadPath::Float => "float tier or tied embeddings",
             LmHeadPath::Q6K => "q4k tier (Q6_K/Q8_0)",
-            LmHeadPath::Q4 => "q4 tier (Q4_0)",
+            LmHeadPath::Q4 => "q4 tier (Q4_0, or Q4_0x16 from extract --q4-x16)",
         };
         write!(f, "{}; {}; lm_head {lm}", self.attn, self.ffn)
     }

@@ -10,7 +10,9 @@ use crate::{QuantError, QuantFormat};
 /// `bytes` is the concatenation of ggml blocks exactly as in memory / GGUF, so several rows can be
 /// decoded in one call. Errors: [`QuantError::NotBlockAligned`] when `out.len()` is not a multiple
 /// of the block size, [`QuantError::WrongByteCount`] when `bytes.len()` is not
-/// `format.bytes_for(out.len())`, [`QuantError::Unsupported`] for Q8_1 (ggml has no `to_float`).
+/// `format.bytes_for(out.len())`, [`QuantError::Unsupported`] for Q8_1 (ggml has no `to_float`),
+/// [`QuantError::Interleaved`] for an interleaved layout (Q4_0x16: its rows are found with the
+/// matrix's shape, [`crate::interleave::dequantize_matrix`]).
 pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     let expected = format.bytes_for(out.len())?;
     if bytes.len() != expected {
@@ -36,6 +38,7 @@ pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Result<
         QuantFormat::Q6_K => q6_k::dequantize_row(bytes, out),
         QuantFormat::Q8_K => q8_k::dequantize_row(bytes, out),
         QuantFormat::Q8_1 => return Err(QuantError::Unsupported(format)),
+        QuantFormat::Q4_0x16 => return Err(QuantError::Interleaved(format)),
     }
     Ok(())
 }

@@ -16,6 +16,7 @@
 mod dequant;
 pub mod float16;
 mod format;
+pub mod interleave;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;
@@ -56,6 +57,11 @@ pub enum QuantError {
     },
     #[error("{0} is not supported by this operation")]
     Unsupported(QuantFormat),
+    /// A row-blind operation was given an interleaved layout, whose rows it cannot find.
+    #[error(
+        "{0} interleaves several rows per group: read it as a matrix (infer_quant::interleave)"
+    )]
+    Interleaved(QuantFormat),
     /// The input is not a whole number of rows (or the row length is 0); says what was given.
     #[error("bad shape: {0}")]
     BadShape(String),

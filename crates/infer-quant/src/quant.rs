@@ -24,6 +24,9 @@ type ImplFn = fn(&[f32], &mut [u8], &[f32]);
 /// [`QuantError::NotBlockAligned`] if `n_per_row` is not a multiple of the block size,
 /// [`QuantError::BadImatrix`] for an imatrix of the wrong length,
 /// [`QuantError::Unsupported`] for Q8_1, and for Q8_K with an imatrix.
+///
+/// An interleaved layout (Q4_0x16) is its row format's bytes re-laid ([`crate::interleave`]),
+/// `src` being the whole matrix.
 pub fn quantize(
     format: QuantFormat,
     src: &[f32],
@@ -66,6 +69,12 @@ pub fn quantize_into(
             got: out.len(),
         });
     }
+    if let Some((row_format, _)) = format.interleaved() {
+        quantize_into(row_format, src, n_per_row, imatrix, out)?;
+        let relaid = crate::interleave::from_rows(format, out, src.len() / n_per_row, n_per_row)?;
+        out.copy_from_slice(&relaid);
+        return Ok(());
+    }
     // Some row functions pack bit fields into bytes they expect zeroed (Q4_K/Q5_K scales).
     out.fill(0);
     if let Some(w) = imatrix {
@@ -98,6 +107,7 @@ pub fn quantize_into(
             (q8_k::quantize_row_ref, None)
         }
         QuantFormat::Q8_1 => return Err(QuantError::Unsupported(format)),
+        QuantFormat::Q4_0x16 => unreachable!("interleaved layouts return above"),
     };
 
     for (x, y) in src

@@ -58,6 +58,10 @@ pub struct BuildOptions {
     pub quant: QuantTiers,
     /// Store FFN down in Q4_K instead of Q6_K in `interleaved_q4k.bin`.
     pub down_q4k: bool,
+    /// Store the q4 tier's FFN and lm_head as Q4_0x16 (the Q4_0 blocks re-laid sixteen rows
+    /// per group for the CPU's int8 kernels, `infer_quant::interleave`; a GGUF's Q4_0 blocks
+    /// are passed through re-laid) instead of plain Q4_0. The gate copy stays Q4_0.
+    pub q4_x16: bool,
     /// Always dequantize → requantize, never copy a GGUF tensor's blocks that already have the
     /// target format.
     pub requantize: bool,
@@ -79,6 +83,7 @@ impl Default for BuildOptions {
             progress: false,
             quant: QuantTiers::NONE,
             down_q4k: false,
+            q4_x16: false,
             requantize: false,
             down_meta: None,
         }

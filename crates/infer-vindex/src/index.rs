@@ -108,7 +108,8 @@ pub struct Passthrough {
     pub file: String,
     /// Canonical tensor key.
     pub key: String,
-    /// ggml format of the copied blocks (equal to the source tensor's type).
+    /// Format of the copied blocks: the source tensor's type, or an interleaved layout of it
+    /// (Q4_0x16 for a Q4_0 tensor: the same blocks re-laid, `infer_quant::interleave`).
     #[serde(with = "crate::manifest::format_tag")]
     pub format: QuantFormat,
     /// GGUF tensor name the blocks came from (for one expert of a stacked `ffn_*_exps`, that

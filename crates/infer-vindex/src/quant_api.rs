@@ -153,7 +153,7 @@ impl Vindex {
         self.ffn_quant(files::INTERLEAVED_Q4K_BIN, layer)
     }
 
-    /// Gate, up, down of `layer` from [`files::INTERLEAVED_Q4_BIN`] (all Q4_0).
+    /// Gate, up, down of `layer` from [`files::INTERLEAVED_Q4_BIN`] (Q4_0, or Q4_0x16).
     /// Errors: as [`Vindex::ffn_q4k_layer_data`] for the q4 tier.
     pub fn ffn_q4_layer_data(
         &self,
@@ -252,12 +252,12 @@ impl Vindex {
         self.mapped_bytes(files::INTERLEAVED_Q4_BIN)
     }
 
-    /// The output projection `[vocab, hidden]` in Q4_0 (quantized from the embeddings when the
-    /// model ties them). Errors: [`VindexError::Absent`] without the q4 tier.
-    pub fn lm_head_q4_data(&self) -> Result<&[u8], VindexError> {
-        Ok(self
-            .quant_tensor(files::LM_HEAD_Q4_BIN, "lm_head.weight")?
-            .0)
+    /// The output projection `[vocab, hidden]` of the q4 tier with its stored format (Q4_0,
+    /// or Q4_0x16 from `infer extract --q4-x16`), quantized from the embeddings when the model
+    /// ties them. Errors: [`VindexError::Absent`] without the q4 tier.
+    pub fn lm_head_q4_data(&self) -> Result<(&[u8], QuantFormat), VindexError> {
+        let (b, e) = self.quant_tensor(files::LM_HEAD_Q4_BIN, "lm_head.weight")?;
+        Ok((b, e.format))
     }
 
     /// The output projection `[vocab, hidden]` of the q4k tier with its stored format (Q6_K,

@@ -271,6 +271,8 @@ struct Pending {
 pub(crate) struct QuantBuilder {
     tiers: QuantTiers,
     down_q4k: bool,
+    /// The q4 tier's FFN and lm_head in Q4_0x16 ([`BuildOptions::q4_x16`]).
+    q4_x16: bool,
     requantize: bool,
     tied: bool,
     /// A float tier is written too (else the tied lm_head and the gate copy are not copied).
@@ -310,6 +312,7 @@ impl QuantBuilder {
         Ok(QuantBuilder {
             tiers: opts.quant,
             down_q4k: opts.down_q4k,
+            q4_x16: opts.q4_x16,
             requantize: opts.requantize,
             tied,
             float_tier: opts.float_tier,
@@ -327,6 +330,12 @@ impl QuantBuilder {
         let t = self.tiers;
         let mut v = Vec::new();
         let k = key.to_string();
+        // The q4 tier's matrices that the products read (not the walk's gate copy).
+        let q4 = if self.q4_x16 {
+            QuantFormat::Q4_0x16
+        } else {
+            QuantFormat::Q4_0
+        };
         match role {
             Role::Attention => {
                 if let Some(r) = attn_rank(key) {
@@ -362,12 +371,7 @@ impl QuantBuilder {
                     v.push((files::INTERLEAVED_Q4K_BIN, rank, f, k.clone()));
                 }
                 if t.q4 {
-                    v.push((
-                        files::INTERLEAVED_Q4_BIN,
-                        rank,
-                        QuantFormat::Q4_0,
-                        k.clone(),
-                    ));
+                    v.push((files::INTERLEAVED_Q4_BIN, rank, q4, k.clone()));
                     if r == 0 && dense && self.float_tier {
                         v.push((files::GATE_Q4_BIN, 0, QuantFormat::Q4_0, k));
                     }
@@ -378,7 +382,7 @@ impl QuantBuilder {
                     v.push((files::LM_HEAD_Q6K_BIN, 0, QuantFormat::Q6_K, k.clone()));
                 }
                 if t.q4 {
-                    v.push((files::LM_HEAD_Q4_BIN, 0, QuantFormat::Q4_0, k));
+                    v.push((files::LM_HEAD_Q4_BIN, 0, q4, k));
                 }
             }
             // Without a float tier the output projection is the stored (quantized) embedding
@@ -389,7 +393,7 @@ impl QuantBuilder {
                     v.push((files::LM_HEAD_Q6K_BIN, 0, QuantFormat::Q6_K, head.clone()));
                 }
                 if t.q4 {
-                    v.push((files::LM_HEAD_Q4_BIN, 0, QuantFormat::Q4_0, head));
+                    v.push((files::LM_HEAD_Q4_BIN, 0, q4, head));
                 }
             }
             _ => {}
@@ -495,7 +499,8 @@ impl QuantBuilder {
 
     /// The tensor's blocks in `format`: the GGUF's own blocks when the source tensor already has
     /// that format and shape (unless `requantize`; a stacked expert: its slice of the stacked
-    /// tensor's blocks), else ggml's reference quantizer.
+    /// tensor's blocks), else ggml's reference quantizer. An interleaved layout is its row
+    /// format's blocks so made, re-laid (passed through when those were).
     fn encode(
         &self,
         key: &str,
@@ -504,6 +509,15 @@ impl QuantBuilder {
         format: QuantFormat,
         src: Option<SourceRef<'_>>,
     ) -> Result<Encoded, VindexError> {
+        if format.interleaved().is_some() {
+            let (rows, pass) = self.encode(key, shape, data, format.row_format(), src)?;
+            let relaid = infer_quant::interleave::from_rows(format, &rows, shape[0], shape[1])
+                .map_err(|e| VindexError::BadSource {
+                    path: self.source_path.clone(),
+                    msg: format!("tensor '{key}': re-lay as {format}: {e}"),
+                })?;
+            return Ok((relaid, pass));
+        }
         if let (false, Some(g), Some(src)) = (self.requantize, &self.gguf, src) {
             if let Some((bytes, info)) = g.raw_blocks_hf_order(src.name)? {
                 if info.dtype == format && info.shape == src.source_shape(shape) {

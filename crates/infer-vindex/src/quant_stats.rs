@@ -60,12 +60,21 @@ pub fn dequantize_stored(
             .collect());
     }
     let (bytes, e) = v.quant_tensor(file, key)?;
-    infer_quant::dequantize_to_vec(e.format, bytes, e.numel()).map_err(|err| {
-        VindexError::BadEntry {
-            path: v.path().join(file),
-            key: key.to_string(),
-            msg: err.to_string(),
-        }
+    // Rows × values per row (an interleaved layout needs the row length to find its rows).
+    let cols = e.shape.last().copied().unwrap_or(1);
+    let mut out = vec![0f32; e.numel()];
+    infer_quant::interleave::dequantize_matrix(
+        e.format,
+        bytes,
+        e.numel() / cols.max(1),
+        cols,
+        &mut out,
+    )
+    .map(|()| out)
+    .map_err(|err| VindexError::BadEntry {
+        path: v.path().join(file),
+        key: key.to_string(),
+        msg: err.to_string(),
     })
 }
 

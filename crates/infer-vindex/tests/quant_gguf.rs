@@ -107,7 +107,7 @@ fn check(model: &str, layers: usize) {
     let (_, lm) = v
         .quant_tensor(files::LM_HEAD_Q4_BIN, "lm_head.weight")
         .unwrap();
-    assert_eq!(v.lm_head_q4_data().unwrap().len(), lm.length);
+    assert_eq!(v.lm_head_q4_data().unwrap().0.len(), lm.length);
 
     // Passthrough ⇔ the GGUF tensor already has the stored format; such tensors are the GGUF's
     // blocks (rows un-permuted) and dequantize to the f32 tier bit for bit.

@@ -98,7 +98,11 @@ fn all_tiers_formats_and_slices() {
         ]
     );
     // Tied: the Q4_0 lm_head comes from the embeddings.
-    assert_eq!(v.lm_head_q4_data().unwrap().len(), 96 * 256 / 32 * 18);
+    let (lm_bytes, lm_format) = v.lm_head_q4_data().unwrap();
+    assert_eq!(
+        (lm_bytes.len(), lm_format),
+        (96 * 256 / 32 * 18, QuantFormat::Q4_0)
+    );
     let lm = dequantize_stored(&v, files::LM_HEAD_Q4_BIN, "lm_head.weight").unwrap();
     let emb = v.embeddings().0.to_f32_vec();
     let want = infer_quant::dequantize_to_vec(

@@ -52,7 +52,8 @@ fn out_format(t: &Tensor<'_>) -> anyhow::Result<QuantFormat> {
         Data::F32(_) => QuantFormat::F32,
         Data::F16(_) => QuantFormat::F16,
         Data::FeatureMajor(s) => s.format(),
-        Data::Blocks { format, .. } => format,
+        // An interleaved layout (Q4_0x16) is written back as its ggml row format.
+        Data::Blocks { format, .. } => format.row_format(),
         Data::SplitQ8 { scales, .. } => {
             if let Some((i, s)) = scales
                 .iter()
@@ -107,11 +108,16 @@ fn part_bytes(t: &Tensor<'_>, fix: Fix) -> anyhow::Result<Vec<u8>> {
                 _ => bail!("'{}': a feature-major matrix in blocks", t.key),
             }
         }
-        Data::Blocks { bytes, .. } => match fix {
-            Fix::None => Ok(bytes.to_vec()),
-            Fix::Permute(h) => permute_bytes(bytes.to_vec(), h),
-            Fix::PlusOne => bail!("'{}': a Gemma norm stored in blocks", t.key),
-        },
+        Data::Blocks { format, bytes } => {
+            let cols = t.shape.last().copied().unwrap_or(1);
+            let plain = infer_quant::interleave::to_rows(format, bytes, rows, cols)
+                .with_context(|| format!("'{}': un-laying {format}", t.key))?;
+            match fix {
+                Fix::None => Ok(plain.into_owned()),
+                Fix::Permute(h) => permute_bytes(plain.into_owned(), h),
+                Fix::PlusOne => bail!("'{}': a Gemma norm stored in blocks", t.key),
+            }
+        }
         Data::SplitQ8 { values, scales } => {
             let mut b = Vec::with_capacity(scales.len() * 34);
             for (s, q) in scales.iter().zip(values.chunks_exact(32)) {

@@ -228,8 +228,13 @@ impl Tensor<'_> {
                 let (i, h) = (self.shape[1], self.shape[0]);
                 transpose(&s.to_f32_vec(), i, h)
             }
-            Data::Blocks { format, bytes } => infer_quant::dequantize_to_vec(format, bytes, n)
-                .with_context(|| format!("dequantizing '{}' ({format})", self.key))?,
+            Data::Blocks { format, bytes } => {
+                let cols = self.shape.last().copied().unwrap_or(1).max(1);
+                let mut out = vec![0f32; n];
+                infer_quant::interleave::dequantize_matrix(format, bytes, n / cols, cols, &mut out)
+                    .with_context(|| format!("dequantizing '{}' ({format})", self.key))?;
+                out
+            }
             Data::SplitQ8 { values, scales } => values
                 .iter()
                 .enumerate()

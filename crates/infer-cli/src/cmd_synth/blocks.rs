@@ -139,7 +139,8 @@ fn fields(format: QuantFormat) -> Option<Fields> {
             let d = MATRIX_STD / (sub * signed_rms(64));
             vec![(q6_k::SCALES_OFFSET, scales), (q6_k::D_OFFSET, f16(d))]
         }
-        F::F32 | F::F16 | F::BF16 | F::Q8_1 => return None,
+        // Synth writes GGUFs: ggml types only (an interleaved layout is made by extract).
+        F::F32 | F::F16 | F::BF16 | F::Q8_1 | F::Q4_0x16 => return None,
     })
 }
 

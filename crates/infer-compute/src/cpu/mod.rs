@@ -11,6 +11,7 @@ mod quant;
 mod quant_fallback;
 mod quant_many;
 mod quant_tile;
+mod quant_x16;
 
 use crate::vec_dot::Isa;
 use crate::{ComputeBackend, ComputeError, MatData, Matrix, Proj};

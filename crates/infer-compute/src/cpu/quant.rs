@@ -162,6 +162,10 @@ pub fn quant_matvec(
         y.len()
     );
     let row_bytes = check_weights(format, bytes, rows, cols)?;
+    if format.interleaved().is_some() {
+        let w = crate::Matrix::blocks(format, bytes, rows, cols);
+        return super::quant_x16::matmul(isa, &w, x, 1, y);
+    }
     if rows == 0 {
         return Ok(());
     }
@@ -209,6 +213,10 @@ pub fn quant_matmul(
 ) -> Result<(), ComputeError> {
     let (format, bytes) = w.blocks_data()?;
     let (rows, cols) = (w.rows, w.cols);
+    if format.interleaved().is_some() {
+        check_weights(format, bytes, rows, cols)?;
+        return super::quant_x16::matmul(isa, w, x, m, y);
+    }
     assert_eq!(
         x.len(),
         m * cols,

@@ -29,6 +29,8 @@ mod q8_act;
 mod vnni_gemm;
 #[cfg(target_arch = "x86_64")]
 mod vnni_gemm_k;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x16;
 
 use crate::ComputeError;
 use infer_quant::QuantFormat;

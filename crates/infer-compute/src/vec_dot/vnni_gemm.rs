@@ -32,18 +32,18 @@ pub(super) const GROUP: usize = 8;
 /// Weight rows per transposed group: one dword lane per row of a 512-bit register.
 pub(super) const WIDE: usize = 16;
 /// Activation rows per tile: 16 accumulators + 8 weight registers of the 32.
-const TILE: usize = 16;
+pub(super) const TILE: usize = 16;
 /// Below this many activation rows, groups are multiplied straight from the weight blocks
 /// ([`group_direct`]); from it on, transposed once per group ([`prepare_group`]).
-const DIRECT_BELOW: usize = 4;
+pub(super) const DIRECT_BELOW: usize = 4;
 
 /// One transposed block of a group: eight 512-bit registers of unsigned quants (lane `r`:
 /// row `r`), then the sixteen rows' f32 scales. 64-byte aligned.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct TBlock {
-    quants: [[u8; 64]; 8],
-    scales: [f32; WIDE],
+pub(super) struct TBlock {
+    pub(super) quants: [[u8; 64]; 8],
+    pub(super) scales: [f32; WIDE],
 }
 
 impl Default for TBlock {
@@ -97,7 +97,7 @@ unsafe fn unpack_unsigned(fmt: Q0, xb: *const u8) -> __m256i {
 
 /// The sum of the 32 signed bytes at `q`: `Σ (q + 128) − 4096` with `vpsadbw`.
 #[inline(always)]
-unsafe fn block_sum(q: *const i8) -> i32 {
+pub(super) unsafe fn block_sum(q: *const i8) -> i32 {
     let u = flip(q as *const u8);
     let s = _mm256_sad_epu8(u, _mm256_setzero_si256());
     let s = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
@@ -472,7 +472,7 @@ unsafe fn put_first(out: OutMat, g: usize, i: usize, lanes: &[f32]) {
 /// Runs `group_tile::<N>` over activation rows `i..` while `N` of them remain; returns the
 /// next row.
 #[inline(always)]
-unsafe fn tiles<const N: usize>(
+pub(super) unsafe fn tiles<const N: usize>(
     blocks: &[TBlock],
     shift: u32,
     acts: &Q8Rows,

@@ -96,6 +96,12 @@ fn validate(h: &GgufHeader, path: &Path) -> Result<(), ModelError> {
     for t in &h.tensors {
         let n = t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         let expected = n.and_then(|n| t.format.bytes_for(n).ok());
+        if t.format.ggml_type_id().is_none() {
+            return Err(bad(format!(
+                "tensor '{}': {} is infer's own layout, not a ggml type (write its row format)",
+                t.name, t.format
+            )));
+        }
         if expected != Some(t.n_bytes) || t.dims.is_empty() {
             return Err(bad(format!(
                 "tensor '{}': dims {:?} of {} do not give its {} bytes",
@@ -112,7 +118,7 @@ fn validate(h: &GgufHeader, path: &Path) -> Result<(), ModelError> {
 ///
 /// Errors: [`ModelError::BadGguf`] when `h` is inconsistent (version not 2/3, alignment not a
 /// power of two or different from `general.alignment`, a tensor whose dims do not give its
-/// byte count, a tensor whose offset is not the previous tensors' padded sizes: "tensor 'NAME'
+/// byte count or whose format has no ggml type id (Q4_0x16), a tensor whose offset is not the previous tensors' padded sizes: "tensor 'NAME'
 /// has offset X, expected Y").
 pub fn encode_header(h: &GgufHeader, path: &Path) -> Result<Vec<u8>, ModelError> {
     validate(h, path)?;
@@ -132,7 +138,9 @@ pub fn encode_header(h: &GgufHeader, path: &Path) -> Result<Vec<u8>, ModelError>
         for &d in &t.dims {
             b.extend_from_slice(&(d as u64).to_le_bytes());
         }
-        b.extend_from_slice(&t.format.ggml_type_id().to_le_bytes());
+        // Checked by `validate`: every format written has a ggml type id.
+        let id = t.format.ggml_type_id().unwrap_or(u32::MAX);
+        b.extend_from_slice(&id.to_le_bytes());
         b.extend_from_slice(&(t.offset as u64).to_le_bytes());
     }
     Ok(b)
