@@ -773,15 +773,7 @@ fn batched(
         // runs; only the ids come back, one step late).
         let (mut cur, mut fed) = (Chosen::default(), Chosen::default());
         for step in 0..sizes.gen {
-            let mut seqs: Vec<BatchSeq<'_>> = caches
-                .iter_mut()
-                .zip(next.chunks(1))
-                .map(|(cache, tok)| BatchSeq {
-                    tokens: tok,
-                    cache,
-                    logits: Logits::Last,
-                })
-                .collect();
+            let mut seqs = decode_seqs(&mut caches, &next);
             std::mem::swap(&mut cur, &mut fed);
             let feed = (step > 0).then_some(&fed);
             model.forward_batch_later(backend, &mut seqs, &mut bufs, feed, &mut cur)?;
@@ -872,25 +864,32 @@ fn profile_batch_step(
     next: &[u32],
     bufs: &mut infer_inference::forward::BatchBuffers,
 ) -> anyhow::Result<Profile> {
-    use infer_inference::forward::BatchSeq;
     if !backend.start_kernel_profile()? {
         return Ok(Profile::new());
     }
-    let mut seqs: Vec<BatchSeq<'_>> = caches
-        .iter_mut()
-        .zip(next.chunks(1))
-        .map(|(cache, tok)| BatchSeq {
-            tokens: tok,
-            cache,
-            logits: Logits::Last,
-        })
-        .collect();
+    let mut seqs = decode_seqs(caches, next);
     let mut logits = Vec::new();
     let step = model.forward_batch(backend, &mut seqs, bufs, &mut logits);
     // Stop timing whether or not the step ran.
     let profile = backend.take_kernel_profile();
     step?;
     Ok(profile?)
+}
+
+/// One decode step's batch: token `next[i]` for the sequence of `caches[i]`, last logits.
+fn decode_seqs<'a>(
+    caches: &'a mut [KvCache],
+    next: &'a [u32],
+) -> Vec<infer_inference::forward::BatchSeq<'a>> {
+    caches
+        .iter_mut()
+        .zip(next.chunks(1))
+        .map(|(cache, tok)| infer_inference::forward::BatchSeq {
+            tokens: tok,
+            cache,
+            logits: Logits::Last,
+        })
+        .collect()
 }
 
 /// The `--profile` table of a tg test: device time per kernel kind of one decode step after

@@ -279,19 +279,12 @@ impl<'a> Model<'a> {
         }
         let final_norm = norm(v, arch.as_ref(), &arch.final_norm_key(), hidden)?;
         let lm_head = match plan.lm_head {
-            LmHeadPath::Q6K => {
-                let (data, format) = v.lm_head_q6k_data()?;
-                Some(quant_weight(
-                    "lm_head".into(),
-                    data,
-                    None,
-                    format,
-                    vocab,
-                    hidden,
-                )?)
-            }
-            LmHeadPath::Q4 => {
-                let (data, format) = v.lm_head_q4_data()?;
+            LmHeadPath::Q6K | LmHeadPath::Q4 => {
+                let (data, format) = if plan.lm_head == LmHeadPath::Q6K {
+                    v.lm_head_q6k_data()?
+                } else {
+                    v.lm_head_q4_data()?
+                };
                 Some(quant_weight(
                     "lm_head".into(),
                     data,
