@@ -205,7 +205,7 @@ mod tests {
     /// [`pack_scales`] is the inverse of the dequantizer's unpacking for every level.
     #[test]
     fn pack_scales_round_trips() {
-        let levels: [u8; 16] = std::array::from_fn(|j| (j as u8 * 37 + 5) % 64);
+        let levels: [u8; 16] = std::array::from_fn(|j| ((j * 37 + 5) % 64) as u8);
         let unpacked = unpack_scales(&pack_scales(&levels));
         assert_eq!(unpacked.map(|l| l as u8), levels);
     }
