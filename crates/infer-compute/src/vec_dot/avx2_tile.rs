@@ -1,21 +1,21 @@
-//! AVX2 tile kernels for the Q8_0-activation family (Q4_0, Q5_0, Q8_0 weights and the seed's
-//! split Q8 format): one weight row against up to [`TILE`] activation rows at once, so each
-//! weight block is unpacked (nibbles, fifth bits, scale) once per tile instead of once per
-//! activation row — the structure of llamafile's `tinyBLAS_Q0_AVX` (ggml `llamafile/sgemm.cpp`)
-//! with a 1 × N tile. A CPU with AVX-512 VNNI takes [`super::vnni_gemm`] instead (see
+//! AVX2 kernels for the Q8_0-activation family (Q4_0, Q5_0, Q8_0 weights and the seed's split
+//! Q8 format) that unpack each weight block (nibbles, fifth bits, scale) once for several
+//! activation rows. A CPU with AVX-512 VNNI takes [`super::vnni_gemm`] instead (see
 //! [`rows_times_acts`]).
 //!
 //! Activations are pre-split ([`super::Q8Rows`]): int8 quants contiguous per row and the block
-//! scales as f32. Per block the integer dot is ggml's `mul_sum_i8_pairs_float` (exact), scaled by
-//! `d_w · d_a` and accumulated with one FMA; even and odd blocks go to two accumulators (two FMA
-//! chains), added at the end. The arithmetic of one (weight row, activation row) pair does not
-//! depend on the tile size, so a mat-vec and any row of a mat-mat give bit-identical results.
+//! scales as f32. The arithmetic of one (weight row, activation row) pair is that of
+//! [`super::vnni_gemm`]: per block the exact integer dot `Σ q_w·q_a` (ggml's `maddubs`/`madd`
+//! with the sign trick, its eight lanes summed as integers), then `acc = fma(d_w·d_a, dot, acc)`
+//! over the blocks in order from `acc = 0`. The integer sums of eight pairs are gathered into the
+//! lanes of one register ([`lane_sums`]) so that the f32 part is one conversion and one FMA per
+//! eight pairs: [`tile_acts`] puts eight activation rows in the lanes (one weight block unpacked
+//! for all of them; batches of [`ACT_LANES_MIN`] rows or more), [`tile_rows`] eight weight rows
+//! (one activation row, the mat-vec). Both give every pair the same bits, so a mat-vec and any
+//! row of a mat-mat agree bit for bit.
 
 use infer_quant::{q4_0, q5_0, q8_0};
 use std::arch::x86_64::*;
-
-/// Activation rows per tile (AVX2: 16 vector registers).
-pub(crate) const TILE: usize = 4;
 
 /// Weight formats with a tile kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,84 +95,135 @@ unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
     _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
 }
 
-/// Horizontal sum of 8 f32 (ggml `hsum_float_8`).
+/// The exact integer dot of one 32-value block pair, in eight i32 lanes: weight quants `qx`
+/// (`ax = |qx|`) against the activation quants `y` (ggml's `mul_sum_i8_pairs` without the float
+/// conversion; the sign moves onto the activations, so `maddubs` sees an unsigned operand and
+/// its i16 pair sums cannot saturate: |q| ≤ 128, |y| ≤ 127).
 #[inline(always)]
-unsafe fn hsum_float_8(x: __m256) -> f32 {
-    let mut res = _mm256_extractf128_ps(x, 1);
-    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    _mm_cvtss_f32(res)
-}
-
-/// One block of one pair: `acc += (d_w·d_a) · Σ q_w·q_a` (ggml `mul_sum_i8_pairs_float`).
-#[inline(always)]
-unsafe fn block(
-    acc: __m256,
-    dw: __m256,
-    ax: __m256i,
-    qx: __m256i,
-    qy: *const i8,
-    da: f32,
-) -> __m256 {
-    let y = _mm256_loadu_si256(qy as *const __m256i);
+unsafe fn pair_dot(ax: __m256i, qx: __m256i, y: __m256i) -> __m256i {
     let sy = _mm256_sign_epi8(y, qx);
-    let dot = _mm256_maddubs_epi16(ax, sy);
-    let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot));
-    _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(da)), s, acc)
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
 }
 
-/// `out[j] = W_row · A_j` for `N` activation rows (quants `qs[j]`, `nb·32` values; scales
-/// `d[j]`, `nb` values) and one weight row `w` of `nb` blocks of format `F` (`wd`: the row's
-/// f32 scales for [`Q0::Q8S`], else unused).
+/// Lane `j` = the sum of the eight i32 lanes of `s[j]` (exact: the block sums stay far below
+/// 2³¹). A transpose-and-add: 12 + 6 + 3 single-cycle shuffles and adds for eight sums.
+#[inline(always)]
+unsafe fn lane_sums(s: [__m256i; 8]) -> __m256i {
+    // [a0+a2, b0+b2, a1+a3, b1+b3 | a4+a6, b4+b6, a5+a7, b5+b7]
+    let l1 = |a, b| _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+    // [Σa0..3, Σb0..3, Σc0..3, Σd0..3 | Σa4..7, Σb4..7, Σc4..7, Σd4..7]
+    let l2 = |x, y| _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y));
+    let u0 = l2(l1(s[0], s[1]), l1(s[2], s[3]));
+    let u1 = l2(l1(s[4], s[5]), l1(s[6], s[7]));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(u0, u1),
+        _mm256_permute2x128_si256::<0x31>(u0, u1),
+    )
+}
+
+/// Lane `j < N` = `W_row · A_j` for one weight row `w` of `nb` blocks of format `F` (`wd`: the
+/// row's f32 scales for [`Q0::Q8S`], else unused) and `N ≤ 8` activation rows (quants `qs[j]`,
+/// `nb·32` values); `dt` holds the activation scales transposed, `dt[8·b + j]` = row `j`'s scale
+/// of block `b` (`nb · 8` f32, lanes `j ≥ N` zero). Lanes `j ≥ N` are 0 for finite weights.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `w` must hold `nb` blocks, each `qs[j]` `nb·32` bytes,
-/// each `d[j]` (and `wd` for Q8S) `nb` f32.
+/// `dt` `8·nb` f32 (and `wd` `nb` f32 for Q8S).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const F: u8, const N: usize>(
+unsafe fn tile_acts<const F: u8, const N: usize>(
     nb: usize,
     w: *const u8,
     wd: *const f32,
     qs: [*const i8; N],
-    d: [*const f32; N],
-) -> [f32; N] {
+    dt: *const f32,
+) -> __m256 {
     let fmt = q0_from_tag(F);
     let bb = block_bytes(fmt);
-    let mut acc0 = [_mm256_setzero_ps(); N];
-    let mut acc1 = [_mm256_setzero_ps(); N];
-    let mut ib = 0;
-    while ib + 1 < nb {
-        let (dw0, qx0) = unpack(fmt, w.add(ib * bb), wd.wrapping_add(ib));
-        let ax0 = _mm256_sign_epi8(qx0, qx0);
-        let (dw1, qx1) = unpack(fmt, w.add((ib + 1) * bb), wd.wrapping_add(ib + 1));
-        let ax1 = _mm256_sign_epi8(qx1, qx1);
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        let (dw, qx) = unpack(fmt, w.add(ib * bb), wd.wrapping_add(ib));
+        let ax = _mm256_sign_epi8(qx, qx);
+        let mut s = [_mm256_setzero_si256(); 8];
         for j in 0..N {
-            acc0[j] = block(acc0[j], dw0, ax0, qx0, qs[j].add(ib * 32), *d[j].add(ib));
-            acc1[j] = block(
-                acc1[j],
-                dw1,
-                ax1,
-                qx1,
-                qs[j].add((ib + 1) * 32),
-                *d[j].add(ib + 1),
-            );
+            let y = _mm256_loadu_si256(qs[j].add(ib * 32) as *const __m256i);
+            s[j] = pair_dot(ax, qx, y);
         }
-        ib += 2;
+        let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(dt.add(8 * ib)));
+        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lane_sums(s)), acc);
     }
-    if ib < nb {
-        let (dw0, qx0) = unpack(fmt, w.add(ib * bb), wd.wrapping_add(ib));
-        let ax0 = _mm256_sign_epi8(qx0, qx0);
-        for j in 0..N {
-            acc0[j] = block(acc0[j], dw0, ax0, qx0, qs[j].add(ib * 32), *d[j].add(ib));
+    acc
+}
+
+/// The scales of block `ib` of the weight rows `w[k]` (`wd[k]` for [`Q0::Q8S`]) as the f32
+/// lanes `k < R` (lanes `k ≥ R` are 0). The f16 scales are packed into one register as integers
+/// and converted together (lane-by-lane inserts or a store and a reload cost more).
+#[inline(always)]
+unsafe fn row_scales<const R: usize>(
+    fmt: Q0,
+    w: [*const u8; R],
+    wd: [*const f32; R],
+    ib: usize,
+) -> __m256 {
+    if fmt == Q0::Q8S {
+        let f: [f32; 8] = std::array::from_fn(|k| if k < R { *wd[k].add(ib) } else { 0.0 });
+        return _mm256_setr_ps(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
+    }
+    let bb = block_bytes(fmt);
+    let h = |k: usize| {
+        if k < R {
+            u64::from((w[k].add(ib * bb) as *const u16).read_unaligned())
+        } else {
+            0
         }
+    };
+    let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+    let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
+    _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+}
+
+/// Lane `k < R` = `W_k · A` for `R ≤ 8` weight rows `w[k]` of `nb` blocks of format `F`
+/// (`wd[k]`: row `k`'s f32 scales for [`Q0::Q8S`], else unused) and one activation row (quants
+/// `qy`, `nb·32` values; scales `d`, `nb` f32). Lanes `k ≥ R` are 0.
+///
+/// # Safety
+/// As [`tile_acts`]: each `w[k]` holds `nb` blocks, `qy` `nb·32` bytes, `d` `nb` f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_rows<const F: u8, const R: usize>(
+    nb: usize,
+    w: [*const u8; R],
+    wd: [*const f32; R],
+    qy: *const i8,
+    d: *const f32,
+) -> __m256 {
+    let fmt = q0_from_tag(F);
+    let bb = block_bytes(fmt);
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        let y = _mm256_loadu_si256(qy.add(ib * 32) as *const __m256i);
+        let mut s = [_mm256_setzero_si256(); 8];
+        for k in 0..R {
+            let xb = w[k].add(ib * bb);
+            // Decode streams every weight once: hint the rows' bytes ahead (see
+            // `super::prefetch_stream`).
+            super::prefetch_stream(xb, 1);
+            let (_, qx) = unpack(fmt, xb, wd[k].wrapping_add(ib));
+            s[k] = pair_dot(_mm256_sign_epi8(qx, qx), qx, y);
+        }
+        let dw = row_scales::<R>(fmt, w, wd, ib);
+        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(ib)));
+        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lane_sums(s)), acc);
     }
-    let mut out = [0f32; N];
-    for j in 0..N {
-        out[j] = hsum_float_8(_mm256_add_ps(acc0[j], acc1[j]));
-    }
-    out
+    acc
+}
+
+/// The eight f32 lanes of `v`.
+#[inline(always)]
+unsafe fn lanes(v: __m256) -> [f32; 8] {
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), v);
+    l
 }
 
 /// True when this CPU has AVX512F/VL/BW/VNNI (checked once).
@@ -286,125 +337,225 @@ unsafe fn rows_dispatch(
     }
 }
 
-macro_rules! rows_fn {
-    ($name:ident, $tile:ident, $n:expr, $feat:literal) => {
-        /// The row loop of [`rows_times_acts`] around one tile kernel (one target-feature
-        /// region, kernels inlined).
-        #[target_feature(enable = $feat)]
-        unsafe fn $name<const F: u8>(
-            ws: &[u8],
-            row_bytes: usize,
-            wd: *const f32,
-            acts: &super::Q8Rows,
-            out: super::OutMat,
-        ) {
-            let nb = acts.cols / 32;
-            let m = acts.m;
-            let qs = acts.qs.as_ptr();
-            let ds = acts.d.as_ptr();
-            for (r, w) in ws.chunks_exact(row_bytes).enumerate() {
-                let wd = wd.wrapping_add(r * nb);
-                let mut i = 0;
-                while i + $n <= m {
-                    let v = $tile::<F, { $n }>(
-                        nb,
-                        w.as_ptr(),
-                        wd,
-                        std::array::from_fn(|j| qs.add((i + j) * acts.cols)),
-                        std::array::from_fn(|j| ds.add((i + j) * nb)),
-                    );
-                    for (j, x) in v.into_iter().enumerate() {
-                        out.put(r, i + j, x);
-                    }
-                    i += $n;
-                }
-                while i < m {
-                    let v = $tile::<F, 1>(
-                        nb,
-                        w.as_ptr(),
-                        wd,
-                        [qs.add(i * acts.cols)],
-                        [ds.add(i * nb)],
-                    );
-                    out.put(r, i, v[0]);
-                    i += 1;
-                }
-            }
-        }
-    };
+/// Activation rows from which a product puts activation rows in the lanes ([`tile_acts`]);
+/// fewer take the weight-row lanes of [`tile_rows`] per activation row (same bits).
+pub(crate) const ACT_LANES_MIN: usize = 4;
+
+thread_local! {
+    /// Transposed activation scales of [`rows_avx2`] (`crate::scratch`).
+    static DT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-rows_fn!(rows_avx2, tile, TILE, "avx2,fma,f16c");
+/// The row loop of [`rows_times_acts`] for format tag `F`: activation rows in groups of eight
+/// (the last group of [`ACT_LANES_MIN`] to eight rows too) through [`tile_acts`], the rest one
+/// by one through [`tile_rows`], eight weight rows at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_avx2<const F: u8>(
+    ws: &[u8],
+    row_bytes: usize,
+    wd: *const f32,
+    acts: &super::Q8Rows,
+    out: super::OutMat,
+) {
+    let nb = acts.cols / 32;
+    let (m, cols) = (acts.m, acts.cols);
+    let qs = acts.qs.as_ptr();
+    let ds = acts.d.as_ptr();
+    let n_rows = ws.len() / row_bytes;
+    let mut i = 0;
+    if m >= ACT_LANES_MIN {
+        let mut dt = crate::scratch::take(&DT, 8 * nb);
+        while m - i >= ACT_LANES_MIN {
+            let n = (m - i).min(8);
+            for (ib, lane) in dt.chunks_exact_mut(8).enumerate() {
+                for (j, v) in lane.iter_mut().enumerate() {
+                    *v = if j < n {
+                        *ds.add((i + j) * nb + ib)
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            macro_rules! acts_n {
+                ($n:literal) => {
+                    for (r, w) in ws.chunks_exact(row_bytes).enumerate() {
+                        let v = tile_acts::<F, $n>(
+                            nb,
+                            w.as_ptr(),
+                            wd.wrapping_add(r * nb),
+                            std::array::from_fn(|j| qs.add((i + j) * cols)),
+                            dt.as_ptr(),
+                        );
+                        for (j, x) in lanes(v).into_iter().take($n).enumerate() {
+                            out.put(r, i + j, x);
+                        }
+                    }
+                };
+            }
+            match n {
+                8 => acts_n!(8),
+                7 => acts_n!(7),
+                6 => acts_n!(6),
+                5 => acts_n!(5),
+                _ => acts_n!(4),
+            }
+            i += n;
+        }
+        crate::scratch::give(&DT, dt);
+    }
+    for i in i..m {
+        let (qy, d) = (qs.add(i * cols), ds.add(i * nb));
+        let mut r0 = 0;
+        macro_rules! rows_r {
+            ($r:literal) => {{
+                let v = tile_rows::<F, $r>(
+                    nb,
+                    std::array::from_fn(|k| ws.as_ptr().add((r0 + k) * row_bytes)),
+                    std::array::from_fn(|k| wd.wrapping_add((r0 + k) * nb)),
+                    qy,
+                    d,
+                );
+                for (k, x) in lanes(v).into_iter().take($r).enumerate() {
+                    out.put(r0 + k, i, x);
+                }
+            }};
+        }
+        while n_rows - r0 >= 8 {
+            rows_r!(8);
+            r0 += 8;
+        }
+        match n_rows - r0 {
+            0 => {}
+            1 => rows_r!(1),
+            2 => rows_r!(2),
+            3 => rows_r!(3),
+            4 => rows_r!(4),
+            5 => rows_r!(5),
+            6 => rows_r!(6),
+            _ => rows_r!(7),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// `tile` of tag `F` at width 4 over the four activation rows, and at width 1 over the last.
-    ///
-    /// # Safety
-    /// AVX2 available; buffers sized for `nb` blocks.
-    unsafe fn widths<const F: u8>(
+    /// Random weight rows (`rows` rows of `nb` blocks of `fmt`; quants avoid −128, as ggml's
+    /// quantizers do; f16 scales finite and moderate), their f32 scales for Q8S, and `m`
+    /// random activation rows.
+    fn case(
+        next: &mut impl FnMut() -> u64,
+        fmt: Q0,
         nb: usize,
-        w: &[u8],
-        wd: &[f32],
-        qp: [*const i8; 4],
-        dp: [*const f32; 4],
-    ) -> ([f32; 4], [f32; 1]) {
-        let (w, wd) = (w.as_ptr(), wd.as_ptr());
-        (
-            tile::<F, 4>(nb, w, wd, qp, dp),
-            tile::<F, 1>(nb, w, wd, [qp[3]], [dp[3]]),
-        )
+        rows: usize,
+        m: usize,
+    ) -> (Vec<u8>, Vec<f32>, super::super::Q8Rows) {
+        let bb = block_bytes(fmt);
+        let w: Vec<u8> = (0..rows * nb * bb)
+            .map(|k| {
+                let r = next() as u8;
+                if fmt != Q0::Q8S && k % bb == 1 {
+                    r & 0x3b
+                } else if r == 0x80 && matches!(fmt, Q0::Q8_0 | Q0::Q8S) {
+                    0x81
+                } else {
+                    r
+                }
+            })
+            .collect();
+        let wd: Vec<f32> = (0..rows * nb)
+            .map(|_| (next() % 1000) as f32 * 1e-4)
+            .collect();
+        let x: Vec<f32> = (0..m * nb * 32)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let acts = super::super::Q8Rows::quantize(&x, m, nb * 32).unwrap();
+        (w, wd, acts)
     }
 
-    /// The AVX2 tile kernel of width 4 equals width 1 bit for bit, for every format and
-    /// remainder, on random weight bytes (quants avoid −128, as ggml's quantizers do) and random
-    /// activation quants and scales.
+    /// The exact model of a pair: integer block dots of the unpacked quants, then
+    /// `acc = fma(d_w·d_a, dot, acc)` in block order.
+    fn model(fmt: Q0, w: &[u8], wd: &[f32], qa: &[i8], da: &[f32]) -> f32 {
+        let bb = block_bytes(fmt);
+        let mut acc = 0f32;
+        for (b, (blk, a)) in w.chunks_exact(bb).zip(qa.chunks_exact(32)).enumerate() {
+            let (dw, q): (f32, Vec<i32>) = match fmt {
+                Q0::Q8S => (wd[b], blk.iter().map(|&v| v as i8 as i32).collect()),
+                _ => {
+                    let dw = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+                    let q = match fmt {
+                        Q0::Q4_0 => (0..32)
+                            .map(|k| ((blk[2 + k % 16] >> (4 * (k / 16))) & 15) as i32 - 8)
+                            .collect(),
+                        Q0::Q5_0 => {
+                            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                            (0..32)
+                                .map(|k| {
+                                    let lo = (blk[6 + k % 16] >> (4 * (k / 16))) & 15;
+                                    (lo as i32 | (((qh >> k) & 1) as i32) << 4) - 16
+                                })
+                                .collect()
+                        }
+                        _ => blk[2..34].iter().map(|&v| v as i8 as i32).collect(),
+                    };
+                    (dw, q)
+                }
+            };
+            let dot: i32 = q.iter().zip(a).map(|(&x, &y)| x * y as i32).sum();
+            acc = (dw * da[b]).mul_add(dot as f32, acc);
+        }
+        acc
+    }
+
+    /// Every product of [`rows_times_acts`] (activation rows in lanes for batches of four or
+    /// more, weight rows in lanes below, every remainder width) equals the exact model bit for
+    /// bit, for every format and odd and even block counts.
     #[test]
-    fn tile_widths_give_the_same_bits() {
+    fn products_equal_the_exact_model_bit_for_bit() {
         if !crate::vec_dot::avx2_available() {
             eprintln!("no AVX2 on this CPU: nothing to compare");
             return;
         }
         let mut next = super::super::xorshift(0x9e37_79b9_7f4a_7c15);
         for fmt in [Q0::Q4_0, Q0::Q5_0, Q0::Q8_0, Q0::Q8S] {
-            for nb in [1usize, 2, 3, 18, 20, 64] {
-                let bb = block_bytes(fmt);
-                let mut w = vec![0u8; nb * bb];
-                for (k, b) in w.iter_mut().enumerate() {
-                    let r = next() as u8;
-                    *b = if fmt != Q0::Q8S && k % bb == 1 {
-                        r & 0x3b // f16 scale: finite, moderate
-                    } else if r == 0x80 && matches!(fmt, Q0::Q8_0 | Q0::Q8S) {
-                        0x81
+            for (nb, rows, m) in [
+                (1usize, 3usize, 1usize),
+                (2, 9, 2),
+                (3, 17, 4),
+                (18, 8, 13),
+                (20, 11, 23),
+                (5, 16, 8),
+            ] {
+                let (w, wd, acts) = case(&mut next, fmt, nb, rows, m);
+                let rb = nb * block_bytes(fmt);
+                let mut got = vec![f32::NAN; m * rows];
+                let out = super::super::OutMat::rows_last(&mut got, m, rows);
+                // SAFETY: AVX2 detected; whole rows of nb blocks; outputs m × rows.
+                unsafe {
+                    if fmt == Q0::Q8S {
+                        rows_times_acts_q8s(&w, &wd, &acts, out);
                     } else {
-                        r
-                    };
-                }
-                let wd: Vec<f32> = (0..nb).map(|_| (next() % 1000) as f32 * 1e-4).collect();
-                let qs: Vec<Vec<i8>> = (0..4)
-                    .map(|_| (0..nb * 32).map(|_| (next() % 255) as i8).collect())
-                    .collect();
-                let d: Vec<Vec<f32>> = (0..4)
-                    .map(|_| (0..nb).map(|_| (next() % 1000) as f32 * 1e-4).collect())
-                    .collect();
-                let qp: [*const i8; 4] = std::array::from_fn(|j| qs[j].as_ptr());
-                let dp: [*const f32; 4] = std::array::from_fn(|j| d[j].as_ptr());
-                // SAFETY: AVX2 detected; buffers hold nb blocks / nb·32 quants.
-                let (four, one) = unsafe {
-                    match fmt {
-                        Q0::Q4_0 => widths::<F4_0>(nb, &w, &wd, qp, dp),
-                        Q0::Q5_0 => widths::<F5_0>(nb, &w, &wd, qp, dp),
-                        Q0::Q8_0 => widths::<F8_0>(nb, &w, &wd, qp, dp),
-                        Q0::Q8S => widths::<F8S>(nb, &w, &wd, qp, dp),
+                        rows_times_acts(fmt, &w, rb, &acts, out);
                     }
-                };
-                assert_eq!(four[3].to_bits(), one[0].to_bits(), "{fmt:?} nb={nb}");
-                assert!(
-                    four.iter().all(|v| v.is_finite()),
-                    "{fmt:?} nb={nb}: {four:?}"
-                );
+                }
+                for i in 0..m {
+                    for r in 0..rows {
+                        let want = model(
+                            fmt,
+                            &w[r * rb..(r + 1) * rb],
+                            &wd[r * nb..(r + 1) * nb],
+                            &acts.qs[i * nb * 32..(i + 1) * nb * 32],
+                            &acts.d[i * nb..(i + 1) * nb],
+                        );
+                        let g = got[i * rows + r];
+                        assert_eq!(
+                            g.to_bits(),
+                            want.to_bits(),
+                            "{fmt:?} nb={nb} m={m} row {r} act {i}: {g} vs {want}"
+                        );
+                    }
+                }
             }
         }
     }

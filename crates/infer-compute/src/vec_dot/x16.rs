@@ -8,10 +8,9 @@
 //!   `vpdpbusd` (dword lane `r` = row `r`: four loads per block and sixteen rows, no transpose,
 //!   no reduction across lanes); more rows unpack each group block into the transposed blocks
 //!   the int8 tile GEMM reads (two masks per chunk where plain rows need a transpose).
-//! - AVX2 (the order of [`super::avx2_tile`], ggml's `mul_sum_i8_pairs_float`: eight lane
-//!   sums per block, even and odd blocks in two FMA chains, `hsum_float_8`): one activation row
-//!   keeps those lanes per row in registers whose lanes are eight rows ([`half_avx2`]); several
-//!   rows un-lay each group into plain rows for the tile kernel (the same kernel, the same bits).
+//! - AVX2 (the same f32 order, [`super::avx2_tile`]): one activation row keeps each row's block
+//!   dot in a lane of a register whose lanes are eight rows ([`half_avx2`]); several rows un-lay
+//!   each group into plain rows for the tile kernel (the same kernel, the same bits).
 
 use super::avx2_tile::{self, Q0};
 use super::vnni_gemm::{self, TBlock, WIDE};
@@ -221,10 +220,10 @@ unsafe fn put8(out: OutMat, r0: usize, v: __m256) {
 }
 
 /// Rows `8·half..8·half + 8` of a group times one activation row, lane `r` = row `8·half + r`:
-/// the arithmetic of `avx2_tile::tile::<_, 1>` per row. Its lane `l` of block `b` (the exact
-/// integer `Σ q_w·q_a` over values `4l..4l+4` of the block's unpacked order, chunk `l`'s low
-/// nibbles for `l < 4`, chunk `l − 4`'s high ones after) is register `l` here; even and odd
-/// blocks accumulate in two passes (its two FMA chains), then `hsum_float_8`'s additions.
+/// the arithmetic of `avx2_tile` per row (the exact integer block dot, then
+/// `acc = fma(d_w·d_a, dot, acc)` over the blocks in order). Register `l` of a block holds the
+/// exact integer `Σ q_w·q_a` over values `4l..4l+4` of the block's unpacked order (chunk `l`'s
+/// low nibbles for `l < 4`, chunk `l − 4`'s high ones after); their sum is the block dot.
 #[inline(always)]
 unsafe fn half_avx2(
     group: *const u8,
@@ -236,34 +235,32 @@ unsafe fn half_avx2(
     let nibble = _mm256_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
     let aq = acts.qs.as_ptr() as *const i32;
-    let mut parity = [[_mm256_setzero_ps(); 8]; 2];
-    for (p, acc) in parity.iter_mut().enumerate() {
-        let mut b = p;
-        while b < nb {
-            let blk = group.add(b * GROUP_BLOCK);
-            if half == 0 && p == 0 {
-                super::prefetch_stream(blk, 2 * GROUP_BLOCK);
-            }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
-            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(acts.d[b]));
-            for k in 0..4 {
-                let x = _mm256_loadu_si256(blk.add(CHUNKS + 64 * k + 32 * half) as *const __m256i);
-                let lo = _mm256_and_si256(x, nibble);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble);
-                for (l, u) in [(k, lo), (4 + k, hi)] {
-                    let a = _mm256_set1_epi32(aq.add(b * 8 + l).read_unaligned());
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
-                    let dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(sums[b * 8 + l]));
-                    acc[l] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[l]);
-                }
-            }
-            b += 2;
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        let blk = group.add(b * GROUP_BLOCK);
+        if half == 0 {
+            super::prefetch_stream(blk, GROUP_BLOCK);
         }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
+        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(acts.d[b]));
+        let mut dot = [_mm256_setzero_si256(); 2];
+        for k in 0..4 {
+            let x = _mm256_loadu_si256(blk.add(CHUNKS + 64 * k + 32 * half) as *const __m256i);
+            let lo = _mm256_and_si256(x, nibble);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble);
+            for (c, (l, u)) in [(k, lo), (4 + k, hi)].into_iter().enumerate() {
+                let a = _mm256_set1_epi32(aq.add(b * 8 + l).read_unaligned());
+                let d = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
+                dot[c] = _mm256_add_epi32(
+                    dot[c],
+                    _mm256_sub_epi32(d, _mm256_set1_epi32(sums[b * 8 + l])),
+                );
+            }
+        }
+        let dot = _mm256_add_epi32(dot[0], dot[1]);
+        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc);
     }
-    // hsum_float_8 of (even + odd) per row: ((s4 + s0) + (s6 + s2)) + ((s5 + s1) + (s7 + s3)).
-    let s: [__m256; 8] = std::array::from_fn(|l| _mm256_add_ps(parity[0][l], parity[1][l]));
-    let t: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(s[4 + i], s[i]));
-    _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
+    acc
 }
 
 #[cfg(test)]
