@@ -80,10 +80,13 @@ pub(crate) fn rope(
     Ok(())
 }
 
+/// [`crate::attention`] of one sequence after shape checks; `in_task`: the caller already runs
+/// sequences in parallel, so the decode row path stays on this thread (same result).
 pub(crate) fn attention(
     a: &AttentionInput<'_>,
     p: &AttentionParams,
     out: &mut [f32],
+    in_task: bool,
 ) -> Result<(), ComputeError> {
     let (q_row, kv_row) = (p.n_q_heads * p.head_dim, p.n_kv_heads * p.head_dim);
     if p.n_kv_heads == 0 || !p.n_q_heads.is_multiple_of(p.n_kv_heads) {
@@ -122,7 +125,12 @@ pub(crate) fn attention(
             unit: "position",
         });
     }
-    crate::attention(a.q, a.k_cache, a.v_cache, a.positions, a.t_kv, p, out);
+    let run = if in_task {
+        crate::attention::attention_in_task
+    } else {
+        crate::attention
+    };
+    run(a.q, a.k_cache, a.v_cache, a.positions, a.t_kv, p, out);
     Ok(())
 }
 
@@ -702,6 +710,7 @@ pub(crate) fn attend(
     );
     let out = host_mut("attend", out)?;
     check("attention output", out.len(), q.len(), "values")?;
+    let in_task = a.seqs.len() > 1;
     let one = |s: &mut crate::KvSlot<'_>, out: &mut [f32]| -> Result<(), ComputeError> {
         let r = s.row0..s.row0 + s.rows;
         let end = s.start + s.rows;
@@ -719,7 +728,7 @@ pub(crate) fn attend(
             positions: &positions,
             t_kv: end,
         };
-        attention(&input, p, out)
+        attention(&input, p, out, in_task)
     };
     // Each sequence's rows of `out`, in batch order.
     let mut outs = smallvec::SmallVec::<[&mut [f32]; 4]>::new();

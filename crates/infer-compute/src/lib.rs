@@ -8,6 +8,7 @@
 
 mod attention;
 mod attention_blocked;
+mod attention_group;
 mod backend;
 mod cpu;
 #[cfg(feature = "cuda")]

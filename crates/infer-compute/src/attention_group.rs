@@ -1,0 +1,559 @@
+//! The decode (row-at-a-time) attention kernel: one query row's heads that share one kv head
+//! (a GQA group, or any run of its heads) against that kv head's cached keys and values, each
+//! K/V row read once for all of them.
+//!
+//! Per head `h` of the run, over the visible keys `j = lo..=hi`:
+//! `s_j = scale · q_h·k_j` (soft-capped if configured), `p_j = exp(s_j − max) / Σ p`,
+//! `o_h = Σ_j p_j · v_j` (HF `eager_attention_forward`, max-subtracted f32 softmax). The
+//! arithmetic of one head never depends on the other heads of its run, so running a group's heads
+//! together or one at a time gives the same bits:
+//!
+//! - `q_h·k_j`: `crate::cpu::dot`'s summation order (16 interleaved partial sums, reduced
+//!   pairwise). With AVX2, eight keys at a time: two 8-lane accumulators per key, then one
+//!   transposed reduction (`permute2f128`/`shuffle_ps` adds) that yields the eight sums in one
+//!   register, in the same pairwise order as `dot`.
+//! - `exp`: [`exp_poly`] (Cephes `expf`, ≈ 2 ulp), vectorised; `Σ p` in 8 interleaved partial
+//!   sums reduced pairwise, then the remainder in key order, then a sink's `exp(sink − max)`.
+//! - `o_h`: per element, from 0, `+= p_j · v_j` (a multiply and an add, no FMA) in key order.
+//!
+//! The AVX2 copy runs the same multiplies and adds in the same order as the generic one, so both
+//! give the same bits (tested).
+
+use crate::attention::AttentionParams;
+use crate::cpu::dot_generic;
+use crate::ops::exp_poly;
+
+/// One kv head's keys and values inside the cached rows: `k` and `v` are `[t_kv, row_len]`
+/// row-major f32 (`row_len = n_kv_heads · head_dim`), and the head's key/value at position `j`
+/// is `k[j·row_len + col..][..head_dim]` (likewise `v`), `col = g · head_dim` for kv head `g`.
+#[derive(Clone, Copy)]
+pub(crate) struct KvHead<'a> {
+    pub(crate) k: &'a [f32],
+    pub(crate) v: &'a [f32],
+    /// Values per cached row (all kv heads).
+    pub(crate) row_len: usize,
+    /// The head's first value within a row.
+    pub(crate) col: usize,
+}
+
+/// A run of query heads of one row that share one kv head: `q` is `[heads, head_dim]` f32 (the
+/// heads' slices of the query row, contiguous), `pos` the row's position in its sequence, and
+/// `sinks` the heads' attention-sink logits (`heads` values) if the family has sinks (gpt-oss).
+#[derive(Clone, Copy)]
+pub(crate) struct GroupQuery<'a> {
+    pub(crate) q: &'a [f32],
+    pub(crate) pos: usize,
+    pub(crate) sinks: Option<&'a [f32]>,
+}
+
+/// Keys scored per transposed reduction.
+const KEY_TILE: usize = 8;
+
+/// Interleaved partial sums of the softmax denominator.
+const SUM_LANES: usize = 8;
+
+/// Attention of the run `query` (`heads = q.len() / head_dim` heads) over kv head `kv`, into
+/// `o` (`[heads, head_dim]`, fully overwritten). `scores` is scratch of at least
+/// `heads · (pos + 1)` values. A row that sees no key (window 0) gets zeros.
+///
+/// Head dims 32, 64, 128 and 256 run copies specialised to the length; with AVX2 and FMA the
+/// key tiles and the weighted sum of values use 256-bit registers. Every copy gives the same bits
+/// (see the module docs).
+pub(crate) fn group_attention(
+    query: GroupQuery<'_>,
+    kv: KvHead<'_>,
+    params: &AttentionParams,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2_fma() {
+        // SAFETY: AVX2 and FMA are available (checked once at run time).
+        unsafe {
+            return match params.head_dim {
+                32 => group_avx2::<32>(query, kv, params, scores, o),
+                64 => group_avx2::<64>(query, kv, params, scores, o),
+                128 => group_avx2::<128>(query, kv, params, scores, o),
+                256 => group_avx2::<256>(query, kv, params, scores, o),
+                _ => group_avx2::<0>(query, kv, params, scores, o),
+            };
+        }
+    }
+    group_generic(query, kv, params, scores, o)
+}
+
+/// [`group_attention`] on the portable path (scalar dots, per-element value sums).
+pub(crate) fn group_generic(
+    query: GroupQuery<'_>,
+    kv: KvHead<'_>,
+    params: &AttentionParams,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    let hd = params.head_dim;
+    group_impl::<0>(
+        query,
+        kv,
+        params,
+        scores,
+        o,
+        |q, kv, lo, s| dots_generic(q, hd, kv, lo, s),
+        |w, kv, lo, o| values_generic(w, hd, kv, lo, o),
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_fma() -> bool {
+    use std::sync::OnceLock;
+    static A: OnceLock<bool> = OnceLock::new();
+    *A.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
+/// [`group_impl`] compiled with AVX2 and FMA, its key tiles and value sums in intrinsics.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn group_avx2<const HD: usize>(
+    query: GroupQuery<'_>,
+    kv: KvHead<'_>,
+    params: &AttentionParams,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    let hd = if HD == 0 { params.head_dim } else { HD };
+    group_impl::<HD>(
+        query,
+        kv,
+        params,
+        scores,
+        o,
+        // SAFETY: AVX2 is available (this function's contract).
+        |q, kv, lo, s| unsafe { dots_avx2(q, hd, kv, lo, s) },
+        // SAFETY: as above.
+        |w, kv, lo, o| unsafe { values_avx2(w, hd, kv, lo, o) },
+    )
+}
+
+/// The body of [`group_attention`]. `HD`: the head dim when known at compile time, 0 for any.
+/// `dots(q, kv, lo, s)` fills `s` (`[heads, n]`) with `q_h·k_{lo+i}` in `dot`'s order;
+/// `values(w, kv, lo, o)` writes `o_h = Σ_i w[h, i] · v_{lo+i}` (`w` is `[heads, n]`).
+#[inline(always)]
+fn group_impl<const HD: usize>(
+    query: GroupQuery<'_>,
+    kv: KvHead<'_>,
+    params: &AttentionParams,
+    scores: &mut [f32],
+    o: &mut [f32],
+    dots: impl Fn(&[f32], KvHead<'_>, usize, &mut [f32]),
+    values: impl Fn(&[f32], KvHead<'_>, usize, &mut [f32]),
+) {
+    let GroupQuery { q, pos, sinks } = query;
+    let hd = if HD == 0 { params.head_dim } else { HD };
+    let heads = q.len() / hd;
+    let hi = pos; // last visible key (inclusive); pos < t_kv checked by the caller
+    let lo = match params.sliding_window {
+        Some(w) => (pos + 1).saturating_sub(w), // p − j < w  ⇔  j > p − w
+        None => 0,
+    };
+    if lo > hi {
+        o[..heads * hd].fill(0.0);
+        return; // window 0: nothing visible
+    }
+    let n = hi - lo + 1;
+    let scores = &mut scores[..heads * n];
+    dots(&q[..heads * hd], kv, lo, scores);
+    for (h, s) in scores.chunks_exact_mut(n).enumerate() {
+        softmax_weights(s, params.scale, params.softcap, sinks.map(|x| x[h]));
+    }
+    values(scores, kv, lo, &mut o[..heads * hd]);
+}
+
+/// One head's raw scores `s` (`q·k_j` of the visible keys) turned into its softmax weights, in
+/// place: `s ← scale·s`, soft-capped (`cap·tanh(s/cap)`) if configured, then
+/// `s ← exp(s − m) / (Σ exp(s − m) + exp(sink − m))` with `m` the max of the scores and the
+/// sink (no sink term without one). Written in lanes so that it vectorises; `exp` is
+/// [`exp_poly`].
+#[inline(always)]
+fn softmax_weights(s: &mut [f32], scale: f32, softcap: Option<f32>, sink: Option<f32>) {
+    match softcap {
+        Some(cap) => s
+            .iter_mut()
+            .for_each(|x| *x = cap * (*x * scale / cap).tanh()),
+        None => s.iter_mut().for_each(|x| *x *= scale),
+    }
+    let mut mx = [f32::NEG_INFINITY; SUM_LANES];
+    let mut chunks = s.chunks_exact(SUM_LANES);
+    for c in &mut chunks {
+        for (m, &x) in mx.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    max = mx.iter().fold(max, |m, &x| m.max(x));
+    if let Some(sk) = sink {
+        max = max.max(sk);
+    }
+    let mut acc = [0f32; SUM_LANES];
+    let mut chunks = s.chunks_exact_mut(SUM_LANES);
+    for c in &mut chunks {
+        for (a, x) in acc.iter_mut().zip(c.iter_mut()) {
+            *x = exp_poly(*x - max);
+            *a += *x;
+        }
+    }
+    let mut width = SUM_LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
+    }
+    let mut sum = acc[0];
+    for x in chunks.into_remainder() {
+        *x = exp_poly(*x - max);
+        sum += *x;
+    }
+    if let Some(sk) = sink {
+        sum += exp_poly(sk - max);
+    }
+    let inv = 1.0 / sum;
+    s.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// `s[h·n + i] = q_h · k_{lo+i}` (`q`: `[heads, hd]`, `s`: `[heads, n]`), one
+/// [`dot_generic`] per pair.
+#[inline(always)]
+fn dots_generic(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f32]) {
+    let n = s.len() / (q.len() / hd);
+    for (qh, sh) in q.chunks_exact(hd).zip(s.chunks_exact_mut(n)) {
+        for (i, si) in sh.iter_mut().enumerate() {
+            *si = dot_generic(qh, &kv.k[(lo + i) * kv.row_len + kv.col..][..hd]);
+        }
+    }
+}
+
+/// `o[h, :] = Σ_i w[h·n + i] · v_{lo+i}` (`w`: `[heads, n]`, `o`: `[heads, hd]`), per element
+/// from 0 in key order.
+#[inline(always)]
+fn values_generic(w: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, o: &mut [f32]) {
+    let n = w.len() / (o.len() / hd);
+    for (wh, oh) in w.chunks_exact(n).zip(o.chunks_exact_mut(hd)) {
+        oh.fill(0.0);
+        for (i, &wi) in wh.iter().enumerate() {
+            let vj = &kv.v[(lo + i) * kv.row_len + kv.col..][..hd];
+            for (a, &x) in oh.iter_mut().zip(vj) {
+                *a += wi * x;
+            }
+        }
+    }
+}
+
+/// [`dots_generic`] with AVX2: for `hd` a multiple of 16, tiles of [`KEY_TILE`] keys, each key's
+/// 16 partial sums in two registers (`dot`'s lanes), then [`reduce8`]; the keys after the last
+/// whole tile (and every key when `hd` is not a multiple of 16) through `dot_avx2`. Same bits as
+/// [`dots_generic`].
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dots_avx2(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let heads = q.len() / hd;
+    let n = s.len() / heads;
+    let tiles = if hd.is_multiple_of(16) {
+        n / KEY_TILE
+    } else {
+        0
+    };
+    // Every key row read below lies in `kv.k`: rows lo..lo+n are visible keys (< t_kv).
+    assert!((lo + n - 1) * kv.row_len + kv.col + hd <= kv.k.len() && s.len() == heads * n);
+    for t in 0..tiles {
+        let j0 = lo + t * KEY_TILE;
+        let kp: [*const f32; KEY_TILE] =
+            std::array::from_fn(|u| kv.k[(j0 + u) * kv.row_len + kv.col..].as_ptr());
+        for h in 0..heads {
+            let qp = q[h * hd..].as_ptr();
+            let mut sums = [_mm256_setzero_ps(); KEY_TILE];
+            for half in 0..2 {
+                let (mut lo4, mut hi4) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                for c in (0..hd).step_by(16) {
+                    // SAFETY: c + 16 <= hd: inside q's head h and each key's head slice
+                    // (bounds asserted above).
+                    unsafe {
+                        let (qa, qb) = (_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(qp.add(c + 8)));
+                        for u in 0..4 {
+                            let p = kp[half * 4 + u].add(c);
+                            lo4[u] = _mm256_add_ps(lo4[u], _mm256_mul_ps(qa, _mm256_loadu_ps(p)));
+                            hi4[u] =
+                                _mm256_add_ps(hi4[u], _mm256_mul_ps(qb, _mm256_loadu_ps(p.add(8))));
+                        }
+                    }
+                }
+                for u in 0..4 {
+                    // 16 → 8: acc[i] += acc[i + 8].
+                    sums[half * 4 + u] = _mm256_add_ps(lo4[u], hi4[u]);
+                }
+            }
+            let r = reduce8(sums);
+            // SAFETY: h·n + t·8 + 8 <= (h + 1)·n, inside `s`.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr().add(h * n + t * KEY_TILE), r) };
+        }
+    }
+    for (qh, sh) in q.chunks_exact(hd).zip(s.chunks_exact_mut(n)) {
+        for (i, si) in sh.iter_mut().enumerate().skip(tiles * KEY_TILE) {
+            let kj = &kv.k[(lo + i) * kv.row_len + kv.col..][..hd];
+            // SAFETY: AVX2 is available (this function's contract); equal lengths.
+            *si = unsafe { crate::cpu::dot_avx2(qh, kj) };
+        }
+    }
+}
+
+/// Eight keys' 8-lane partial sums `v[j]` to the eight sums `Σ v[j]` in one register, lane `j`,
+/// in `dot`'s pairwise order: `a[i] = v[i] + v[i+4]`, `b[i] = a[i] + a[i+2]`, `s = b[0] + b[1]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn reduce8(v: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // w[j] = [a_j | a_{j+4}] (a_j = v_j.lo128 + v_j.hi128, i.e. v[i] + v[i+4]).
+    let w: [__m256; 4] = std::array::from_fn(|j| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(v[j], v[j + 4]),
+            _mm256_permute2f128_ps::<0x31>(v[j], v[j + 4]),
+        )
+    });
+    // x = [b_0 (2 lanes), b_1 | b_4, b_5], z = [b_2, b_3 | b_6, b_7] (b[i] = a[i] + a[i+2]).
+    let pair = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (x, z) = (pair(w[0], w[1]), pair(w[2], w[3]));
+    // s_j = b_j[0] + b_j[1], lanes in key order.
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(x, z),
+        _mm256_shuffle_ps::<0b11_01_11_01>(x, z),
+    )
+}
+
+/// [`values_generic`] with AVX2: for `hd` a multiple of 16, 16 columns at a time for up to four
+/// heads (their sums in registers), every value row read once per column chunk for those heads;
+/// same multiplies and adds per element, so the same bits.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn values_avx2(w: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, o: &mut [f32]) {
+    let heads = o.len() / hd;
+    let n = w.len() / heads;
+    if !hd.is_multiple_of(16) {
+        return values_generic(w, hd, kv, lo, o);
+    }
+    assert!((lo + n - 1) * kv.row_len + kv.col + hd <= kv.v.len() && w.len() == heads * n);
+    let mut h0 = 0;
+    while h0 < heads {
+        let g = (heads - h0).min(4);
+        let (w, o) = (&w[h0 * n..(h0 + g) * n], &mut o[h0 * hd..(h0 + g) * hd]);
+        // SAFETY: AVX2 is available; bounds asserted above.
+        unsafe {
+            match g {
+                1 => values_heads_avx2::<1>(w, hd, kv, lo, o),
+                2 => values_heads_avx2::<2>(w, hd, kv, lo, o),
+                3 => values_heads_avx2::<3>(w, hd, kv, lo, o),
+                _ => values_heads_avx2::<4>(w, hd, kv, lo, o),
+            }
+        }
+        h0 += g;
+    }
+}
+
+/// [`values_avx2`] for `G` heads (`w`: `[G, n]`, `o`: `[G, hd]`, `hd` a multiple of 16).
+///
+/// # Safety
+/// AVX2 must be available; value rows `lo..lo + n` of the kv head lie in `kv.v`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn values_heads_avx2<const G: usize>(
+    w: &[f32],
+    hd: usize,
+    kv: KvHead<'_>,
+    lo: usize,
+    o: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let n = w.len() / G;
+    let base = kv.v[lo * kv.row_len + kv.col..].as_ptr();
+    for c in (0..hd).step_by(16) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        for i in 0..n {
+            // SAFETY: row lo+i, columns col+c..col+c+16 of `v` (the caller's contract).
+            let (va, vb) = unsafe {
+                let p = base.add(i * kv.row_len + c);
+                (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+            };
+            for (g, a) in acc.iter_mut().enumerate() {
+                let wg = _mm256_set1_ps(w[g * n + i]);
+                a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(wg, va));
+                a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(wg, vb));
+            }
+        }
+        for (g, a) in acc.iter().enumerate() {
+            // SAFETY: 16 floats at o[g·hd + c..], c + 16 <= hd.
+            unsafe {
+                let p = o.as_mut_ptr().add(g * hd + c);
+                _mm256_storeu_ps(p, a[0]);
+                _mm256_storeu_ps(p.add(8), a[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut state = seed;
+        move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        }
+    }
+
+    /// The dispatched copies (AVX2 tiles when present, head-dim specialisations) equal the
+    /// generic body bit for bit, and a run of heads equals each head alone.
+    #[test]
+    fn copies_and_runs_give_the_same_bits() {
+        let mut next = rng(0x1234_5678);
+        for hd in [32usize, 40, 48, 64, 80, 128, 256] {
+            let sinks = [0.5f32, -1.0, 0.25, 2.0, -0.5];
+            for (window, softcap, sinks) in [
+                (None, None, None),
+                (Some(5), Some(30.0f32), None),
+                (Some(20), None, Some(&sinks[..])),
+            ] {
+                let (n_kv, t) = (2usize, 45usize);
+                for heads in 1..=5usize {
+                    let kv_row = n_kv * hd;
+                    let k: Vec<f32> = (0..t * kv_row).map(|_| next()).collect();
+                    let v: Vec<f32> = (0..t * kv_row).map(|_| next()).collect();
+                    let q: Vec<f32> = (0..heads * hd).map(|_| next() * 4.0).collect();
+                    let params = AttentionParams {
+                        n_q_heads: heads * n_kv,
+                        n_kv_heads: n_kv,
+                        head_dim: hd,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        sliding_window: window,
+                        softcap,
+                        sinks: None,
+                    };
+                    let kv = KvHead {
+                        k: &k,
+                        v: &v,
+                        row_len: kv_row,
+                        col: hd,
+                    };
+                    for pos in [0usize, 3, 8, 17, 44] {
+                        let sinks = sinks.map(|s| &s[..heads]);
+                        let query = GroupQuery { q: &q, pos, sinks };
+                        let mut s = vec![0f32; heads * t];
+                        let mut got = vec![f32::NAN; heads * hd];
+                        group_attention(query, kv, &params, &mut s, &mut got);
+                        let mut want = vec![f32::NAN; heads * hd];
+                        group_generic(query, kv, &params, &mut s, &mut want);
+                        let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got), bits(&want), "hd {hd} heads {heads} pos {pos}");
+                        for h in 0..heads {
+                            let one = GroupQuery {
+                                q: &q[h * hd..][..hd],
+                                pos,
+                                sinks: sinks.map(|s| &s[h..h + 1]),
+                            };
+                            let mut alone = vec![f32::NAN; hd];
+                            group_attention(one, kv, &params, &mut s, &mut alone);
+                            assert_eq!(bits(&alone), bits(&got[h * hd..][..hd]), "head {h}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Against an f64 evaluation of the formula: within 1e-5 of the head's largest |output|.
+    #[test]
+    fn matches_f64_attention() {
+        let mut next = rng(42);
+        let (hd, t, heads) = (64usize, 300usize, 3usize);
+        let k: Vec<f32> = (0..t * hd).map(|_| next()).collect();
+        let v: Vec<f32> = (0..t * hd).map(|_| next()).collect();
+        let q: Vec<f32> = (0..heads * hd).map(|_| next() * 8.0).collect();
+        let sinks = [0.3f32, -2.0, 1.5];
+        for sink in [None, Some(&sinks[..])] {
+            let params = AttentionParams {
+                n_q_heads: heads,
+                n_kv_heads: 1,
+                head_dim: hd,
+                scale: 0.125,
+                sliding_window: None,
+                softcap: None,
+                sinks: None,
+            };
+            let kv = KvHead {
+                k: &k,
+                v: &v,
+                row_len: hd,
+                col: 0,
+            };
+            let pos = t - 1;
+            let mut s = vec![0f32; heads * t];
+            let mut got = vec![0f32; heads * hd];
+            let query = GroupQuery {
+                q: &q,
+                pos,
+                sinks: sink,
+            };
+            group_attention(query, kv, &params, &mut s, &mut got);
+            for h in 0..heads {
+                let sc: Vec<f64> = (0..t)
+                    .map(|j| {
+                        (0..hd)
+                            .map(|e| q[h * hd + e] as f64 * k[j * hd + e] as f64)
+                            .sum::<f64>()
+                            * 0.125
+                    })
+                    .collect();
+                let sk = sink.map(|s| s[h] as f64);
+                let m = sc.iter().copied().fold(sk.unwrap_or(f64::MIN), f64::max);
+                let z = sc.iter().map(|x| (x - m).exp()).sum::<f64>()
+                    + sk.map_or(0.0, |s| (s - m).exp());
+                let want: Vec<f64> = (0..hd)
+                    .map(|e| {
+                        (0..t)
+                            .map(|j| (sc[j] - m).exp() / z * v[j * hd + e] as f64)
+                            .sum()
+                    })
+                    .collect();
+                let scale = want.iter().fold(0f64, |a, x| a.max(x.abs()));
+                for (e, w) in want.iter().enumerate() {
+                    let err = (got[h * hd + e] as f64 - w).abs();
+                    assert!(err <= 1e-5 * scale, "head {h} elem {e}: {err} vs {scale}");
+                }
+            }
+        }
+    }
+}
