@@ -2,7 +2,7 @@
 //! multiplied with all activation rows by a tile kernel (weight blocks unpacked once per tile
 //! of activation rows) — Q4_0, Q5_0 and Q8_0 weights with [`Q8Rows`] activations
 //! (`vec_dot::avx2_tile`, AVX2 or AVX-512 VNNI), Q4_K and Q6_K weights with Q8_K activations
-//! (`vec_dot::avx512_q4k`, `vec_dot::avx512_q6k`, AVX-512VL/BW). The same kernels serve mat-vec (one row) and mat-mat,
+//! (`vec_dot::avx512_q4k`, `vec_dot::avx512_q6k`: AVX2, with AVX-512VL/BW's registers when present). The same kernels serve mat-vec (one row) and mat-mat,
 //! so both give the same bits per output.
 
 use super::quant::Split;
@@ -52,8 +52,7 @@ impl Tiled {
     }
 }
 
-/// The tile kernel for `format` under `isa`: Q4_0, Q5_0, Q8_0 with [`Isa::Avx2`]; Q4_K and
-/// Q6_K with [`Isa::Avx2`] on a CPU with AVX-512VL/BW.
+/// The tile kernel for `format` under `isa`: Q4_0, Q5_0, Q8_0, Q4_K and Q6_K with [`Isa::Avx2`].
 pub(super) fn tiled(format: QuantFormat, isa: Isa) -> Option<Tiled> {
     #[cfg(target_arch = "x86_64")]
     {

@@ -1,5 +1,6 @@
-//! Q4_K × Q8_K tile kernel (AVX2 integer pipeline, compiled for AVX-512VL's 32 vector
-//! registers): one weight row against up to [`TILE`] activation rows, each Q4_K block unpacked
+//! Q4_K × Q8_K tile kernel (AVX2 integer pipeline, compiled twice: for AVX-512VL's 32 vector
+//! registers, and for plain AVX2/FMA/F16C hosts, whose 16 registers keep part of the unpacked
+//! block in L1): one weight row against up to [`TILE`] activation rows, each Q4_K block unpacked
 //! once per tile (nibbles, the eight 6-bit scales and mins) instead of once per activation row.
 //! Per activation row the operations are exactly those of the AVX2 `ggml_vec_dot_q4_K_q8_K`
 //! port (`super::avx2::q4_k_q8_k`: `madd(scale, maddubs(q4, q8))` per 32 values, one FMA per
@@ -16,10 +17,11 @@ pub(crate) const TILE: usize = 4;
 /// `out[j] = W_row · A_j` for one Q4_K weight row `w` of `nb` blocks and `N` Q8_K activation
 /// rows `a[j]` (`nb` blocks each).
 ///
+/// Always inlined into the row loops of `q8k_tile_rows!`, which carry the target features.
+///
 /// # Safety
-/// AVX2, FMA, F16C, AVX512F/VL/BW available; the pointers hold `nb` blocks.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+/// AVX2, FMA, F16C available (the caller compiled for them); the pointers hold `nb` blocks.
+#[inline(always)]
 unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -87,7 +89,7 @@ unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f
 
 super::avx512_q6k::q8k_tile_rows!(tile);
 
-/// True when this CPU can run [`rows_times_acts`] (AVX2/FMA/F16C + AVX512F/VL/BW).
+/// True when this CPU can run [`rows_times_acts`] (AVX2/FMA/F16C).
 pub(crate) fn available() -> bool {
     super::avx512_q6k::available()
 }
@@ -108,7 +110,7 @@ pub(crate) unsafe fn rows_times_acts(
     m: usize,
     out: super::OutMat,
 ) {
-    assert!(available(), "Q4_K tile kernel needs AVX-512VL/BW");
+    assert!(available(), "Q4_K tile kernel needs AVX2/FMA/F16C");
     let nb = cols / 256;
     assert!(cols.is_multiple_of(256) && row_bytes >= nb * q4_k::BLOCK_BYTES && row_bytes > 0);
     assert!(
@@ -146,7 +148,7 @@ mod tests {
     #[test]
     fn q4k_tile_equals_avx2_kernel_bit_for_bit() {
         if !available() {
-            eprintln!("no AVX-512VL/BW on this CPU: nothing to compare");
+            eprintln!("no AVX2/FMA/F16C on this CPU: nothing to compare");
             return;
         }
         let mut next = super::super::xorshift(0x9e37_79b9_7f4a_7c15);

@@ -1,5 +1,6 @@
-//! Q6_K × Q8_K tile kernel (AVX2 integer pipeline, compiled for AVX-512VL's 32 vector
-//! registers): one weight row against up to [`TILE`] activation rows, each Q6_K block unpacked
+//! Q6_K × Q8_K tile kernel (AVX2 integer pipeline, compiled twice: for AVX-512VL's 32 vector
+//! registers, and for plain AVX2/FMA/F16C hosts' 16, where the unpacked block partly lives in
+//! L1 instead): one weight row against up to [`TILE`] activation rows, each Q6_K block unpacked
 //! once per tile. Per 32 values ggml's `__AVX2__` `ggml_vec_dot_q6_K_q8_K` computes
 //! `madd(scale, maddubs(q, y) − maddubs(32, y))`; here the `−32·y` term is taken once per block
 //! from the Q8_K group sums (`bsums`, as ggml's newer x86 path does): `Σ scale·(q − 32)·y =
@@ -33,10 +34,11 @@ pub(super) const SCALE_SHUFFLE: [[u8; 16]; 8] = {
 /// `out[j] = W_row · A_j` for one Q6_K weight row `w` of `nb` blocks and `N` Q8_K activation
 /// rows `a[j]` (`nb` blocks each).
 ///
+/// Always inlined into the row loops of `q8k_tile_rows!`, which carry the target features.
+///
 /// # Safety
-/// AVX2, FMA, F16C, AVX512F/VL/BW available; the pointers hold `nb` blocks.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+/// AVX2, FMA, F16C available (the caller compiled for them); the pointers hold `nb` blocks.
+#[inline(always)]
 unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
@@ -96,14 +98,68 @@ unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f
     out
 }
 
-/// The row loop around a tile kernel `tile::<N>(nb, w, [acts; N])` of one Q8_K-activation
-/// format (the Q4_K and Q6_K kernels share it): `rows_impl(ws, row_bytes, nb, acts, m, out)`
-/// sets element (r, i) of `out` to `W_r · A_i`, [`TILE`] activation rows at a time, then one.
+/// The row loops around a tile kernel `tile::<N>(nb, w, [acts; N])` of one Q8_K-activation
+/// format (the Q4_K and Q6_K kernels share them): `rows_impl(ws, row_bytes, nb, acts, m, out)`
+/// sets element (r, i) of `out` to `W_r · A_i`, [`TILE`] activation rows at a time, then one;
+/// `rows_avx512` and `rows_avx2` are the same loop compiled with and without AVX-512VL/BW, and
+/// `rows_impl` runs the one this CPU has (same operations, so the same bits).
 macro_rules! q8k_tile_rows {
     ($tile:ident) => {
         /// The row loop around the tile kernel: element (r, i) of `out` = `W_r · A_i`.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+        ///
+        /// # Safety
+        /// [`rows_avx512`]'s contract, AVX2/FMA/F16C available.
         unsafe fn rows_impl(
+            ws: &[u8],
+            row_bytes: usize,
+            nb: usize,
+            acts: &[u8],
+            m: usize,
+            out: super::OutMat,
+        ) {
+            if super::avx512_q6k::avx512() {
+                rows_avx512(ws, row_bytes, nb, acts, m, out)
+            } else {
+                rows_avx2(ws, row_bytes, nb, acts, m, out)
+            }
+        }
+
+        /// [`rows_avx2`] with 32 vector registers.
+        ///
+        /// # Safety
+        /// As [`rows_avx2`], and AVX512F/VL/BW available.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+        unsafe fn rows_avx512(
+            ws: &[u8],
+            row_bytes: usize,
+            nb: usize,
+            acts: &[u8],
+            m: usize,
+            out: super::OutMat,
+        ) {
+            rows_body(ws, row_bytes, nb, acts, m, out)
+        }
+
+        /// Element (r, i) of `out` = `W_r · A_i` for the weight rows `ws` (`row_bytes` each,
+        /// `nb` blocks) and the `m` Q8_K rows `acts` (`nb` blocks each).
+        ///
+        /// # Safety
+        /// AVX2/FMA/F16C available; lengths as above; `out` owns elements (r, i).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn rows_avx2(
+            ws: &[u8],
+            row_bytes: usize,
+            nb: usize,
+            acts: &[u8],
+            m: usize,
+            out: super::OutMat,
+        ) {
+            rows_body(ws, row_bytes, nb, acts, m, out)
+        }
+
+        /// The body of the row loops, inlined into each.
+        #[inline(always)]
+        unsafe fn rows_body(
             ws: &[u8],
             row_bytes: usize,
             nb: usize,
@@ -138,8 +194,13 @@ pub(crate) use q8k_tile_rows;
 
 q8k_tile_rows!(tile);
 
-/// True when this CPU can run [`rows_times_acts`] (AVX2/FMA/F16C + AVX512F/VL/BW).
+/// True when this CPU can run [`rows_times_acts`] (AVX2/FMA/F16C).
 pub(crate) fn available() -> bool {
+    super::avx2_available()
+}
+
+/// True when the tile loops may use AVX512F/VL/BW's 32 registers (besides AVX2/FMA/F16C).
+pub(crate) fn avx512() -> bool {
     use std::sync::OnceLock;
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| {
@@ -166,7 +227,7 @@ pub(crate) unsafe fn rows_times_acts(
     m: usize,
     out: super::OutMat,
 ) {
-    assert!(available(), "Q6_K tile kernel needs AVX-512VL/BW");
+    assert!(available(), "Q6_K tile kernel needs AVX2/FMA/F16C");
     let nb = cols / 256;
     assert!(cols.is_multiple_of(256) && row_bytes >= nb * q6_k::BLOCK_BYTES && row_bytes > 0);
     assert!(
@@ -201,7 +262,7 @@ mod tests {
     #[test]
     fn q6k_tile_matches_avx2_kernel() {
         if !available() {
-            eprintln!("no AVX-512VL/BW on this CPU: nothing to compare");
+            eprintln!("no AVX2/FMA/F16C on this CPU: nothing to compare");
             return;
         }
         let mut next = super::super::xorshift(0x2545_f491_4f6c_dd1d);
@@ -222,7 +283,7 @@ mod tests {
                 infer_quant::q8_k::quantize_row_ref(xr, ab);
             }
             let mut out = vec![0f32; m];
-            // SAFETY: AVX-512VL/BW detected; one weight row, m activation rows: out is [m, 1].
+            // SAFETY: AVX2/FMA/F16C detected; one weight row, m activation rows: out is [m, 1].
             unsafe {
                 let o = super::super::OutMat::rows_last(&mut out, m, 1);
                 rows_impl(&w, w.len(), nb, &acts, m, o)
