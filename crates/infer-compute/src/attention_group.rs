@@ -280,6 +280,16 @@ unsafe fn dots_avx2(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f3
         let j0 = lo + t * KEY_TILE;
         let kp: [*const f32; KEY_TILE] =
             std::array::from_fn(|u| kv.k[(j0 + u) * kv.row_len + kv.col..].as_ptr());
+        // The same keys' value rows, toward L2 for the value pass: one 64-byte line of each
+        // row per key there, which the hardware prefetchers do not cover on their own (the
+        // value pass spent most of its time waiting on those loads).
+        for u in 0..KEY_TILE {
+            let vp = kv.v[(j0 + u) * kv.row_len + kv.col..].as_ptr() as *const i8;
+            for line in (0..hd * 4).step_by(64) {
+                // SAFETY: a prefetch has no architectural effect; the address is inside `v`.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(vp.wrapping_add(line)) };
+            }
+        }
         for h in 0..heads {
             let qp = q[h * hd..].as_ptr();
             let mut sums = [_mm256_setzero_ps(); KEY_TILE];
@@ -382,7 +392,8 @@ unsafe fn values_avx2(w: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, o: &mut [
 /// [`values_avx2`] for `G` heads (`w`: `[G, n]`, `o`: `[G, hd]`, `hd` a multiple of 16).
 ///
 /// # Safety
-/// AVX2 must be available; value rows `lo..lo + n` of the kv head lie in `kv.v`.
+/// AVX2 must be available; value rows `lo..lo + n` of the kv head lie in `kv.v`;
+/// `w.len() == G · n`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -405,7 +416,8 @@ unsafe fn values_heads_avx2<const G: usize>(
                 (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
             };
             for (g, a) in acc.iter_mut().enumerate() {
-                let wg = _mm256_set1_ps(w[g * n + i]);
+                // SAFETY: g < G and i < n: inside `w` (`[G, n]`).
+                let wg = _mm256_set1_ps(unsafe { *w.get_unchecked(g * n + i) });
                 a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(wg, va));
                 a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(wg, vb));
             }
