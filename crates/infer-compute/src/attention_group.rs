@@ -286,8 +286,8 @@ unsafe fn dots_avx2(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f3
         for u in 0..KEY_TILE {
             let vp = kv.v[(j0 + u) * kv.row_len + kv.col..].as_ptr() as *const i8;
             for line in (0..hd * 4).step_by(64) {
-                // SAFETY: a prefetch has no architectural effect; the address is inside `v`.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(vp.wrapping_add(line)) };
+                // A hint only (no architectural effect); the address is inside `v`.
+                _mm_prefetch::<_MM_HINT_T1>(vp.wrapping_add(line));
             }
         }
         for h in 0..heads {
