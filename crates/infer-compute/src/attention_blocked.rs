@@ -106,8 +106,9 @@ fn softmax_tile(s: &mut [f32], scale: f32, softcap: Option<f32>, m_old: f32) -> 
     softmax_tile_impl(s, scale, softcap, m_old)
 }
 
+/// Whether the CPU has AVX2 and FMA (detected once).
 #[cfg(target_arch = "x86_64")]
-fn avx2_fma() -> bool {
+pub(crate) fn avx2_fma() -> bool {
     use std::sync::OnceLock;
     static A: OnceLock<bool> = OnceLock::new();
     *A.get_or_init(|| {

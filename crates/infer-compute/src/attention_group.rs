@@ -20,6 +20,8 @@
 //! give the same bits (tested).
 
 use crate::attention::AttentionParams;
+#[cfg(target_arch = "x86_64")]
+use crate::attention_blocked::avx2_fma;
 use crate::cpu::dot_generic;
 use crate::ops::exp_poly;
 
@@ -100,15 +102,6 @@ pub(crate) fn group_generic(
         |q, kv, lo, s| dots_generic(q, hd, kv, lo, s),
         |w, kv, lo, o| values_generic(w, hd, kv, lo, o),
     )
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_fma() -> bool {
-    use std::sync::OnceLock;
-    static A: OnceLock<bool> = OnceLock::new();
-    *A.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    })
 }
 
 /// [`group_impl`] compiled with AVX2 and FMA, its key tiles and value sums in intrinsics.
