@@ -8,25 +8,6 @@ mod common;
 
 use common::fill;
 use infer_compute::{ComputeBackend, CpuBackend, Matrix, QuantFormat};
-use std::time::Instant;
-
-/// Best time per call over 5 batches of ~50 ms each, in seconds.
-fn best_time(mut f: impl FnMut()) -> f64 {
-    f();
-    let t = Instant::now();
-    f();
-    let once = t.elapsed().as_secs_f64().max(1e-7);
-    let reps = ((0.05 / once) as usize).clamp(1, 10_000);
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
-        let t = Instant::now();
-        for _ in 0..reps {
-            f();
-        }
-        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
-    }
-    best
-}
 
 fn main() {
     println!("rayon threads: {}", rayon::current_num_threads());
@@ -47,7 +28,7 @@ fn main() {
         for m in [1usize, 4, 16, 64] {
             let x = fill(m * cols, 3);
             let mut y = vec![0f32; m * rows];
-            let s = best_time(|| be.linear(&mat, &x, m, &mut y).expect("product"));
+            let s = common::best_time(0.05, || be.linear(&mat, &x, m, &mut y).expect("product"));
             line += &format!(
                 "  m={m:<2} {:>8.1} us {:>6.1} GMAC/s",
                 s * 1e6,

@@ -7,25 +7,6 @@ mod common;
 
 use common::fill;
 use infer_compute::{ComputeBackend, CpuBackend, Isa, QuantFormat};
-use std::time::Instant;
-
-/// Best time per call over 5 batches of ~100 ms each, in seconds.
-fn best_time(mut f: impl FnMut()) -> f64 {
-    f();
-    let t = Instant::now();
-    f();
-    let once = t.elapsed().as_secs_f64().max(1e-7);
-    let reps = ((0.1 / once) as usize).clamp(1, 10_000);
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
-        let t = Instant::now();
-        for _ in 0..reps {
-            f();
-        }
-        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
-    }
-    best
-}
 
 fn main() {
     let threads = rayon::current_num_threads();
@@ -53,7 +34,7 @@ fn main() {
         let mut y = vec![0f32; rows];
         for &isa in &isas {
             let be = CpuBackend::with_isa(isa).expect("isa");
-            let s = best_time(|| {
+            let s = common::best_time(0.1, || {
                 be.linear(
                     &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
                     &x,
@@ -73,7 +54,7 @@ fn main() {
         let xm = fill(m * cols, 3);
         let mut ym = vec![0f32; m * rows];
         let be = CpuBackend::new();
-        let s = best_time(|| {
+        let s = common::best_time(0.1, || {
             be.linear(
                 &infer_compute::Matrix::blocks(fmt, &bytes, rows, cols),
                 &xm,
@@ -94,7 +75,7 @@ fn main() {
     let x = fill(cols, 2);
     let mut y = vec![0f32; rows];
     let be = CpuBackend::new();
-    let s = best_time(|| be.gemv(&w, &x, rows, cols, &mut y).unwrap());
+    let s = common::best_time(0.1, || be.gemv(&w, &x, rows, cols, &mut y).unwrap());
     println!(
         "gemv   F32   {rows:>5}x{cols:<5}          {:>8.1} us  {:>6.2} GB/s",
         s * 1e6,
