@@ -5,6 +5,7 @@ use crate::attention_blocked::attention_blocked;
 use crate::attention_group::{group_attention, GroupQuery, KvHead};
 #[cfg(test)]
 use crate::cpu::dot_generic;
+use crate::kv_type::KvElem;
 use crate::scratch;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -40,8 +41,10 @@ pub struct AttentionParams<'a> {
 /// Causal attention of `t_q` query rows over the first `t_kv` cached keys/values.
 ///
 /// - `q`: `[t_q, n_q_heads · head_dim]` row-major, RoPE already applied.
-/// - `k_cache`, `v_cache`: at least `t_kv` rows of `[n_kv_heads · head_dim]`; cache row `j` holds
-///   the key/value at absolute position `j` (extra rows beyond `t_kv` are ignored).
+/// - `k_cache`, `v_cache`: at least `t_kv` rows of `[n_kv_heads · head_dim]`, f32 or f16
+///   ([`KvElem`]: an f16 value is widened exactly as it is read, never copied to an f32 cache);
+///   cache row `j` holds the key/value at absolute position `j` (extra rows beyond `t_kv` are
+///   ignored).
 /// - `q_positions`: absolute position of each query row (`t_q` values, each `< t_kv`).
 /// - `out`: `[t_q, n_q_heads · head_dim]`, fully overwritten.
 ///
@@ -71,10 +74,10 @@ pub struct AttentionParams<'a> {
 /// Panics on inconsistent shapes (also sinks of another length than `n_q_heads`),
 /// `n_kv_heads` not dividing `n_q_heads`, or a position `≥ t_kv` (its own key must be in the
 /// cache).
-pub fn attention(
+pub fn attention<T: KvElem>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     q_positions: &[usize],
     t_kv: usize,
     params: &AttentionParams,
@@ -91,10 +94,10 @@ pub fn attention(
 /// [`attention`] for a caller that already runs sequences in parallel: the decode row path
 /// (`t_q == 1`) runs on the calling thread, the prefill path as in [`attention`]. Same arguments,
 /// result (bit for bit) and panics.
-pub(crate) fn attention_in_task(
+pub(crate) fn attention_in_task<T: KvElem>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     q_positions: &[usize],
     t_kv: usize,
     params: &AttentionParams,
@@ -113,10 +116,10 @@ pub(crate) fn attention_in_task(
 /// visible keys in `crate::cpu::dot`'s summation order, softmax, and the weighted sum of values
 /// in key order. Same arguments, result and panics as [`attention`]; a prefill row equals the
 /// single-row decode at the same position bit for bit.
-pub fn attention_reference(
+pub fn attention_reference<T: KvElem>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     q_positions: &[usize],
     t_kv: usize,
     params: &AttentionParams,
@@ -142,20 +145,21 @@ enum Path {
 }
 
 /// The key and value caches [`attention`] reads: `k` and `v` each hold at least `t_kv` rows of
-/// `n_kv_heads · head_dim` f32 (row `j` = position `j`; rows beyond `t_kv` are ignored).
+/// `n_kv_heads · head_dim` f32 or f16 values (row `j` = position `j`; rows beyond `t_kv` are
+/// ignored).
 #[derive(Clone, Copy)]
-struct KvCaches<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
+struct KvCaches<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
     /// Cached positions attended over.
     t_kv: usize,
 }
 
 /// Shape checks of [`attention`], then the row path (`t_q == 1` or [`Path::Rows`]) or the
 /// blocked one.
-fn dispatch(
+fn dispatch<T: KvElem>(
     q: &[f32],
-    caches: KvCaches<'_>,
+    caches: KvCaches<'_, T>,
     q_positions: &[usize],
     params: &AttentionParams,
     out: &mut [f32],
@@ -225,10 +229,10 @@ fn dispatch(
 /// rows. A task holds a whole GQA group (its K/V read once for all its heads) unless that leaves
 /// fewer than two tasks per thread, then single heads; both give the same bits (the arithmetic
 /// of a head does not depend on its run). `parallel: false` runs every task on the calling thread.
-fn attention_rows(
+fn attention_rows<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     q_positions: &[usize],
     params: &AttentionParams,
     out: &mut [f32],

@@ -3,8 +3,10 @@
 //! `matrixmultiply::sgemm` (`S = Q·Kᵀ`), the softmax runs online over key tiles (flash-attention
 //! style: running max and sum per row, earlier output rescaled when the max grows), and the
 //! weighted values are a second sgemm (`O += P·V`). Each K/V tile is read once per group and block.
+//! An f16 cache's tile is widened to f32 (exactly) into per-thread scratch before each sgemm.
 
 use crate::attention::AttentionParams;
+use crate::kv_type::KvElem;
 use crate::ops::exp_poly;
 use crate::scratch;
 use crate::shared_out::SharedOut;
@@ -32,7 +34,8 @@ fn positions_per_block(group: usize) -> usize {
 
 /// Blocked attention with the contract of [`crate::attention`] (shapes already checked by the
 /// caller: `q`/`out` are `[t_q, n_q_heads · head_dim]`, `k`/`v` exactly `t_kv` rows of
-/// `n_kv_heads · head_dim`, every position `< t_kv`, `head_dim > 0`, `t_q > 0`).
+/// `n_kv_heads · head_dim` f32 or f16 values, every position `< t_kv`, `head_dim > 0`,
+/// `t_q > 0`).
 ///
 /// Same semantics as the row-at-a-time path (scale, soft-cap, causal mask `j ≤ p`, sliding
 /// window `p − j < w`, max-subtracted f32 softmax over the visible keys only, zero output for a
@@ -41,10 +44,10 @@ fn positions_per_block(group: usize) -> usize {
 /// max-subtracted scores is a polynomial ([`exp_poly`], ≈ 2 ulp), so results agree with it to
 /// about 1e-6 of the row's largest |output| (tested at 1e-5), not bit for bit. Results do not depend
 /// on the number of threads, nor on which other rows are in the batch.
-pub(crate) fn attention_blocked(
+pub(crate) fn attention_blocked<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     q_positions: &[usize],
     params: &AttentionParams,
     out: &mut [f32],
@@ -55,7 +58,7 @@ pub(crate) fn attention_blocked(
     let qb = positions_per_block(group);
     let n_blocks = t_q.div_ceil(qb);
     let rows = qb * group;
-    let scratch_len = rows * (2 * hd + KEY_TILE + 2);
+    let scratch_len = rows * (2 * hd + KEY_TILE + 2) + T::tile_buf(KEY_TILE, hd);
     let shared = SharedOut(out.as_mut_ptr());
     let task = |buf: &mut [f32], idx: usize| {
         let (b, g) = (idx / n_kv, idx % n_kv);
@@ -116,6 +119,14 @@ pub(crate) fn avx2_fma() -> bool {
     })
 }
 
+/// Whether the CPU has F16C (the f16 ↔ f32 conversions; detected once).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn f16c() -> bool {
+    use std::sync::OnceLock;
+    static A: OnceLock<bool> = OnceLock::new();
+    *A.get_or_init(|| std::arch::is_x86_feature_detected!("f16c"))
+}
+
 /// [`softmax_tile_impl`] compiled with AVX2 and FMA.
 ///
 /// # Safety
@@ -168,10 +179,10 @@ fn softmax_tile_impl(s: &mut [f32], scale: f32, softcap: Option<f32>, m_old: f32
 }
 
 /// One (block of query positions, kv head) task.
-struct Block<'a> {
+struct Block<'a, T> {
     q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    k: &'a [T],
+    v: &'a [T],
     /// Positions of this block's query rows `t0..t0 + positions.len()`.
     positions: &'a [usize],
     t0: usize,
@@ -180,7 +191,7 @@ struct Block<'a> {
     params: &'a AttentionParams<'a>,
 }
 
-impl Block<'_> {
+impl<T: KvElem> Block<'_, T> {
     /// Visible keys `lo..=hi` of a query at position `p` (`lo > hi`: none).
     fn visible(&self, p: usize) -> (usize, usize) {
         let lo = match self.params.sliding_window {
@@ -204,7 +215,9 @@ impl Block<'_> {
         let (acc, rest) = rest.split_at_mut(n_rows * hd);
         let (maxes, rest) = rest.split_at_mut(n_rows);
         let (sums, rest) = rest.split_at_mut(n_rows);
-        let s_tile = &mut rest[..n_rows * KEY_TILE];
+        let (s_tile, rest) = rest.split_at_mut(n_rows * KEY_TILE);
+        // An f16 tile widened (K, then V into the same values); empty for f32.
+        let kv_tile = &mut rest[..T::tile_buf(KEY_TILE, hd)];
 
         // Stack the group's heads: row r = tt·group + hi holds query row t0+tt, head g·group+hi.
         let gw = group * hd;
@@ -232,9 +245,11 @@ impl Block<'_> {
                 let je = (tile0 + KEY_TILE).min(hi + 1);
                 let n = je - js;
                 let s = &mut s_tile[..n_rows * n];
-                // S[r, j] = q_r · k_{js+j}: K tile read in place as [hd, n] (strides 1, kv_row).
-                // SAFETY: the K tile rows js..je (< t_kv) at columns col..col+hd lie in `k`;
-                // `qs` is [n_rows, hd] and `s` [n_rows, n].
+                // S[r, j] = q_r · k_{js+j}: K tile read as [hd, n] (strides 1, kv_row in
+                // place for f32; 1, hd widened for f16).
+                let (kt, ks) = T::tile(self.k, js, n, kv_row, col, hd, kv_tile);
+                // SAFETY: the K tile (rows js..je < t_kv, checked by `tile`) is [n, hd] at
+                // `kt` with row stride `ks`; `qs` is [n_rows, hd] and `s` [n_rows, n].
                 matrixmultiply::sgemm(
                     n_rows,
                     hd,
@@ -243,9 +258,9 @@ impl Block<'_> {
                     qs.as_ptr(),
                     hd as isize,
                     1,
-                    self.k.as_ptr().add(js * kv_row + col),
+                    kt,
                     1,
-                    kv_row as isize,
+                    ks as isize,
                     0.0,
                     s.as_mut_ptr(),
                     n as isize,
@@ -274,8 +289,10 @@ impl Block<'_> {
                     sums[r] += sum;
                     maxes[r] = m_new;
                 }
-                // acc[r, :] += Σ_j P[r, j] · v_{js+j}: V tile read in place as [n, hd].
-                // SAFETY: the V tile rows js..je at columns col..col+hd lie in `v`; `s` is
+                // acc[r, :] += Σ_j P[r, j] · v_{js+j}: V tile read as [n, hd] (in place for
+                // f32, widened for f16; the K tile's values are no longer read).
+                let (vt, vs) = T::tile(self.v, js, n, kv_row, col, hd, kv_tile);
+                // SAFETY: the V tile is [n, hd] at `vt` with row stride `vs`; `s` is
                 // [n_rows, n] and `acc` [n_rows, hd].
                 matrixmultiply::sgemm(
                     n_rows,
@@ -285,8 +302,8 @@ impl Block<'_> {
                     s.as_ptr(),
                     n as isize,
                     1,
-                    self.v.as_ptr().add(js * kv_row + col),
-                    kv_row as isize,
+                    vt,
+                    vs as isize,
                     1,
                     1.0,
                     acc.as_mut_ptr(),
@@ -325,7 +342,7 @@ impl Block<'_> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{attention, attention_reference, AttentionParams};
+    use crate::{attention, attention_reference, AttentionParams, KvElem};
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
     fn random(rng: &mut StdRng, n: usize, amp: f32) -> Vec<f32> {
@@ -333,7 +350,14 @@ mod tests {
     }
 
     /// Blocked vs row path: every (row, head) slice within `1e-5 · max |slice of the row path|`.
-    fn compare(q: &[f32], k: &[f32], v: &[f32], pos: &[usize], t_kv: usize, p: &AttentionParams) {
+    fn compare<T: KvElem>(
+        q: &[f32],
+        k: &[T],
+        v: &[T],
+        pos: &[usize],
+        t_kv: usize,
+        p: &AttentionParams,
+    ) {
         let mut got = vec![f32::NAN; q.len()];
         attention(q, k, v, pos, t_kv, p, &mut got);
         let mut want = vec![f32::NAN; q.len()];
@@ -396,6 +420,42 @@ mod tests {
                 let pos: Vec<usize> = (start..t_kv).collect();
                 compare(&q, &k, &v, &pos, t_kv, &p);
             }
+        }
+    }
+
+    /// An f16 cache: the blocked path (tiles widened into scratch) against the row path
+    /// (widened as loaded), same tolerance as f32; GQA, a window, a soft-cap and sinks.
+    #[test]
+    fn blocked_matches_row_path_on_an_f16_cache() {
+        use half::f16;
+        let mut rng = StdRng::seed_from_u64(0xf16);
+        let to16 = |x: Vec<f32>| x.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+        for (i, (t, hd, ratio, start)) in [
+            (7usize, 64usize, 3usize, 0usize),
+            (300, 64, 3, 5),
+            (100, 128, 4, 300),
+            (33, 80, 1, 0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let n_kv = 1 + i % 2;
+            let sink_vals = random(&mut rng, n_kv * ratio, 4.0);
+            let p = AttentionParams {
+                n_q_heads: n_kv * ratio,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                sliding_window: (i == 1).then_some(50),
+                softcap: (i == 2).then_some(5.0),
+                sinks: (i == 3).then_some(&sink_vals[..]),
+            };
+            let t_kv = start + t;
+            let q = random(&mut rng, t * p.n_q_heads * hd, 2.0);
+            let k = to16(random(&mut rng, t_kv * n_kv * hd, 1.0));
+            let v = to16(random(&mut rng, t_kv * n_kv * hd, 1.0));
+            let pos: Vec<usize> = (start..t_kv).collect();
+            compare(&q, &k, &v, &pos, t_kv, &p);
         }
     }
 

@@ -18,20 +18,28 @@
 //!
 //! The AVX2 copy runs the same multiplies and adds in the same order as the generic one, so both
 //! give the same bits (tested).
+//!
+//! The cached rows are f32 or f16 ([`KvElem`]); an f16 key or value is widened exactly to f32
+//! as it is loaded (F16C `_mm256_cvtph_ps` on AVX2) and the arithmetic is the f32 one above, so
+//! an f16 cache gives the bits of an f32 cache holding the same (f16-representable) values.
 
 use crate::attention::AttentionParams;
 #[cfg(target_arch = "x86_64")]
 use crate::attention_blocked::avx2_fma;
+#[cfg(target_arch = "x86_64")]
+use crate::attention_blocked::f16c;
 use crate::cpu::dot_generic;
+use crate::kv_type::KvElem;
 use crate::ops::exp_poly;
 
 /// One kv head's keys and values inside the cached rows: `k` and `v` are `[t_kv, row_len]`
-/// row-major f32 (`row_len = n_kv_heads · head_dim`), and the head's key/value at position `j`
-/// is `k[j·row_len + col..][..head_dim]` (likewise `v`), `col = g · head_dim` for kv head `g`.
+/// row-major, f32 or f16 (`T`; `row_len = n_kv_heads · head_dim`), and the head's key/value at
+/// position `j` is `k[j·row_len + col..][..head_dim]` (likewise `v`), `col = g · head_dim` for
+/// kv head `g`.
 #[derive(Clone, Copy)]
-pub(crate) struct KvHead<'a> {
-    pub(crate) k: &'a [f32],
-    pub(crate) v: &'a [f32],
+pub(crate) struct KvHead<'a, T> {
+    pub(crate) k: &'a [T],
+    pub(crate) v: &'a [T],
     /// Values per cached row (all kv heads).
     pub(crate) row_len: usize,
     /// The head's first value within a row.
@@ -58,26 +66,26 @@ const SUM_LANES: usize = 8;
 /// `o` (`[heads, head_dim]`, fully overwritten). `scores` is scratch of at least
 /// `heads · (pos + 1)` values. A row that sees no key (window 0) gets zeros.
 ///
-/// Head dims 32, 64, 128 and 256 run copies specialised to the length; with AVX2 and FMA the
-/// key tiles and the weighted sum of values use 256-bit registers. Every copy gives the same bits
-/// (see the module docs).
-pub(crate) fn group_attention(
+/// Head dims 32, 64, 128 and 256 run copies specialised to the length; with AVX2, FMA and F16C
+/// the key tiles and the weighted sum of values use 256-bit registers. Every copy gives the same
+/// bits (see the module docs).
+pub(crate) fn group_attention<T: KvElem>(
     query: GroupQuery<'_>,
-    kv: KvHead<'_>,
+    kv: KvHead<'_, T>,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
-        // SAFETY: AVX2 and FMA are available (checked once at run time).
+    if avx2_fma() && f16c() {
+        // SAFETY: AVX2, FMA and F16C are available (checked once at run time).
         unsafe {
             return match params.head_dim {
-                32 => group_avx2::<32>(query, kv, params, scores, o),
-                64 => group_avx2::<64>(query, kv, params, scores, o),
-                128 => group_avx2::<128>(query, kv, params, scores, o),
-                256 => group_avx2::<256>(query, kv, params, scores, o),
-                _ => group_avx2::<0>(query, kv, params, scores, o),
+                32 => group_avx2::<T, 32>(query, kv, params, scores, o),
+                64 => group_avx2::<T, 64>(query, kv, params, scores, o),
+                128 => group_avx2::<T, 128>(query, kv, params, scores, o),
+                256 => group_avx2::<T, 256>(query, kv, params, scores, o),
+                _ => group_avx2::<T, 0>(query, kv, params, scores, o),
             };
         }
     }
@@ -85,15 +93,15 @@ pub(crate) fn group_attention(
 }
 
 /// [`group_attention`] on the portable path (scalar dots, per-element value sums).
-pub(crate) fn group_generic(
+pub(crate) fn group_generic<T: KvElem>(
     query: GroupQuery<'_>,
-    kv: KvHead<'_>,
+    kv: KvHead<'_, T>,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
     let hd = params.head_dim;
-    group_impl::<0>(
+    group_impl::<T, 0>(
         query,
         kv,
         params,
@@ -104,27 +112,28 @@ pub(crate) fn group_generic(
     )
 }
 
-/// [`group_impl`] compiled with AVX2 and FMA, its key tiles and value sums in intrinsics.
+/// [`group_impl`] compiled with AVX2, FMA and F16C, its key tiles and value sums in
+/// intrinsics.
 ///
 /// # Safety
-/// AVX2 and FMA must be available.
+/// AVX2, FMA and F16C must be available.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn group_avx2<const HD: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2<T: KvElem, const HD: usize>(
     query: GroupQuery<'_>,
-    kv: KvHead<'_>,
+    kv: KvHead<'_, T>,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
     let hd = if HD == 0 { params.head_dim } else { HD };
-    group_impl::<HD>(
+    group_impl::<T, HD>(
         query,
         kv,
         params,
         scores,
         o,
-        // SAFETY: AVX2 is available (this function's contract).
+        // SAFETY: AVX2 and F16C are available (this function's contract).
         |q, kv, lo, s| unsafe { dots_avx2(q, hd, kv, lo, s) },
         // SAFETY: as above.
         |w, kv, lo, o| unsafe { values_avx2(w, hd, kv, lo, o) },
@@ -135,14 +144,14 @@ unsafe fn group_avx2<const HD: usize>(
 /// `dots(q, kv, lo, s)` fills `s` (`[heads, n]`) with `q_h·k_{lo+i}` in `dot`'s order;
 /// `values(w, kv, lo, o)` writes `o_h = Σ_i w[h, i] · v_{lo+i}` (`w` is `[heads, n]`).
 #[inline(always)]
-fn group_impl<const HD: usize>(
+fn group_impl<T: KvElem, const HD: usize>(
     query: GroupQuery<'_>,
-    kv: KvHead<'_>,
+    kv: KvHead<'_, T>,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
-    dots: impl Fn(&[f32], KvHead<'_>, usize, &mut [f32]),
-    values: impl Fn(&[f32], KvHead<'_>, usize, &mut [f32]),
+    dots: impl Fn(&[f32], KvHead<'_, T>, usize, &mut [f32]),
+    values: impl Fn(&[f32], KvHead<'_, T>, usize, &mut [f32]),
 ) {
     let GroupQuery { q, pos, sinks } = query;
     let hd = if HD == 0 { params.head_dim } else { HD };
@@ -223,7 +232,7 @@ fn softmax_weights(s: &mut [f32], scale: f32, softcap: Option<f32>, sink: Option
 /// `s[h·n + i] = q_h · k_{lo+i}` (`q`: `[heads, hd]`, `s`: `[heads, n]`), one
 /// [`dot_generic`] per pair.
 #[inline(always)]
-fn dots_generic(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f32]) {
+fn dots_generic<T: KvElem>(q: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize, s: &mut [f32]) {
     let n = s.len() / (q.len() / hd);
     for (qh, sh) in q.chunks_exact(hd).zip(s.chunks_exact_mut(n)) {
         for (i, si) in sh.iter_mut().enumerate() {
@@ -235,14 +244,14 @@ fn dots_generic(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f32]) 
 /// `o[h, :] = Σ_i w[h·n + i] · v_{lo+i}` (`w`: `[heads, n]`, `o`: `[heads, hd]`), per element
 /// from 0 in key order.
 #[inline(always)]
-fn values_generic(w: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, o: &mut [f32]) {
+fn values_generic<T: KvElem>(w: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize, o: &mut [f32]) {
     let n = w.len() / (o.len() / hd);
     for (wh, oh) in w.chunks_exact(n).zip(o.chunks_exact_mut(hd)) {
         oh.fill(0.0);
         for (i, &wi) in wh.iter().enumerate() {
             let vj = &kv.v[(lo + i) * kv.row_len + kv.col..][..hd];
             for (a, &x) in oh.iter_mut().zip(vj) {
-                *a += wi * x;
+                *a += wi * x.widen();
             }
         }
     }
@@ -254,11 +263,11 @@ fn values_generic(w: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, o: &mut [f32]
 /// [`dots_generic`].
 ///
 /// # Safety
-/// AVX2 must be available.
+/// AVX2 and F16C must be available.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn dots_avx2(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f32]) {
+unsafe fn dots_avx2<T: KvElem>(q: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize, s: &mut [f32]) {
     use std::arch::x86_64::*;
     let heads = q.len() / hd;
     let n = s.len() / heads;
@@ -271,14 +280,14 @@ unsafe fn dots_avx2(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f3
     assert!((lo + n - 1) * kv.row_len + kv.col + hd <= kv.k.len() && s.len() == heads * n);
     for t in 0..tiles {
         let j0 = lo + t * KEY_TILE;
-        let kp: [*const f32; KEY_TILE] =
+        let kp: [*const T; KEY_TILE] =
             std::array::from_fn(|u| kv.k[(j0 + u) * kv.row_len + kv.col..].as_ptr());
         // The same keys' value rows, toward L2 for the value pass: one 64-byte line of each
         // row per key there, which the hardware prefetchers do not cover on their own (the
         // value pass spent most of its time waiting on those loads).
         for u in 0..KEY_TILE {
             let vp = kv.v[(j0 + u) * kv.row_len + kv.col..].as_ptr() as *const i8;
-            for line in (0..hd * 4).step_by(64) {
+            for line in (0..hd * std::mem::size_of::<T>()).step_by(64) {
                 // A hint only (no architectural effect); the address is inside `v`.
                 _mm_prefetch::<_MM_HINT_T1>(vp.wrapping_add(line));
             }
@@ -290,14 +299,13 @@ unsafe fn dots_avx2(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f3
                 let (mut lo4, mut hi4) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
                 for c in (0..hd).step_by(16) {
                     // SAFETY: c + 16 <= hd: inside q's head h and each key's head slice
-                    // (bounds asserted above).
+                    // (bounds asserted above); AVX2 and F16C are available.
                     unsafe {
                         let (qa, qb) = (_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(qp.add(c + 8)));
                         for u in 0..4 {
                             let p = kp[half * 4 + u].add(c);
-                            lo4[u] = _mm256_add_ps(lo4[u], _mm256_mul_ps(qa, _mm256_loadu_ps(p)));
-                            hi4[u] =
-                                _mm256_add_ps(hi4[u], _mm256_mul_ps(qb, _mm256_loadu_ps(p.add(8))));
+                            lo4[u] = _mm256_add_ps(lo4[u], _mm256_mul_ps(qa, T::load8(p)));
+                            hi4[u] = _mm256_add_ps(hi4[u], _mm256_mul_ps(qb, T::load8(p.add(8))));
                         }
                     }
                 }
@@ -314,8 +322,8 @@ unsafe fn dots_avx2(q: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, s: &mut [f3
     for (qh, sh) in q.chunks_exact(hd).zip(s.chunks_exact_mut(n)) {
         for (i, si) in sh.iter_mut().enumerate().skip(tiles * KEY_TILE) {
             let kj = &kv.k[(lo + i) * kv.row_len + kv.col..][..hd];
-            // SAFETY: AVX2 is available (this function's contract); equal lengths.
-            *si = unsafe { crate::cpu::dot_avx2(qh, kj) };
+            // SAFETY: AVX2 and F16C are available (this function's contract); equal lengths.
+            *si = unsafe { T::dot_avx2(qh, kj) };
         }
     }
 }
@@ -354,11 +362,17 @@ fn reduce8(v: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
 /// same multiplies and adds per element, so the same bits.
 ///
 /// # Safety
-/// AVX2 must be available.
+/// AVX2 and F16C must be available.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn values_avx2(w: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, o: &mut [f32]) {
+unsafe fn values_avx2<T: KvElem>(
+    w: &[f32],
+    hd: usize,
+    kv: KvHead<'_, T>,
+    lo: usize,
+    o: &mut [f32],
+) {
     let heads = o.len() / hd;
     let n = w.len() / heads;
     if !hd.is_multiple_of(16) {
@@ -369,13 +383,13 @@ unsafe fn values_avx2(w: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, o: &mut [
     while h0 < heads {
         let g = (heads - h0).min(4);
         let (w, o) = (&w[h0 * n..(h0 + g) * n], &mut o[h0 * hd..(h0 + g) * hd]);
-        // SAFETY: AVX2 is available; bounds asserted above.
+        // SAFETY: AVX2 and F16C are available; bounds asserted above.
         unsafe {
             match g {
-                1 => values_heads_avx2::<1>(w, hd, kv, lo, o),
-                2 => values_heads_avx2::<2>(w, hd, kv, lo, o),
-                3 => values_heads_avx2::<3>(w, hd, kv, lo, o),
-                _ => values_heads_avx2::<4>(w, hd, kv, lo, o),
+                1 => values_heads_avx2::<T, 1>(w, hd, kv, lo, o),
+                2 => values_heads_avx2::<T, 2>(w, hd, kv, lo, o),
+                3 => values_heads_avx2::<T, 3>(w, hd, kv, lo, o),
+                _ => values_heads_avx2::<T, 4>(w, hd, kv, lo, o),
             }
         }
         h0 += g;
@@ -385,15 +399,15 @@ unsafe fn values_avx2(w: &[f32], hd: usize, kv: KvHead<'_>, lo: usize, o: &mut [
 /// [`values_avx2`] for `G` heads (`w`: `[G, n]`, `o`: `[G, hd]`, `hd` a multiple of 16).
 ///
 /// # Safety
-/// AVX2 must be available; value rows `lo..lo + n` of the kv head lie in `kv.v`;
+/// AVX2 and F16C must be available; value rows `lo..lo + n` of the kv head lie in `kv.v`;
 /// `w.len() == G · n`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn values_heads_avx2<const G: usize>(
+unsafe fn values_heads_avx2<T: KvElem, const G: usize>(
     w: &[f32],
     hd: usize,
-    kv: KvHead<'_>,
+    kv: KvHead<'_, T>,
     lo: usize,
     o: &mut [f32],
 ) {
@@ -403,10 +417,11 @@ unsafe fn values_heads_avx2<const G: usize>(
     for c in (0..hd).step_by(16) {
         let mut acc = [[_mm256_setzero_ps(); 2]; G];
         for i in 0..n {
-            // SAFETY: row lo+i, columns col+c..col+c+16 of `v` (the caller's contract).
+            // SAFETY: row lo+i, columns col+c..col+c+16 of `v` (the caller's contract); AVX2
+            // and F16C are available.
             let (va, vb) = unsafe {
                 let p = base.add(i * kv.row_len + c);
-                (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                (T::load8(p), T::load8(p.add(8)))
             };
             for (g, a) in acc.iter_mut().enumerate() {
                 // SAFETY: g < G and i < n: inside `w` (`[G, n]`).
@@ -444,6 +459,69 @@ mod tests {
     /// generic body bit for bit, and a run of heads equals each head alone.
     #[test]
     fn copies_and_runs_give_the_same_bits() {
+        copies_and_runs_agree::<f32>(|x| x);
+    }
+
+    /// As [`copies_and_runs_give_the_same_bits`] on an f16 cache (the AVX2 copy widening with
+    /// F16C, the generic one with `half`).
+    #[test]
+    fn f16_copies_and_runs_give_the_same_bits() {
+        copies_and_runs_agree::<half::f16>(half::f16::from_f32);
+    }
+
+    /// An f16 cache gives the bits of an f32 cache holding its values widened.
+    #[test]
+    fn f16_cache_equals_f32_cache_of_the_widened_values() {
+        use half::f16;
+        let mut next = rng(0xf16);
+        for hd in [32usize, 48, 64, 128] {
+            let (n_kv, t, heads) = (2usize, 45usize, 3usize);
+            let kv_row = n_kv * hd;
+            let k16: Vec<f16> = (0..t * kv_row).map(|_| f16::from_f32(next())).collect();
+            let v16: Vec<f16> = (0..t * kv_row).map(|_| f16::from_f32(next())).collect();
+            let (k32, v32): (Vec<f32>, Vec<f32>) = (
+                k16.iter().map(|x| x.to_f32()).collect(),
+                v16.iter().map(|x| x.to_f32()).collect(),
+            );
+            let q: Vec<f32> = (0..heads * hd).map(|_| next() * 4.0).collect();
+            let params = AttentionParams {
+                n_q_heads: heads * n_kv,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                sliding_window: Some(30),
+                softcap: None,
+                sinks: None,
+            };
+            for pos in [0usize, 9, 44] {
+                let query = GroupQuery {
+                    q: &q,
+                    pos,
+                    sinks: None,
+                };
+                let mut s = vec![0f32; heads * t];
+                let (mut a, mut b) = (vec![f32::NAN; heads * hd], vec![f32::NAN; heads * hd]);
+                let kv16 = KvHead {
+                    k: &k16[..],
+                    v: &v16[..],
+                    row_len: kv_row,
+                    col: hd,
+                };
+                let kv32 = KvHead {
+                    k: &k32[..],
+                    v: &v32[..],
+                    row_len: kv_row,
+                    col: hd,
+                };
+                group_attention(query, kv16, &params, &mut s, &mut a);
+                group_attention(query, kv32, &params, &mut s, &mut b);
+                assert_eq!(a, b, "hd {hd} pos {pos}");
+            }
+        }
+    }
+
+    /// The body of the tests above for a cache of `T` (`to` converts a random f32 into it).
+    fn copies_and_runs_agree<T: KvElem>(to: fn(f32) -> T) {
         let mut next = rng(0x1234_5678);
         for hd in [32usize, 40, 48, 64, 80, 128, 256] {
             let sinks = [0.5f32, -1.0, 0.25, 2.0, -0.5];
@@ -455,8 +533,8 @@ mod tests {
                 let (n_kv, t) = (2usize, 45usize);
                 for heads in 1..=5usize {
                     let kv_row = n_kv * hd;
-                    let k: Vec<f32> = (0..t * kv_row).map(|_| next()).collect();
-                    let v: Vec<f32> = (0..t * kv_row).map(|_| next()).collect();
+                    let k: Vec<T> = (0..t * kv_row).map(|_| to(next())).collect();
+                    let v: Vec<T> = (0..t * kv_row).map(|_| to(next())).collect();
                     let q: Vec<f32> = (0..heads * hd).map(|_| next() * 4.0).collect();
                     let params = AttentionParams {
                         n_q_heads: heads * n_kv,

@@ -194,7 +194,7 @@ pub trait ComputeBackend: Send + Sync {
     }
 
     /// The element type this backend stores KV cache rows in ([`crate::KvType`]; F32 unless the
-    /// backend was set up otherwise, always F32 on the CPU).
+    /// backend was set up otherwise: `CpuBackend::with_kv_type`, `CudaBackend::with_kv_type`).
     fn kv_type(&self) -> crate::KvType {
         crate::KvType::F32
     }
@@ -230,22 +230,18 @@ pub trait ComputeBackend: Send + Sync {
         Ok(())
     }
 
-    /// Copy `dst.len()` values of `src` from value `offset` on into `dst`. Errors: the range
-    /// past the tensor's end, a tensor this backend does not own, copy failure.
+    /// Copy `dst.len()` values of `src` from value `offset` on into `dst` (a KV cache stored
+    /// in another [`crate::KvType`] widened to f32). Errors: the range past the tensor's end, a
+    /// tensor this backend does not own, copy failure.
     fn read_at(&self, src: &Tensor, offset: usize, dst: &mut [f32]) -> Result<(), ComputeError> {
-        let s = host("read_at", src)?;
-        let r = crate::host_ops::range("read_at", s.len(), offset, dst.len())?;
-        dst.copy_from_slice(&s[r]);
-        Ok(())
+        crate::host_ops::load_kv("read_at", src, offset, dst)
     }
 
-    /// Copy `src` into `dst` from value `offset` on (the rest of `dst` unchanged). Errors as
+    /// Copy `src` into `dst` from value `offset` on (the rest of `dst` unchanged; into a KV
+    /// cache stored in another [`crate::KvType`], rounded as it stores). Errors as
     /// [`read_at`](Self::read_at).
     fn write_at(&self, src: &[f32], dst: &mut Tensor, offset: usize) -> Result<(), ComputeError> {
-        let d = host_mut("write_at", dst)?;
-        let r = crate::host_ops::range("write_at", d.len(), offset, src.len())?;
-        d[r].copy_from_slice(src);
-        Ok(())
+        crate::host_ops::store_kv("write_at", dst, offset, src)
     }
 
     /// Gather rows: row `i` of `dst` (fit to `rows.len() · width`) is row `rows[i]` of `src`

@@ -82,8 +82,8 @@ pub(crate) fn rope(
 
 /// [`crate::attention`] of one sequence after shape checks; `in_task`: the caller already runs
 /// sequences in parallel, so the decode row path stays on this thread (same result).
-pub(crate) fn attention(
-    a: &AttentionInput<'_>,
+pub(crate) fn attention<T: crate::KvElem>(
+    a: &AttentionInput<'_, T>,
     p: &AttentionParams,
     out: &mut [f32],
     in_task: bool,
@@ -125,12 +125,52 @@ pub(crate) fn attention(
             unit: "position",
         });
     }
-    let run = if in_task {
-        crate::attention::attention_in_task
+    if in_task {
+        crate::attention::attention_in_task(a.q, a.k_cache, a.v_cache, a.positions, a.t_kv, p, out);
     } else {
-        crate::attention
-    };
-    run(a.q, a.k_cache, a.v_cache, a.positions, a.t_kv, p, out);
+        crate::attention(a.q, a.k_cache, a.v_cache, a.positions, a.t_kv, p, out);
+    }
+    Ok(())
+}
+
+/// Copy `src` (whole rows) into a host KV cache tensor from value `offset` on: an f32 cache
+/// as it is, an f16 cache rounded to nearest even (`half`'s conversion, F16C where present).
+/// Errors: the range past the tensor's end, a tensor not in host memory.
+pub(crate) fn store_kv(
+    what: &'static str,
+    cache: &mut crate::Tensor,
+    offset: usize,
+    src: &[f32],
+) -> Result<(), ComputeError> {
+    use half::slice::HalfFloatSliceExt;
+    if let Some(c) = cache.host_f16_mut() {
+        let r = range(what, c.len(), offset, src.len())?;
+        c[r].convert_from_f32_slice(src);
+        return Ok(());
+    }
+    let c = crate::backend::host_mut(what, cache)?;
+    let r = range(what, c.len(), offset, src.len())?;
+    c[r].copy_from_slice(src);
+    Ok(())
+}
+
+/// Copy `dst.len()` values of a host KV cache tensor from value `offset` on into `dst`
+/// (widening an f16 cache exactly). Errors as [`store_kv`].
+pub(crate) fn load_kv(
+    what: &'static str,
+    cache: &crate::Tensor,
+    offset: usize,
+    dst: &mut [f32],
+) -> Result<(), ComputeError> {
+    use half::slice::HalfFloatSliceExt;
+    if let Some(c) = cache.host_f16() {
+        let r = range(what, c.len(), offset, dst.len())?;
+        c[r].convert_to_f32_slice(dst);
+        return Ok(());
+    }
+    let c = crate::backend::host(what, cache)?;
+    let r = range(what, c.len(), offset, dst.len())?;
+    dst.copy_from_slice(&c[r]);
     Ok(())
 }
 
@@ -714,17 +754,36 @@ pub(crate) fn attend(
     let one = |s: &mut crate::KvSlot<'_>, out: &mut [f32]| -> Result<(), ComputeError> {
         let r = s.row0..s.row0 + s.rows;
         let end = s.start + s.rows;
-        let (kc, vc) = (
-            host_mut("attend", s.k_cache)?,
-            host_mut("attend", s.v_cache)?,
-        );
-        kc[s.start * kvd..end * kvd].copy_from_slice(&k[r.start * kvd..r.end * kvd]);
-        vc[s.start * kvd..end * kvd].copy_from_slice(&v[r.start * kvd..r.end * kvd]);
+        // The new rows as the cache stores them (rounded for f16): each row then attends to
+        // its own key and value as later steps will read them.
+        store_kv(
+            "attend",
+            s.k_cache,
+            s.start * kvd,
+            &k[r.start * kvd..r.end * kvd],
+        )?;
+        store_kv(
+            "attend",
+            s.v_cache,
+            s.start * kvd,
+            &v[r.start * kvd..r.end * kvd],
+        )?;
         let positions: smallvec::SmallVec<[usize; 16]> = (s.start..end).collect();
+        let q = &q[r.start * qd..r.end * qd];
+        if let (Some(kc), Some(vc)) = (s.k_cache.host_f16(), s.v_cache.host_f16()) {
+            let input = AttentionInput {
+                q,
+                k_cache: kc,
+                v_cache: vc,
+                positions: &positions,
+                t_kv: end,
+            };
+            return attention(&input, p, out, in_task);
+        }
         let input = AttentionInput {
-            q: &q[r.start * qd..r.end * qd],
-            k_cache: kc,
-            v_cache: vc,
+            q,
+            k_cache: host("attend", s.k_cache)?,
+            v_cache: host("attend", s.v_cache)?,
             positions: &positions,
             t_kv: end,
         };

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use half::f16;
+
 use crate::ComputeError;
 
 /// How a backend stores the values of KV cache rows. The forward pass sees f32 values either
@@ -61,6 +63,144 @@ impl KvType {
             });
         }
         Ok(())
+    }
+}
+
+/// An element type of KV cache rows that the CPU attention kernels ([`crate::attention`]) read
+/// in place: `f32`, or `half::f16` widened exactly to f32 as it is loaded (F16C
+/// `_mm256_cvtph_ps` on AVX2), so that attention over an f16 cache is attention over the
+/// f32 values it holds. Sealed: implemented for those two types only.
+pub trait KvElem: sealed::Elem {}
+
+impl KvElem for f32 {}
+impl KvElem for f16 {}
+
+pub(crate) mod sealed {
+    use half::f16;
+    use half::slice::HalfFloatSliceExt;
+
+    /// The loads the attention kernels need of a KV element type (see [`super::KvElem`]).
+    pub trait Elem: Copy + Send + Sync + fmt::Debug + 'static {
+        /// The value as f32 (exact).
+        fn widen(self) -> f32;
+
+        /// Keys or values `j0..j0 + n` of one head (values `col..col + hd` of rows `row_len`
+        /// wide, `src` `[rows, row_len]`) as an f32 matrix `[n, hd]` for `sgemm`: its first
+        /// value and row stride (in values). f32: a pointer into `src`, stride `row_len` (no
+        /// copy); f16: the rows widened into `buf` (at least `n · hd` values), stride `hd`.
+        /// Panics if the rows lie outside `src` or `buf` is short.
+        fn tile(
+            src: &[Self],
+            j0: usize,
+            n: usize,
+            row_len: usize,
+            col: usize,
+            hd: usize,
+            buf: &mut [f32],
+        ) -> (*const f32, usize);
+
+        /// Values `buf` must hold for [`Elem::tile`] of `n` rows of `hd` (0 for f32).
+        fn tile_buf(n: usize, hd: usize) -> usize;
+
+        /// Eight values from `p` widened to f32.
+        ///
+        /// # Safety
+        /// AVX2 and F16C must be available; `p..p + 8` must be readable.
+        #[cfg(target_arch = "x86_64")]
+        unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+
+        /// `crate::cpu::dot_avx2` of `a` and `b` widened (same summation order, so the bits
+        /// of [`crate::cpu::dot_generic`] on the widened values). Lengths equal.
+        ///
+        /// # Safety
+        /// AVX2 and F16C must be available.
+        #[cfg(target_arch = "x86_64")]
+        unsafe fn dot_avx2(a: &[f32], b: &[Self]) -> f32;
+    }
+
+    use std::fmt;
+
+    impl Elem for f32 {
+        #[inline(always)]
+        fn widen(self) -> f32 {
+            self
+        }
+
+        fn tile(
+            src: &[f32],
+            j0: usize,
+            n: usize,
+            row_len: usize,
+            col: usize,
+            hd: usize,
+            _buf: &mut [f32],
+        ) -> (*const f32, usize) {
+            assert!(n == 0 || (j0 + n - 1) * row_len + col + hd <= src.len());
+            (src[j0 * row_len + col..].as_ptr(), row_len)
+        }
+
+        fn tile_buf(_n: usize, _hd: usize) -> usize {
+            0
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx")]
+        #[inline]
+        unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+            // SAFETY: 8 floats readable at p (the caller's contract).
+            unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,f16c")]
+        #[inline]
+        unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+            // SAFETY: AVX2 is available (the caller's contract).
+            unsafe { crate::cpu::dot_avx2(a, b) }
+        }
+    }
+
+    impl Elem for f16 {
+        #[inline(always)]
+        fn widen(self) -> f32 {
+            self.to_f32()
+        }
+
+        fn tile(
+            src: &[f16],
+            j0: usize,
+            n: usize,
+            row_len: usize,
+            col: usize,
+            hd: usize,
+            buf: &mut [f32],
+        ) -> (*const f32, usize) {
+            for (i, dst) in buf[..n * hd].chunks_exact_mut(hd).enumerate() {
+                src[(j0 + i) * row_len + col..][..hd].convert_to_f32_slice(dst);
+            }
+            (buf.as_ptr(), hd)
+        }
+
+        fn tile_buf(n: usize, hd: usize) -> usize {
+            n * hd
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx,f16c")]
+        #[inline]
+        unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+            use std::arch::x86_64::*;
+            // SAFETY: 8 halves (16 bytes) readable at p (the caller's contract).
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,f16c")]
+        #[inline]
+        unsafe fn dot_avx2(a: &[f32], b: &[f16]) -> f32 {
+            // SAFETY: AVX2 and F16C are available (the caller's contract).
+            unsafe { crate::cpu::dot_avx2_kv(a, b) }
+        }
     }
 }
 

@@ -32,7 +32,7 @@ pub use cpu::{axpy_f16, dot_f16, CpuBackend};
 pub use error::ComputeError;
 pub use host_ops::expert_index;
 pub use infer_quant::QuantFormat;
-pub use kv_type::KvType;
+pub use kv_type::{KvElem, KvType};
 pub use matrix::{ExpertRows, MatData, Matrix, Proj, RoutedProj, TensorProj};
 pub use op_args::{
     Argmax, Attend, AttentionInput, Chosen, FloatTable, KvSlot, Norm, NormKind, ResidualNorm,

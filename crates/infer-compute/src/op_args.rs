@@ -27,12 +27,13 @@ pub struct Norm<'a> {
 
 /// The tensors of one sequence's attention step ([`crate::ComputeBackend::attention`]).
 #[derive(Clone, Copy, Debug)]
-pub struct AttentionInput<'a> {
+pub struct AttentionInput<'a, T = f32> {
     /// `[t_q, n_q_heads · head_dim]` f32, RoPE applied.
     pub q: &'a [f32],
-    /// At least `t_kv` rows of `[n_kv_heads · head_dim]` f32; row `j` holds position `j`.
-    pub k_cache: &'a [f32],
-    pub v_cache: &'a [f32],
+    /// At least `t_kv` rows of `[n_kv_heads · head_dim]` f32 or f16 ([`crate::KvElem`]); row
+    /// `j` holds position `j`.
+    pub k_cache: &'a [T],
+    pub v_cache: &'a [T],
     /// Absolute position of each query row (`t_q` values, each `< t_kv`).
     pub positions: &'a [usize],
     /// Cached positions the queries may see (the sequence's length after this step).

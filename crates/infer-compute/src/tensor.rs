@@ -1,7 +1,7 @@
 //! [`Tensor`]: an f32 activation buffer in a backend's memory — host memory for the CPU
 //! backend, a device allocation for a GPU backend — so that the forward pass keeps its
 //! activations and KV cache where the backend computes (candle's `BackendStorage`, ggml's
-//! backend buffers).
+//! backend buffers). A CPU KV cache may hold its values as f16 instead ([`Tensor::host_f16`]).
 //!
 //! A tensor has a logical length (values, row-major `[rows, width]` as the operation says) and
 //! is only read or written through its backend's operations
@@ -11,6 +11,8 @@
 
 use std::any::Any;
 use std::fmt;
+
+use half::f16;
 
 /// Device memory behind a [`Tensor`], owned by the backend that allocated it.
 pub trait DeviceBuffer: Any + Send + Sync + fmt::Debug {
@@ -25,6 +27,8 @@ pub trait DeviceBuffer: Any + Send + Sync + fmt::Debug {
 #[derive(Debug)]
 enum Store {
     Host(Vec<f32>),
+    /// IEEE half values in host memory (a CPU KV cache stored as f16).
+    HostF16(Vec<f16>),
     Device(Box<dyn DeviceBuffer>),
 }
 
@@ -52,6 +56,16 @@ impl Tensor {
         }
     }
 
+    /// A host tensor of `len` f16 values, all zero (a CPU KV cache stored as
+    /// [`crate::KvType::F16`]; [`Tensor::host`] is `None` for it, [`Tensor::host_f16`] gives
+    /// the values).
+    pub fn host_f16_zeros(len: usize) -> Self {
+        Tensor {
+            store: Store::HostF16(vec![f16::ZERO; len]),
+            len,
+        }
+    }
+
     /// A device tensor of `len` values in `buf` (`len <= buf.capacity()`). For backends.
     pub fn device_from(buf: Box<dyn DeviceBuffer>, len: usize) -> Self {
         debug_assert!(len <= buf.capacity());
@@ -71,24 +85,40 @@ impl Tensor {
         self.len == 0
     }
 
-    /// True when the values live in host memory.
+    /// True when the values live in host memory as f32 ([`Tensor::host`] gives them).
     pub fn is_host(&self) -> bool {
         matches!(self.store, Store::Host(_))
     }
 
-    /// The values of a host tensor (`None` for a device tensor).
+    /// The values of a host f32 tensor (`None` for a device tensor or a host f16 one).
     pub fn host(&self) -> Option<&[f32]> {
         match &self.store {
             Store::Host(v) => Some(&v[..self.len]),
-            Store::Device(_) => None,
+            Store::HostF16(_) | Store::Device(_) => None,
         }
     }
 
-    /// The values of a host tensor, writable (`None` for a device tensor).
+    /// The values of a host f32 tensor, writable (`None` otherwise).
     pub fn host_mut(&mut self) -> Option<&mut [f32]> {
         match &mut self.store {
             Store::Host(v) => Some(&mut v[..self.len]),
-            Store::Device(_) => None,
+            Store::HostF16(_) | Store::Device(_) => None,
+        }
+    }
+
+    /// The values of a host f16 tensor ([`Tensor::host_f16_zeros`]; `None` otherwise).
+    pub fn host_f16(&self) -> Option<&[f16]> {
+        match &self.store {
+            Store::HostF16(v) => Some(&v[..self.len]),
+            Store::Host(_) | Store::Device(_) => None,
+        }
+    }
+
+    /// The values of a host f16 tensor, writable (`None` otherwise).
+    pub fn host_f16_mut(&mut self) -> Option<&mut [f16]> {
+        match &mut self.store {
+            Store::HostF16(v) => Some(&mut v[..self.len]),
+            Store::Host(_) | Store::Device(_) => None,
         }
     }
 
@@ -100,7 +130,7 @@ impl Tensor {
                 v,
                 len: &mut self.len,
             }),
-            Store::Device(_) => None,
+            Store::HostF16(_) | Store::Device(_) => None,
         }
     }
 
@@ -108,7 +138,7 @@ impl Tensor {
     pub fn device(&self) -> Option<&dyn DeviceBuffer> {
         match &self.store {
             Store::Device(b) => Some(&**b),
-            Store::Host(_) => None,
+            Store::Host(_) | Store::HostF16(_) => None,
         }
     }
 
@@ -116,17 +146,22 @@ impl Tensor {
     pub fn device_mut(&mut self) -> Option<&mut dyn DeviceBuffer> {
         match &mut self.store {
             Store::Device(b) => Some(&mut **b),
-            Store::Host(_) => None,
+            Store::Host(_) | Store::HostF16(_) => None,
         }
     }
 
-    /// Host tensors: resize to `len` values (new values zero, capacity kept). Device tensors:
+    /// Host tensors (f32 or f16): resize to `len` values (new values zero, capacity kept). Device tensors:
     /// set the length when the allocation holds `len` values and return false otherwise (the
     /// backend then allocates anew).
     pub fn set_len(&mut self, len: usize) -> bool {
         match &mut self.store {
             Store::Host(v) => {
                 v.resize(len, 0.0);
+                self.len = len;
+                true
+            }
+            Store::HostF16(v) => {
+                v.resize(len, f16::ZERO);
                 self.len = len;
                 true
             }

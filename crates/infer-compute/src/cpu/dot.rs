@@ -1,6 +1,8 @@
 //! Vector kernels the compiler vectorises: an f32 dot product with 16 independent accumulators
 //! and an axpy (SSE2 baseline; an AVX2 copy is selected at run time on x86-64).
 
+use crate::kv_type::sealed::Elem;
+
 /// Number of independent partial sums (two AVX vectors, four SSE vectors).
 const LANES: usize = 16;
 
@@ -60,26 +62,62 @@ pub(crate) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 /// [`dot`]'s body (16 interleaved partial sums, then the remainder, reduced pairwise),
 /// always inlined: callers with a length known at compile time (attention's head dims) get it
 /// unrolled, bit-identical to [`dot`].
+/// `b` may also be f16 (a KV cache row), each value widened exactly to f32 before its multiply.
 #[inline(always)]
-pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_generic<T: Elem>(a: &[f32], b: &[T]) -> f32 {
     let mut acc = [0f32; LANES];
     let ca = a.chunks_exact(LANES);
     let cb = b.chunks_exact(LANES);
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for ((s, &p), &q) in acc.iter_mut().zip(x).zip(y) {
-            *s += p * q;
+            *s += p * q.widen();
         }
     }
     finish(acc, ra, rb)
 }
 
-/// The end of [`dot_generic`] (and [`dot_avx2`]): the remainder `ra · rb` added to the first
-/// partial sums, then the pairwise reduction 16 → 8 → 4 → 2 → 1.
+/// [`dot_avx2`] with `b` any KV element type, each group of eight values widened as it is
+/// loaded ([`Elem::load8`]): the same multiplies and adds in the same order, so the bits of
+/// [`dot_generic`] on the same slices. Lengths must be equal (checked by the callers).
+///
+/// # Safety
+/// AVX2 and F16C must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(crate) unsafe fn dot_avx2_kv<T: Elem>(a: &[f32], b: &[T]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let chunks = n / LANES;
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for c in 0..chunks {
+        // SAFETY: c·16 + 16 <= n, within both slices; AVX2 and F16C are available.
+        unsafe {
+            let (pa, pb) = (a.as_ptr().add(c * LANES), b.as_ptr().add(c * LANES));
+            lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(pa), T::load8(pb)));
+            hi = _mm256_add_ps(
+                hi,
+                _mm256_mul_ps(_mm256_loadu_ps(pa.add(8)), T::load8(pb.add(8))),
+            );
+        }
+    }
+    let mut acc = [0f32; LANES];
+    // SAFETY: `acc` holds 16 floats, two unaligned 8-float stores.
+    unsafe {
+        _mm256_storeu_ps(acc.as_mut_ptr(), lo);
+        _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi);
+    }
+    let done = chunks * LANES;
+    finish(acc, &a[done..n], &b[done..n])
+}
+
+/// The end of [`dot_generic`] (and [`dot_avx2`], [`dot_avx2_kv`]): the remainder `ra · rb`
+/// added to the first partial sums, then the pairwise reduction 16 → 8 → 4 → 2 → 1.
 #[inline(always)]
-fn finish(mut acc: [f32; LANES], ra: &[f32], rb: &[f32]) -> f32 {
+fn finish<T: Elem>(mut acc: [f32; LANES], ra: &[f32], rb: &[T]) -> f32 {
     for ((s, &p), &q) in acc.iter_mut().zip(ra).zip(rb) {
-        *s += p * q;
+        *s += p * q.widen();
     }
     let mut width = LANES / 2;
     while width > 0 {

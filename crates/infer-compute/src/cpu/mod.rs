@@ -14,21 +14,25 @@ mod quant_tile;
 mod quant_x16;
 
 use crate::vec_dot::Isa;
-use crate::{ComputeBackend, ComputeError, MatData, Matrix, Proj};
+use crate::{ComputeBackend, ComputeError, KvType, MatData, Matrix, Proj, Tensor};
 
 pub use dot::dot;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dot::dot_avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use dot::dot_avx2_kv;
 pub(crate) use dot::dot_generic;
 pub use f16::{axpy_f16, dot_f16};
 pub(crate) use quant::Split;
 
 /// CPU implementation of [`ComputeBackend`]: f32 products plus fused quantized kernels.
-/// Holds only the instruction set of its quantized kernels; uses rayon's global thread pool
-/// (size it with `RAYON_NUM_THREADS` or `rayon::ThreadPoolBuilder`).
+/// Holds only the instruction set of its quantized kernels and the type of its KV caches; uses
+/// rayon's global thread pool (size it with `RAYON_NUM_THREADS` or `rayon::ThreadPoolBuilder`).
 #[derive(Clone, Copy, Debug)]
 pub struct CpuBackend {
     isa: Isa,
+    /// How KV caches made by `fit_kv` store their values: f32 (the default) or f16.
+    kv: KvType,
     /// MoE decode through `moe_route` / `project_routed` / `combine_routed` (the path of a
     /// device backend) instead of the host's own routing: [`CpuBackend::with_moe_routing_ops`].
     moe_routing_ops: bool,
@@ -40,6 +44,7 @@ impl CpuBackend {
     pub fn new() -> Self {
         CpuBackend {
             isa: Isa::best(),
+            kv: KvType::F32,
             moe_routing_ops: false,
         }
     }
@@ -49,6 +54,7 @@ impl CpuBackend {
     pub fn with_isa(isa: Isa) -> Option<Self> {
         isa.is_available().then_some(CpuBackend {
             isa,
+            kv: KvType::F32,
             moe_routing_ops: false,
         })
     }
@@ -56,6 +62,15 @@ impl CpuBackend {
     /// The instruction set of this backend's quantized kernels.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// This backend with its KV caches stored as `kv` (`--kv-type`): [`KvType::F32`] (the
+    /// default) or [`KvType::F16`] (half the memory and half the bytes a decode step's
+    /// attention reads; keys and values rounded to nearest even when stored, widened exactly
+    /// when read). [`KvType::Q8_0`] is accepted here but refused by `fit_kv` (the first forward
+    /// pass) with [`ComputeError::KvType`]: the CPU has no q8_0 cache.
+    pub fn with_kv_type(self, kv: KvType) -> Self {
+        CpuBackend { kv, ..self }
     }
 
     /// This backend reporting [`ComputeBackend::routes_on_device`], so that the forward pass
@@ -79,6 +94,31 @@ impl Default for CpuBackend {
 impl ComputeBackend for CpuBackend {
     fn name(&self) -> &str {
         "cpu"
+    }
+
+    fn kv_type(&self) -> KvType {
+        self.kv
+    }
+
+    /// An f32 cache is a host tensor as [`ComputeBackend::fit`] makes it; an f16 cache a host
+    /// f16 tensor ([`Tensor::host_f16_zeros`]), which `attend`, `read_at` and `write_at` read and
+    /// write in place. Errors: a head_dim the type cannot store, a q8_0 cache.
+    fn fit_kv(&self, t: &mut Tensor, len: usize, head_dim: usize) -> Result<(), ComputeError> {
+        self.kv.check_head_dim(head_dim)?;
+        match self.kv {
+            KvType::F32 => self.fit(t, len),
+            KvType::F16 => {
+                if t.host_f16().is_none() {
+                    *t = Tensor::host_f16_zeros(len);
+                }
+                t.set_len(len);
+                Ok(())
+            }
+            KvType::Q8_0 => Err(ComputeError::KvType {
+                kv: self.kv,
+                reason: "the CPU backend stores its KV cache as f32 or f16 only".into(),
+            }),
+        }
     }
 
     fn routes_on_device(&self) -> bool {
