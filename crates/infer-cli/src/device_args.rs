@@ -59,8 +59,8 @@ pub struct DeviceArgs {
     #[arg(long, default_value = "cpu", value_parser = Device::from_str)]
     pub device: Device,
     /// How the KV cache stores keys and values: f32, f16 or q8_0 (ggml's 8-bit blocks: 17/32 of
-    /// f16's memory; needs head_dim a multiple of 32), as llama.cpp's `-ctk/-ctv`. Default:
-    /// f16 on cuda (llama.cpp's default), f32 on cpu (the only type the CPU backend stores).
+    /// f16's memory; needs head_dim a multiple of 32; cuda only), as llama.cpp's `-ctk/-ctv`.
+    /// Default: f16 on cuda (llama.cpp's default), f32 on cpu (which stores f32 or f16).
     #[arg(long, value_parser = KvType::from_str)]
     pub kv_type: Option<KvType>,
 }
@@ -95,9 +95,17 @@ impl DeviceArgs {
     pub fn backend(&self) -> Result<Box<dyn ComputeBackend>> {
         self.check()?;
         match self.device {
-            Device::Cpu => Ok(Box::new(CpuBackend::new())),
-            Device::Cuda(n) => cuda_backend(n, self.kv_type.unwrap_or(KvType::F16)),
+            Device::Cpu => Ok(Box::new(CpuBackend::new().with_kv_type(self.kv_type()))),
+            Device::Cuda(n) => cuda_backend(n, self.kv_type()),
         }
+    }
+
+    /// The KV cache type of the chosen device: `--kv-type`, else f16 on cuda and f32 on the CPU.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type.unwrap_or(match self.device {
+            Device::Cpu => KvType::F32,
+            Device::Cuda(_) => KvType::F16,
+        })
     }
 
     /// The flags' own errors, before anything is loaded (`serve` checks them before it
@@ -109,8 +117,8 @@ impl DeviceArgs {
             anyhow::bail!(NO_CUDA);
         }
         match (self.device, self.kv_type) {
-            (Device::Cpu, Some(kv)) if kv != KvType::F32 => anyhow::bail!(
-                "--kv-type {kv}: the CPU backend stores its KV cache as f32 only (f16 and q8_0 \
+            (Device::Cpu, Some(kv @ KvType::Q8_0)) => anyhow::bail!(
+                "--kv-type {kv}: the CPU backend stores its KV cache as f32 or f16 only (q8_0 \
                  caches are for --device cuda, in a build with --features cuda)"
             ),
             _ => Ok(()),
@@ -182,6 +190,8 @@ mod tests {
             ..DeviceArgs::default()
         };
         assert!(a.backend().is_ok());
+        a.kv_type = Some(KvType::F16);
+        assert_eq!(a.backend().expect("f16 on the cpu").kv_type(), KvType::F16);
         a.kv_type = Some(KvType::Q8_0);
         assert!(a.check().is_err(), "refused before anything is loaded");
         let e = a.backend().err().expect("an error").to_string();

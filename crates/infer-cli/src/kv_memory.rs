@@ -263,15 +263,22 @@ pub fn refusal(need: &Need, room: &Room, what: &str, fix: &str) -> Option<String
     match room {
         Room::Unknown => None,
         Room::Host { available } => (need.kv > *available).then(|| {
+            let smaller = match need.kv_type {
+                KvType::F32 => " or --kv-type f16 (half the KV cache)",
+                KvType::F16 | KvType::Q8_0 => "",
+            };
             format!(
-                "KV cache: {what} need {:.1} GiB, more than the {:.1} GiB of memory available; {fix}",
+                "KV cache: {what} need {:.1} GiB, more than the {:.1} GiB of memory available; \
+                 {fix}{smaller}",
                 gib(need.kv),
                 gib(*available)
             )
         }),
         Room::Device { name, free, total } => (need.compared() > *free).then(|| {
             let smaller = match need.kv_type {
-                KvType::F32 => " or a smaller --kv-type (f16: half the KV cache, q8_0: about a quarter)",
+                KvType::F32 => {
+                    " or a smaller --kv-type (f16: half the KV cache, q8_0: about a quarter)"
+                }
                 KvType::F16 => " or --kv-type q8_0 (about half the KV cache)",
                 KvType::Q8_0 => "",
             };
@@ -319,11 +326,12 @@ pub fn check(
     Ok((need, room))
 }
 
-/// The host check of `slots` × `ctx` f32 KV positions from the config alone (every layer
-/// `num_key_value_heads · head_dim` wide), before the model is assembled: `serve` on the CPU
-/// refuses before it listens.
+/// The host check of `slots` × `ctx` KV positions stored as `kv` from the config alone (every
+/// layer `num_key_value_heads · head_dim` wide), before the model is assembled: `serve` on the
+/// CPU refuses before it listens.
 pub fn check_host_config(
     config: &infer_models::ModelConfig,
+    kv: KvType,
     slots: usize,
     ctx: usize,
     what: &str,
@@ -333,8 +341,8 @@ pub fn check_host_config(
     let need = Need {
         weights: 0,
         host_weights: 0,
-        kv: kv_bytes(&dims, KvType::F32, ctx) * slots as u64,
-        kv_type: KvType::F32,
+        kv: kv_bytes(&dims, kv, ctx) * slots as u64,
+        kv_type: kv,
         scratch: 0,
         work: Workload {
             sequences: slots,
@@ -505,7 +513,8 @@ mod tests {
         assert_eq!(
             e,
             "KV cache: 4096 sequences × 8101 positions (-p + -n + 1) need 1424.0 GiB, more than \
-             the 64.0 GiB of memory available; lower -B, -p or -n"
+             the 64.0 GiB of memory available; lower -B, -p or -n or --kv-type f16 (half the KV \
+             cache)"
         );
         // The weights (mapped) and scratch are not compared on the host.
         let small = estimate(&s, KvType::F32, false, &one(4096));

@@ -93,6 +93,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // engine, below), before the weights and slots are allocated.
         crate::kv_memory::check_host_config(
             vindex.config(),
+            args.device.kv_type(),
             args.parallel as usize,
             ctx,
             &format!(
