@@ -658,3 +658,85 @@ fn every_archrefs_case_matches_hf() {
         .collect();
     assert!(failed.is_empty(), "archrefs cases failed: {failed:?}");
 }
+
+/// Relative tolerance of an f16 KV cache against the f32 one: max |Δ| of the logits ≤
+/// `TOL_KV_F16 × std(reference)`. Keys and values rounded to f16 (relative error ≤ 2⁻¹¹)
+/// move the tiny random models' logits by up to 1.8e-3 × std (gpt-oss; measured).
+const TOL_KV_F16: f64 = 5e-3;
+
+/// Relative tolerance of KV-cache decode against full recomputation, both on an f16 cache.
+/// Not [`TOL`]: a key or value that prefill and decode compute a few f32 ulps apart (their
+/// products' summation orders differ) may round to neighbouring f16 values — a few of the
+/// 1536 stored values per layer do — so the two runs read caches one f16 ulp apart there;
+/// measured up to 8.8e-5 × std (gpt-oss), against 2e-6 on an f32 cache.
+const TOL_KV_F16_DECODE: f64 = 1e-3;
+
+/// The float path of `case` with the KV cache stored as f16 (`--kv-type f16`): the logits of
+/// both sequences within [`TOL_KV_F16`] × std of the f32 cache's, and KV-cache decode (half
+/// prefilled, then one token at a time) equal to the f16 cache's full recomputation within
+/// [`TOL_KV_F16_DECODE`] × std (a row attends to its own key and value as stored, so prefill
+/// and decode read the same values but for rounding flips).
+fn check_kv_f16(case: &str) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = archrefs_case_dir(case);
+    let vpath = extract(&dir, tmp.path(), case, "f32", None);
+    let vindex = Vindex::open(&vpath).expect("open vindex");
+    let r = StFile::open(&dir.join("reference.safetensors"));
+    let model = Model::from_vindex_with(&vindex, &FLOAT).expect("model");
+    let f32_cache = CpuBackend::new();
+    let f16_cache = CpuBackend::new().with_kv_type(infer_compute::KvType::F16);
+    let (batch, t) = (r.shape("input_ids")[0], r.shape("input_ids")[1]);
+    let ids = r.i64_as_u32("input_ids");
+    let s = std_dev(&r.f32("logits"));
+    let vocab = model.vocab_size;
+    let full = |b: &CpuBackend, seq: &[u32]| {
+        let mut cache = model.new_cache(seq.len());
+        model
+            .forward(b, seq, &mut cache, Logits::All)
+            .expect("forward")
+    };
+    for b in 0..batch {
+        let seq = &ids[b * t..(b + 1) * t];
+        let d = max_abs_diff(&full(&f16_cache, seq), &full(&f32_cache, seq));
+        println!(
+            "{case} seq {b}: f16 vs f32 KV cache logits max|Δ| {d:.3e} (std {s:.3e}, ratio {:.2e})",
+            d / s
+        );
+        assert!(
+            d <= TOL_KV_F16 * s,
+            "{case} seq {b}: f16 KV cache logits differ by {d:e} > {TOL_KV_F16} × std {s:e}"
+        );
+    }
+    let seq = &ids[..t];
+    let want = full(&f16_cache, seq);
+    let mut cache = model.new_cache(t);
+    let half = t / 2;
+    model
+        .forward(&f16_cache, &seq[..half], &mut cache, Logits::Last)
+        .expect("prefill");
+    let mut worst = 0f64;
+    for pos in half..t {
+        let got = model
+            .forward(&f16_cache, &seq[pos..pos + 1], &mut cache, Logits::Last)
+            .expect("decode");
+        worst = worst.max(max_abs_diff(&got, &want[pos * vocab..(pos + 1) * vocab]));
+    }
+    println!(
+        "{case}: f16 KV cache decode vs recomputation max|Δ| {worst:.3e} (ratio {:.2e})",
+        worst / s
+    );
+    assert!(
+        worst <= TOL_KV_F16_DECODE * s,
+        "{case}: f16 KV cache decode differs from recomputation by {worst:e} > \
+         {TOL_KV_F16_DECODE} × std {s:e}"
+    );
+}
+
+/// [`check_kv_f16`] on families with the attention variants: GQA (llama), sliding window and
+/// q/k norms (gemma3, mistral-swa), soft-cap (gemma2), sinks (gpt-oss).
+#[test]
+fn f16_kv_cache_matches_f32_cache() {
+    for case in ["llama", "gemma3", "gemma2", "mistral-swa", "gpt-oss"] {
+        check_kv_f16(case);
+    }
+}

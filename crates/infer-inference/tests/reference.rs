@@ -500,3 +500,106 @@ fn smollm2_quantized_only_equals_q4k_plan() {
 fn gemma3_quantized_only_equals_q4k_plan() {
     check_quantized_only(&GEMMA3);
 }
+
+/// Max |Δ| of an f16 KV cache's logits against the f32 cache's on the float path (absolute,
+/// in logits, every position of a prompt; measured up to 5.3e-2 on SmolLM2's prompts, the
+/// 400-token `long_apache2` the largest, 0.9–2.0e-2 on the others).
+const LOGIT_TOL_KV_F16: f32 = 0.1;
+
+/// Max |Δ| of an f16 cache's decode logits against a full recomputation on an f16 cache
+/// (absolute; measured up to 9.2e-3 on SmolLM2: a key or value computed a few f32 ulps apart
+/// by prefill and decode may round to neighbouring f16 values).
+const LOGIT_TOL_KV_F16_DECODE: f32 = 2.5e-2;
+
+/// The float path ([`FLOAT`]) with the KV cache stored as f16 (`--kv-type f16`) against the f32
+/// cache, on every reference prompt: all prompt logits within [`LOGIT_TOL_KV_F16`]; 16 greedy
+/// tokens through each cache equal up to the first step whose f32 top-2 margin is below
+/// [`MARGIN`]; the f16 cache's last decode logits equal to a full recomputation of the same
+/// tokens on an f16 cache within [`LOGIT_TOL_KV_F16_DECODE`]. Then the default quantized plan (what
+/// `infer run` uses) with an f16 cache: the chat answer to "What is the capital of France?"
+/// starts "The capital of France is Paris" (its logits against the f32 cache's are printed, not
+/// asserted: a stored value one f16 ulp off can flip the 8-bit rounding of an activation of the
+/// quantized products downstream, so they move by up to about a logit, as between any two
+/// runs of that plan whose inputs differ in the last bits).
+fn check_kv_f16(m: &RealModel) {
+    let v = vindex(m, "f32");
+    let f32_cache = CpuBackend::new();
+    let f16_cache = CpuBackend::new().with_kv_type(infer_compute::KvType::F16);
+    let run = |model: &Model, b: &CpuBackend, ids: &[u32], n: usize| {
+        let (t, vocab) = (ids.len(), model.vocab_size);
+        let mut cache = model.new_cache(t + n);
+        let logits = model
+            .forward(b, ids, &mut cache, Logits::All)
+            .expect("forward");
+        let mut last = logits[(t - 1) * vocab..].to_vec();
+        let mut greedy = Vec::new();
+        for _ in 0..n {
+            let mut sorted = last.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let id = infer_inference::sampling::argmax(&last);
+            greedy.push((id, sorted[0] - sorted[1]));
+            last = model
+                .forward(b, &[id], &mut cache, Logits::Last)
+                .expect("decode");
+        }
+        (logits, greedy, last)
+    };
+    let float = Model::from_vindex_with(v, &FLOAT).expect("float model");
+    let quantized = Model::from_vindex(v).expect("q4k plan");
+    for p in prompts(m) {
+        let (l32, g32, _) = run(&float, &f32_cache, &p.input_ids, 16);
+        let (l16, g16, last16) = run(&float, &f16_cache, &p.input_ids, 16);
+        let d = max_abs_diff(&l16, &l32) as f32;
+        let same = g32.iter().zip(&g16).take_while(|(a, b)| a.0 == b.0).count();
+        let mut ids = p.input_ids.clone();
+        ids.extend(g16.iter().map(|g| g.0));
+        let mut cache = float.new_cache(ids.len());
+        let full = float
+            .forward(&f16_cache, &ids, &mut cache, Logits::Last)
+            .expect("recompute");
+        let r = max_abs_diff(&last16, &full) as f32;
+        let (q32, _, _) = run(&quantized, &f32_cache, &p.input_ids, 0);
+        let (q16, _, _) = run(&quantized, &f16_cache, &p.input_ids, 0);
+        println!(
+            "{} {}: f16 vs f32 KV cache: float path max|Δ| logits {d:.2e}, greedy equal \
+             {same}/16, f16 decode vs recomputation max|Δ| {r:.2e}; q4k plan max|Δ| {:.2e}",
+            m.reference,
+            p.name,
+            max_abs_diff(&q16, &q32)
+        );
+        assert!(d <= LOGIT_TOL_KV_F16, "{}: logits differ by {d}", p.name);
+        assert!(
+            r <= LOGIT_TOL_KV_F16_DECODE,
+            "{}: decode vs recomputation {r}",
+            p.name
+        );
+        if same < 16 {
+            assert!(
+                g32[same].1 < MARGIN,
+                "{}: greedy token {same} differs where the f32 margin is {}",
+                p.name,
+                g32[same].1
+            );
+        }
+    }
+    let tok = Tokenizer::from_json(&v.tokenizer_json().expect("tokenizer")).expect("tokenizer");
+    let prompt = tok
+        .encode(
+            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+            true,
+        )
+        .expect("encode");
+    let (_, greedy, _) = run(&quantized, &f16_cache, &prompt, 8);
+    let ids: Vec<u32> = greedy.iter().map(|g| g.0).collect();
+    let text = tok.decode(&ids, true).expect("decode");
+    println!("{} q4k plan, f16 KV cache, greedy: {text:?}", m.reference);
+    assert!(
+        text.starts_with("The capital of France is Paris"),
+        "{text:?}"
+    );
+}
+
+#[test]
+fn smollm2_f16_kv_cache_matches_f32_cache() {
+    check_kv_f16(&SMOLLM2);
+}
