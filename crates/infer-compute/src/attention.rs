@@ -2,7 +2,7 @@
 //! decode (one row), with GQA/MQA, causal and sliding-window masks and optional logit soft-cap.
 
 use crate::attention_blocked::attention_blocked;
-use crate::attention_group::{group_attention, GroupQuery, KvHead};
+use crate::attention_group::{group_attention, scratch_len, GroupQuery, KvHead};
 #[cfg(test)]
 use crate::cpu::dot_generic;
 use crate::kv_type::KvElem;
@@ -274,7 +274,7 @@ fn attention_rows<T: KvElem>(
         };
         group_attention(query, kv, params, scores, o);
     };
-    let scratch_len = heads * max_keys;
+    let scratch_len = scratch_len::<T>(heads, max_keys, head_dim);
     if serial {
         scratch::with(&SCORES, scratch_len, |scores| {
             for (idx, o) in out.chunks_exact_mut(heads * head_dim).enumerate() {
@@ -291,8 +291,8 @@ fn attention_rows<T: KvElem>(
 }
 
 thread_local! {
-    /// Attention scores of one task's heads (`[heads, keys]`), reused across calls
-    /// (`crate::scratch`).
+    /// Attention scores of one task's heads (`[heads, keys]`, then an f16 cache's widened key
+    /// tile), reused across calls (`crate::scratch`).
     static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 

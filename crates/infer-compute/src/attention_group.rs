@@ -62,9 +62,17 @@ const KEY_TILE: usize = 8;
 /// Interleaved partial sums of the softmax denominator.
 const SUM_LANES: usize = 8;
 
+/// Values of scratch [`group_attention`] needs for `heads` heads of `hd` values over up to
+/// `keys` keys of `T`: the scores `[heads, keys]`, and for f16 a key tile widened to f32
+/// (`8 · hd`).
+pub(crate) fn scratch_len<T: KvElem>(heads: usize, keys: usize, hd: usize) -> usize {
+    heads * keys + T::tile_buf(KEY_TILE, hd)
+}
+
 /// Attention of the run `query` (`heads = q.len() / head_dim` heads) over kv head `kv`, into
 /// `o` (`[heads, head_dim]`, fully overwritten). `scores` is scratch of at least
-/// `heads · (pos + 1)` values. A row that sees no key (window 0) gets zeros.
+/// [`scratch_len`]`(heads, pos + 1, head_dim)` values. A row that sees no key (window 0) gets
+/// zeros.
 ///
 /// Head dims 32, 64, 128 and 256 run copies specialised to the length; with AVX2, FMA and F16C
 /// the key tiles and the weighted sum of values use 256-bit registers. Every copy gives the same
@@ -107,7 +115,7 @@ pub(crate) fn group_generic<T: KvElem>(
         params,
         scores,
         o,
-        |q, kv, lo, s| dots_generic(q, hd, kv, lo, s),
+        |q, kv, lo, s, _| dots_generic(q, hd, kv, lo, s),
         |w, kv, lo, o| values_generic(w, hd, kv, lo, o),
     )
 }
@@ -134,14 +142,15 @@ unsafe fn group_avx2<T: KvElem, const HD: usize>(
         scores,
         o,
         // SAFETY: AVX2 and F16C are available (this function's contract).
-        |q, kv, lo, s| unsafe { dots_avx2(q, hd, kv, lo, s) },
+        |q, kv, lo, s, wide| unsafe { dots_avx2(q, hd, kv, lo, s, wide) },
         // SAFETY: as above.
         |w, kv, lo, o| unsafe { values_avx2(w, hd, kv, lo, o) },
     )
 }
 
 /// The body of [`group_attention`]. `HD`: the head dim when known at compile time, 0 for any.
-/// `dots(q, kv, lo, s)` fills `s` (`[heads, n]`) with `q_h·k_{lo+i}` in `dot`'s order;
+/// `dots(q, kv, lo, s, wide)` fills `s` (`[heads, n]`) with `q_h·k_{lo+i}` in `dot`'s order
+/// (`wide`: the rest of the scratch, for a widened key tile);
 /// `values(w, kv, lo, o)` writes `o_h = Σ_i w[h, i] · v_{lo+i}` (`w` is `[heads, n]`).
 #[inline(always)]
 fn group_impl<T: KvElem, const HD: usize>(
@@ -150,7 +159,7 @@ fn group_impl<T: KvElem, const HD: usize>(
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
-    dots: impl Fn(&[f32], KvHead<'_, T>, usize, &mut [f32]),
+    dots: impl Fn(&[f32], KvHead<'_, T>, usize, &mut [f32], &mut [f32]),
     values: impl Fn(&[f32], KvHead<'_, T>, usize, &mut [f32]),
 ) {
     let GroupQuery { q, pos, sinks } = query;
@@ -166,8 +175,8 @@ fn group_impl<T: KvElem, const HD: usize>(
         return; // window 0: nothing visible
     }
     let n = hi - lo + 1;
-    let scores = &mut scores[..heads * n];
-    dots(&q[..heads * hd], kv, lo, scores);
+    let (scores, wide) = scores.split_at_mut(heads * n);
+    dots(&q[..heads * hd], kv, lo, scores, wide);
     for (h, s) in scores.chunks_exact_mut(n).enumerate() {
         softmax_weights(s, params.scale, params.softcap, sinks.map(|x| x[h]));
     }
@@ -260,14 +269,22 @@ fn values_generic<T: KvElem>(w: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize,
 /// [`dots_generic`] with AVX2: for `hd` a multiple of 16, tiles of [`KEY_TILE`] keys, each key's
 /// 16 partial sums in two registers (`dot`'s lanes), then [`reduce8`]; the keys after the last
 /// whole tile (and every key when `hd` is not a multiple of 16) through `dot_avx2`. Same bits as
-/// [`dots_generic`].
+/// [`dots_generic`]. An f16 tile is widened once into `wide` (at least `8 · hd` values) for all
+/// the heads that score it.
 ///
 /// # Safety
 /// AVX2 and F16C must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn dots_avx2<T: KvElem>(q: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize, s: &mut [f32]) {
+unsafe fn dots_avx2<T: KvElem>(
+    q: &[f32],
+    hd: usize,
+    kv: KvHead<'_, T>,
+    lo: usize,
+    s: &mut [f32],
+    wide: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let heads = q.len() / hd;
     let n = s.len() / heads;
@@ -280,8 +297,11 @@ unsafe fn dots_avx2<T: KvElem>(q: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usiz
     assert!((lo + n - 1) * kv.row_len + kv.col + hd <= kv.k.len() && s.len() == heads * n);
     for t in 0..tiles {
         let j0 = lo + t * KEY_TILE;
-        let kp: [*const T; KEY_TILE] =
+        let rows: [*const T; KEY_TILE] =
             std::array::from_fn(|u| kv.k[(j0 + u) * kv.row_len + kv.col..].as_ptr());
+        // SAFETY: each row's hd values lie in `kv.k` (asserted above); hd is a multiple of 16;
+        // AVX2 and F16C are available.
+        let kp = unsafe { T::keys8(rows, hd, wide) };
         // The same keys' value rows, toward L2 for the value pass: one 64-byte line of each
         // row per key there, which the hardware prefetchers do not cover on their own (the
         // value pass spent most of its time waiting on those loads).
@@ -304,8 +324,9 @@ unsafe fn dots_avx2<T: KvElem>(q: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usiz
                         let (qa, qb) = (_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(qp.add(c + 8)));
                         for u in 0..4 {
                             let p = kp[half * 4 + u].add(c);
-                            lo4[u] = _mm256_add_ps(lo4[u], _mm256_mul_ps(qa, T::load8(p)));
-                            hi4[u] = _mm256_add_ps(hi4[u], _mm256_mul_ps(qb, T::load8(p.add(8))));
+                            lo4[u] = _mm256_add_ps(lo4[u], _mm256_mul_ps(qa, _mm256_loadu_ps(p)));
+                            hi4[u] =
+                                _mm256_add_ps(hi4[u], _mm256_mul_ps(qb, _mm256_loadu_ps(p.add(8))));
                         }
                     }
                 }
@@ -499,7 +520,7 @@ mod tests {
                     pos,
                     sinks: None,
                 };
-                let mut s = vec![0f32; heads * t];
+                let mut s = vec![0f32; scratch_len::<f16>(heads, t, hd)];
                 let (mut a, mut b) = (vec![f32::NAN; heads * hd], vec![f32::NAN; heads * hd]);
                 let kv16 = KvHead {
                     k: &k16[..],
@@ -554,7 +575,7 @@ mod tests {
                     for pos in [0usize, 3, 8, 17, 44] {
                         let sinks = sinks.map(|s| &s[..heads]);
                         let query = GroupQuery { q: &q, pos, sinks };
-                        let mut s = vec![0f32; heads * t];
+                        let mut s = vec![0f32; scratch_len::<T>(heads, t, hd)];
                         let mut got = vec![f32::NAN; heads * hd];
                         group_attention(query, kv, &params, &mut s, &mut got);
                         let mut want = vec![f32::NAN; heads * hd];

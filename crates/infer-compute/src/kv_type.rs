@@ -102,6 +102,16 @@ pub(crate) mod sealed {
         /// Values `buf` must hold for [`Elem::tile`] of `n` rows of `hd` (0 for f32).
         fn tile_buf(n: usize, hd: usize) -> usize;
 
+        /// Eight key rows of `hd` values (`hd` a multiple of 8) as f32 rows: f32 returns
+        /// `rows` (no copy); f16 widens them into `wide` (at least `8 · hd` values, row `u` at
+        /// `u · hd`) and returns pointers to those, so that a key tile scored for several query
+        /// heads is converted once.
+        ///
+        /// # Safety
+        /// AVX2 and F16C must be available; `rows[u]..rows[u] + hd` must be readable.
+        #[cfg(target_arch = "x86_64")]
+        unsafe fn keys8(rows: [*const Self; 8], hd: usize, wide: &mut [f32]) -> [*const f32; 8];
+
         /// Eight values from `p` widened to f32.
         ///
         /// # Safety
@@ -144,6 +154,12 @@ pub(crate) mod sealed {
         }
 
         #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn keys8(rows: [*const f32; 8], _hd: usize, _wide: &mut [f32]) -> [*const f32; 8] {
+            rows
+        }
+
+        #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx")]
         #[inline]
         unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
@@ -183,6 +199,25 @@ pub(crate) mod sealed {
 
         fn tile_buf(n: usize, hd: usize) -> usize {
             n * hd
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx,f16c")]
+        #[inline]
+        unsafe fn keys8(rows: [*const f16; 8], hd: usize, wide: &mut [f32]) -> [*const f32; 8] {
+            use std::arch::x86_64::*;
+            let wide = &mut wide[..8 * hd];
+            for (u, &row) in rows.iter().enumerate() {
+                for c in (0..hd).step_by(8) {
+                    // SAFETY: c + 8 <= hd (a multiple of 8): inside row `u` (the caller's
+                    // contract) and inside `wide`'s row `u`; F16C is available.
+                    unsafe {
+                        let x = _mm256_cvtph_ps(_mm_loadu_si128(row.add(c) as *const __m128i));
+                        _mm256_storeu_ps(wide.as_mut_ptr().add(u * hd + c), x);
+                    }
+                }
+            }
+            std::array::from_fn(|u| wide[u * hd..].as_ptr())
         }
 
         #[cfg(target_arch = "x86_64")]
