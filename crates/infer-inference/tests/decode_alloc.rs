@@ -1,6 +1,7 @@
 //! Issue 6, "no allocation per token": after warm-up, a decode step on the quantized (q4k)
 //! plan through [`Model::forward_into`] (reused logits buffer, scratch buffers in the cache)
-//! makes **zero** heap allocations, on a 1-thread and on a 2-thread rayon pool.
+//! makes **zero** heap allocations, on a 1-thread and on a 2-thread rayon pool (SmolLM2 also
+//! with an f16 KV cache).
 //!
 //! A global allocator counts every `alloc`/`alloc_zeroed`/`realloc` made by the measured pool's
 //! workers and by the test thread driving it (threads of other pools, starting or exiting
@@ -139,17 +140,16 @@ fn prompt_for(model: &Model<'_>, len: usize) -> Vec<u32> {
 /// Run a prefill and one decode step on every worker of the current pool (each on its own
 /// cache), so that each worker's per-thread kernel buffers have their decode sizes: which worker
 /// runs a forward pass, or steals which task, is up to rayon.
-fn warm_workers(model: &Model<'_>, prompt: &[u32]) {
-    let backend = CpuBackend::new();
+fn warm_workers(model: &Model<'_>, backend: &CpuBackend, prompt: &[u32]) {
     rayon::broadcast(|_| {
         let mut cache = model.new_cache(prompt.len() + 2);
         let mut logits = Vec::new();
         model
-            .forward_into(&backend, prompt, &mut cache, Logits::Last, &mut logits)
+            .forward_into(backend, prompt, &mut cache, Logits::Last, &mut logits)
             .expect("warm-up prefill");
         let tok = infer_inference::sampling::argmax(&logits);
         model
-            .forward_into(&backend, &[tok], &mut cache, Logits::Last, &mut logits)
+            .forward_into(backend, &[tok], &mut cache, Logits::Last, &mut logits)
             .expect("warm-up decode");
     });
 }
@@ -158,24 +158,24 @@ fn warm_workers(model: &Model<'_>, prompt: &[u32]) {
 /// Panics if the buffered `forward_into` and the allocating `forward` disagree.
 fn decode_allocs(
     model: &Model<'_>,
+    backend: &CpuBackend,
     (pool, group): &(rayon::ThreadPool, usize),
     prompt: &[u32],
 ) -> (Vec<usize>, Vec<String>) {
-    let backend = CpuBackend::new();
     let total = WARM_UP + STEPS + 1;
-    pool.install(|| warm_workers(model, prompt));
+    pool.install(|| warm_workers(model, backend, prompt));
     let (per_step, sites, reference) = counting(*group, || {
         pool.install(|| {
             let mut cache = model.new_cache(prompt.len() + total + 1);
             let mut logits = Vec::new();
             model
-                .forward_into(&backend, prompt, &mut cache, Logits::Last, &mut logits)
+                .forward_into(backend, prompt, &mut cache, Logits::Last, &mut logits)
                 .expect("prefill");
             let mut step = |logits: &mut Vec<f32>| {
                 let tok = infer_inference::sampling::argmax(logits);
                 let a0 = ALLOCS.load(Ordering::SeqCst);
                 model
-                    .forward_into(&backend, &[tok], &mut cache, Logits::Last, logits)
+                    .forward_into(backend, &[tok], &mut cache, Logits::Last, logits)
                     .expect("decode");
                 ALLOCS.load(Ordering::SeqCst) - a0
             };
@@ -195,22 +195,26 @@ fn decode_allocs(
     // The buffered path computes the same logits as the allocating `forward`.
     let mut cache = model.new_cache(prompt.len() + total + 1);
     let mut logits = pool
-        .install(|| model.forward(&backend, prompt, &mut cache, Logits::Last))
+        .install(|| model.forward(backend, prompt, &mut cache, Logits::Last))
         .expect("prefill");
     for _ in 0..total {
         let tok = infer_inference::sampling::argmax(&logits);
         logits = pool
-            .install(|| model.forward(&backend, &[tok], &mut cache, Logits::Last))
+            .install(|| model.forward(backend, &[tok], &mut cache, Logits::Last))
             .expect("decode");
     }
     assert_eq!(logits, reference, "forward_into and forward disagree");
     (per_step, sites)
 }
 
-fn check_zero(case: &str, model: &Model<'_>, prompt_len: usize) {
+fn check_zero(case: &str, model: &Model<'_>, backend: &CpuBackend, prompt_len: usize) {
     for threads in [1, 2] {
-        let (per_step, sites) =
-            decode_allocs(model, &pool(threads), &prompt_for(model, prompt_len));
+        let (per_step, sites) = decode_allocs(
+            model,
+            backend,
+            &pool(threads),
+            &prompt_for(model, prompt_len),
+        );
         eprintln!("{case}, {threads} thread(s): allocations per decode step {per_step:?}");
         assert!(
             per_step.iter().all(|&n| n == 0) && sites.is_empty(),
@@ -241,13 +245,16 @@ fn quantized_decode_steps_allocate_nothing() {
     for case in ["llama", "gemma3"] {
         let (_, path) = archrefs_q4k(case, tmp.path());
         let v = Vindex::open(&path).expect("open vindex");
-        check_zero(case, &q4k_model(&v), 8);
+        check_zero(case, &q4k_model(&v), &CpuBackend::new(), 8);
     }
 
     let path = smollm2_with(tmp.path(), infer_vindex::QuantTiers::Q4K);
     let v = Vindex::open(&path).expect("open vindex");
     let model = q4k_model(&v);
-    check_zero("SmolLM2-135M", &model, 12);
+    check_zero("SmolLM2-135M", &model, &CpuBackend::new(), 12);
+    // An f16 KV cache (`--kv-type f16`): its rows rounded in place, read by the same kernels.
+    let f16_cache = CpuBackend::new().with_kv_type(infer_compute::KvType::F16);
+    check_zero("SmolLM2-135M, f16 KV cache", &model, &f16_cache, 12);
 
     // From outside the pool (the CLI): each forward pass enters the global 2-thread pool once
     // (`rayon::scope`), one push on rayon's injector queue, which allocates one block per 63
@@ -269,7 +276,7 @@ fn quantized_decode_steps_allocate_nothing() {
     }
     SITES.lock().expect("sites").clear();
     TRACE.store(true, Ordering::SeqCst);
-    warm_workers(&model, &prompt);
+    warm_workers(&model, &backend, &prompt);
     let a0 = ALLOCS.load(Ordering::SeqCst);
     counting(GLOBAL_GROUP, || {
         for _ in 0..steps {
