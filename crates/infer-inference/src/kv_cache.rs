@@ -1,6 +1,6 @@
 //! KV cache: per layer, K and V rows `[capacity, kv_dim]` in the memory of the backend that
 //! runs the forward pass (allocated on its first pass), stored as the backend's
-//! [`infer_compute::KvType`] (f32 on the CPU; f32, f16 or q8_0 on CUDA).
+//! [`infer_compute::KvType`] (f32 or f16 on the CPU; f32, f16 or q8_0 on CUDA).
 
 use infer_compute::{ComputeBackend, Tensor};
 
