@@ -811,9 +811,9 @@ fn impossible_queue_timeout_device_and_kv_size_are_refused_before_listening() {
         assert!(err.contains("built without CUDA"), "{err}");
     }
     // A KV cache type the CPU cannot store (a newcomer saw it refused only after "listening").
-    let err = serve_refused(&[vx, "--kv-type", "f16"]);
+    let err = serve_refused(&[vx, "--kv-type", "q8_0"]);
     assert!(
-        err.contains("--kv-type f16: the CPU backend stores its KV cache as f32 only"),
+        err.contains("--kv-type q8_0: the CPU backend stores its KV cache as f32 or f16 only"),
         "{err}"
     );
     // 30 layers × 3 KV heads × 64 × 8 bytes (f32 K and V) per position.
