@@ -11,8 +11,9 @@
 //! lanes of one register ([`lane_sums`]) so that the f32 part is one conversion and one FMA per
 //! eight pairs: [`tile_acts`] puts eight activation rows in the lanes (one weight block unpacked
 //! for all of them; batches of [`ACT_LANES_MIN`] rows or more), [`tile_rows`] eight weight rows
-//! (one activation row, the mat-vec). Both give every pair the same bits, so a mat-vec and any
-//! row of a mat-mat agree bit for bit.
+//! (one activation row, the mat-vec). Q4_0 and Q5_0 batches take [`super::avx2_gemm`] instead
+//! (unsigned quants, no sign trick and no gather). All give every pair the same bits, so a
+//! mat-vec and any row of a mat-mat agree bit for bit.
 
 use infer_quant::{q4_0, q5_0, q8_0};
 use std::arch::x86_64::*;
@@ -34,7 +35,8 @@ const F5_0: u8 = 1;
 const F8_0: u8 = 2;
 const F8S: u8 = 3;
 
-const fn q0_from_tag(tag: u8) -> Q0 {
+/// The format of a const-generic tag.
+pub(super) const fn q0_from_tag(tag: u8) -> Q0 {
     match tag {
         F4_0 => Q0::Q4_0,
         F5_0 => Q0::Q5_0,
@@ -82,7 +84,7 @@ pub(super) unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
 
 /// ggml `bytes_from_bits_32`.
 #[inline(always)]
-unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+pub(super) unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
     let x32 = (p as *const u32).read_unaligned();
     let shuf_mask = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
@@ -362,6 +364,9 @@ unsafe fn rows_avx2<const F: u8>(
     let qs = acts.qs.as_ptr();
     let ds = acts.d.as_ptr();
     let n_rows = ws.len() / row_bytes;
+    if m >= ACT_LANES_MIN && matches!(q0_from_tag(F), Q0::Q4_0 | Q0::Q5_0) {
+        return super::avx2_gemm::rows_times_acts::<F>(ws, row_bytes, acts, out);
+    }
     let mut i = 0;
     if m >= ACT_LANES_MIN {
         let mut dt = crate::scratch::take(&DT, 8 * nb);
@@ -509,8 +514,10 @@ mod tests {
     }
 
     /// Every product of [`rows_times_acts`] (activation rows in lanes for batches of four or
-    /// more, weight rows in lanes below, every remainder width) equals the exact model bit for
-    /// bit, for every format and odd and even block counts.
+    /// more, weight rows in lanes below, every remainder width; for Q4_0/Q5_0 batches
+    /// `avx2_gemm`'s groups of four rows, padded last groups, odd weight row counts and more
+    /// than one pass of 64 activation rows) equals the exact model bit for bit, for every
+    /// format and odd and even block counts.
     #[test]
     fn products_equal_the_exact_model_bit_for_bit() {
         if !crate::vec_dot::avx2_available() {
@@ -526,6 +533,13 @@ mod tests {
                 (18, 8, 13),
                 (20, 11, 23),
                 (5, 16, 8),
+                (1, 1, 4),
+                (7, 5, 5),
+                (3, 3, 6),
+                (2, 7, 7),
+                (9, 2, 9),
+                (2, 3, 70),
+                (3, 4, 129),
             ] {
                 let (w, wd, acts) = case(&mut next, fmt, nb, rows, m);
                 let rb = nb * block_bytes(fmt);

@@ -15,6 +15,10 @@
 mod avx2;
 mod avx2_dispatch;
 #[cfg(target_arch = "x86_64")]
+mod avx2_gemm;
+#[cfg(target_arch = "x86_64")]
+mod avx2_pack;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_tile;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_q4k;

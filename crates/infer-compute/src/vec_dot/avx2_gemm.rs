@@ -1,0 +1,196 @@
+//! AVX2 products of Q4_0/Q5_0 weight rows with four or more Q8_0 activation rows (batched
+//! decode, prompts), on CPUs without AVX-512 VNNI.
+//!
+//! The activations are re-laid in groups of four rows ([`super::avx2_pack`]) so that each i32
+//! lane of a product register accumulates one (weight row, activation row) pair over one half
+//! of a block: the block's exact integer dot is two lanes added, with no horizontal sums
+//! (the cost of [`super::avx2_tile`]'s gather of eight pair sums). The weight quants stay
+//! unsigned (`q + 8`, `q + 16`), so one `maddubs` serves four products per lane with no sign
+//! trick, and the offset is taken off as `offset·Σ q_a` (exact integers; llamafile's
+//! `sgemm.cpp` does the same for Q4_0 on AVX-VNNI). Each weight block is unpacked once per
+//! pass into a small buffer and reused for every activation row; a register tile is two weight
+//! rows × eight activation rows.
+//!
+//! Per (weight row, activation row) pair the arithmetic is that of [`super::avx2_tile`] and
+//! [`super::vnni_gemm`]: per block the exact integer dot `Σ q_w·q_a`, then
+//! `acc = fma(d_w·d_a, dot, acc)` over the blocks in order from `acc = 0` — the same bits as
+//! the mat-vec and as any other batch size.
+
+use super::avx2_pack::{self, GroupsOut, GROUP, GROUP_BLOCK};
+use super::avx2_tile::q0_from_tag;
+use super::{OutMat, Q8Rows};
+use std::arch::x86_64::*;
+
+/// Activation groups per pass over a task's weight rows: 64 rows, whose ~40 KB of quants
+/// stay in L1/L2 while each weight row pair is swept over them.
+const CHUNK_GROUPS: usize = 16;
+
+thread_local! {
+    /// [`avx2_pack::GroupsOut`] buffers and the unpacked weight pair (`crate::scratch`).
+    static QS: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    static D: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static SUMS: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
+    static WQ: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    static WD: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// One activation group's re-laid data ([`avx2_pack::GroupsOut`]) from its block 0.
+#[derive(Clone, Copy)]
+struct Group {
+    q: *const u8,
+    d: *const f32,
+    sums: *const i32,
+}
+
+/// Broadcast dword `S` of each 128-bit half of `w` over that half: the weight quants that
+/// meet step `S` of an activation group.
+#[inline(always)]
+unsafe fn step_weights<const S: i32>(w: __m256i) -> __m256i {
+    match S {
+        0 => _mm256_shuffle_epi32::<0x00>(w),
+        1 => _mm256_shuffle_epi32::<0x55>(w),
+        2 => _mm256_shuffle_epi32::<0xAA>(w),
+        _ => _mm256_shuffle_epi32::<0xFF>(w),
+    }
+}
+
+/// Step `S` of a block: `s[a][k] += maddubs(weight row k's step quants, group a's step S)`,
+/// i16 pairs (four steps of at most 2·31·128 stay below 2¹⁵). `w`: the two weight rows'
+/// unpacked block; `y[a]`: group `a`'s block.
+#[inline(always)]
+unsafe fn step<const S: i32, const NA: usize>(
+    w: [__m256i; 2],
+    y: [*const u8; NA],
+    s: &mut [[__m256i; 2]; NA],
+) {
+    let ws = [step_weights::<S>(w[0]), step_weights::<S>(w[1])];
+    for a in 0..NA {
+        let ya = _mm256_loadu_si256(y[a].add(32 * S as usize) as *const __m256i);
+        for k in 0..2 {
+            s[a][k] = _mm256_add_epi16(s[a][k], _mm256_maddubs_epi16(ws[k], ya));
+        }
+    }
+}
+
+/// `NA` accumulators, lanes `j < 4` = weight row 0 · activation row `4g + j` of group `g`
+/// (`groups[a]`), lanes `4 + j` = weight row 1 · the same row: the two weight rows unpacked at
+/// `wq`/`wd` ([`avx2_pack::pack_weight_pair`], `nb` blocks).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `wq`/`wd` must hold `nb` packed blocks and each group
+/// `nb` blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const NA: usize>(
+    nb: usize,
+    wq: *const u8,
+    wd: *const f32,
+    groups: [Group; NA],
+) -> [__m256; NA] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); NA];
+    for b in 0..nb {
+        let w = [
+            _mm256_loadu_si256(wq.add(64 * b) as *const __m256i),
+            _mm256_loadu_si256(wq.add(64 * b + 32) as *const __m256i),
+        ];
+        let y: [*const u8; NA] = std::array::from_fn(|a| groups[a].q.add(GROUP_BLOCK * b));
+        let mut s = [[_mm256_setzero_si256(); 2]; NA];
+        step::<0, NA>(w, y, &mut s);
+        step::<1, NA>(w, y, &mut s);
+        step::<2, NA>(w, y, &mut s);
+        step::<3, NA>(w, y, &mut s);
+        let dw = _mm256_loadu_ps(wd.add(8 * b));
+        for a in 0..NA {
+            let i0 = _mm256_madd_epi16(s[a][0], ones);
+            let i1 = _mm256_madd_epi16(s[a][1], ones);
+            // [row 0: both halves added | row 1: both halves added], the offset taken off.
+            let dot = _mm256_sub_epi32(
+                _mm256_add_epi32(
+                    _mm256_permute2x128_si256::<0x20>(i0, i1),
+                    _mm256_permute2x128_si256::<0x31>(i0, i1),
+                ),
+                _mm256_loadu_si256(groups[a].sums.add(8 * b) as *const __m256i),
+            );
+            let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(groups[a].d.add(8 * b)));
+            acc[a] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[a]);
+        }
+    }
+    acc
+}
+
+/// Element (r, i) of `out` = `W_r · A_i` for the Q4_0 or Q5_0 weight rows `ws` (format tag
+/// `F`; `row_bytes` each, `nb = acts.cols / 32` blocks) and every row of `acts`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `ws` must be whole rows of at least `nb` blocks,
+/// `acts` must hold `m·cols` quants and `m·nb` scales, and `out` must own elements (r, i) for
+/// every row r and i < `acts.m` ([`OutMat::put`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows_times_acts<const F: u8>(
+    ws: &[u8],
+    row_bytes: usize,
+    acts: &Q8Rows,
+    out: OutMat,
+) {
+    let fmt = q0_from_tag(F);
+    let (m, nb) = (acts.m, acts.cols / 32);
+    let ng = m.div_ceil(GROUP);
+    let n_rows = ws.len() / row_bytes;
+    let mut qs = crate::scratch::take(&QS, ng * nb * GROUP_BLOCK);
+    let mut d = crate::scratch::take(&D, ng * nb * 8);
+    let mut sums = crate::scratch::take(&SUMS, ng * nb * 8);
+    let mut wq = crate::scratch::take(&WQ, 64 * nb);
+    let mut wd = crate::scratch::take(&WD, 8 * nb);
+    let out_groups = GroupsOut {
+        qs: &mut qs,
+        d: &mut d,
+        sums: &mut sums,
+    };
+    avx2_pack::pack_groups(acts, avx2_pack::weight_offset(fmt), out_groups);
+    let group = |g: usize| Group {
+        q: qs.as_ptr().add(g * nb * GROUP_BLOCK),
+        d: d.as_ptr().add(g * nb * 8),
+        sums: sums.as_ptr().add(g * nb * 8),
+    };
+    // Lanes j (row r0) and 4 + j (row r1, unless the last row of an odd count) of `v` for
+    // activation rows 4g + j.
+    let put = |v: __m256, r0: usize, r1: usize, g: usize| {
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), v);
+        for j in 0..GROUP.min(m - GROUP * g) {
+            out.put(r0, GROUP * g + j, l[j]);
+            if r1 != r0 {
+                out.put(r1, GROUP * g + j, l[GROUP + j]);
+            }
+        }
+    };
+    for g0 in (0..ng).step_by(CHUNK_GROUPS) {
+        let g1 = (g0 + CHUNK_GROUPS).min(ng);
+        for r0 in (0..n_rows).step_by(2) {
+            // An odd last row is paired with itself (its second lanes are dropped).
+            let r1 = (r0 + 1).min(n_rows - 1);
+            let rows = [
+                ws.as_ptr().add(r0 * row_bytes),
+                ws.as_ptr().add(r1 * row_bytes),
+            ];
+            avx2_pack::pack_weight_pair(fmt, nb, rows, wq.as_mut_ptr(), wd.as_mut_ptr());
+            let mut g = g0;
+            while g1 - g >= 2 {
+                let v = tile::<2>(nb, wq.as_ptr(), wd.as_ptr(), [group(g), group(g + 1)]);
+                put(v[0], r0, r1, g);
+                put(v[1], r0, r1, g + 1);
+                g += 2;
+            }
+            if g < g1 {
+                let [v] = tile::<1>(nb, wq.as_ptr(), wd.as_ptr(), [group(g)]);
+                put(v, r0, r1, g);
+            }
+        }
+    }
+    crate::scratch::give(&QS, qs);
+    crate::scratch::give(&D, d);
+    crate::scratch::give(&SUMS, sums);
+    crate::scratch::give(&WQ, wq);
+    crate::scratch::give(&WD, wd);
+}
