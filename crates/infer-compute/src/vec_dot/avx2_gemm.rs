@@ -174,6 +174,9 @@ pub(super) unsafe fn rows_times_acts<const F: u8>(
                 ws.as_ptr().add(r0 * row_bytes),
                 ws.as_ptr().add(r1 * row_bytes),
             ];
+            // Decode reads each weight once per step, from memory: hint the rows ahead so that
+            // unpacking them does not wait on memory (see `super::prefetch_stream`).
+            super::prefetch_stream(rows[0], 2 * row_bytes);
             avx2_pack::pack_weight_pair(fmt, nb, rows, wq.as_mut_ptr(), wd.as_mut_ptr());
             let mut g = g0;
             while g1 - g >= 2 {
