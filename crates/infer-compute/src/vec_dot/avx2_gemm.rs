@@ -89,7 +89,8 @@ unsafe fn tile<const NA: usize>(
 ) -> [__m256; NA] {
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); NA];
-    for b in 0..nb {
+    // The integer sums of block `b`.
+    let sums_of = |b: usize| {
         let w = [
             _mm256_loadu_si256(wq.add(64 * b) as *const __m256i),
             _mm256_loadu_si256(wq.add(64 * b + 32) as *const __m256i),
@@ -100,6 +101,10 @@ unsafe fn tile<const NA: usize>(
         step::<1, NA>(w, y, &mut s);
         step::<2, NA>(w, y, &mut s);
         step::<3, NA>(w, y, &mut s);
+        s
+    };
+    // Block `b`'s dots into the accumulators.
+    let mut finish = |b: usize, s: [[__m256i; 2]; NA]| {
         let dw = _mm256_loadu_ps(wd.add(8 * b));
         for a in 0..NA {
             let i0 = _mm256_madd_epi16(s[a][0], ones);
@@ -115,7 +120,19 @@ unsafe fn tile<const NA: usize>(
             let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(groups[a].d.add(8 * b)));
             acc[a] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[a]);
         }
+    };
+    if nb == 0 {
+        return acc;
     }
+    // Software-pipelined: block b's products are issued before block b − 1's reduction, so
+    // that the long reduction chain overlaps the next block's multiplies.
+    let mut prev = sums_of(0);
+    for b in 1..nb {
+        let s = sums_of(b);
+        finish(b - 1, prev);
+        prev = s;
+    }
+    finish(nb - 1, prev);
     acc
 }
 
