@@ -143,7 +143,8 @@ unsafe fn tile_acts<const F: u8, const N: usize>(
     let fmt = q0_from_tag(F);
     let bb = block_bytes(fmt);
     let mut acc = _mm256_setzero_ps();
-    for ib in 0..nb {
+    // Block `ib`'s weight scale and its eight integer dots.
+    let dots = |ib: usize| {
         let (dw, qx) = unpack(fmt, w.add(ib * bb), wd.wrapping_add(ib));
         let ax = _mm256_sign_epi8(qx, qx);
         let mut s = [_mm256_setzero_si256(); 8];
@@ -151,8 +152,19 @@ unsafe fn tile_acts<const F: u8, const N: usize>(
             let y = _mm256_loadu_si256(qs[j].add(ib * 32) as *const __m256i);
             s[j] = pair_dot(ax, qx, y);
         }
-        let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(dt.add(8 * ib)));
-        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lane_sums(s)), acc);
+        (dw, lane_sums(s))
+    };
+    if nb == 0 {
+        return acc;
+    }
+    // Software-pipelined: block ib's dots are issued before block ib − 1's conversion and FMA.
+    let mut prev = dots(0);
+    for ib in 1..=nb {
+        let next = if ib < nb { dots(ib) } else { prev };
+        let (dw, d) = prev;
+        let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(dt.add(8 * (ib - 1))));
+        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(d), acc);
+        prev = next;
     }
     acc
 }
