@@ -268,7 +268,7 @@ fn values_generic<T: KvElem>(w: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize,
 
 /// [`dots_generic`] with AVX2: for `hd` a multiple of 16, tiles of [`KEY_TILE`] keys, each key's
 /// 16 partial sums in two registers (`dot`'s lanes), then [`reduce8`]; the keys after the last
-/// whole tile (and every key when `hd` is not a multiple of 16) through `dot_avx2`. Same bits as
+/// whole tile (and every key when `hd` is not a multiple of 16) through `dot_avx2_kv`. Same bits as
 /// [`dots_generic`]. An f16 tile is widened once into `wide` (at least `8 · hd` values) for all
 /// the heads that score it.
 ///
@@ -344,7 +344,7 @@ unsafe fn dots_avx2<T: KvElem>(
         for (i, si) in sh.iter_mut().enumerate().skip(tiles * KEY_TILE) {
             let kj = &kv.k[(lo + i) * kv.row_len + kv.col..][..hd];
             // SAFETY: AVX2 and F16C are available (this function's contract); equal lengths.
-            *si = unsafe { T::dot_avx2(qh, kj) };
+            *si = unsafe { crate::cpu::dot_avx2_kv(qh, kj) };
         }
     }
 }

@@ -118,14 +118,6 @@ pub(crate) mod sealed {
         /// AVX2 and F16C must be available; `p..p + 8` must be readable.
         #[cfg(target_arch = "x86_64")]
         unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
-
-        /// `crate::cpu::dot_avx2` of `a` and `b` widened (same summation order, so the bits
-        /// of [`crate::cpu::dot_generic`] on the widened values). Lengths equal.
-        ///
-        /// # Safety
-        /// AVX2 and F16C must be available.
-        #[cfg(target_arch = "x86_64")]
-        unsafe fn dot_avx2(a: &[f32], b: &[Self]) -> f32;
     }
 
     use std::fmt;
@@ -165,14 +157,6 @@ pub(crate) mod sealed {
         unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
             // SAFETY: 8 floats readable at p (the caller's contract).
             unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-            // SAFETY: AVX2 is available (the caller's contract).
-            unsafe { crate::cpu::dot_avx2(a, b) }
         }
     }
 
@@ -227,14 +211,6 @@ pub(crate) mod sealed {
             use std::arch::x86_64::*;
             // SAFETY: 8 halves (16 bytes) readable at p (the caller's contract).
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        unsafe fn dot_avx2(a: &[f32], b: &[f16]) -> f32 {
-            // SAFETY: AVX2 and F16C are available (the caller's contract).
-            unsafe { crate::cpu::dot_avx2_kv(a, b) }
         }
     }
 }

@@ -14,49 +14,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { dot_avx2(a, b) };
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: the CPU supports AVX2 and F16C, checked just above.
+            return unsafe { dot_avx2_kv(a, b) };
         }
     }
     dot_generic(a, b)
-}
-
-/// [`dot_generic`] with its 16 partial sums held in two AVX registers (the compiler's own
-/// vectorisation of the generic body uses 2-wide loads): the same multiplies and adds per lane
-/// in the same order, the remainder and the pairwise reduction as in [`dot_generic`], so the
-/// result is bitwise identical. Lengths must be equal (checked by the callers).
-///
-/// # Safety
-/// AVX2 must be available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(crate) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let chunks = n / LANES;
-    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for c in 0..chunks {
-        // SAFETY: c·16 + 16 <= n, within both slices.
-        let (pa, pb) = unsafe { (a.as_ptr().add(c * LANES), b.as_ptr().add(c * LANES)) };
-        // SAFETY: 16 floats from pa and from pb, inside both slices (above); AVX2 is available.
-        unsafe {
-            lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb)));
-            hi = _mm256_add_ps(
-                hi,
-                _mm256_mul_ps(_mm256_loadu_ps(pa.add(8)), _mm256_loadu_ps(pb.add(8))),
-            );
-        }
-    }
-    let mut acc = [0f32; LANES];
-    // SAFETY: `acc` holds 16 floats, two unaligned 8-float stores.
-    unsafe {
-        _mm256_storeu_ps(acc.as_mut_ptr(), lo);
-        _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi);
-    }
-    let done = chunks * LANES;
-    finish(acc, &a[done..n], &b[done..n])
 }
 
 /// [`dot`]'s body (16 interleaved partial sums, then the remainder, reduced pairwise),
@@ -77,9 +42,12 @@ pub(crate) fn dot_generic<T: Elem>(a: &[f32], b: &[T]) -> f32 {
     finish(acc, ra, rb)
 }
 
-/// [`dot_avx2`] with `b` any KV element type, each group of eight values widened as it is
-/// loaded ([`Elem::load8`]): the same multiplies and adds in the same order, so the bits of
-/// [`dot_generic`] on the same slices. Lengths must be equal (checked by the callers).
+/// [`dot_generic`] with its 16 partial sums held in two AVX registers (the compiler's own
+/// vectorisation of the generic body uses 2-wide loads), `b` f32 or an f16 KV cache row whose
+/// groups of eight values are widened as they are loaded ([`Elem::load8`]): the same
+/// multiplies and adds per lane in the same order, the remainder and the pairwise reduction as
+/// in [`dot_generic`], so the result is bitwise identical. Lengths must be equal (checked by
+/// the callers).
 ///
 /// # Safety
 /// AVX2 and F16C must be available.
@@ -112,7 +80,7 @@ pub(crate) unsafe fn dot_avx2_kv<T: Elem>(a: &[f32], b: &[T]) -> f32 {
     finish(acc, &a[done..n], &b[done..n])
 }
 
-/// The end of [`dot_generic`] (and [`dot_avx2`], [`dot_avx2_kv`]): the remainder `ra · rb`
+/// The end of [`dot_generic`] (and [`dot_avx2_kv`]): the remainder `ra · rb`
 /// added to the first partial sums, then the pairwise reduction 16 → 8 → 4 → 2 → 1.
 #[inline(always)]
 fn finish<T: Elem>(mut acc: [f32; LANES], ra: &[f32], rb: &[T]) -> f32 {

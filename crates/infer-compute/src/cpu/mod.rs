@@ -18,7 +18,6 @@ use crate::{ComputeBackend, ComputeError, KvType, MatData, Matrix, Proj, Tensor}
 
 pub use dot::dot;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use dot::dot_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dot::dot_avx2_kv;
 pub(crate) use dot::dot_generic;
