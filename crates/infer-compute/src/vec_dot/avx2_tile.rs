@@ -384,7 +384,9 @@ unsafe fn rows_avx2<const F: u8>(
         let mut dt = crate::scratch::take(&DT, 8 * nb);
         while m - i >= ACT_LANES_MIN {
             let n = (m - i).min(8);
-            for (ib, lane) in dt.chunks_exact_mut(8).enumerate() {
+            // `take` may hand back a longer buffer (one a wider product left): only the first
+            // 8 · nb scales are this product's; reading on would run past the activations.
+            for (ib, lane) in dt[..8 * nb].chunks_exact_mut(8).enumerate() {
                 for (j, v) in lane.iter_mut().enumerate() {
                     *v = if j < n {
                         *ds.add((i + j) * nb + ib)
