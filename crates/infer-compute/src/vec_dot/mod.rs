@@ -17,6 +17,8 @@ mod avx2_dispatch;
 #[cfg(target_arch = "x86_64")]
 mod avx2_gemm;
 #[cfg(target_arch = "x86_64")]
+mod avx2_gemm_k;
+#[cfg(target_arch = "x86_64")]
 mod avx2_pack;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_tile;
