@@ -130,7 +130,7 @@ pub fn kernel(weights: QuantFormat, isa: Isa) -> Option<VecDotFn> {
 
 /// Quantize activations `x` (whole rows, `x.len()` a multiple of the block size) to `format`
 /// into `out` (`format.bytes_for(x.len())` bytes): Q8_K with ggml `quantize_row_q8_K_ref`
-/// (also ggml's x86 `from_float` for Q8_K), Q8_0 with ggml `quantize_row_q8_0_ref`
+/// (also ggml's x86 `from_float` for Q8_K; an AVX2 copy with the same bytes), Q8_0 with ggml `quantize_row_q8_0_ref`
 /// (`d = amax/127`, `roundf`; ggml's AVX `quantize_row_q8_0` rounds ties to even instead and
 /// can differ by one level on exact ties). Both come from `infer_quant`.
 ///
@@ -152,7 +152,7 @@ pub fn quantize_activations(
         });
     }
     match format {
-        QuantFormat::Q8_K => infer_quant::q8_k::quantize_row_ref(x, out),
+        QuantFormat::Q8_K => q8_act::quantize_q8k(x, out),
         QuantFormat::Q8_0 => infer_quant::q8_0::quantize_row_ref(x, out),
         _ => {
             return Err(ComputeError::UnsupportedFormat {
