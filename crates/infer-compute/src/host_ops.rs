@@ -46,7 +46,7 @@ pub(crate) fn check_norm(norm: &Norm<'_>, len: usize) -> Result<(), ComputeError
 /// across rayon's pool by whole rows (each row's arithmetic unchanged): in batched decode the
 /// RMSNorms and the gated activation of 16 rows ran on the calling thread while the other
 /// threads waited (~2% of a 16-sequence SmolLM2 step on 2 threads); one row stays serial.
-const PAR_ROW_VALUES: usize = 8192;
+pub(crate) const PAR_ROW_VALUES: usize = 8192;
 
 /// `f` over chunks of whole rows (`width` values each) of `x` and `y`, split across rayon's
 /// pool when there are at least [`PAR_ROW_VALUES`] values in two or more rows, else once over

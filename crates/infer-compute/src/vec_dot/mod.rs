@@ -197,7 +197,20 @@ impl Q8Rows {
         let nb = cols / 32;
         grow(&mut self.qs, m * cols);
         grow(&mut self.d, m * nb);
-        q8_act::quantize_split(x, &mut self.qs[..m * cols], &mut self.d[..m * nb]);
+        let (qs, d) = (&mut self.qs[..m * cols], &mut self.d[..m * nb]);
+        let threads = rayon::current_num_threads();
+        if threads > 1 && m > 1 && m * cols >= crate::host_ops::PAR_ROW_VALUES {
+            // By rows across the pool (batched decode): the same bytes, without the other
+            // threads waiting on this one.
+            use rayon::prelude::*;
+            let per = m.div_ceil(threads);
+            x.par_chunks(per * cols)
+                .zip(qs.par_chunks_mut(per * cols))
+                .zip(d.par_chunks_mut(per * nb))
+                .for_each(|((x, qs), d)| q8_act::quantize_split(x, qs, d));
+        } else {
+            q8_act::quantize_split(x, qs, d);
+        }
         self.m = m;
         self.cols = cols;
         Ok(())
