@@ -496,6 +496,26 @@ struct HqSmem {
     static constexpr int BYTES = OFF_YD + BN * 4;
 };
 
+// One K step's raw bytes in shared memory, as cp.async leaves them: per weight row the block
+// header and the step's 64 quant bytes (80 bytes: 8 rows read together hit distinct banks),
+// per token the 128 activation bytes (rows of 144, likewise), the tokens' Q8_K d and bsums
+// (written on a super-block's first step). STAGES of them after HqSmem, so that the copies of
+// the next STAGES - 1 steps are in flight while a step computes, as many as keep two blocks
+// per multiprocessor (`mmq_q4k_smem` in device.rs: the total). Measured on an H100 against
+// one step fetched ahead in registers: 8 B gate/up 14336x4096 at 128 rows 154 -> 121 us, at
+// 512 rows 538 -> 416 us; unchanged at 4-64 rows (one block per multiprocessor with 4 stages
+// for the 64-token tile gained nothing there).
+template <int BN>
+struct HqStage {
+    static constexpr int W_LD = 80;
+    static constexpr int A_LD = 144;
+    static constexpr int OFF_A = MMQ_BM * W_LD;
+    static constexpr int OFF_YD = OFF_A + BN * A_LD;
+    static constexpr int OFF_BS = OFF_YD + BN * 4;
+    static constexpr int BYTES = OFF_BS + BN * 64;
+    static constexpr int STAGES = BN == 64 ? 2 : BN == 32 ? 3 : 4;
+};
+
 __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -575,7 +595,43 @@ __device__ __forceinline__ uint2 i8x4_h(u32 w) {
     return make_uint2(hadd2(e02, 0xE480E480u), hadd2(e13, 0xE480E480u));
 }
 
-// One thread's global data of a K step, fetched a step ahead (no arithmetic on loaded values).
+// 16 bytes global -> shared without passing through registers (sm_80 cp.async, L2 only);
+// `ok` false writes 16 zero bytes and reads nothing (src-size 0; `src` must still be a valid
+// address). Completed by cp_async_wait, in commit order.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(ok ? 16 : 0));
+#else
+    *(uint4*)dst = ok ? *(const uint4*)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// 4 bytes, as cp_async16 (the .ca form: 4-byte copies may not bypass L1).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(ok ? 4 : 0));
+#else
+    *(u32*)dst = ok ? *(const u32*)src : 0u;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
+// Wait until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
+// One thread's global data of a K step, read from its stage before conversion.
 struct HqRegs {
     uint4 hdr;    // the row's block header: d, dmin, 12 scale bytes
     uint4 q[2];   // the row's 32 quant bytes of this thread's 64 values
@@ -592,14 +648,16 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
                                         int* __restrict__ counters, MmqTile at) {
     extern __shared__ __align__(16) u8 hq_sm[];
     using L = HqSmem<BN>;
+    using St = HqStage<BN>;
     using S = MmqWarps<BN>;
-    constexpr int TM = S::TM, TN = S::TN;
+    constexpr int TM = S::TM, TN = S::TN, NST = St::STAGES;
     u16* sw = (u16*)hq_sm;                        // [MMQ_BM][HQ_LD] sc·q
     u16* sa = (u16*)(hq_sm + L::OFF_A);           // [BN][HQ_LD] activations
     u16* smw = (u16*)(hq_sm + L::OFF_MW);         // [MMQ_BM][HQ_MLD] mins operand
     u16* sma = (u16*)(hq_sm + L::OFF_MA);         // [BN][HQ_MLD] bsum operand
     float2* sdm = (float2*)(hq_sm + L::OFF_DM);   // [MMQ_BM] (d, dmin)
     float* syd = (float*)(hq_sm + L::OFF_YD);     // [BN] activation d
+    u8* stages = hq_sm + L::BYTES;                // NST x St::BYTES raw K steps
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tig = lane & 3;
     int wm = (warp % S::WM) * (16 * TM), wn = (warp / S::WM) * (8 * TN);
@@ -617,29 +675,55 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
         for (int nt = 0; nt < TN; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = cs[mt][nt][e] = 0.0f;
-    const uint4 z4 = make_uint4(0, 0, 0, 0);
     HqRegs nx;
+    // Start the copies of step ks into its stage (none past the share: an empty group keeps
+    // the count of groups per step fixed). Raw bytes only; `put` converts them.
     auto fetch = [&](int ks) {
-        int sb = ks >> 1, h = ks & 1;
-        const u8* b = wrow + (long long)sb * 144;
-        nx.hdr = row_ok ? *(const uint4*)b : z4;
-        nx.q[0] = row_ok ? *(const uint4*)(b + 16 + 64 * h + 32 * p) : z4;
-        nx.q[1] = row_ok ? *(const uint4*)(b + 32 + 64 * h + 32 * p) : z4;
+        if (ks < ks1) {
+            u8* st = stages + ((ks - ks0) % NST) * St::BYTES;
+            int sb = ks >> 1, h = ks & 1;
+            const u8* b = wrow + (long long)sb * 144;
+            u8* wd = st + r * St::W_LD;
+            if (p == 0) cp_async16(wd, b, row_ok);
+            cp_async16(wd + 16 + 32 * p, b + 16 + 64 * h + 32 * p, row_ok);
+            cp_async16(wd + 32 + 32 * p, b + 32 + 64 * h + 32 * p, row_ok);
+#pragma unroll
+            for (int k = 0; k < S::A_ITEMS; k++) {
+                int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
+                bool ok = tok0 + t < m;
+                if (i < S::A_CHUNKS)
+                    cp_async16(st + St::OFF_A + t * St::A_LD + 16 * c,
+                               ok ? aq + (long long)(tok0 + t) * cols + ks * MMQ_KS + 16 * c : aq,
+                               ok);
+            }
+            if (h == 0 && tid < BN) {
+                bool ok = tok0 + tid < m;
+                long long blk = ok ? (long long)(tok0 + tid) * nb + sb : 0;
+                cp_async4(st + St::OFF_YD + 4 * tid, ad + blk, ok);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    cp_async16(st + St::OFF_BS + 64 * tid + 16 * j, bsums + blk * 16 + 4 * j, ok);
+            }
+        }
+        cp_async_commit();
+    };
+    // This thread's values of step ks from its stage (written by other threads too: after the
+    // barrier that follows cp_async_wait).
+    auto take = [&](int ks) {
+        const u8* st = stages + ((ks - ks0) % NST) * St::BYTES;
+        const u8* wd = st + r * St::W_LD;
+        nx.hdr = *(const uint4*)wd;
+        nx.q[0] = *(const uint4*)(wd + 16 + 32 * p);
+        nx.q[1] = *(const uint4*)(wd + 32 + 32 * p);
 #pragma unroll
         for (int k = 0; k < S::A_ITEMS; k++) {
             int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
-            nx.a[k] = i < S::A_CHUNKS && tok0 + t < m
-                          ? *(const uint4*)(aq + (long long)(tok0 + t) * cols + ks * MMQ_KS +
-                                            16 * c)
-                          : z4;
+            if (i < S::A_CHUNKS) nx.a[k] = *(const uint4*)(st + St::OFF_A + t * St::A_LD + 16 * c);
         }
-        if (h == 0 && tid < BN) {
-            bool ok = tok0 + tid < m;
-            long long blk = (long long)(tok0 + tid) * nb + sb;
-            nx.yd = ok ? ad[blk] : 0.0f;
+        if ((ks & 1) == 0 && tid < BN) {
+            nx.yd = *(const float*)(st + St::OFF_YD + 4 * tid);
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                nx.bs[j] = ok ? ((const int4*)(bsums + blk * 16))[j] : make_int4(0, 0, 0, 0);
+            for (int j = 0; j < 4; j++) nx.bs[j] = *(const int4*)(st + St::OFF_BS + 64 * tid + 16 * j);
         }
     };
     auto put = [&](int ks) {
@@ -707,12 +791,16 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
     int b_row = wn + (lane & 7) + 8 * (lane >> 4), b_k = 8 * ((lane >> 3) & 1);
     const u32 a_sm = smem_addr(sw + a_row * HQ_LD + a_k), b_sm = smem_addr(sa + b_row * HQ_LD + b_k);
     pdl_wait();
-    if (ks0 < ks1) fetch(ks0);
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) fetch(ks0 + i);
     for (int ks = ks0; ks < ks1; ks++) {
+        cp_async_wait<NST - 2>();
         __syncthreads();
+        take(ks);
         put(ks);
         __syncthreads();
-        if (ks + 1 < ks1) fetch(ks + 1);
+        // Into the stage step ks - 1 used: every thread took it before the barrier above.
+        fetch(ks + NST - 1);
 #pragma unroll
         for (int kk = 0; kk < MMQ_KS / 16; kk++) {
             u32 af[TM][4], bf[TN / 2][4];
@@ -760,8 +848,10 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
     mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
 }
 
+// Q4_K: two blocks per multiprocessor at every token tile (at most 128 registers; HqStage
+// sizes the stages for it).
 #define MMQ_Q4K(NAME, SUFFIX, BN, FMT)                                                          \
-    extern "C" __global__ void MMQ_BOUNDS_##BN                                                  \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)                                \
         NAME##SUFFIX(const u8* __restrict__ W, const i8* __restrict__ aq,                       \
                      const float* __restrict__ ad, const int* __restrict__ bsums,               \
                      float* __restrict__ y, int rows, int cols, int m, float* __restrict__ part, \
@@ -831,7 +921,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
                  const int* bsums, float* y, int rows, int cols) {
     mmq_ids<F_Q6_K>(Wt, tiles, aq, ad, y, rows, cols);
 }
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
     mmq_ids_q4_k(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
                  const int* bsums, float* y, int rows, int cols) {
     MmqGroupTile g = mmq_group_tile(Wt, tiles);
