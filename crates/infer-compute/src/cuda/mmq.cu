@@ -929,3 +929,110 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
     hq_q4_k<MMQ_BN>(g.W, aq + g.r0 * cols, ad + g.r0 * nb, bsums + g.r0 * nb * 16, y + g.r0 * rows, rows,
             cols, g.m, 0, 0, mmq_group_place());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K products of a few activation rows (2 .. MVQ_TOKENS: small decode batches) on the int8
+// tensor cores straight from registers, the tile kernels' work without their shared-memory
+// tiles: a block takes 16 weight rows and MVQ_TOKENS tokens, its MVQ_WARPS warps split K by
+// super-blocks (warp w: w, w + MVQ_WARPS, ...) and sum their partial tiles in shared memory at
+// the end. Per 32-value sub-block one `mma.m16n8k32.s8` of the 16 rows' 4-bit quants (as
+// loaded: lane tig holds bytes 8 tig .. 8 tig + 7 of each 32-byte pair of sub-blocks, the low
+// nibbles sub-block 2j, the high 2j + 1) against the same bytes' activations of token g — the
+// order of k inside a mma is free as long as both operands share it. The exact int32 sums get
+// the sub-block's 6-bit scale per row, then per super-block
+//   acc += d·yd · Σ sc·isum − dmin·yd · Σ mn·bsum     (ggml vec_dot_q4_K_q8_K)
+// with the mins against the tokens' Q8_K bsums. Rows and tokens past the ends are clamped to
+// the last ones (valid memory) and not stored. The 16-token tiles ran a 4-row product at a
+// sixth of HBM speed converting every weight to f16 in shared memory; the mat-vecs re-derive
+// each weight block for each token.
+// ---------------------------------------------------------------------------------------------
+
+#define MVQ_WARPS 8
+#define MVQ_TOKENS 8
+
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
+    __shared__ float red[MVQ_WARPS][4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    int nb = cols / 256;
+    int r0 = blockIdx.x * 16, t0 = blockIdx.y * MVQ_TOKENS;
+    // Weight rows g and g + 8 of the tile (A operand, C rows); token g (B operand); tokens
+    // 2 tig and 2 tig + 1 (C columns: their d and bsums).
+    const u8* wa = W + (long long)min(r0 + g, rows - 1) * nb * 144;
+    const u8* wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 144;
+    long long ta = min(t0 + g, m - 1);
+    long long tc0 = min(t0 + 2 * tig, m - 1), tc1 = min(t0 + 2 * tig + 1, m - 1);
+    const i8* xa = aq + ta * cols + 8 * tig;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    pdl_wait();
+    for (int ib = warp; ib < nb; ib += MVQ_WARPS) {
+        const u8* ba = wa + (long long)ib * 144;
+        const u8* bb = wb + (long long)ib * 144;
+        uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+        uint2 qa[4], qb[4], xl[4], xh[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            qa[j] = *(const uint2*)(ba + 16 + 32 * j + 8 * tig);
+            qb[j] = *(const uint2*)(bb + 16 + 32 * j + 8 * tig);
+            xl[j] = *(const uint2*)(xa + (long long)ib * 256 + 64 * j);
+            xh[j] = *(const uint2*)(xa + (long long)ib * 256 + 64 * j + 32);
+        }
+        const int4* bs0 = (const int4*)(bsums + (tc0 * nb + ib) * 16);
+        const int4* bs1 = (const int4*)(bsums + (tc1 * nb + ib) * 16);
+        int isum[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                int sh = 4 * half, sb = 2 * j + half;
+                const int a[4] = {(int)((qa[j].x >> sh) & 0x0F0F0F0Fu),
+                                  (int)((qb[j].x >> sh) & 0x0F0F0F0Fu),
+                                  (int)((qa[j].y >> sh) & 0x0F0F0F0Fu),
+                                  (int)((qb[j].y >> sh) & 0x0F0F0F0Fu)};
+                int c[4] = {0, 0, 0, 0};
+                mma_k32(c, a, (int)(half ? xh[j].x : xl[j].x), (int)(half ? xh[j].y : xl[j].y));
+                int sa = q4k_scale(ha, sb, false), sc = q4k_scale(hb, sb, false);
+                isum[0] += sa * c[0];
+                isum[1] += sa * c[1];
+                isum[2] += sc * c[2];
+                isum[3] += sc * c[3];
+            }
+        }
+        // Σ mn·bsum per (row, token): sub-block sums are pairs of bsums (sums of 16).
+        int ma0 = 0, ma1 = 0, mb0 = 0, mb1 = 0;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int4 s0 = bs0[q], s1 = bs1[q];
+            int u0[2] = {s0.x + s0.y, s0.z + s0.w}, u1[2] = {s1.x + s1.y, s1.z + s1.w};
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int na = q4k_scale(ha, 2 * q + e, true), nbm = q4k_scale(hb, 2 * q + e, true);
+                ma0 += na * u0[e];
+                ma1 += na * u1[e];
+                mb0 += nbm * u0[e];
+                mb1 += nbm * u1[e];
+            }
+        }
+        float da = f16_to_f32((u16)(ha.x & 0xFFFF)), dma = f16_to_f32((u16)(ha.x >> 16));
+        float db = f16_to_f32((u16)(hb.x & 0xFFFF)), dmb = f16_to_f32((u16)(hb.x >> 16));
+        float y0 = ad[tc0 * nb + ib], y1 = ad[tc1 * nb + ib];
+        acc[0] += (da * y0) * (float)isum[0] - (dma * y0) * (float)ma0;
+        acc[1] += (da * y1) * (float)isum[1] - (dma * y1) * (float)ma1;
+        acc[2] += (db * y0) * (float)isum[2] - (dmb * y0) * (float)mb0;
+        acc[3] += (db * y1) * (float)isum[3] - (dmb * y1) * (float)mb1;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) red[warp][e][lane] = acc[e];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MVQ_WARPS; w++) s += red[w][e][lane];
+            int row = r0 + g + 8 * (e >> 1), tok = t0 + 2 * tig + (e & 1);
+            if (row < rows && tok < m) y[(long long)tok * rows + row] = s;
+        }
+    }
+}
