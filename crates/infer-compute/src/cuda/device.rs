@@ -34,7 +34,7 @@ pub(super) const STAGE: usize = 2048;
 /// Activation rows per warp of the mat-vec kernels; `MT` in `kernels.cu`.
 pub(super) const MT: usize = 4;
 /// Weight rows, activation rows and warps (splitting K) of one block of the few-row
-/// tensor-core product `mvq_q4_k`; `MVQ_TOKENS`, `MVQ_WARPS` in `mmq.cu` (16 rows: one mma tile).
+/// tensor-core products `mvq_q4_k`, `mvq_q6_k`; `MVQ_TOKENS`, `MVQ_WARPS` in `mmq.cu` (16 rows: one mma tile).
 pub(super) const MVQ_ROWS: usize = 16;
 pub(super) const MVQ_TOKENS: usize = 8;
 pub(super) const MVQ_WARPS: usize = 8;
@@ -100,6 +100,8 @@ pub(super) struct Kernels {
     pub mv1_q6_k: CudaFunction,
     /// Q4_K × 2..=[`MVQ_TOKENS`] activation rows on the tensor cores from registers.
     pub mvq_q4_k: CudaFunction,
+    /// Q6_K × 2..=[`MVQ_TOKENS`] activation rows, as `mvq_q4_k`.
+    pub mvq_q6_k: CudaFunction,
     /// One kernel per token tile of [`MMQ_WIDTHS`].
     pub mmq_q4_0: [CudaFunction; 3],
     /// One kernel per token tile of [`MMQ_WIDTHS`].
@@ -287,6 +289,7 @@ impl Device {
             mv1_q4_k: f("mv1_q4_k")?,
             mv1_q6_k: f("mv1_q6_k")?,
             mvq_q4_k: f("mvq_q4_k")?,
+            mvq_q6_k: f("mvq_q6_k")?,
             mmq_q4_0: [f("mmq_q4_0")?, f("mmq_q4_0_n32")?, f("mmq_q4_0_n16")?],
             mmq_q5_0: [f("mmq_q5_0")?, f("mmq_q5_0_n32")?, f("mmq_q5_0_n16")?],
             mmq_q8_0: [f("mmq_q8_0")?, f("mmq_q8_0_n32")?, f("mmq_q8_0_n16")?],

@@ -1036,3 +1036,90 @@ extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
         }
     }
 }
+
+// A word from a 2-byte aligned address (Q6_K's 210-byte blocks): the two aligned words around
+// it, funnel-shifted (may read 2 bytes past the word: device buffers are padded).
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    unsigned long long a = (unsigned long long)p;
+    const u32* w = (const u32*)(a & ~3ull);
+    return __funnelshift_r(__ldg(w), __ldg(w + 1), (u32)(a & 2) * 8);
+}
+
+// Q6_K as mvq_q4_k, per 16-value group one `mma.m16n8k16.s8` (the scale changes every 16
+// values): lane tig holds quants l = 16 s + 4 tig .. + 3 of each group, assembled from ql and
+// qh in registers as ggml dequantize_row_q6_K does and offset by -32, against the same values
+// of token g; the exact sums get their group's scale per row, and per super-block
+//   acc += d·yd · Σ sc·isum     (ggml vec_dot_q6_K_q8_K)
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q6_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
+    __shared__ float red[MVQ_WARPS][4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    int nb = cols / 256;
+    int r0 = blockIdx.x * 16, t0 = blockIdx.y * MVQ_TOKENS;
+    const u8* wa = W + (long long)min(r0 + g, rows - 1) * nb * 210;
+    const u8* wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 210;
+    long long ta = min(t0 + g, m - 1);
+    long long tc0 = min(t0 + 2 * tig, m - 1), tc1 = min(t0 + 2 * tig + 1, m - 1);
+    const i8* xa = aq + ta * cols + 4 * tig;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    pdl_wait();
+    for (int ib = warp; ib < nb; ib += MVQ_WARPS) {
+        const u8* ba = wa + (long long)ib * 210;
+        const u8* bb = wb + (long long)ib * 210;
+        const i8* x = xa + (long long)ib * 256;
+        int isum[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            // Scales 8 n .. 8 n + 7 (int8) of both rows.
+            const u32 sa[2] = {ld_u32_a2(ba + 192 + 8 * n), ld_u32_a2(ba + 196 + 8 * n)};
+            const u32 sb[2] = {ld_u32_a2(bb + 192 + 8 * n), ld_u32_a2(bb + 196 + 8 * n)};
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                int o = 64 * n + 16 * s + 4 * tig, oh = 128 + 32 * n + 16 * s + 4 * tig;
+                u32 la = ld_u32_a2(ba + o), lb = ld_u32_a2(ba + o + 32), ha = ld_u32_a2(ba + oh);
+                u32 ma = ld_u32_a2(bb + o), mb = ld_u32_a2(bb + o + 32), hb = ld_u32_a2(bb + oh);
+                const u32 qa[4] = {(la & 0x0F0F0F0Fu) | ((ha << 4) & 0x30303030u),
+                                   (lb & 0x0F0F0F0Fu) | ((ha << 2) & 0x30303030u),
+                                   ((la >> 4) & 0x0F0F0F0Fu) | (ha & 0x30303030u),
+                                   ((lb >> 4) & 0x0F0F0F0Fu) | ((ha >> 2) & 0x30303030u)};
+                const u32 qb[4] = {(ma & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u),
+                                   (mb & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u),
+                                   ((ma >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u),
+                                   ((mb >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u)};
+#pragma unroll
+                for (int G = 0; G < 4; G++) {
+                    int c[4] = {0, 0, 0, 0};
+                    int bx = *(const int*)(x + 128 * n + 32 * G + 16 * s);
+                    mma_k16(c, (int)__vsub4(qa[G], 0x20202020u), (int)__vsub4(qb[G], 0x20202020u),
+                            bx);
+                    int k = s + 2 * G;  // scale 8 n + k
+                    int sca = sbyte(sa[k >> 2], k & 3), scb = sbyte(sb[k >> 2], k & 3);
+                    isum[0] += sca * c[0];
+                    isum[1] += sca * c[1];
+                    isum[2] += scb * c[2];
+                    isum[3] += scb * c[3];
+                }
+            }
+        }
+        float da = f16_to_f32(ld_u16(ba + 208)), db = f16_to_f32(ld_u16(bb + 208));
+        float y0 = ad[tc0 * nb + ib], y1 = ad[tc1 * nb + ib];
+        acc[0] += (da * y0) * (float)isum[0];
+        acc[1] += (da * y1) * (float)isum[1];
+        acc[2] += (db * y0) * (float)isum[2];
+        acc[3] += (db * y1) * (float)isum[3];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) red[warp][e][lane] = acc[e];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MVQ_WARPS; w++) s += red[w][e][lane];
+            int row = r0 + g + 8 * (e >> 1), tok = t0 + 2 * tig + (e & 1);
+            if (row < rows && tok < m) y[(long long)tok * rows + row] = s;
+        }
+    }
+}

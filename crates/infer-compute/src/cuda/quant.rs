@@ -52,6 +52,7 @@ fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_
     let k = &dev.k;
     let few = match format {
         Some(QuantFormat::Q4_K) => Some(&k.mvq_q4_k),
+        Some(QuantFormat::Q6_K) => Some(&k.mvq_q6_k),
         _ => None,
     };
     let (mv, mv1, mmq, mmq_dynamic_smem, mmq_ids) = match format {
@@ -153,8 +154,8 @@ fn token_tile(m: usize) -> usize {
 /// [`token_tile`] activation rows × `MMQ_BM` weight rows, activation tiles fastest so the
 /// blocks sharing a weight tile run together, K split into [`split_shares`] shares when the
 /// tiles alone would leave the device idle) from [`MMQ_MIN_M`] rows on devices of compute
-/// capability 8.0 or later, else the mat-vecs (the one-row kernel for one row); Q4_K from 2 to
-/// [`MVQ_TOKENS`] rows takes the few-row tensor-core product (`mvq_q4_k`). All take the
+/// capability 8.0 or later, else the mat-vecs (the one-row kernel for one row); Q4_K and Q6_K from 2
+/// to [`MVQ_TOKENS`] rows take the few-row tensor-core products (`mvq_*`). All take the
 /// same arguments, the tile kernels then the split-K pointers; Q4_K's tile kernels ask for
 /// [`mmq_q4k_smem`] bytes of dynamic shared memory.
 /// Errors: a format without a kernel.
