@@ -33,8 +33,9 @@ pub(super) const ROWS_PER_BLOCK: usize = 8;
 pub(super) const STAGE: usize = 2048;
 /// Activation rows per warp of the mat-vec kernels; `MT` in `kernels.cu`.
 pub(super) const MT: usize = 4;
-/// Weight rows, activation rows and warps (splitting K) of one block of the few-row
-/// tensor-core products `mvq_q4_k`, `mvq_q6_k`; `MVQ_TOKENS`, `MVQ_WARPS` in `mmq.cu` (16 rows: one mma tile).
+/// Weight rows (one mma tile), activation rows of a token group (one mma's columns) and warps
+/// (splitting K) of one block of the few-row tensor-core products `mvq_*` (`mvq_*_n16`: two
+/// token groups); `MVQ_WARPS` in `mmq.cu`.
 pub(super) const MVQ_ROWS: usize = 16;
 pub(super) const MVQ_TOKENS: usize = 8;
 pub(super) const MVQ_WARPS: usize = 8;
@@ -98,10 +99,10 @@ pub(super) struct Kernels {
     pub mv_q6_k: CudaFunction,
     pub mv1_q4_k: CudaFunction,
     pub mv1_q6_k: CudaFunction,
-    /// Q4_K × 2..=[`MVQ_TOKENS`] activation rows on the tensor cores from registers.
-    pub mvq_q4_k: CudaFunction,
-    /// Q6_K × 2..=[`MVQ_TOKENS`] activation rows, as `mvq_q4_k`.
-    pub mvq_q6_k: CudaFunction,
+    /// Q4_K × up to 8 and 16 activation rows on the tensor cores from registers.
+    pub mvq_q4_k: [CudaFunction; 2],
+    /// Q6_K × up to 8 and 16 activation rows, as `mvq_q4_k`.
+    pub mvq_q6_k: [CudaFunction; 2],
     /// One kernel per token tile of [`MMQ_WIDTHS`].
     pub mmq_q4_0: [CudaFunction; 3],
     /// One kernel per token tile of [`MMQ_WIDTHS`].
@@ -288,8 +289,8 @@ impl Device {
             mv_q6_k: f("mv_q6_k")?,
             mv1_q4_k: f("mv1_q4_k")?,
             mv1_q6_k: f("mv1_q6_k")?,
-            mvq_q4_k: f("mvq_q4_k")?,
-            mvq_q6_k: f("mvq_q6_k")?,
+            mvq_q4_k: [f("mvq_q4_k")?, f("mvq_q4_k_n16")?],
+            mvq_q6_k: [f("mvq_q6_k")?, f("mvq_q6_k_n16")?],
             mmq_q4_0: [f("mmq_q4_0")?, f("mmq_q4_0_n32")?, f("mmq_q4_0_n16")?],
             mmq_q5_0: [f("mmq_q5_0")?, f("mmq_q5_0_n32")?, f("mmq_q5_0_n16")?],
             mmq_q8_0: [f("mmq_q8_0")?, f("mmq_q8_0_n32")?, f("mmq_q8_0_n16")?],

@@ -931,9 +931,9 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q4_K products of a few activation rows (2 .. MVQ_TOKENS: small decode batches) on the int8
+// Q4_K products of a few activation rows (2 .. 16: small decode batches) on the int8
 // tensor cores straight from registers, the tile kernels' work without their shared-memory
-// tiles: a block takes 16 weight rows and MVQ_TOKENS tokens, its MVQ_WARPS warps split K by
+// tiles: a block takes 16 weight rows and 8 or 16 tokens, its MVQ_WARPS warps split K by
 // super-blocks (warp w: w, w + MVQ_WARPS, ...) and sum their partial tiles in shared memory at
 // the end. Per 32-value sub-block one `mma.m16n8k32.s8` of the 16 rows' 4-bit quants (as
 // loaded: lane tig holds bytes 8 tig .. 8 tig + 7 of each 32-byte pair of sub-blocks, the low
@@ -944,43 +944,78 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
 // with the mins against the tokens' Q8_K bsums. Rows and tokens past the ends are clamped to
 // the last ones (valid memory) and not stored. The 16-token tiles ran a 4-row product at a
 // sixth of HBM speed converting every weight to f16 in shared memory; the mat-vecs re-derive
-// each weight block for each token.
+// each weight block for each token. `mvq_*` take 8 tokens, `mvq_*_n16` 16 (two mma per
+// sub-block on the same weight registers).
 // ---------------------------------------------------------------------------------------------
 
 #define MVQ_WARPS 8
-#define MVQ_TOKENS 8
 
-extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
-    mvq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
-             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
-    __shared__ float red[MVQ_WARPS][4][32];
+// The partial tiles of the block's warps summed in shared memory and stored: acc[q][e] is the
+// output (row g + 8 (e >> 1), token 8 q + 2 tig + (e & 1)) of the tile at (r0, t0).
+template <int NG>
+__device__ __forceinline__ void mvq_store(float (&acc)[NG][4], float* __restrict__ y, int rows,
+                                          int m, int r0, int t0) {
+    __shared__ float red[MVQ_WARPS][4 * NG][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int q = 0; q < NG; q++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) red[warp][4 * q + e][lane] = acc[q][e];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < 4 * NG; i++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MVQ_WARPS; w++) s += red[w][i][lane];
+            int e = i & 3, row = r0 + g + 8 * (e >> 1), tok = t0 + 8 * (i >> 2) + 2 * tig + (e & 1);
+            if (row < rows && tok < m) y[(long long)tok * rows + row] = s;
+        }
+    }
+}
+
+// mvq_q4_k over NG groups of 8 tokens (the weights' registers shared by all of them).
+template <int NG>
+__device__ __forceinline__ void mvq_q4_k_t(const u8* __restrict__ W, const i8* __restrict__ aq,
+                                           const float* __restrict__ ad,
+                                           const int* __restrict__ bsums, float* __restrict__ y,
+                                           int rows, int cols, int m) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     int nb = cols / 256;
-    int r0 = blockIdx.x * 16, t0 = blockIdx.y * MVQ_TOKENS;
-    // Weight rows g and g + 8 of the tile (A operand, C rows); token g (B operand); tokens
-    // 2 tig and 2 tig + 1 (C columns: their d and bsums).
+    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NG;
+    // Weight rows g and g + 8 of the tile (A operand, C rows); tokens 8 q + g (B operand);
+    // tokens 8 q + 2 tig and 8 q + 2 tig + 1 (C columns: their d and bsums).
     const u8* wa = W + (long long)min(r0 + g, rows - 1) * nb * 144;
     const u8* wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 144;
-    long long ta = min(t0 + g, m - 1);
-    long long tc0 = min(t0 + 2 * tig, m - 1), tc1 = min(t0 + 2 * tig + 1, m - 1);
-    const i8* xa = aq + ta * cols + 8 * tig;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const i8* xa[NG];
+    long long tc[NG][2];
+#pragma unroll
+    for (int q = 0; q < NG; q++) {
+        xa[q] = aq + (long long)min(t0 + 8 * q + g, m - 1) * cols + 8 * tig;
+        tc[q][0] = min(t0 + 8 * q + 2 * tig, m - 1);
+        tc[q][1] = min(t0 + 8 * q + 2 * tig + 1, m - 1);
+    }
+    float acc[NG][4];
+#pragma unroll
+    for (int q = 0; q < NG; q++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[q][e] = 0.0f;
     pdl_wait();
     for (int ib = warp; ib < nb; ib += MVQ_WARPS) {
         const u8* ba = wa + (long long)ib * 144;
         const u8* bb = wb + (long long)ib * 144;
         uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
-        uint2 qa[4], qb[4], xl[4], xh[4];
+        uint2 qa[4], qb[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             qa[j] = *(const uint2*)(ba + 16 + 32 * j + 8 * tig);
             qb[j] = *(const uint2*)(bb + 16 + 32 * j + 8 * tig);
-            xl[j] = *(const uint2*)(xa + (long long)ib * 256 + 64 * j);
-            xh[j] = *(const uint2*)(xa + (long long)ib * 256 + 64 * j + 32);
         }
-        const int4* bs0 = (const int4*)(bsums + (tc0 * nb + ib) * 16);
-        const int4* bs1 = (const int4*)(bsums + (tc1 * nb + ib) * 16);
-        int isum[4] = {0, 0, 0, 0};
+        int isum[NG][4];
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) isum[q][e] = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
 #pragma unroll
@@ -990,51 +1025,57 @@ extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
                                   (int)((qb[j].x >> sh) & 0x0F0F0F0Fu),
                                   (int)((qa[j].y >> sh) & 0x0F0F0F0Fu),
                                   (int)((qb[j].y >> sh) & 0x0F0F0F0Fu)};
-                int c[4] = {0, 0, 0, 0};
-                mma_k32(c, a, (int)(half ? xh[j].x : xl[j].x), (int)(half ? xh[j].y : xl[j].y));
                 int sa = q4k_scale(ha, sb, false), sc = q4k_scale(hb, sb, false);
-                isum[0] += sa * c[0];
-                isum[1] += sa * c[1];
-                isum[2] += sc * c[2];
-                isum[3] += sc * c[3];
-            }
-        }
-        // Σ mn·bsum per (row, token): sub-block sums are pairs of bsums (sums of 16).
-        int ma0 = 0, ma1 = 0, mb0 = 0, mb1 = 0;
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            int4 s0 = bs0[q], s1 = bs1[q];
-            int u0[2] = {s0.x + s0.y, s0.z + s0.w}, u1[2] = {s1.x + s1.y, s1.z + s1.w};
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int na = q4k_scale(ha, 2 * q + e, true), nbm = q4k_scale(hb, 2 * q + e, true);
-                ma0 += na * u0[e];
-                ma1 += na * u1[e];
-                mb0 += nbm * u0[e];
-                mb1 += nbm * u1[e];
+                for (int q = 0; q < NG; q++) {
+                    // Token 8 q + g's values of sub-block sb at the bytes this lane holds.
+                    uint2 x = *(const uint2*)(xa[q] + (long long)ib * 256 + 64 * j + 32 * half);
+                    int c[4] = {0, 0, 0, 0};
+                    mma_k32(c, a, (int)x.x, (int)x.y);
+                    isum[q][0] += sa * c[0];
+                    isum[q][1] += sa * c[1];
+                    isum[q][2] += sc * c[2];
+                    isum[q][3] += sc * c[3];
+                }
             }
         }
         float da = f16_to_f32((u16)(ha.x & 0xFFFF)), dma = f16_to_f32((u16)(ha.x >> 16));
         float db = f16_to_f32((u16)(hb.x & 0xFFFF)), dmb = f16_to_f32((u16)(hb.x >> 16));
-        float y0 = ad[tc0 * nb + ib], y1 = ad[tc1 * nb + ib];
-        acc[0] += (da * y0) * (float)isum[0] - (dma * y0) * (float)ma0;
-        acc[1] += (da * y1) * (float)isum[1] - (dma * y1) * (float)ma1;
-        acc[2] += (db * y0) * (float)isum[2] - (dmb * y0) * (float)mb0;
-        acc[3] += (db * y1) * (float)isum[3] - (dmb * y1) * (float)mb1;
-    }
 #pragma unroll
-    for (int e = 0; e < 4; e++) red[warp][e][lane] = acc[e];
-    __syncthreads();
-    if (warp == 0) {
+        for (int q = 0; q < NG; q++) {
+            // Σ mn·bsum per (row, token): sub-block sums are pairs of bsums (sums of 16).
+            int mn[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float s = 0.0f;
+            for (int u = 0; u < 2; u++) {
+                const int4* bs = (const int4*)(bsums + (tc[q][u] * nb + ib) * 16);
 #pragma unroll
-            for (int w = 0; w < MVQ_WARPS; w++) s += red[w][e][lane];
-            int row = r0 + g + 8 * (e >> 1), tok = t0 + 2 * tig + (e & 1);
-            if (row < rows && tok < m) y[(long long)tok * rows + row] = s;
+                for (int k = 0; k < 4; k++) {
+                    int4 v = bs[k];
+                    int s0 = v.x + v.y, s1 = v.z + v.w;
+                    mn[u] += q4k_scale(ha, 2 * k, true) * s0 + q4k_scale(ha, 2 * k + 1, true) * s1;
+                    mn[2 + u] += q4k_scale(hb, 2 * k, true) * s0 + q4k_scale(hb, 2 * k + 1, true) * s1;
+                }
+            }
+            float y0 = ad[tc[q][0] * nb + ib], y1 = ad[tc[q][1] * nb + ib];
+            acc[q][0] += (da * y0) * (float)isum[q][0] - (dma * y0) * (float)mn[0];
+            acc[q][1] += (da * y1) * (float)isum[q][1] - (dma * y1) * (float)mn[1];
+            acc[q][2] += (db * y0) * (float)isum[q][2] - (dmb * y0) * (float)mn[2];
+            acc[q][3] += (db * y1) * (float)isum[q][3] - (dmb * y1) * (float)mn[3];
         }
     }
+    mvq_store(acc, y, rows, m, r0, t0);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
+    mvq_q4_k_t<1>(W, aq, ad, bsums, y, rows, cols, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q4_k_n16(const u8* __restrict__ W, const i8* __restrict__ aq,
+                 const float* __restrict__ ad, const int* __restrict__ bsums,
+                 float* __restrict__ y, int rows, int cols, int m) {
+    mvq_q4_k_t<2>(W, aq, ad, bsums, y, rows, cols, m);
 }
 
 // A word from a 2-byte aligned address (Q6_K's 210-byte blocks): the two aligned words around
@@ -1050,25 +1091,37 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
 // qh in registers as ggml dequantize_row_q6_K does and offset by -32, against the same values
 // of token g; the exact sums get their group's scale per row, and per super-block
 //   acc += d·yd · Σ sc·isum     (ggml vec_dot_q6_K_q8_K)
-extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
-    mvq_q6_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
-             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
-    __shared__ float red[MVQ_WARPS][4][32];
+template <int NG>
+__device__ __forceinline__ void mvq_q6_k_t(const u8* __restrict__ W, const i8* __restrict__ aq,
+                                           const float* __restrict__ ad, float* __restrict__ y,
+                                           int rows, int cols, int m) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     int nb = cols / 256;
-    int r0 = blockIdx.x * 16, t0 = blockIdx.y * MVQ_TOKENS;
+    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NG;
     const u8* wa = W + (long long)min(r0 + g, rows - 1) * nb * 210;
     const u8* wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 210;
-    long long ta = min(t0 + g, m - 1);
-    long long tc0 = min(t0 + 2 * tig, m - 1), tc1 = min(t0 + 2 * tig + 1, m - 1);
-    const i8* xa = aq + ta * cols + 4 * tig;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const i8* xa[NG];
+    long long tc[NG][2];
+#pragma unroll
+    for (int q = 0; q < NG; q++) {
+        xa[q] = aq + (long long)min(t0 + 8 * q + g, m - 1) * cols + 4 * tig;
+        tc[q][0] = min(t0 + 8 * q + 2 * tig, m - 1);
+        tc[q][1] = min(t0 + 8 * q + 2 * tig + 1, m - 1);
+    }
+    float acc[NG][4];
+#pragma unroll
+    for (int q = 0; q < NG; q++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[q][e] = 0.0f;
     pdl_wait();
     for (int ib = warp; ib < nb; ib += MVQ_WARPS) {
         const u8* ba = wa + (long long)ib * 210;
         const u8* bb = wb + (long long)ib * 210;
-        const i8* x = xa + (long long)ib * 256;
-        int isum[4] = {0, 0, 0, 0};
+        int isum[NG][4];
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) isum[q][e] = 0;
 #pragma unroll
         for (int n = 0; n < 2; n++) {
             // Scales 8 n .. 8 n + 7 (int8) of both rows.
@@ -1089,37 +1142,44 @@ extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
                                    ((mb >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u)};
 #pragma unroll
                 for (int G = 0; G < 4; G++) {
-                    int c[4] = {0, 0, 0, 0};
-                    int bx = *(const int*)(x + 128 * n + 32 * G + 16 * s);
-                    mma_k16(c, (int)__vsub4(qa[G], 0x20202020u), (int)__vsub4(qb[G], 0x20202020u),
-                            bx);
+                    int a0 = (int)__vsub4(qa[G], 0x20202020u), a1 = (int)__vsub4(qb[G], 0x20202020u);
                     int k = s + 2 * G;  // scale 8 n + k
                     int sca = sbyte(sa[k >> 2], k & 3), scb = sbyte(sb[k >> 2], k & 3);
-                    isum[0] += sca * c[0];
-                    isum[1] += sca * c[1];
-                    isum[2] += scb * c[2];
-                    isum[3] += scb * c[3];
+#pragma unroll
+                    for (int q = 0; q < NG; q++) {
+                        int c[4] = {0, 0, 0, 0};
+                        int bx = *(const int*)(xa[q] + (long long)ib * 256 + 128 * n + 32 * G + 16 * s);
+                        mma_k16(c, a0, a1, bx);
+                        isum[q][0] += sca * c[0];
+                        isum[q][1] += sca * c[1];
+                        isum[q][2] += scb * c[2];
+                        isum[q][3] += scb * c[3];
+                    }
                 }
             }
         }
         float da = f16_to_f32(ld_u16(ba + 208)), db = f16_to_f32(ld_u16(bb + 208));
-        float y0 = ad[tc0 * nb + ib], y1 = ad[tc1 * nb + ib];
-        acc[0] += (da * y0) * (float)isum[0];
-        acc[1] += (da * y1) * (float)isum[1];
-        acc[2] += (db * y0) * (float)isum[2];
-        acc[3] += (db * y1) * (float)isum[3];
-    }
 #pragma unroll
-    for (int e = 0; e < 4; e++) red[warp][e][lane] = acc[e];
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int w = 0; w < MVQ_WARPS; w++) s += red[w][e][lane];
-            int row = r0 + g + 8 * (e >> 1), tok = t0 + 2 * tig + (e & 1);
-            if (row < rows && tok < m) y[(long long)tok * rows + row] = s;
+        for (int q = 0; q < NG; q++) {
+            float y0 = ad[tc[q][0] * nb + ib], y1 = ad[tc[q][1] * nb + ib];
+            acc[q][0] += (da * y0) * (float)isum[q][0];
+            acc[q][1] += (da * y1) * (float)isum[q][1];
+            acc[q][2] += (db * y0) * (float)isum[q][2];
+            acc[q][3] += (db * y1) * (float)isum[q][3];
         }
     }
+    mvq_store(acc, y, rows, m, r0, t0);
+}
+
+// bsums unused: the argument list of every K-quant product (Q6_K folds no mins).
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q6_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
+    mvq_q6_k_t<1>(W, aq, ad, y, rows, cols, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q6_k_n16(const u8* __restrict__ W, const i8* __restrict__ aq,
+                 const float* __restrict__ ad, const int* __restrict__ bsums,
+                 float* __restrict__ y, int rows, int cols, int m) {
+    mvq_q6_k_t<2>(W, aq, ad, y, rows, cols, m);
 }

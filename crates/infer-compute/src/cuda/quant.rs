@@ -31,8 +31,9 @@ struct FormatKernels<'a> {
     mmq: &'a [CudaFunction; 3],
     mmq_dynamic_smem: bool,
     mmq_ids: Option<&'a CudaFunction>,
-    /// The few-row tensor-core product (2..=[`MVQ_TOKENS`] rows), where a format has one.
-    few: Option<&'a CudaFunction>,
+    /// The few-row tensor-core products (2..=[`MVQ_MAX_M`] rows: one and two groups of
+    /// [`MVQ_TOKENS`]), where a format has them.
+    few: Option<&'a [CudaFunction; 2]>,
 }
 
 impl FormatKernels<'_> {
@@ -128,6 +129,9 @@ pub(super) fn grouped_kernel(
 /// than the mat-vecs, which read each weight row once per `MT` activation rows. At 4 rows the
 /// 16-token tiles are ahead: 8 B Q4_K_M, 4 sequences, 547 vs 522 tok/s (H100, two rounds).
 pub(super) const MMQ_MIN_M: usize = 4;
+/// Most activation rows of the few-row tensor-core products (`mvq_*`, Q4_K and Q6_K): two
+/// groups of [`MVQ_TOKENS`], every weight block unpacked once into registers for all of them.
+pub(super) const MVQ_MAX_M: usize = 2 * MVQ_TOKENS;
 
 /// A product's launch: the kernel, whether it reads Q8_K activations, its grid, and for the
 /// tile kernels the two split-K buffer pointers that follow the shared arguments.
@@ -155,7 +159,7 @@ fn token_tile(m: usize) -> usize {
 /// blocks sharing a weight tile run together, K split into [`split_shares`] shares when the
 /// tiles alone would leave the device idle) from [`MMQ_MIN_M`] rows on devices of compute
 /// capability 8.0 or later, else the mat-vecs (the one-row kernel for one row); Q4_K and Q6_K from 2
-/// to [`MVQ_TOKENS`] rows take the few-row tensor-core products (`mvq_*`). All take the
+/// to [`MVQ_MAX_M`] rows take the few-row tensor-core products (`mvq_*`). All take the
 /// same arguments, the tile kernels then the split-K pointers; Q4_K's tile kernels ask for
 /// [`mmq_q4k_smem`] bytes of dynamic shared memory.
 /// Errors: a format without a kernel.
@@ -179,17 +183,14 @@ pub(super) fn product_kernel(
     let kq = is_kq(format);
     if let Some(few) = fk
         .few
-        .filter(|_| (2..=MVQ_TOKENS).contains(&m) && dev.cc.0 >= 8)
+        .filter(|_| (2..=MVQ_MAX_M).contains(&m) && dev.cc.0 >= 8)
     {
+        let groups = m.div_ceil(MVQ_TOKENS);
         return Ok(ProductLaunch {
-            func: few,
+            func: &few[groups - 1],
             kq,
             cfg: LaunchConfig {
-                grid_dim: (
-                    rows.div_ceil(MVQ_ROWS) as u32,
-                    m.div_ceil(MVQ_TOKENS) as u32,
-                    1,
-                ),
+                grid_dim: (rows.div_ceil(MVQ_ROWS) as u32, 1, 1),
                 block_dim: (32 * MVQ_WARPS as u32, 1, 1),
                 shared_mem_bytes: 0,
             },
