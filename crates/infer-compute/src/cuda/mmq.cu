@@ -974,27 +974,47 @@ __device__ __forceinline__ void mvq_store(float (&acc)[NG][4], float* __restrict
     }
 }
 
+// Where a lane of an mvq block reads: weight rows g and g + 8 of the tile (A operand, C rows;
+// rows of `row_bytes`), tokens 8 q + g (B operand; from `lane_off` bytes into each row) and
+// tokens 8 q + 2 tig and 8 q + 2 tig + 1 (C columns: their d and bsums). Rows and tokens past
+// the ends are clamped to the last ones (their outputs are not stored).
+template <int NG>
+struct MvqPlace {
+    const u8 *wa, *wb;
+    const i8* xa[NG];
+    long long tc[NG][2];
+};
+
+template <int NG>
+__device__ __forceinline__ MvqPlace<NG> mvq_place(const u8* __restrict__ W,
+                                                  const i8* __restrict__ aq, int rows, int cols,
+                                                  int m, int row_bytes, int lane_off) {
+    int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NG;
+    MvqPlace<NG> p;
+    p.wa = W + (long long)min(r0 + g, rows - 1) * row_bytes;
+    p.wb = W + (long long)min(r0 + g + 8, rows - 1) * row_bytes;
+#pragma unroll
+    for (int q = 0; q < NG; q++) {
+        p.xa[q] = aq + (long long)min(t0 + 8 * q + g, m - 1) * cols + lane_off;
+        p.tc[q][0] = min(t0 + 8 * q + 2 * tig, m - 1);
+        p.tc[q][1] = min(t0 + 8 * q + 2 * tig + 1, m - 1);
+    }
+    return p;
+}
+
 // mvq_q4_k over NG groups of 8 tokens (the weights' registers shared by all of them).
 template <int NG>
 __device__ __forceinline__ void mvq_q4_k_t(const u8* __restrict__ W, const i8* __restrict__ aq,
                                            const float* __restrict__ ad,
                                            const int* __restrict__ bsums, float* __restrict__ y,
                                            int rows, int cols, int m) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
     int nb = cols / 256;
-    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NG;
-    // Weight rows g and g + 8 of the tile (A operand, C rows); tokens 8 q + g (B operand);
-    // tokens 8 q + 2 tig and 8 q + 2 tig + 1 (C columns: their d and bsums).
-    const u8* wa = W + (long long)min(r0 + g, rows - 1) * nb * 144;
-    const u8* wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 144;
-    const i8* xa[NG];
-    long long tc[NG][2];
-#pragma unroll
-    for (int q = 0; q < NG; q++) {
-        xa[q] = aq + (long long)min(t0 + 8 * q + g, m - 1) * cols + 8 * tig;
-        tc[q][0] = min(t0 + 8 * q + 2 * tig, m - 1);
-        tc[q][1] = min(t0 + 8 * q + 2 * tig + 1, m - 1);
-    }
+    MvqPlace<NG> at = mvq_place<NG>(W, aq, rows, cols, m, nb * 144, 8 * tig);
+    const u8 *wa = at.wa, *wb = at.wb;
+    auto& xa = at.xa;
+    auto& tc = at.tc;
     float acc[NG][4];
 #pragma unroll
     for (int q = 0; q < NG; q++)
@@ -1063,7 +1083,7 @@ __device__ __forceinline__ void mvq_q4_k_t(const u8* __restrict__ W, const i8* _
             acc[q][3] += (db * y1) * (float)isum[q][3] - (dmb * y1) * (float)mn[3];
         }
     }
-    mvq_store(acc, y, rows, m, r0, t0);
+    mvq_store(acc, y, rows, m, blockIdx.x * 16, blockIdx.y * 8 * NG);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
@@ -1095,19 +1115,12 @@ template <int NG>
 __device__ __forceinline__ void mvq_q6_k_t(const u8* __restrict__ W, const i8* __restrict__ aq,
                                            const float* __restrict__ ad, float* __restrict__ y,
                                            int rows, int cols, int m) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
     int nb = cols / 256;
-    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NG;
-    const u8* wa = W + (long long)min(r0 + g, rows - 1) * nb * 210;
-    const u8* wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 210;
-    const i8* xa[NG];
-    long long tc[NG][2];
-#pragma unroll
-    for (int q = 0; q < NG; q++) {
-        xa[q] = aq + (long long)min(t0 + 8 * q + g, m - 1) * cols + 4 * tig;
-        tc[q][0] = min(t0 + 8 * q + 2 * tig, m - 1);
-        tc[q][1] = min(t0 + 8 * q + 2 * tig + 1, m - 1);
-    }
+    MvqPlace<NG> at = mvq_place<NG>(W, aq, rows, cols, m, nb * 210, 4 * tig);
+    const u8 *wa = at.wa, *wb = at.wb;
+    auto& xa = at.xa;
+    auto& tc = at.tc;
     float acc[NG][4];
 #pragma unroll
     for (int q = 0; q < NG; q++)
@@ -1168,7 +1181,7 @@ __device__ __forceinline__ void mvq_q6_k_t(const u8* __restrict__ W, const i8* _
             acc[q][3] += (db * y1) * (float)isum[q][3];
         }
     }
-    mvq_store(acc, y, rows, m, r0, t0);
+    mvq_store(acc, y, rows, m, blockIdx.x * 16, blockIdx.y * 8 * NG);
 }
 
 // bsums unused: the argument list of every K-quant product (Q6_K folds no mins).
