@@ -206,8 +206,7 @@ impl Rope {
         rotate_rows(
             &self.cfg,
             &self.inv_freq,
-            &self.cos,
-            &self.sin,
+            CosSin::Table(&self.cos, &self.sin),
             x,
             n_heads,
             positions,
@@ -219,9 +218,23 @@ impl Rope {
 /// (models alternate at most a few, e.g. Gemma-3's local and global layers).
 const CACHED_CONFIGS: usize = 4;
 
+/// Positions whose cos/sin [`apply_rope`] keeps per configuration and thread, direct-mapped by
+/// position: a decode step rotates the same positions in every layer (queries and keys), and
+/// recomputing their f64 sin/cos was ~1% of a 16-sequence SmolLM2 step on one thread.
+const MEMO_SLOTS: usize = 128;
+
+/// A configuration's inverse frequencies and its memo of [`MEMO_SLOTS`] positions: `pos[k]`
+/// (`usize::MAX`: empty) and its cos then sin at `cs[2·half·k ..]`.
+struct Cached {
+    cfg: RopeConfig,
+    inv_freq: Vec<f64>,
+    pos: Vec<usize>,
+    cs: Vec<f32>,
+}
+
 thread_local! {
-    /// Inverse frequencies of recently used configurations ([`apply_rope`]).
-    static INV_FREQ: Cell<Vec<(RopeConfig, Vec<f64>)>> = const { Cell::new(Vec::new()) };
+    /// Inverse frequencies and cos/sin memos of recently used configurations ([`apply_rope`]).
+    static INV_FREQ: Cell<Vec<Cached>> = const { Cell::new(Vec::new()) };
     /// cos then sin of one position, for positions outside a table.
     static COS_SIN: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
@@ -234,29 +247,48 @@ thread_local! {
 pub fn apply_rope(x: &mut [f32], n_heads: usize, positions: &[usize], cfg: &RopeConfig) {
     cfg.check();
     let mut cache = INV_FREQ.take();
-    let i = match cache.iter().position(|(c, _)| c == cfg) {
+    let i = match cache.iter().position(|c| c.cfg == *cfg) {
         Some(i) => i,
         None => {
             if cache.len() < CACHED_CONFIGS {
-                cache.push((*cfg, Vec::new()));
+                cache.push(Cached {
+                    cfg: *cfg,
+                    inv_freq: Vec::new(),
+                    pos: Vec::new(),
+                    cs: Vec::new(),
+                });
             }
             let i = cache.len() - 1;
-            cache[i].0 = *cfg;
-            cfg.inv_freq_into(&mut cache[i].1);
+            let c = &mut cache[i];
+            c.cfg = *cfg;
+            cfg.inv_freq_into(&mut c.inv_freq);
+            c.pos.clear();
+            c.pos.resize(MEMO_SLOTS, usize::MAX);
+            c.cs.resize(MEMO_SLOTS * 2 * c.inv_freq.len(), 0.0);
             i
         }
     };
-    rotate_rows(cfg, &cache[i].1, &[], &[], x, n_heads, positions);
+    let c = &mut cache[i];
+    let memo = CosSin::Memo(&mut c.pos[..], &mut c.cs[..]);
+    rotate_rows(cfg, &c.inv_freq, memo, x, n_heads, positions);
     INV_FREQ.set(cache);
 }
 
-/// The rotation of [`Rope::apply`]: `cos`/`sin` tables `[positions, half]` (possibly empty),
-/// positions past them computed from `inv_freq` into a per-thread buffer.
+/// Where [`rotate_rows`] finds the cos/sin of a position.
+enum CosSin<'a> {
+    /// `cos`/`sin` tables `[positions, half]`; positions past them computed into a per-thread
+    /// buffer.
+    Table(&'a [f32], &'a [f32]),
+    /// A memo of recent positions (see [`Cached`]: slots, then cos/sin per slot).
+    Memo(&'a mut [usize], &'a mut [f32]),
+}
+
+/// The rotation of [`Rope::apply`] and [`apply_rope`], cos/sin from `src` or computed from
+/// `inv_freq`.
 fn rotate_rows(
     cfg: &RopeConfig,
     inv_freq: &[f64],
-    cos: &[f32],
-    sin: &[f32],
+    mut src: CosSin<'_>,
     x: &mut [f32],
     n_heads: usize,
     positions: &[usize],
@@ -277,12 +309,24 @@ fn rotate_rows(
     scratch::with(&COS_SIN, 2 * half, |buf| {
         let (cbuf, sbuf) = buf.split_at_mut(half);
         for (xr, &pos) in x.chunks_exact_mut(row).zip(positions) {
-            let (c, s) = if (pos + 1) * half <= cos.len() {
-                let r = pos * half..(pos + 1) * half;
-                (&cos[r.clone()], &sin[r])
-            } else {
-                fill_cos_sin(inv_freq, cfg.attention_factor(), pos, cbuf, sbuf);
-                (&cbuf[..], &sbuf[..])
+            let (c, s) = match &mut src {
+                CosSin::Table(cos, sin) if (pos + 1) * half <= cos.len() => {
+                    let r = pos * half..(pos + 1) * half;
+                    (&cos[r.clone()], &sin[r])
+                }
+                CosSin::Memo(slots, cs) => {
+                    let k = pos % MEMO_SLOTS;
+                    let (mc, ms) = cs[2 * half * k..2 * half * (k + 1)].split_at_mut(half);
+                    if slots[k] != pos {
+                        fill_cos_sin(inv_freq, cfg.attention_factor(), pos, mc, ms);
+                        slots[k] = pos;
+                    }
+                    (&mc[..], &ms[..])
+                }
+                CosSin::Table(..) => {
+                    fill_cos_sin(inv_freq, cfg.attention_factor(), pos, cbuf, sbuf);
+                    (&cbuf[..], &sbuf[..])
+                }
             };
             for head in xr.chunks_exact_mut(hd) {
                 rotate(&mut head[..2 * half], c, s, cfg.interleaved);

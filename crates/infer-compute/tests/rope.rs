@@ -200,3 +200,25 @@ fn cached_table_equals_on_the_fly_and_preserves_norm() {
         assert!((n0 - n1).abs() < 1e-5 * n0);
     }
 }
+
+/// `apply_rope` remembers recent positions' cos/sin per thread: repeated positions, positions
+/// that share a memo slot (128 apart) and a configuration switch in between all give the bits
+/// of the cached table.
+#[test]
+fn on_the_fly_memo_equals_the_table() {
+    let c1 = cfg(64, 64, 10000.0, RopeScaling::None, false);
+    let c2 = cfg(64, 32, 500000.0, RopeScaling::Linear { factor: 4.0 }, true);
+    let (r1, r2) = (Rope::new(c1, 1000), Rope::new(c2, 1000));
+    let positions = [5usize, 133, 5, 261, 133, 900, 5, 772];
+    let x: Vec<f32> = (0..positions.len() * 2 * 64)
+        .map(|i| ((i * 7919) % 113) as f32 / 50.0 - 1.0)
+        .collect();
+    for round in 0..3 {
+        for (c, r) in [(&c1, &r1), (&c2, &r2)] {
+            let (mut a, mut b) = (x.clone(), x.clone());
+            r.apply(&mut a, 2, &positions);
+            apply_rope(&mut b, 2, &positions, c);
+            assert_eq!(a, b, "round {round}");
+        }
+    }
+}

@@ -39,11 +39,25 @@ pub(super) fn with_acts<R>(
 ) -> Result<R, ComputeError> {
     let ar = format.bytes_for(cols)?;
     scratch::with(&ACTS, m * ar, |act| {
-        for (xi, ai) in x
-            .chunks_exact(cols.max(1))
-            .zip(act.chunks_exact_mut(ar.max(1)))
-        {
-            vec_dot::quantize_activations(format, xi, ai)?;
+        let rows = |(xs, acts): (&[f32], &mut [u8])| {
+            for (xi, ai) in xs
+                .chunks_exact(cols.max(1))
+                .zip(acts.chunks_exact_mut(ar.max(1)))
+            {
+                vec_dot::quantize_activations(format, xi, ai)?;
+            }
+            Ok::<(), ComputeError>(())
+        };
+        // Several rows (batched decode, prompts) are quantized by rows across the pool: on the
+        // calling thread alone the others waited (each row's bytes are the same either way).
+        let threads = rayon::current_num_threads();
+        if threads > 1 && m > 1 && m * cols >= crate::host_ops::PAR_ROW_VALUES {
+            let per = m.div_ceil(threads);
+            x.par_chunks(per * cols)
+                .zip(act[..m * ar].par_chunks_mut(per * ar))
+                .try_for_each(rows)?;
+        } else {
+            rows((x, &mut act[..m * ar]))?;
         }
         Ok(f(act, ar))
     })

@@ -2,8 +2,9 @@
 //! multiplied with all activation rows by a tile kernel (weight blocks unpacked once per tile
 //! of activation rows) — Q4_0, Q5_0 and Q8_0 weights with [`Q8Rows`] activations
 //! (`vec_dot::avx2_tile`, AVX2 or AVX-512 VNNI), Q4_K and Q6_K weights with Q8_K activations
-//! (`vec_dot::avx512_q4k`, `vec_dot::avx512_q6k`: AVX2, with AVX-512VL/BW's registers when present). The same kernels serve mat-vec (one row) and mat-mat,
-//! so both give the same bits per output.
+//! (`vec_dot::avx512_q4k`, `vec_dot::avx512_q6k`: AVX2, with AVX-512VL/BW's registers when
+//! present; four or more activation rows: `vec_dot::avx2_gemm_k`). Mat-vec (one row) and
+//! mat-mat give the same bits per output.
 
 use super::quant::Split;
 use crate::vec_dot::{self, Isa, OutMat, Q8Rows};

@@ -85,7 +85,7 @@ pub(super) unsafe fn pack_groups(acts: &Q8Rows, offset: i32, out: GroupsOut<'_>)
 /// The 4 × 4 dword transpose of each 128-bit half of rows `r0..r3`: step `s` = `[r0.s, r1.s,
 /// r2.s, r3.s | r0.(4+s), r1.(4+s), r2.(4+s), r3.(4+s)]` (dwords).
 #[inline(always)]
-unsafe fn transpose_dwords([r0, r1, r2, r3]: [__m256i; 4]) -> [__m256i; 4] {
+pub(super) unsafe fn transpose_dwords([r0, r1, r2, r3]: [__m256i; 4]) -> [__m256i; 4] {
     let t0 = _mm256_unpacklo_epi32(r0, r1);
     let t1 = _mm256_unpackhi_epi32(r0, r1);
     let t2 = _mm256_unpacklo_epi32(r2, r3);

@@ -2,12 +2,18 @@
 //! registers, and for plain AVX2/FMA/F16C hosts, whose 16 registers keep part of the unpacked
 //! block in L1): one weight row against up to [`TILE`] activation rows, each Q4_K block unpacked
 //! once per tile (nibbles, the eight 6-bit scales and mins) instead of once per activation row.
-//! Per activation row the operations are exactly those of the AVX2 `ggml_vec_dot_q4_K_q8_K`
-//! port (`super::avx2::q4_k_q8_k`: `madd(scale, maddubs(q4, q8))` per 32 values, one FMA per
-//! block, the mins against the Q8_K group sums), in the same order, so every tile width — and
-//! the mat-vec kernel — gives the same bits.
+//! The mat-vec and products of fewer than four activation rows (four or more take
+//! [`super::avx2_gemm_k`]).
+//!
+//! Per (weight row, activation row) pair the integer sums of a super-block are ggml's AVX2
+//! `ggml_vec_dot_q4_K_q8_K` ones (`madd(scale, maddubs(q4, q8))` per 32 values, the mins
+//! against the Q8_K group sums), reduced to the exact `isum = Σ_s scale_s·Σ q·a` and
+//! `msum = Σ_s min_s·Σ a`; then `acc = fma(d·d_a, isum, acc)`, `acc = fma(−(dmin·d_a), msum,
+//! acc)` per block from `acc = 0` — the f32 order of [`super::kquant_row`] and
+//! [`super::vnni_gemm_k`], so every tile width, the batch kernel and the AVX-512 VNNI path
+//! give the same bits.
 
-use super::avx2::{f16_pair, hsum_float_8, scale_shuffle_k4};
+use super::avx2::{f16_pair, scale_shuffle_k4};
 use infer_quant::{q4_k, q8_k};
 use std::arch::x86_64::*;
 
@@ -24,8 +30,7 @@ pub(crate) const TILE: usize = 4;
 #[inline(always)]
 unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut acc_m = [_mm_setzero_ps(); N];
+    let mut acc = [0f32; N];
     for i in 0..nb {
         let xb = w.add(i * q4_k::BLOCK_BYTES);
         // d and dmin are adjacent f16 fields.
@@ -55,15 +60,12 @@ unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f
         for j in 0..N {
             let yb = a[j].add(i * q8_k::BLOCK_BYTES);
             let yd = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
-            let d = yd * xd;
-            let dmin = -yd * xdmin;
             let q8sums = _mm256_loadu_si256(yb.add(q8_k::BSUMS_OFFSET) as *const __m256i);
             let q8s = _mm_hadd_epi16(
                 _mm256_extracti128_si256(q8sums, 0),
                 _mm256_extracti128_si256(q8sums, 1),
             );
             let prod = _mm_madd_epi16(mins, q8s);
-            acc_m[j] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[j]);
             let y = yb.add(q8_k::QS_OFFSET);
             let mut sumi = _mm256_setzero_si256();
             for k in 0..4 {
@@ -74,17 +76,18 @@ unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f
                     _mm256_madd_epi16(scl[2 * k + 1], _mm256_maddubs_epi16(q4[2 * k + 1], q8h));
                 sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
             }
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[j]);
+            // [isum, msum, isum, msum], both reduced together.
+            let s4 = _mm_add_epi32(
+                _mm256_castsi256_si128(sumi),
+                _mm256_extracti128_si256::<1>(sumi),
+            );
+            let t = _mm_hadd_epi32(s4, prod);
+            let im = _mm_cvtepi32_ps(_mm_hadd_epi32(t, t));
+            acc[j] = (xd * yd).mul_add(_mm_cvtss_f32(im), acc[j]);
+            acc[j] = (-(xdmin * yd)).mul_add(_mm_cvtss_f32(_mm_movehdup_ps(im)), acc[j]);
         }
     }
-    let mut out = [0f32; N];
-    for j in 0..N {
-        let mut m = acc_m[j];
-        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[j] = hsum_float_8(acc[j]) + _mm_cvtss_f32(m);
-    }
-    out
+    acc
 }
 
 super::avx512_q6k::q8k_tile_rows!(tile);
@@ -135,6 +138,20 @@ pub(crate) unsafe fn rows_times_acts(
             )
         };
     }
+    if m >= super::avx2_pack::GROUP {
+        // SAFETY: AVX2/FMA/F16C checked (`available`); lengths checked above.
+        return unsafe {
+            super::avx2_gemm_k::rows_times_acts(
+                super::vnni_gemm_k::KQuant::Q4K,
+                ws,
+                row_bytes,
+                nb,
+                acts,
+                m,
+                out,
+            )
+        };
+    }
     // SAFETY: the CPU features were checked (`available`), and the lengths above.
     unsafe { rows_impl(ws, row_bytes, nb, acts, m, out) }
 }
@@ -143,10 +160,11 @@ pub(crate) unsafe fn rows_times_acts(
 mod tests {
     use super::*;
 
-    /// The 1 × N tile path (CPUs without VNNI): every tile width gives the bits of the AVX2
-    /// `ggml_vec_dot_q4_K_q8_K` port, and the scalar reference within 1e-5 relative.
+    /// The 1 × N tile path (CPUs without VNNI): every tile width gives the bits of one
+    /// activation row at a time (the mat-vec), and the AVX2 `ggml_vec_dot_q4_K_q8_K` port and
+    /// the scalar reference within 1e-5 relative (the exact f32 model: `avx2_gemm_k`'s tests).
     #[test]
-    fn q4k_tile_equals_avx2_kernel_bit_for_bit() {
+    fn q4k_tile_widths_agree_bit_for_bit() {
         if !available() {
             eprintln!("no AVX2/FMA/F16C on this CPU: nothing to compare");
             return;
@@ -182,18 +200,28 @@ mod tests {
                 for i in 0..m {
                     let a = &acts[i * ar..(i + 1) * ar];
                     let got = out[i * rows + r];
-                    let avx2 = super::super::avx2::vec_dot_q4_k_q8_k(cols, wr, a);
+                    let one = {
+                        let mut o = [0f32];
+                        // SAFETY: one weight row, one activation row.
+                        unsafe {
+                            let om = super::super::OutMat::rows_last(&mut o, 1, 1);
+                            rows_impl(wr, row_bytes, nb, a, 1, om)
+                        };
+                        o[0]
+                    };
                     assert_eq!(
                         got.to_bits(),
-                        avx2.to_bits(),
-                        "nb={nb} row {r} act {i}: tile vs AVX2 ({got} vs {avx2})"
+                        one.to_bits(),
+                        "nb={nb} row {r} act {i}: tile of 4 vs one row ({got} vs {one})"
                     );
+                    let avx2 = super::super::avx2::vec_dot_q4_k_q8_k(cols, wr, a);
                     let want = super::super::generic::vec_dot_q4_k_q8_k(cols, wr, a);
-                    let scale: f32 = want.abs().max(1.0);
-                    assert!(
-                        (got - want).abs() <= 1e-5 * scale,
-                        "nb={nb} row {r} act {i}: tile {got} scalar {want}"
-                    );
+                    for (what, v) in [("AVX2 port", avx2), ("scalar", want)] {
+                        assert!(
+                            (got - v).abs() <= 1e-5 * v.abs().max(1.0),
+                            "nb={nb} row {r} act {i}: tile {got} {what} {v}"
+                        );
+                    }
                 }
             }
         }

@@ -1,14 +1,16 @@
 //! Q6_K × Q8_K tile kernel (AVX2 integer pipeline, compiled twice: for AVX-512VL's 32 vector
 //! registers, and for plain AVX2/FMA/F16C hosts' 16, where the unpacked block partly lives in
 //! L1 instead): one weight row against up to [`TILE`] activation rows, each Q6_K block unpacked
-//! once per tile. Per 32 values ggml's `__AVX2__` `ggml_vec_dot_q6_K_q8_K` computes
-//! `madd(scale, maddubs(q, y) − maddubs(32, y))`; here the `−32·y` term is taken once per block
-//! from the Q8_K group sums (`bsums`, as ggml's newer x86 path does): `Σ scale·(q − 32)·y =
-//! Σ scale·q·y − 32·Σ_g scale_g·bsum_g`, exact in i32 (|maddubs| ≤ 2·63·128, no saturation).
-//! The integer sum of every block equals ggml's; the f32 part is one FMA per block, the same
-//! for every tile width, so mat-vec and mat-mat rows are bit-identical.
+//! once per tile — the mat-vec and products of fewer than four activation rows (four or more
+//! take [`super::avx2_gemm_k`]). Per 32 values ggml's `__AVX2__` `ggml_vec_dot_q6_K_q8_K`
+//! computes `madd(scale, maddubs(q, y) − maddubs(32, y))`; here the `−32·y` term is taken once
+//! per block from the Q8_K group sums (`bsums`, as ggml's newer x86 path does): `Σ scale·(q −
+//! 32)·y = Σ scale·q·y − 32·Σ_g scale_g·bsum_g`, exact in i32 (|maddubs| ≤ 2·63·128, no
+//! saturation). The integer sum `isum` of every block equals ggml's; the f32 part is
+//! `acc = fma(d·d_a, isum, acc)` per block from `acc = 0`, the order of [`super::kquant_row`]
+//! and [`super::vnni_gemm_k`], so every tile width, the batch kernel and the AVX-512 VNNI path
+//! give the same bits.
 
-use super::avx2::hsum_float_8;
 use super::layout::f16_bits_to_f32;
 use infer_quant::{q6_k, q8_k};
 use std::arch::x86_64::*;
@@ -42,7 +44,7 @@ pub(super) const SCALE_SHUFFLE: [[u8; 16]; 8] = {
 unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
-    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc = [0f32; N];
     for i in 0..nb {
         let xb = w.add(i * q6_k::BLOCK_BYTES);
         let xd = f16_bits_to_f32((xb.add(q6_k::D_OFFSET) as *const u16).read_unaligned());
@@ -86,16 +88,18 @@ unsafe fn tile<const N: usize>(nb: usize, w: *const u8, a: [*const u8; N]) -> [f
             let yb = a[j].add(i * q8_k::BLOCK_BYTES);
             let bs = _mm256_loadu_si256(yb.add(q8_k::BSUMS_OFFSET) as *const __m256i);
             let corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
-            let s = _mm256_sub_epi32(sumi[j], corr);
-            let d = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned() * xd;
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[j]);
+            let s8 = _mm256_sub_epi32(sumi[j], corr);
+            let s4 = _mm_add_epi32(
+                _mm256_castsi256_si128(s8),
+                _mm256_extracti128_si256::<1>(s8),
+            );
+            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            let isum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
+            let yd = (yb.add(q8_k::D_OFFSET) as *const f32).read_unaligned();
+            acc[j] = (xd * yd).mul_add(isum as f32, acc[j]);
         }
     }
-    let mut out = [0f32; N];
-    for j in 0..N {
-        out[j] = hsum_float_8(acc[j]);
-    }
-    out
+    acc
 }
 
 /// The row loops around a tile kernel `tile::<N>(nb, w, [acts; N])` of one Q8_K-activation
@@ -240,6 +244,17 @@ pub(crate) unsafe fn rows_times_acts(
     );
     if super::avx2_tile::vnni_available() {
         return super::vnni_gemm_k::rows_times_acts(
+            super::vnni_gemm_k::KQuant::Q6K,
+            ws,
+            row_bytes,
+            nb,
+            acts,
+            m,
+            out,
+        );
+    }
+    if m >= super::avx2_pack::GROUP {
+        return super::avx2_gemm_k::rows_times_acts(
             super::vnni_gemm_k::KQuant::Q6K,
             ws,
             row_bytes,

@@ -93,7 +93,7 @@ unsafe fn relay(yb: *const u8) -> Q4kAct {
 /// # Safety
 /// AVX2 available; `xb` points at a whole Q4_K block (16 bytes are read from its scales).
 #[inline(always)]
-unsafe fn scales_mins_q4k(xb: *const u8) -> __m128i {
+pub(super) unsafe fn scales_mins_q4k(xb: *const u8) -> __m128i {
     const _: () = assert!(q4_k::SCALES_OFFSET + 16 <= q4_k::BLOCK_BYTES);
     // [u0, u1, u2, (quants)]
     let v = _mm_loadu_si128(xb.add(q4_k::SCALES_OFFSET) as *const __m128i);

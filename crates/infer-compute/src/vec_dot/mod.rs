@@ -17,6 +17,8 @@ mod avx2_dispatch;
 #[cfg(target_arch = "x86_64")]
 mod avx2_gemm;
 #[cfg(target_arch = "x86_64")]
+mod avx2_gemm_k;
+#[cfg(target_arch = "x86_64")]
 mod avx2_pack;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_tile;
@@ -128,7 +130,7 @@ pub fn kernel(weights: QuantFormat, isa: Isa) -> Option<VecDotFn> {
 
 /// Quantize activations `x` (whole rows, `x.len()` a multiple of the block size) to `format`
 /// into `out` (`format.bytes_for(x.len())` bytes): Q8_K with ggml `quantize_row_q8_K_ref`
-/// (also ggml's x86 `from_float` for Q8_K), Q8_0 with ggml `quantize_row_q8_0_ref`
+/// (also ggml's x86 `from_float` for Q8_K; an AVX2 copy with the same bytes), Q8_0 with ggml `quantize_row_q8_0_ref`
 /// (`d = amax/127`, `roundf`; ggml's AVX `quantize_row_q8_0` rounds ties to even instead and
 /// can differ by one level on exact ties). Both come from `infer_quant`.
 ///
@@ -150,7 +152,7 @@ pub fn quantize_activations(
         });
     }
     match format {
-        QuantFormat::Q8_K => infer_quant::q8_k::quantize_row_ref(x, out),
+        QuantFormat::Q8_K => q8_act::quantize_q8k(x, out),
         QuantFormat::Q8_0 => infer_quant::q8_0::quantize_row_ref(x, out),
         _ => {
             return Err(ComputeError::UnsupportedFormat {
@@ -195,7 +197,20 @@ impl Q8Rows {
         let nb = cols / 32;
         grow(&mut self.qs, m * cols);
         grow(&mut self.d, m * nb);
-        q8_act::quantize_split(x, &mut self.qs[..m * cols], &mut self.d[..m * nb]);
+        let (qs, d) = (&mut self.qs[..m * cols], &mut self.d[..m * nb]);
+        let threads = rayon::current_num_threads();
+        if threads > 1 && m > 1 && m * cols >= crate::host_ops::PAR_ROW_VALUES {
+            // By rows across the pool (batched decode): the same bytes, without the other
+            // threads waiting on this one.
+            use rayon::prelude::*;
+            let per = m.div_ceil(threads);
+            x.par_chunks(per * cols)
+                .zip(qs.par_chunks_mut(per * cols))
+                .zip(d.par_chunks_mut(per * nb))
+                .for_each(|((x, qs), d)| q8_act::quantize_split(x, qs, d));
+        } else {
+            q8_act::quantize_split(x, qs, d);
+        }
         self.m = m;
         self.cols = cols;
         Ok(())

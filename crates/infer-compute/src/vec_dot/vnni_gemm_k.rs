@@ -40,7 +40,7 @@ pub(crate) enum KQuant {
 }
 
 impl KQuant {
-    const fn block_bytes(self) -> usize {
+    pub(super) const fn block_bytes(self) -> usize {
         match self {
             KQuant::Q4K => q4_k::BLOCK_BYTES,
             KQuant::Q6K => q6_k::BLOCK_BYTES,
