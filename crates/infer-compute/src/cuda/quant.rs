@@ -126,8 +126,9 @@ pub(super) fn grouped_kernel(
 }
 
 /// Activation rows from which the products run the tensor-core tile kernels (`mmq_*`) rather
-/// than the mat-vecs, which read each weight row once per `MT` activation rows. At 4 rows the
-/// 16-token tiles are ahead: 8 B Q4_K_M, 4 sequences, 547 vs 522 tok/s (H100, two rounds).
+/// than the mat-vecs, which read each weight row once per `MT` activation rows (Q4_K and Q6_K
+/// take `mvq_*` from 2 to [`MVQ_MAX_M`] rows instead). At 4 rows the 16-token tiles were ahead
+/// of the Q4_K mat-vec: 8 B Q4_K_M, 4 sequences, 547 vs 522 tok/s (H100, two rounds).
 pub(super) const MMQ_MIN_M: usize = 4;
 /// Most activation rows of the few-row tensor-core products (`mvq_*`, Q4_K and Q6_K): two
 /// groups of [`MVQ_TOKENS`], every weight block unpacked once into registers for all of them.
