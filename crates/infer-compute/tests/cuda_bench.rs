@@ -123,7 +123,7 @@ const PRODUCT_CASES: &[(QuantFormat, usize, usize, &str)] = &[
     (QuantFormat::Q5_0, 2048, 640, "gemma3 gate/up"),
 ];
 /// Activation rows of the table: batched decode sizes and prompt chunks.
-const PRODUCT_MS: &[usize] = &[8, 16, 32, 64, 128, 256, 512, 2048];
+const PRODUCT_MS: &[usize] = &[4, 8, 16, 32, 64, 128, 256, 512, 2048];
 
 /// Device time of each many-row product on the tensor-core tiles (`mmq_*`) and as dequantize
 /// + cuBLAS bf16 GEMM, with the GEMM's rate (TFLOP/s): where the forward pass should switch.

@@ -33,6 +33,12 @@ pub(super) const ROWS_PER_BLOCK: usize = 8;
 pub(super) const STAGE: usize = 2048;
 /// Activation rows per warp of the mat-vec kernels; `MT` in `kernels.cu`.
 pub(super) const MT: usize = 4;
+/// Weight rows (one mma tile), activation rows of a token group (one mma's columns) and warps
+/// (splitting K) of one block of the few-row tensor-core products `mvq_*` (`mvq_*_n16`: two
+/// token groups); `MVQ_WARPS` in `mmq.cu`.
+pub(super) const MVQ_ROWS: usize = 16;
+pub(super) const MVQ_TOKENS: usize = 8;
+pub(super) const MVQ_WARPS: usize = 8;
 /// Threads per block of the float mat-vecs (one block per weight row); `ROWDOT_THREADS` in
 /// `kernels.cu`.
 pub(super) const ROWDOT_THREADS: usize = 128;
@@ -46,11 +52,20 @@ pub(super) const MMQ_BN: usize = 64;
 /// The token tiles of the plain tensor-core products, in the order of their kernels
 /// (`mmq_<format>`, `mmq_<format>_n32`, `mmq_<format>_n16` in `mmq.cu`).
 pub(super) const MMQ_WIDTHS: [usize; 3] = [MMQ_BN, 32, 16];
-/// Dynamic shared memory of `mmq_q4_k` with a token tile of `bn` rows (bytes; `HqSmem` in
-/// `mmq.cu`): f16 weight and activation tiles of 136 halves per row, the mins operands (24
-/// halves per row), (d, dmin) per weight row and d per activation row.
+/// Dynamic shared memory of `mmq_q4_k` with a token tile of `bn` rows (bytes; `HqSmem` and
+/// `HqStage` in `mmq.cu`): f16 weight and activation tiles of 136 halves per row, the mins
+/// operands (24 halves per row), (d, dmin) per weight row and d per activation row; then the
+/// stages of raw K steps (2 for 64-token tiles, 3 for 32, 4 for 16), each 80 bytes per weight
+/// row and 144 + 4 + 64 per token.
 pub(super) const fn mmq_q4k_smem(bn: usize) -> usize {
-    (MMQ_BM + bn) * 136 * 2 + (MMQ_BM + bn) * 24 * 2 + MMQ_BM * 8 + bn * 4
+    let converted = (MMQ_BM + bn) * 136 * 2 + (MMQ_BM + bn) * 24 * 2 + MMQ_BM * 8 + bn * 4;
+    let stage = MMQ_BM * 80 + bn * (144 + 4 + 64);
+    let stages = match bn {
+        64 => 2,
+        32 => 3,
+        _ => 4,
+    };
+    converted + stages * stage
 }
 /// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.
 pub(super) const GT: usize = 64;
@@ -84,6 +99,10 @@ pub(super) struct Kernels {
     pub mv_q6_k: CudaFunction,
     pub mv1_q4_k: CudaFunction,
     pub mv1_q6_k: CudaFunction,
+    /// Q4_K × up to 8 and 16 activation rows on the tensor cores from registers.
+    pub mvq_q4_k: [CudaFunction; 2],
+    /// Q6_K × up to 8 and 16 activation rows, as `mvq_q4_k`.
+    pub mvq_q6_k: [CudaFunction; 2],
     /// One kernel per token tile of [`MMQ_WIDTHS`].
     pub mmq_q4_0: [CudaFunction; 3],
     /// One kernel per token tile of [`MMQ_WIDTHS`].
@@ -270,6 +289,8 @@ impl Device {
             mv_q6_k: f("mv_q6_k")?,
             mv1_q4_k: f("mv1_q4_k")?,
             mv1_q6_k: f("mv1_q6_k")?,
+            mvq_q4_k: [f("mvq_q4_k")?, f("mvq_q4_k_n16")?],
+            mvq_q6_k: [f("mvq_q6_k")?, f("mvq_q6_k_n16")?],
             mmq_q4_0: [f("mmq_q4_0")?, f("mmq_q4_0_n32")?, f("mmq_q4_0_n16")?],
             mmq_q5_0: [f("mmq_q5_0")?, f("mmq_q5_0_n32")?, f("mmq_q5_0_n16")?],
             mmq_q8_0: [f("mmq_q8_0")?, f("mmq_q8_0_n32")?, f("mmq_q8_0_n16")?],

@@ -496,6 +496,26 @@ struct HqSmem {
     static constexpr int BYTES = OFF_YD + BN * 4;
 };
 
+// One K step's raw bytes in shared memory, as cp.async leaves them: per weight row the block
+// header and the step's 64 quant bytes (80 bytes: 8 rows read together hit distinct banks),
+// per token the 128 activation bytes (rows of 144, likewise), the tokens' Q8_K d and bsums
+// (written on a super-block's first step). STAGES of them after HqSmem, so that the copies of
+// the next STAGES - 1 steps are in flight while a step computes, as many as keep two blocks
+// per multiprocessor (`mmq_q4k_smem` in device.rs: the total). Measured on an H100 against
+// one step fetched ahead in registers: 8 B gate/up 14336x4096 at 128 rows 154 -> 121 us, at
+// 512 rows 538 -> 416 us; unchanged at 4-64 rows (one block per multiprocessor with 4 stages
+// for the 64-token tile gained nothing there).
+template <int BN>
+struct HqStage {
+    static constexpr int W_LD = 80;
+    static constexpr int A_LD = 144;
+    static constexpr int OFF_A = MMQ_BM * W_LD;
+    static constexpr int OFF_YD = OFF_A + BN * A_LD;
+    static constexpr int OFF_BS = OFF_YD + BN * 4;
+    static constexpr int BYTES = OFF_BS + BN * 64;
+    static constexpr int STAGES = BN == 64 ? 2 : BN == 32 ? 3 : 4;
+};
+
 __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -575,7 +595,43 @@ __device__ __forceinline__ uint2 i8x4_h(u32 w) {
     return make_uint2(hadd2(e02, 0xE480E480u), hadd2(e13, 0xE480E480u));
 }
 
-// One thread's global data of a K step, fetched a step ahead (no arithmetic on loaded values).
+// 16 bytes global -> shared without passing through registers (sm_80 cp.async, L2 only);
+// `ok` false writes 16 zero bytes and reads nothing (src-size 0; `src` must still be a valid
+// address). Completed by cp_async_wait, in commit order.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(ok ? 16 : 0));
+#else
+    *(uint4*)dst = ok ? *(const uint4*)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// 4 bytes, as cp_async16 (the .ca form: 4-byte copies may not bypass L1).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(ok ? 4 : 0));
+#else
+    *(u32*)dst = ok ? *(const u32*)src : 0u;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
+// Wait until at most N of this thread's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
+// One thread's global data of a K step, read from its stage before conversion.
 struct HqRegs {
     uint4 hdr;    // the row's block header: d, dmin, 12 scale bytes
     uint4 q[2];   // the row's 32 quant bytes of this thread's 64 values
@@ -592,14 +648,16 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
                                         int* __restrict__ counters, MmqTile at) {
     extern __shared__ __align__(16) u8 hq_sm[];
     using L = HqSmem<BN>;
+    using St = HqStage<BN>;
     using S = MmqWarps<BN>;
-    constexpr int TM = S::TM, TN = S::TN;
+    constexpr int TM = S::TM, TN = S::TN, NST = St::STAGES;
     u16* sw = (u16*)hq_sm;                        // [MMQ_BM][HQ_LD] sc·q
     u16* sa = (u16*)(hq_sm + L::OFF_A);           // [BN][HQ_LD] activations
     u16* smw = (u16*)(hq_sm + L::OFF_MW);         // [MMQ_BM][HQ_MLD] mins operand
     u16* sma = (u16*)(hq_sm + L::OFF_MA);         // [BN][HQ_MLD] bsum operand
     float2* sdm = (float2*)(hq_sm + L::OFF_DM);   // [MMQ_BM] (d, dmin)
     float* syd = (float*)(hq_sm + L::OFF_YD);     // [BN] activation d
+    u8* stages = hq_sm + L::BYTES;                // NST x St::BYTES raw K steps
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tig = lane & 3;
     int wm = (warp % S::WM) * (16 * TM), wn = (warp / S::WM) * (8 * TN);
@@ -617,29 +675,55 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
         for (int nt = 0; nt < TN; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = cs[mt][nt][e] = 0.0f;
-    const uint4 z4 = make_uint4(0, 0, 0, 0);
     HqRegs nx;
+    // Start the copies of step ks into its stage (none past the share: an empty group keeps
+    // the count of groups per step fixed). Raw bytes only; `put` converts them.
     auto fetch = [&](int ks) {
-        int sb = ks >> 1, h = ks & 1;
-        const u8* b = wrow + (long long)sb * 144;
-        nx.hdr = row_ok ? *(const uint4*)b : z4;
-        nx.q[0] = row_ok ? *(const uint4*)(b + 16 + 64 * h + 32 * p) : z4;
-        nx.q[1] = row_ok ? *(const uint4*)(b + 32 + 64 * h + 32 * p) : z4;
+        if (ks < ks1) {
+            u8* st = stages + ((ks - ks0) % NST) * St::BYTES;
+            int sb = ks >> 1, h = ks & 1;
+            const u8* b = wrow + (long long)sb * 144;
+            u8* wd = st + r * St::W_LD;
+            if (p == 0) cp_async16(wd, b, row_ok);
+            cp_async16(wd + 16 + 32 * p, b + 16 + 64 * h + 32 * p, row_ok);
+            cp_async16(wd + 32 + 32 * p, b + 32 + 64 * h + 32 * p, row_ok);
+#pragma unroll
+            for (int k = 0; k < S::A_ITEMS; k++) {
+                int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
+                bool ok = tok0 + t < m;
+                if (i < S::A_CHUNKS)
+                    cp_async16(st + St::OFF_A + t * St::A_LD + 16 * c,
+                               ok ? aq + (long long)(tok0 + t) * cols + ks * MMQ_KS + 16 * c : aq,
+                               ok);
+            }
+            if (h == 0 && tid < BN) {
+                bool ok = tok0 + tid < m;
+                long long blk = ok ? (long long)(tok0 + tid) * nb + sb : 0;
+                cp_async4(st + St::OFF_YD + 4 * tid, ad + blk, ok);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    cp_async16(st + St::OFF_BS + 64 * tid + 16 * j, bsums + blk * 16 + 4 * j, ok);
+            }
+        }
+        cp_async_commit();
+    };
+    // This thread's values of step ks from its stage (written by other threads too: after the
+    // barrier that follows cp_async_wait).
+    auto take = [&](int ks) {
+        const u8* st = stages + ((ks - ks0) % NST) * St::BYTES;
+        const u8* wd = st + r * St::W_LD;
+        nx.hdr = *(const uint4*)wd;
+        nx.q[0] = *(const uint4*)(wd + 16 + 32 * p);
+        nx.q[1] = *(const uint4*)(wd + 32 + 32 * p);
 #pragma unroll
         for (int k = 0; k < S::A_ITEMS; k++) {
             int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
-            nx.a[k] = i < S::A_CHUNKS && tok0 + t < m
-                          ? *(const uint4*)(aq + (long long)(tok0 + t) * cols + ks * MMQ_KS +
-                                            16 * c)
-                          : z4;
+            if (i < S::A_CHUNKS) nx.a[k] = *(const uint4*)(st + St::OFF_A + t * St::A_LD + 16 * c);
         }
-        if (h == 0 && tid < BN) {
-            bool ok = tok0 + tid < m;
-            long long blk = (long long)(tok0 + tid) * nb + sb;
-            nx.yd = ok ? ad[blk] : 0.0f;
+        if ((ks & 1) == 0 && tid < BN) {
+            nx.yd = *(const float*)(st + St::OFF_YD + 4 * tid);
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                nx.bs[j] = ok ? ((const int4*)(bsums + blk * 16))[j] : make_int4(0, 0, 0, 0);
+            for (int j = 0; j < 4; j++) nx.bs[j] = *(const int4*)(st + St::OFF_BS + 64 * tid + 16 * j);
         }
     };
     auto put = [&](int ks) {
@@ -707,12 +791,16 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
     int b_row = wn + (lane & 7) + 8 * (lane >> 4), b_k = 8 * ((lane >> 3) & 1);
     const u32 a_sm = smem_addr(sw + a_row * HQ_LD + a_k), b_sm = smem_addr(sa + b_row * HQ_LD + b_k);
     pdl_wait();
-    if (ks0 < ks1) fetch(ks0);
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) fetch(ks0 + i);
     for (int ks = ks0; ks < ks1; ks++) {
+        cp_async_wait<NST - 2>();
         __syncthreads();
+        take(ks);
         put(ks);
         __syncthreads();
-        if (ks + 1 < ks1) fetch(ks + 1);
+        // Into the stage step ks - 1 used: every thread took it before the barrier above.
+        fetch(ks + NST - 1);
 #pragma unroll
         for (int kk = 0; kk < MMQ_KS / 16; kk++) {
             u32 af[TM][4], bf[TN / 2][4];
@@ -760,8 +848,10 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
     mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
 }
 
+// Q4_K: two blocks per multiprocessor at every token tile (at most 128 registers; HqStage
+// sizes the stages for it).
 #define MMQ_Q4K(NAME, SUFFIX, BN, FMT)                                                          \
-    extern "C" __global__ void MMQ_BOUNDS_##BN                                                  \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)                                \
         NAME##SUFFIX(const u8* __restrict__ W, const i8* __restrict__ aq,                       \
                      const float* __restrict__ ad, const int* __restrict__ bsums,               \
                      float* __restrict__ y, int rows, int cols, int m, float* __restrict__ part, \
@@ -831,11 +921,278 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
                  const int* bsums, float* y, int rows, int cols) {
     mmq_ids<F_Q6_K>(Wt, tiles, aq, ad, y, rows, cols);
 }
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
     mmq_ids_q4_k(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
                  const int* bsums, float* y, int rows, int cols) {
     MmqGroupTile g = mmq_group_tile(Wt, tiles);
     long long nb = cols / 256;
     hq_q4_k<MMQ_BN>(g.W, aq + g.r0 * cols, ad + g.r0 * nb, bsums + g.r0 * nb * 16, y + g.r0 * rows, rows,
             cols, g.m, 0, 0, mmq_group_place());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K products of a few activation rows (2 .. 16: small decode batches) on the int8
+// tensor cores straight from registers, the tile kernels' work without their shared-memory
+// tiles: a block takes 16 weight rows and 8 or 16 tokens, its MVQ_WARPS warps split K by
+// super-blocks (warp w: w, w + MVQ_WARPS, ...) and sum their partial tiles in shared memory at
+// the end. Per 32-value sub-block one `mma.m16n8k32.s8` of the 16 rows' 4-bit quants (as
+// loaded: lane tig holds bytes 8 tig .. 8 tig + 7 of each 32-byte pair of sub-blocks, the low
+// nibbles sub-block 2j, the high 2j + 1) against the same bytes' activations of token g — the
+// order of k inside a mma is free as long as both operands share it. The exact int32 sums get
+// the sub-block's 6-bit scale per row, then per super-block
+//   acc += d·yd · Σ sc·isum − dmin·yd · Σ mn·bsum     (ggml vec_dot_q4_K_q8_K)
+// with the mins against the tokens' Q8_K bsums. Rows and tokens past the ends are clamped to
+// the last ones (valid memory) and not stored. The 16-token tiles ran a 4-row product at a
+// sixth of HBM speed converting every weight to f16 in shared memory; the mat-vecs re-derive
+// each weight block for each token. `mvq_*` take 8 tokens, `mvq_*_n16` 16 (two mma per
+// sub-block on the same weight registers).
+// ---------------------------------------------------------------------------------------------
+
+#define MVQ_WARPS 8
+
+// The partial tiles of the block's warps summed in shared memory and stored: acc[q][e] is the
+// output (row g + 8 (e >> 1), token 8 q + 2 tig + (e & 1)) of the tile at (r0, t0).
+template <int NG>
+__device__ __forceinline__ void mvq_store(float (&acc)[NG][4], float* __restrict__ y, int rows,
+                                          int m, int r0, int t0) {
+    __shared__ float red[MVQ_WARPS][4 * NG][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int q = 0; q < NG; q++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) red[warp][4 * q + e][lane] = acc[q][e];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < 4 * NG; i++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < MVQ_WARPS; w++) s += red[w][i][lane];
+            int e = i & 3, row = r0 + g + 8 * (e >> 1), tok = t0 + 8 * (i >> 2) + 2 * tig + (e & 1);
+            if (row < rows && tok < m) y[(long long)tok * rows + row] = s;
+        }
+    }
+}
+
+// Where a lane of an mvq block reads: weight rows g and g + 8 of the tile (A operand, C rows;
+// rows of `row_bytes`), tokens 8 q + g (B operand; from `lane_off` bytes into each row) and
+// tokens 8 q + 2 tig and 8 q + 2 tig + 1 (C columns: their d and bsums). Rows and tokens past
+// the ends are clamped to the last ones (their outputs are not stored).
+template <int NG>
+struct MvqPlace {
+    const u8 *wa, *wb;
+    const i8* xa[NG];
+    long long tc[NG][2];
+};
+
+template <int NG>
+__device__ __forceinline__ MvqPlace<NG> mvq_place(const u8* __restrict__ W,
+                                                  const i8* __restrict__ aq, int rows, int cols,
+                                                  int m, int row_bytes, int lane_off) {
+    int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NG;
+    MvqPlace<NG> p;
+    p.wa = W + (long long)min(r0 + g, rows - 1) * row_bytes;
+    p.wb = W + (long long)min(r0 + g + 8, rows - 1) * row_bytes;
+#pragma unroll
+    for (int q = 0; q < NG; q++) {
+        p.xa[q] = aq + (long long)min(t0 + 8 * q + g, m - 1) * cols + lane_off;
+        p.tc[q][0] = min(t0 + 8 * q + 2 * tig, m - 1);
+        p.tc[q][1] = min(t0 + 8 * q + 2 * tig + 1, m - 1);
+    }
+    return p;
+}
+
+// mvq_q4_k over NG groups of 8 tokens (the weights' registers shared by all of them).
+template <int NG>
+__device__ __forceinline__ void mvq_q4_k_t(const u8* __restrict__ W, const i8* __restrict__ aq,
+                                           const float* __restrict__ ad,
+                                           const int* __restrict__ bsums, float* __restrict__ y,
+                                           int rows, int cols, int m) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
+    int nb = cols / 256;
+    MvqPlace<NG> at = mvq_place<NG>(W, aq, rows, cols, m, nb * 144, 8 * tig);
+    const u8 *wa = at.wa, *wb = at.wb;
+    auto& xa = at.xa;
+    auto& tc = at.tc;
+    float acc[NG][4];
+#pragma unroll
+    for (int q = 0; q < NG; q++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[q][e] = 0.0f;
+    pdl_wait();
+    for (int ib = warp; ib < nb; ib += MVQ_WARPS) {
+        const u8* ba = wa + (long long)ib * 144;
+        const u8* bb = wb + (long long)ib * 144;
+        uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+        uint2 qa[4], qb[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            qa[j] = *(const uint2*)(ba + 16 + 32 * j + 8 * tig);
+            qb[j] = *(const uint2*)(bb + 16 + 32 * j + 8 * tig);
+        }
+        int isum[NG][4];
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) isum[q][e] = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                int sh = 4 * half, sb = 2 * j + half;
+                const int a[4] = {(int)((qa[j].x >> sh) & 0x0F0F0F0Fu),
+                                  (int)((qb[j].x >> sh) & 0x0F0F0F0Fu),
+                                  (int)((qa[j].y >> sh) & 0x0F0F0F0Fu),
+                                  (int)((qb[j].y >> sh) & 0x0F0F0F0Fu)};
+                int sa = q4k_scale(ha, sb, false), sc = q4k_scale(hb, sb, false);
+#pragma unroll
+                for (int q = 0; q < NG; q++) {
+                    // Token 8 q + g's values of sub-block sb at the bytes this lane holds.
+                    uint2 x = *(const uint2*)(xa[q] + (long long)ib * 256 + 64 * j + 32 * half);
+                    int c[4] = {0, 0, 0, 0};
+                    mma_k32(c, a, (int)x.x, (int)x.y);
+                    isum[q][0] += sa * c[0];
+                    isum[q][1] += sa * c[1];
+                    isum[q][2] += sc * c[2];
+                    isum[q][3] += sc * c[3];
+                }
+            }
+        }
+        float da = f16_to_f32((u16)(ha.x & 0xFFFF)), dma = f16_to_f32((u16)(ha.x >> 16));
+        float db = f16_to_f32((u16)(hb.x & 0xFFFF)), dmb = f16_to_f32((u16)(hb.x >> 16));
+#pragma unroll
+        for (int q = 0; q < NG; q++) {
+            // Σ mn·bsum per (row, token): sub-block sums are pairs of bsums (sums of 16).
+            int mn[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int4* bs = (const int4*)(bsums + (tc[q][u] * nb + ib) * 16);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    int4 v = bs[k];
+                    int s0 = v.x + v.y, s1 = v.z + v.w;
+                    mn[u] += q4k_scale(ha, 2 * k, true) * s0 + q4k_scale(ha, 2 * k + 1, true) * s1;
+                    mn[2 + u] += q4k_scale(hb, 2 * k, true) * s0 + q4k_scale(hb, 2 * k + 1, true) * s1;
+                }
+            }
+            float y0 = ad[tc[q][0] * nb + ib], y1 = ad[tc[q][1] * nb + ib];
+            acc[q][0] += (da * y0) * (float)isum[q][0] - (dma * y0) * (float)mn[0];
+            acc[q][1] += (da * y1) * (float)isum[q][1] - (dma * y1) * (float)mn[1];
+            acc[q][2] += (db * y0) * (float)isum[q][2] - (dmb * y0) * (float)mn[2];
+            acc[q][3] += (db * y1) * (float)isum[q][3] - (dmb * y1) * (float)mn[3];
+        }
+    }
+    mvq_store(acc, y, rows, m, blockIdx.x * 16, blockIdx.y * 8 * NG);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
+    mvq_q4_k_t<1>(W, aq, ad, bsums, y, rows, cols, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q4_k_n16(const u8* __restrict__ W, const i8* __restrict__ aq,
+                 const float* __restrict__ ad, const int* __restrict__ bsums,
+                 float* __restrict__ y, int rows, int cols, int m) {
+    mvq_q4_k_t<2>(W, aq, ad, bsums, y, rows, cols, m);
+}
+
+// A word from a 2-byte aligned address (Q6_K's 210-byte blocks): the two aligned words around
+// it, funnel-shifted (may read 2 bytes past the word: device buffers are padded).
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    unsigned long long a = (unsigned long long)p;
+    const u32* w = (const u32*)(a & ~3ull);
+    return __funnelshift_r(__ldg(w), __ldg(w + 1), (u32)(a & 2) * 8);
+}
+
+// Q6_K as mvq_q4_k, per 16-value group one `mma.m16n8k16.s8` (the scale changes every 16
+// values): lane tig holds quants l = 16 s + 4 tig .. + 3 of each group, assembled from ql and
+// qh in registers as ggml dequantize_row_q6_K does and offset by -32, against the same values
+// of token g; the exact sums get their group's scale per row, and per super-block
+//   acc += d·yd · Σ sc·isum     (ggml vec_dot_q6_K_q8_K)
+template <int NG>
+__device__ __forceinline__ void mvq_q6_k_t(const u8* __restrict__ W, const i8* __restrict__ aq,
+                                           const float* __restrict__ ad, float* __restrict__ y,
+                                           int rows, int cols, int m) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
+    int nb = cols / 256;
+    MvqPlace<NG> at = mvq_place<NG>(W, aq, rows, cols, m, nb * 210, 4 * tig);
+    const u8 *wa = at.wa, *wb = at.wb;
+    auto& xa = at.xa;
+    auto& tc = at.tc;
+    float acc[NG][4];
+#pragma unroll
+    for (int q = 0; q < NG; q++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[q][e] = 0.0f;
+    pdl_wait();
+    for (int ib = warp; ib < nb; ib += MVQ_WARPS) {
+        const u8* ba = wa + (long long)ib * 210;
+        const u8* bb = wb + (long long)ib * 210;
+        int isum[NG][4];
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) isum[q][e] = 0;
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            // Scales 8 n .. 8 n + 7 (int8) of both rows.
+            const u32 sa[2] = {ld_u32_a2(ba + 192 + 8 * n), ld_u32_a2(ba + 196 + 8 * n)};
+            const u32 sb[2] = {ld_u32_a2(bb + 192 + 8 * n), ld_u32_a2(bb + 196 + 8 * n)};
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                int o = 64 * n + 16 * s + 4 * tig, oh = 128 + 32 * n + 16 * s + 4 * tig;
+                u32 la = ld_u32_a2(ba + o), lb = ld_u32_a2(ba + o + 32), ha = ld_u32_a2(ba + oh);
+                u32 ma = ld_u32_a2(bb + o), mb = ld_u32_a2(bb + o + 32), hb = ld_u32_a2(bb + oh);
+                const u32 qa[4] = {(la & 0x0F0F0F0Fu) | ((ha << 4) & 0x30303030u),
+                                   (lb & 0x0F0F0F0Fu) | ((ha << 2) & 0x30303030u),
+                                   ((la >> 4) & 0x0F0F0F0Fu) | (ha & 0x30303030u),
+                                   ((lb >> 4) & 0x0F0F0F0Fu) | ((ha >> 2) & 0x30303030u)};
+                const u32 qb[4] = {(ma & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u),
+                                   (mb & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u),
+                                   ((ma >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u),
+                                   ((mb >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u)};
+#pragma unroll
+                for (int G = 0; G < 4; G++) {
+                    int a0 = (int)__vsub4(qa[G], 0x20202020u), a1 = (int)__vsub4(qb[G], 0x20202020u);
+                    int k = s + 2 * G;  // scale 8 n + k
+                    int sca = sbyte(sa[k >> 2], k & 3), scb = sbyte(sb[k >> 2], k & 3);
+#pragma unroll
+                    for (int q = 0; q < NG; q++) {
+                        int c[4] = {0, 0, 0, 0};
+                        int bx = *(const int*)(xa[q] + (long long)ib * 256 + 128 * n + 32 * G + 16 * s);
+                        mma_k16(c, a0, a1, bx);
+                        isum[q][0] += sca * c[0];
+                        isum[q][1] += sca * c[1];
+                        isum[q][2] += scb * c[2];
+                        isum[q][3] += scb * c[3];
+                    }
+                }
+            }
+        }
+        float da = f16_to_f32(ld_u16(ba + 208)), db = f16_to_f32(ld_u16(bb + 208));
+#pragma unroll
+        for (int q = 0; q < NG; q++) {
+            float y0 = ad[tc[q][0] * nb + ib], y1 = ad[tc[q][1] * nb + ib];
+            acc[q][0] += (da * y0) * (float)isum[q][0];
+            acc[q][1] += (da * y1) * (float)isum[q][1];
+            acc[q][2] += (db * y0) * (float)isum[q][2];
+            acc[q][3] += (db * y1) * (float)isum[q][3];
+        }
+    }
+    mvq_store(acc, y, rows, m, blockIdx.x * 16, blockIdx.y * 8 * NG);
+}
+
+// bsums unused: the argument list of every K-quant product (Q6_K folds no mins).
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q6_k(const u8* __restrict__ W, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ bsums, float* __restrict__ y, int rows, int cols, int m) {
+    mvq_q6_k_t<1>(W, aq, ad, y, rows, cols, m);
+}
+extern "C" __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    mvq_q6_k_n16(const u8* __restrict__ W, const i8* __restrict__ aq,
+                 const float* __restrict__ ad, const int* __restrict__ bsums,
+                 float* __restrict__ y, int rows, int cols, int m) {
+    mvq_q6_k_t<2>(W, aq, ad, y, rows, cols, m);
 }

@@ -13,8 +13,8 @@ use infer_quant::QuantFormat;
 
 use super::cache::Scratch;
 use super::device::{
-    drv, int, mmq_q4k_smem, Device, MMQ_BM, MMQ_BN, MMQ_WIDTHS, MT, ROWDOT_THREADS, ROWS_PER_BLOCK,
-    STAGE,
+    drv, int, mmq_q4k_smem, Device, MMQ_BM, MMQ_BN, MMQ_WIDTHS, MT, MVQ_ROWS, MVQ_TOKENS,
+    MVQ_WARPS, ROWDOT_THREADS, ROWS_PER_BLOCK, STAGE,
 };
 use super::State;
 use crate::backend::empty_product;
@@ -31,6 +31,9 @@ struct FormatKernels<'a> {
     mmq: &'a [CudaFunction; 3],
     mmq_dynamic_smem: bool,
     mmq_ids: Option<&'a CudaFunction>,
+    /// The few-row tensor-core products (2..=[`MVQ_MAX_M`] rows: one and two groups of
+    /// [`MVQ_TOKENS`]), where a format has them.
+    few: Option<&'a [CudaFunction; 2]>,
 }
 
 impl FormatKernels<'_> {
@@ -48,6 +51,11 @@ impl FormatKernels<'_> {
 /// the CUDA backend has none: the one table of the products' kernels.
 fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_>> {
     let k = &dev.k;
+    let few = match format {
+        Some(QuantFormat::Q4_K) => Some(&k.mvq_q4_k),
+        Some(QuantFormat::Q6_K) => Some(&k.mvq_q6_k),
+        _ => None,
+    };
     let (mv, mv1, mmq, mmq_dynamic_smem, mmq_ids) = match format {
         None => (&k.mv_q8s, &k.mv_q8s, &k.mmq_q8s, false, None),
         Some(QuantFormat::Q4_0) => (
@@ -93,6 +101,7 @@ fn kernels(dev: &Device, format: Option<QuantFormat>) -> Option<FormatKernels<'_
         mmq,
         mmq_dynamic_smem,
         mmq_ids,
+        few,
     })
 }
 
@@ -117,9 +126,13 @@ pub(super) fn grouped_kernel(
 }
 
 /// Activation rows from which the products run the tensor-core tile kernels (`mmq_*`) rather
-/// than the mat-vecs, which read each weight row once per `MT` activation rows. At 4 rows the
-/// 16-token tiles are ahead: 8 B Q4_K_M, 4 sequences, 547 vs 522 tok/s (H100, two rounds).
+/// than the mat-vecs, which read each weight row once per `MT` activation rows (Q4_K and Q6_K
+/// take `mvq_*` from 2 to [`MVQ_MAX_M`] rows instead). At 4 rows the 16-token tiles were ahead
+/// of the Q4_K mat-vec: 8 B Q4_K_M, 4 sequences, 547 vs 522 tok/s (H100, two rounds).
 pub(super) const MMQ_MIN_M: usize = 4;
+/// Most activation rows of the few-row tensor-core products (`mvq_*`, Q4_K and Q6_K): two
+/// groups of [`MVQ_TOKENS`], every weight block unpacked once into registers for all of them.
+pub(super) const MVQ_MAX_M: usize = 2 * MVQ_TOKENS;
 
 /// A product's launch: the kernel, whether it reads Q8_K activations, its grid, and for the
 /// tile kernels the two split-K buffer pointers that follow the shared arguments.
@@ -146,7 +159,8 @@ fn token_tile(m: usize) -> usize {
 /// [`token_tile`] activation rows × `MMQ_BM` weight rows, activation tiles fastest so the
 /// blocks sharing a weight tile run together, K split into [`split_shares`] shares when the
 /// tiles alone would leave the device idle) from [`MMQ_MIN_M`] rows on devices of compute
-/// capability 8.0 or later, else the mat-vecs (the one-row kernel for one row). All take the
+/// capability 8.0 or later, else the mat-vecs (the one-row kernel for one row); Q4_K and Q6_K from 2
+/// to [`MVQ_MAX_M`] rows take the few-row tensor-core products (`mvq_*`). All take the
 /// same arguments, the tile kernels then the split-K pointers; Q4_K's tile kernels ask for
 /// [`mmq_q4k_smem`] bytes of dynamic shared memory.
 /// Errors: a format without a kernel.
@@ -168,6 +182,22 @@ pub(super) fn product_kernel(
         });
     };
     let kq = is_kq(format);
+    if let Some(few) = fk
+        .few
+        .filter(|_| (2..=MVQ_MAX_M).contains(&m) && dev.cc.0 >= 8)
+    {
+        let groups = m.div_ceil(MVQ_TOKENS);
+        return Ok(ProductLaunch {
+            func: &few[groups - 1],
+            kq,
+            cfg: LaunchConfig {
+                grid_dim: (rows.div_ceil(MVQ_ROWS) as u32, 1, 1),
+                block_dim: (32 * MVQ_WARPS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            split: None,
+        });
+    }
     if !tiles {
         return Ok(ProductLaunch {
             func: if m == 1 { fk.mv1 } else { fk.mv },
