@@ -16,7 +16,7 @@
 //! `acc = fma(d_w·d_a, dot, acc)` over the blocks in order from `acc = 0` — the same bits as
 //! the mat-vec and as any other batch size.
 
-use super::avx2_pack::{self, GroupsOut, GROUP, GROUP_BLOCK};
+use super::avx2_pack::{self, put_row_pair, GroupsOut, GROUP, GROUP_BLOCK};
 use super::avx2_tile::q0_from_tag;
 use super::{OutMat, Q8Rows};
 use std::arch::x86_64::*;
@@ -170,18 +170,7 @@ pub(super) unsafe fn rows_times_acts<const F: u8>(
         d: d.as_ptr().add(g * nb * 8),
         sums: sums.as_ptr().add(g * nb * 8),
     };
-    // Lanes j (row r0) and 4 + j (row r1, unless the last row of an odd count) of `v` for
-    // activation rows 4g + j.
-    let put = |v: __m256, r0: usize, r1: usize, g: usize| {
-        let mut l = [0f32; 8];
-        _mm256_storeu_ps(l.as_mut_ptr(), v);
-        for j in 0..GROUP.min(m - GROUP * g) {
-            out.put(r0, GROUP * g + j, l[j]);
-            if r1 != r0 {
-                out.put(r1, GROUP * g + j, l[GROUP + j]);
-            }
-        }
-    };
+    let put = |v: __m256, r0: usize, r1: usize, g: usize| put_row_pair(out, v, r0, r1, g, m);
     for g0 in (0..ng).step_by(CHUNK_GROUPS) {
         let g1 = (g0 + CHUNK_GROUPS).min(ng);
         for r0 in (0..n_rows).step_by(2) {

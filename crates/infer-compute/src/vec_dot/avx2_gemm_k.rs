@@ -23,7 +23,7 @@
 //! [`super::kquant_row`]: `acc = fma(d·d_a, isum, acc)` (Q4_K then `acc = fma(−(dmin·d_a),
 //! msum, acc)`) per block from `acc = 0`. Same bits as the mat-vec and any batch size.
 
-use super::avx2_pack::{transpose_dwords, GROUP};
+use super::avx2_pack::{put_row_pair, transpose_dwords, GROUP};
 use super::vnni_gemm_k::KQuant;
 use super::OutMat;
 use infer_quant::{q4_k, q6_k, q8_k};
@@ -381,18 +381,7 @@ unsafe fn rows<const Q6: bool>(
     let mut wpair = crate::scratch::take(&WPAIR, nb * W_BLOCK);
     pack_acts(kq, acts.as_ptr(), m, nb, packed.as_mut_ptr());
     let group = |g: usize| packed.as_ptr().add(g * nb * ACT_BLOCK);
-    // Lanes j (row r0) and 4 + j (row r1, unless the last row of an odd count) of `v` for
-    // activation rows 4g + j.
-    let put = |v: __m256, r0: usize, r1: usize, g: usize| {
-        let mut l = [0f32; 8];
-        _mm256_storeu_ps(l.as_mut_ptr(), v);
-        for j in 0..GROUP.min(m - GROUP * g) {
-            out.put(r0, GROUP * g + j, l[j]);
-            if r1 != r0 {
-                out.put(r1, GROUP * g + j, l[GROUP + j]);
-            }
-        }
-    };
+    let put = |v: __m256, r0: usize, r1: usize, g: usize| put_row_pair(out, v, r0, r1, g, m);
     for g0 in (0..ng).step_by(CHUNK_GROUPS) {
         let g1 = (g0 + CHUNK_GROUPS).min(ng);
         for r0 in (0..n_rows).step_by(2) {

@@ -16,6 +16,32 @@ pub(super) const GROUP: usize = 4;
 /// Bytes of one group's block of quants (4 rows × 32 quants, as four registers).
 pub(super) const GROUP_BLOCK: usize = GROUP * 32;
 
+/// The results of one weight-row pair × activation group of the batch kernels into `out`:
+/// lanes j (weight row `r0`) and `GROUP + j` (row `r1`; dropped when `r1 == r0`, the last row of
+/// an odd count) of `v` are outputs (r, `GROUP·g + j`) for every activation row below `m`.
+///
+/// # Safety
+/// AVX available; `out` owns those elements ([`super::OutMat::put`]).
+#[inline]
+#[target_feature(enable = "avx")]
+pub(super) unsafe fn put_row_pair(
+    out: super::OutMat,
+    v: __m256,
+    r0: usize,
+    r1: usize,
+    g: usize,
+    m: usize,
+) {
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), v);
+    for j in 0..GROUP.min(m - GROUP * g) {
+        out.put(r0, GROUP * g + j, l[j]);
+        if r1 != r0 {
+            out.put(r1, GROUP * g + j, l[GROUP + j]);
+        }
+    }
+}
+
 /// The offset of the stored unsigned quants: ggml's Q4_0 quant is `nibble − 8`, Q5_0's
 /// `(nibble | fifth bit << 4) − 16`.
 ///
