@@ -45,7 +45,7 @@ struct Group {
 /// Broadcast dword `S` of each 128-bit half of `w` over that half: the weight quants that
 /// meet step `S` of an activation group.
 #[inline(always)]
-unsafe fn step_weights<const S: i32>(w: __m256i) -> __m256i {
+pub(super) unsafe fn step_weights<const S: i32>(w: __m256i) -> __m256i {
     match S {
         0 => _mm256_shuffle_epi32::<0x00>(w),
         1 => _mm256_shuffle_epi32::<0x55>(w),

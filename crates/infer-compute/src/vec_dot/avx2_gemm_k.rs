@@ -23,6 +23,7 @@
 //! [`super::kquant_row`]: `acc = fma(d·d_a, isum, acc)` (Q4_K then `acc = fma(−(dmin·d_a),
 //! msum, acc)`) per block from `acc = 0`. Same bits as the mat-vec and any batch size.
 
+use super::avx2_gemm::step_weights;
 use super::avx2_pack::{put_row_pair, transpose_dwords, GROUP};
 use super::vnni_gemm_k::KQuant;
 use super::OutMat;
@@ -219,18 +220,6 @@ unsafe fn pack_weight_pair(kq: KQuant, nb: usize, rows: [*const u8; 2], out: *mu
             let second = _mm_set1_epi32(second as i32);
             _mm_storeu_si128(lanes.add(W_D + 16 * k) as *mut __m128i, second);
         }
-    }
-}
-
-/// Broadcast dword `S` of each 128-bit half of `w` over that half (as
-/// `avx2_gemm::step_weights`).
-#[inline(always)]
-unsafe fn step_weights<const S: i32>(w: __m256i) -> __m256i {
-    match S {
-        0 => _mm256_shuffle_epi32::<0x00>(w),
-        1 => _mm256_shuffle_epi32::<0x55>(w),
-        2 => _mm256_shuffle_epi32::<0xAA>(w),
-        _ => _mm256_shuffle_epi32::<0xFF>(w),
     }
 }
 
