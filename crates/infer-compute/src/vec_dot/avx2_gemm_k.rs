@@ -326,6 +326,32 @@ unsafe fn tile<const Q6: bool, const NA: usize>(
     acc
 }
 
+/// The batch kernel for `m` activation rows of `kq` weights where one serves, as
+/// [`rows_times_acts`]: the VNNI tiles on hosts with AVX-512 VNNI, else this AVX2 kernel from
+/// [`GROUP`] rows. Returns false when neither does (fewer rows on an AVX2 host: the caller's
+/// mat-vec tile).
+///
+/// # Safety
+/// As [`rows_times_acts`] (lengths checked by the caller).
+pub(super) unsafe fn batch_rows(
+    kq: KQuant,
+    ws: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    acts: &[u8],
+    m: usize,
+    out: OutMat,
+) -> bool {
+    if super::avx2_tile::vnni_available() {
+        super::vnni_gemm_k::rows_times_acts(kq, ws, row_bytes, nb, acts, m, out);
+    } else if m >= GROUP {
+        rows_times_acts(kq, ws, row_bytes, nb, acts, m, out);
+    } else {
+        return false;
+    }
+    true
+}
+
 /// Element (r, i) of `out` = `W_r · A_i` for the Q4_K or Q6_K (`kq`) weight rows `ws`
 /// (`row_bytes` each, `nb` super-blocks) and the `m` Q8_K activation rows `acts` (`nb` blocks
 /// each, ggml `block_q8_K`).

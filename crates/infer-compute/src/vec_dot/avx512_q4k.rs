@@ -124,33 +124,10 @@ pub(crate) unsafe fn rows_times_acts(
         acts.len() >= m * nb * q8_k::BLOCK_BYTES,
         "Q4_K tile: activations too short"
     );
-    if super::avx2_tile::vnni_available() {
-        // SAFETY: VNNI detected; lengths checked above.
-        return unsafe {
-            super::vnni_gemm_k::rows_times_acts(
-                super::vnni_gemm_k::KQuant::Q4K,
-                ws,
-                row_bytes,
-                nb,
-                acts,
-                m,
-                out,
-            )
-        };
-    }
-    if m >= super::avx2_pack::GROUP {
-        // SAFETY: AVX2/FMA/F16C checked (`available`); lengths checked above.
-        return unsafe {
-            super::avx2_gemm_k::rows_times_acts(
-                super::vnni_gemm_k::KQuant::Q4K,
-                ws,
-                row_bytes,
-                nb,
-                acts,
-                m,
-                out,
-            )
-        };
+    let kq = super::vnni_gemm_k::KQuant::Q4K;
+    // SAFETY: AVX2/FMA/F16C checked (`available`), VNNI by `batch_rows`; lengths checked above.
+    if unsafe { super::avx2_gemm_k::batch_rows(kq, ws, row_bytes, nb, acts, m, out) } {
+        return;
     }
     // SAFETY: the CPU features were checked (`available`), and the lengths above.
     unsafe { rows_impl(ws, row_bytes, nb, acts, m, out) }

@@ -242,27 +242,16 @@ pub(crate) unsafe fn rows_times_acts(
         acts.len() >= m * nb * q8_k::BLOCK_BYTES,
         "Q6_K tile: activations too short"
     );
-    if super::avx2_tile::vnni_available() {
-        return super::vnni_gemm_k::rows_times_acts(
-            super::vnni_gemm_k::KQuant::Q6K,
-            ws,
-            row_bytes,
-            nb,
-            acts,
-            m,
-            out,
-        );
-    }
-    if m >= super::avx2_pack::GROUP {
-        return super::avx2_gemm_k::rows_times_acts(
-            super::vnni_gemm_k::KQuant::Q6K,
-            ws,
-            row_bytes,
-            nb,
-            acts,
-            m,
-            out,
-        );
+    if super::avx2_gemm_k::batch_rows(
+        super::vnni_gemm_k::KQuant::Q6K,
+        ws,
+        row_bytes,
+        nb,
+        acts,
+        m,
+        out,
+    ) {
+        return;
     }
     rows_impl(ws, row_bytes, nb, acts, m, out)
 }
