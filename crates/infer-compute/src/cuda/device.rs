@@ -52,20 +52,14 @@ pub(super) const MMQ_BN: usize = 64;
 /// The token tiles of the plain tensor-core products, in the order of their kernels
 /// (`mmq_<format>`, `mmq_<format>_n32`, `mmq_<format>_n16` in `mmq.cu`).
 pub(super) const MMQ_WIDTHS: [usize; 3] = [MMQ_BN, 32, 16];
-/// Dynamic shared memory of `mmq_q4_k` with a token tile of `bn` rows (bytes; `HqSmem` and
-/// `HqStage` in `mmq.cu`): f16 weight and activation tiles of 136 halves per row, the mins
-/// operands (24 halves per row), (d, dmin) per weight row and d per activation row; then the
-/// stages of raw K steps (2 for 64-token tiles, 3 for 32, 4 for 16), each 80 bytes per weight
-/// row and 144 + 4 + 64 per token.
+/// Dynamic shared memory of `mmq_q4_k` with a token tile of `bn` rows (bytes; `IqSmem` and
+/// `IqStage` in `mmq.cu`): the f16 mins operands (24 halves per weight row and per token),
+/// (d, dmin) per weight row and d per token; then 4 stages of raw K steps, each 80 bytes per
+/// weight row and 144 + 4 + 64 per token.
 pub(super) const fn mmq_q4k_smem(bn: usize) -> usize {
-    let converted = (MMQ_BM + bn) * 136 * 2 + (MMQ_BM + bn) * 24 * 2 + MMQ_BM * 8 + bn * 4;
+    let mins = (MMQ_BM + bn) * 24 * 2 + MMQ_BM * 8 + bn * 4;
     let stage = MMQ_BM * 80 + bn * (144 + 4 + 64);
-    let stages = match bn {
-        64 => 2,
-        32 => 3,
-        _ => 4,
-    };
-    converted + stages * stage
+    mins + 4 * stage
 }
 /// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.
 pub(super) const GT: usize = 64;

@@ -12,8 +12,8 @@
 //   - Q6_K: isum += scale * sum per group (integers, as the CPU's Σ sc·isum); at the end of
 //     each super-block acc += (d·yd)·isum;
 //   - 32-value formats: acc += (f32)sum · (dw·dx) per block.
-// Q4_K has a kernel of its own on the f16 tensor cores (below), its scales folded into the
-// weights. Shared rows are MMQ_LD bytes (KS + 16) so the fragment loads of a warp hit 32
+// Q4_K has a kernel of its own (below) that feeds the mma from its blocks as stored, with no
+// decoding pass into shared memory. Shared rows are MMQ_LD bytes (KS + 16) so the fragment loads of a warp hit 32
 // distinct banks.
 // ---------------------------------------------------------------------------------------------
 
@@ -464,56 +464,49 @@ MMQ_PLAIN_WIDTHS(MMQ_PLAIN_Q8S, mmq_q8s, F_Q8S)
 MMQ_PLAIN_WIDTHS(MMQ_PLAIN_KQ, mmq_q6_k, F_Q6_K)
 
 // ---------------------------------------------------------------------------------------------
-// Q4_K products on the f16 tensor cores (`mmq_q4_k`). The int8 path above would apply each
-// 32-value sub-block's 6-bit scale to every mma result with an integer multiply and the mins
-// per output and step (ncu: 27 instructions per int8 mma, 34% of them IMAD). Here the scale is
-// folded into the weights instead: shared memory holds sc·q (integers <= 63·15 = 945, exact in
-// f16) and the Q8_K activations as f16 (exact), so one f32-accumulating `mma.m16n8k16` chain
-// runs over the whole 256-value super-block. Every product is an exact integer and a
-// super-block's sum stays below 2^24 for realistic values, so the sums equal the integer ones
-// of the mat-vecs except in extreme cases (then within f32 rounding). Per super-block:
-//   acc += yd · (d · Σ sc·q·a − dmin · Σ_j mn_j · bsum_j)
-// with the mins term one more f16 mma: weights [mn_0..7, 64·mn_0..7] against activations
-// [bsum_j mod 64, floor(bsum_j / 64)] (each piece exact in f16).
-// Values are stored in each aligned group of 4 in the order 0, 2, 1, 3 (for weights and
-// activations alike, so dot products are unchanged): that is the order the nibble- and
-// byte-to-f16 conversions produce them in. Rows of shared memory are 17 units of 16 bytes, so
-// that 8 rows read or written together hit distinct banks.
+// Q4_K products on the int8 tensor cores (`mmq_q4_k`), fed straight from the raw K steps that
+// cp.async leaves in shared memory: no decoded copy of the tile. Per 32-value sub-block pair a
+// warp loads the 16 rows' 32 quant bytes with one `ldmatrix` (they are the A fragment of
+// `mma.m16n8k32.s8` as stored), masks the low nibbles (sub-block 2j) and shifts the high ones
+// (2j + 1), and runs them against the tokens' int8 activations, also loaded as stored. The
+// exact int32 sums get their sub-block's 6-bit scale per row (decoded per step from the block
+// header: 4 bit operations), and per super-block
+//   acc += d·yd · Σ sc·isum − dmin·yd · Σ_j mn_j · bsum_j          (ggml vec_dot_q4_K_q8_K)
+// with the mins term one f16 mma per super-block: weights [mn_0..7, 64·mn_0..7] against
+// activations [bsum_j mod 64, floor(bsum_j / 64)] (each piece exact in f16, the sum exact in
+// f32). |isum| < 8·63·32·15·128 < 2^31. The f16 kernel this replaces stored sc·q and the
+// activations as f16 in shared memory each step (two conversions per value, a barrier between
+// them and the mma, half the int8 rate, and 62 KiB of tiles that left room for only two stages
+// of raw steps at 64 tokens).
 // ---------------------------------------------------------------------------------------------
 
-#define HQ_LD 136  // halves per shared row: MMQ_KS + 8
 #define HQ_MLD 24  // halves per row of the mins operands: 16 + 8
 
-// Byte offsets of the parts of the kernel's dynamic shared memory, for a token tile of BN
-// (`MMQ_Q4K_SMEM` in device.rs: the total).
+// Byte offsets of the parts of the kernel's dynamic shared memory before its stages, for a
+// token tile of BN: the mins operands, (d, dmin) per weight row, d per token.
 template <int BN>
-struct HqSmem {
-    static constexpr int OFF_A = MMQ_BM * HQ_LD * 2;
-    static constexpr int OFF_MW = OFF_A + BN * HQ_LD * 2;
-    static constexpr int OFF_MA = OFF_MW + MMQ_BM * HQ_MLD * 2;
+struct IqSmem {
+    static constexpr int OFF_MA = MMQ_BM * HQ_MLD * 2;
     static constexpr int OFF_DM = OFF_MA + BN * HQ_MLD * 2;
     static constexpr int OFF_YD = OFF_DM + MMQ_BM * 8;
-    static constexpr int BYTES = OFF_YD + BN * 4;
+    static constexpr int BYTES = OFF_YD + BN * 4;  // a multiple of 16 for BN = 16, 32, 64
 };
 
 // One K step's raw bytes in shared memory, as cp.async leaves them: per weight row the block
 // header and the step's 64 quant bytes (80 bytes: 8 rows read together hit distinct banks),
 // per token the 128 activation bytes (rows of 144, likewise), the tokens' Q8_K d and bsums
-// (written on a super-block's first step). STAGES of them after HqSmem, so that the copies of
-// the next STAGES - 1 steps are in flight while a step computes, as many as keep two blocks
-// per multiprocessor (`mmq_q4k_smem` in device.rs: the total). Measured on an H100 against
-// one step fetched ahead in registers: 8 B gate/up 14336x4096 at 128 rows 154 -> 121 us, at
-// 512 rows 538 -> 416 us; unchanged at 4-64 rows (one block per multiprocessor with 4 stages
-// for the 64-token tile gained nothing there).
+// (written on a super-block's first step). STAGES of them after IqSmem, so that the copies of
+// the next STAGES - 1 steps are in flight while a step computes, two blocks per
+// multiprocessor (`mmq_q4k_smem` in device.rs: the total).
 template <int BN>
-struct HqStage {
+struct IqStage {
     static constexpr int W_LD = 80;
     static constexpr int A_LD = 144;
     static constexpr int OFF_A = MMQ_BM * W_LD;
     static constexpr int OFF_YD = OFF_A + BN * A_LD;
     static constexpr int OFF_BS = OFF_YD + BN * 4;
     static constexpr int BYTES = OFF_BS + BN * 64;
-    static constexpr int STAGES = BN == 64 ? 2 : BN == 32 ? 3 : 4;
+    static constexpr int STAGES = 4;
 };
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -525,10 +518,10 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0
 #endif
 }
 
-// Four 8x8 f16 matrices from shared memory, lane i giving the address of row i % 8 of matrix
-// i / 8 (PTX ldmatrix; the fragments of mma.m16n8k16); `a` is a shared-space address.
-// Volatile: it reads shared memory written by plain stores, and must stay between the
-// barriers that order it after them.
+// Four 8x8 matrices of 16-bit units (or 8 rows of 16 bytes) from shared memory, lane i giving
+// the address of row i % 8 of matrix i / 8 (PTX ldmatrix; the fragments of mma.m16n8k16 f16
+// and, read as bytes, of mma.m16n8k32 s8); `a` is a shared-space address. Volatile: it reads
+// shared memory written by other threads, and must stay between the barriers that order it.
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -541,20 +534,7 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
 }
 
-__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
-    u32 d;
-    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
-// (x, x) as f16x2, for integers exactly representable in f16 (|x| <= 2048, or multiples of
-// 1024 up to 63·1024 as the Q4_K offsets).
+// (x, x) as f16x2, for integers exactly representable in f16 (|x| <= 2048).
 __device__ __forceinline__ u32 int_h2(int x) {
     u16 h;
     asm("cvt.rn.f16.s32 %0, %1;" : "=h"(h) : "r"(x));
@@ -580,19 +560,10 @@ __device__ __forceinline__ int q4k_scale(const uint4& hdr, int j, bool mins) {
                 : (b & 0xF) | ((q4k_scale_byte(hdr, j - 4) >> 6) << 4);
 }
 
-// Four f16 sc·q of one nibble half of a word of Q4_K quants (shift 0: low nibbles, 4: high),
-// in the order 0, 2, 1, 3: (1024 + q) · sc − 1024 · sc, exact in one fused step.
-__device__ __forceinline__ uint2 q4k_nibbles_h(u32 w, int shift, u32 sc2, u32 off2) {
-    u32 e02 = ((w >> shift) & 0x000F000Fu) | 0x64006400u;
-    u32 e13 = ((w >> (shift + 8)) & 0x000F000Fu) | 0x64006400u;
-    return make_uint2(hfma2(e02, sc2, off2), hfma2(e13, sc2, off2));
-}
-
-// Four int8 of a word as f16, in the order 0, 2, 1, 3: (1024 + 128 + a) − 1152.
-__device__ __forceinline__ uint2 i8x4_h(u32 w) {
-    u32 e02 = (w & 0x00FF00FFu) ^ 0x64806480u;
-    u32 e13 = ((w >> 8) & 0x00FF00FFu) ^ 0x64806480u;
-    return make_uint2(hadd2(e02, 0xE480E480u), hadd2(e13, 0xE480E480u));
+// The 6-bit scales of sub-blocks 4h .. 4h + 3 of a Q4_K block (get_scale_min_k4, four at
+// once), one per byte, from header words s1 (scale bytes 0..3) and s3 (bytes 8..11).
+__device__ __forceinline__ u32 q4k_scales4(u32 s1, u32 s3, int h) {
+    return h == 0 ? s1 & 0x3F3F3F3Fu : (s3 & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
 }
 
 // 16 bytes global -> shared without passing through registers (sm_80 cp.async, L2 only);
@@ -631,53 +602,84 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// One thread's global data of a K step, read from its stage before conversion.
-struct HqRegs {
-    uint4 hdr;    // the row's block header: d, dmin, 12 scale bytes
-    uint4 q[2];   // the row's 32 quant bytes of this thread's 64 values
-    uint4 a[2];   // activation bytes
-    float yd;     // threads < BN, first step of a super-block: the token's Q8_K d
-    int4 bs[4];   // likewise: the token's 16 sums of 16 activations
-};
+// The mins operands and scales of a super-block, from its first K step's stage `st`: per
+// weight row (threads < MMQ_BM) (d, dmin) and [mn_0..7, 64·mn_0..7] as f16; per token
+// (threads MMQ_BM .. MMQ_BM + BN) the Q8_K d and [bsum_j mod 64, floor(bsum_j / 64)] of the 8
+// sub-blocks (a sub-block's sum is two of Q8_K's sums of 16).
+template <int BN>
+__device__ __forceinline__ void iq_put_mins(const u8* st, u16* smw, u16* sma, float2* sdm,
+                                            float* syd, int tid) {
+    using St = IqStage<BN>;
+    if (tid < MMQ_BM) {
+        uint4 hdr = *(const uint4*)(st + tid * St::W_LD);
+        sdm[tid] = make_float2(f16_to_f32((u16)(hdr.x & 0xFFFF)), f16_to_f32((u16)(hdr.x >> 16)));
+        u32 mw[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int m0 = q4k_scale(hdr, 2 * i, true), m1 = q4k_scale(hdr, 2 * i + 1, true);
+            mw[i] = int2_h2(m0, m1);
+            mw[4 + i] = int2_h2(64 * m0, 64 * m1);
+        }
+        u16* d = smw + tid * HQ_MLD;
+        *(uint4*)d = make_uint4(mw[0], mw[1], mw[2], mw[3]);
+        *(uint4*)(d + 8) = make_uint4(mw[4], mw[5], mw[6], mw[7]);
+    } else if (tid < MMQ_BM + BN) {
+        int t = tid - MMQ_BM;
+        syd[t] = *(const float*)(st + St::OFF_YD + 4 * t);
+        const int4* bs = (const int4*)(st + St::OFF_BS + 64 * t);
+        u32 bw[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int4 v = bs[i];
+            int s0 = v.x + v.y, s1 = v.z + v.w;  // sub-blocks 2i, 2i + 1
+            bw[i] = int2_h2(s0 & 63, s1 & 63);
+            bw[4 + i] = int2_h2(s0 >> 6, s1 >> 6);
+        }
+        u16* d = sma + t * HQ_MLD;
+        *(uint4*)d = make_uint4(bw[0], bw[1], bw[2], bw[3]);
+        *(uint4*)(d + 8) = make_uint4(bw[4], bw[5], bw[6], bw[7]);
+    }
+}
 
 template <int BN>
-__device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq,
+__device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __restrict__ aq,
                                         const float* __restrict__ ad,
                                         const int* __restrict__ bsums, float* __restrict__ y,
                                         int rows, int cols, int m, float* __restrict__ part,
                                         int* __restrict__ counters, MmqTile at) {
-    extern __shared__ __align__(16) u8 hq_sm[];
-    using L = HqSmem<BN>;
-    using St = HqStage<BN>;
+    extern __shared__ __align__(16) u8 iq_sm[];
+    using L = IqSmem<BN>;
+    using St = IqStage<BN>;
     using S = MmqWarps<BN>;
     constexpr int TM = S::TM, TN = S::TN, NST = St::STAGES;
-    u16* sw = (u16*)hq_sm;                        // [MMQ_BM][HQ_LD] sc·q
-    u16* sa = (u16*)(hq_sm + L::OFF_A);           // [BN][HQ_LD] activations
-    u16* smw = (u16*)(hq_sm + L::OFF_MW);         // [MMQ_BM][HQ_MLD] mins operand
-    u16* sma = (u16*)(hq_sm + L::OFF_MA);         // [BN][HQ_MLD] bsum operand
-    float2* sdm = (float2*)(hq_sm + L::OFF_DM);   // [MMQ_BM] (d, dmin)
-    float* syd = (float*)(hq_sm + L::OFF_YD);     // [BN] activation d
-    u8* stages = hq_sm + L::BYTES;                // NST x St::BYTES raw K steps
+    u16* smw = (u16*)iq_sm;                       // [MMQ_BM][HQ_MLD] mins operand
+    u16* sma = (u16*)(iq_sm + L::OFF_MA);         // [BN][HQ_MLD] bsum operand
+    float2* sdm = (float2*)(iq_sm + L::OFF_DM);   // [MMQ_BM] (d, dmin)
+    float* syd = (float*)(iq_sm + L::OFF_YD);     // [BN] activation d
+    u8* stages = iq_sm + L::BYTES;                // NST x St::BYTES raw K steps
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, tig = lane & 3;
     int wm = (warp % S::WM) * (16 * TM), wn = (warp / S::WM) * (8 * TN);
     int row0 = at.row0, tok0 = at.tok0;
     int nb = cols / 256, nks = 2 * nb, ks0, ks1;
     mmq_share(nks, at.share, at.shares, ks0, ks1);
-    // This thread's weight row and 64-value half of each K step; its activation tokens.
+    // The weight row this thread copies, and its 32-byte half of each step's quants.
     int r = tid & (MMQ_BM - 1), p = tid >> 7;
     bool row_ok = row0 + r < rows;
     const u8* wrow = W + (long long)(row_ok ? row0 + r : 0) * nb * 144;
-    float acc[TM][TN][4], cs[TM][TN][4];
+    float acc[TM][TN][4];
+    int isum[TM][TN][4];
 #pragma unroll
     for (int mt = 0; mt < TM; mt++)
 #pragma unroll
         for (int nt = 0; nt < TN; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = cs[mt][nt][e] = 0.0f;
-    HqRegs nx;
+            for (int e = 0; e < 4; e++) {
+                acc[mt][nt][e] = 0.0f;
+                isum[mt][nt][e] = 0;
+            }
     // Start the copies of step ks into its stage (none past the share: an empty group keeps
-    // the count of groups per step fixed). Raw bytes only; `put` converts them.
+    // the count of groups per step fixed).
     auto fetch = [&](int ks) {
         if (ks < ks1) {
             u8* st = stages + ((ks - ks0) % NST) * St::BYTES;
@@ -707,125 +709,77 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
         }
         cp_async_commit();
     };
-    // This thread's values of step ks from its stage (written by other threads too: after the
-    // barrier that follows cp_async_wait).
-    auto take = [&](int ks) {
-        const u8* st = stages + ((ks - ks0) % NST) * St::BYTES;
-        const u8* wd = st + r * St::W_LD;
-        nx.hdr = *(const uint4*)wd;
-        nx.q[0] = *(const uint4*)(wd + 16 + 32 * p);
-        nx.q[1] = *(const uint4*)(wd + 32 + 32 * p);
-#pragma unroll
-        for (int k = 0; k < S::A_ITEMS; k++) {
-            int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
-            if (i < S::A_CHUNKS) nx.a[k] = *(const uint4*)(st + St::OFF_A + t * St::A_LD + 16 * c);
-        }
-        if ((ks & 1) == 0 && tid < BN) {
-            nx.yd = *(const float*)(st + St::OFF_YD + 4 * tid);
-#pragma unroll
-            for (int j = 0; j < 4; j++) nx.bs[j] = *(const int4*)(st + St::OFF_BS + 64 * tid + 16 * j);
-        }
-    };
-    auto put = [&](int ks) {
-        int h = ks & 1, j0 = 4 * h + 2 * p;
-        int sc_lo = q4k_scale(nx.hdr, j0, false), sc_hi = q4k_scale(nx.hdr, j0 + 1, false);
-        u32 s2lo = int_h2(sc_lo), o2lo = int_h2(-1024 * sc_lo);
-        u32 s2hi = int_h2(sc_hi), o2hi = int_h2(-1024 * sc_hi);
-        u16* dst = sw + r * HQ_LD + 64 * p;
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const uint4& v = nx.q[t >> 1];
-            u32 w0 = (t & 1) ? v.z : v.x, w1 = (t & 1) ? v.w : v.y;
-            uint2 l0 = q4k_nibbles_h(w0, 0, s2lo, o2lo), l1 = q4k_nibbles_h(w1, 0, s2lo, o2lo);
-            uint2 h0 = q4k_nibbles_h(w0, 4, s2hi, o2hi), h1 = q4k_nibbles_h(w1, 4, s2hi, o2hi);
-            *(uint4*)(dst + 8 * t) = make_uint4(l0.x, l0.y, l1.x, l1.y);
-            *(uint4*)(dst + 32 + 8 * t) = make_uint4(h0.x, h0.y, h1.x, h1.y);
-        }
-#pragma unroll
-        for (int k = 0; k < S::A_ITEMS; k++) {
-            int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
-            if (i >= S::A_CHUNKS) break;
-            uint2 e0 = i8x4_h(nx.a[k].x), e1 = i8x4_h(nx.a[k].y);
-            uint2 e2 = i8x4_h(nx.a[k].z), e3 = i8x4_h(nx.a[k].w);
-            u16* da = sa + t * HQ_LD + 16 * c;
-            *(uint4*)da = make_uint4(e0.x, e0.y, e1.x, e1.y);
-            *(uint4*)(da + 8) = make_uint4(e2.x, e2.y, e3.x, e3.y);
-        }
-        if (h == 0) {
-            if (p == 0) {
-                sdm[r] = make_float2(f16_to_f32((u16)(nx.hdr.x & 0xFFFF)),
-                                     f16_to_f32((u16)(nx.hdr.x >> 16)));
-                u32 mw[8];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int m0 = q4k_scale(nx.hdr, 2 * i, true), m1 = q4k_scale(nx.hdr, 2 * i + 1, true);
-                    mw[i] = int2_h2(m0, m1);
-                    mw[4 + i] = int2_h2(64 * m0, 64 * m1);
-                }
-                u16* d = smw + r * HQ_MLD;
-                *(uint4*)d = make_uint4(mw[0], mw[1], mw[2], mw[3]);
-                *(uint4*)(d + 8) = make_uint4(mw[4], mw[5], mw[6], mw[7]);
-            }
-            if (tid < BN) {
-                syd[tid] = nx.yd;
-                int s[8];
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    s[2 * j] = nx.bs[j].x + nx.bs[j].y;  // sub-block sums: 2 sums of 16
-                    s[2 * j + 1] = nx.bs[j].z + nx.bs[j].w;
-                }
-                u32 bw[8];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    bw[i] = int2_h2(s[2 * i] & 63, s[2 * i + 1] & 63);
-                    bw[4 + i] = int2_h2(s[2 * i] >> 6, s[2 * i + 1] >> 6);
-                }
-                u16* d = sma + tid * HQ_MLD;
-                *(uint4*)d = make_uint4(bw[0], bw[1], bw[2], bw[3]);
-                *(uint4*)(d + 8) = make_uint4(bw[4], bw[5], bw[6], bw[7]);
-            }
-        }
-    };
-    // ldmatrix addresses of this lane: A rows (weights), B rows (tokens).
-    int a_row = wm + (lane & 15), a_k = 8 * (lane >> 4);
-    int b_row = wn + (lane & 7) + 8 * (lane >> 4), b_k = 8 * ((lane >> 3) & 1);
-    const u32 a_sm = smem_addr(sw + a_row * HQ_LD + a_k), b_sm = smem_addr(sa + b_row * HQ_LD + b_k);
+    // ldmatrix rows of this lane: weights (16 rows, the two 16-byte halves of a sub-block
+    // pair's 32 bytes), tokens (two tiles of 8, the two halves of a sub-block's 32 bytes).
+    int a_row = wm + (lane & 15), a_byte = 16 + 16 * (lane >> 4);
+    int b_tok = wn + (lane & 7) + 8 * (lane >> 4), b_byte = 16 * ((lane >> 3) & 1);
+    // The same for the f16 mins operands (8 halves per matrix row).
+    int ma_k = 8 * (lane >> 4), mb_k = 8 * ((lane >> 3) & 1);
+    const u32 st_sm = smem_addr(stages);
     pdl_wait();
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) fetch(ks0 + i);
     for (int ks = ks0; ks < ks1; ks++) {
         cp_async_wait<NST - 2>();
+        // Step ks has landed for every thread, and every warp is done with step ks - 1's
+        // stage (refilled below) and the previous super-block's mins (rewritten below).
         __syncthreads();
-        take(ks);
-        put(ks);
-        __syncthreads();
-        // Into the stage step ks - 1 used: every thread took it before the barrier above.
+        int slot = (ks - ks0) % NST, h = ks & 1;
+        const u8* st = stages + slot * St::BYTES;
+        if (h == 0) iq_put_mins<BN>(st, smw, sma, sdm, syd, tid);
         fetch(ks + NST - 1);
+        // The step's 4 sub-block scales of this lane's rows g and g + 8 of each mma tile.
+        u32 sc4[TM][2];
 #pragma unroll
-        for (int kk = 0; kk < MMQ_KS / 16; kk++) {
-            u32 af[TM][4], bf[TN / 2][4];
+        for (int mt = 0; mt < TM; mt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const u8* hd = st + (wm + 16 * mt + g + 8 * hr) * St::W_LD;
+                sc4[mt][hr] = q4k_scales4(*(const u32*)(hd + 4), *(const u32*)(hd + 12), h);
+            }
+        const u32 w_sm = st_sm + slot * St::BYTES, a_sm = w_sm + St::OFF_A;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            u32 wq[TM][4];
 #pragma unroll
             for (int mt = 0; mt < TM; mt++)
-                ldmatrix_x4(af[mt], a_sm + 2 * (16 * mt * HQ_LD + 16 * kk));
+                ldmatrix_x4(wq[mt], w_sm + (a_row + 16 * mt) * St::W_LD + a_byte + 32 * j);
 #pragma unroll
-            for (int np = 0; np < TN / 2; np++)
-                ldmatrix_x4(bf[np], b_sm + 2 * (16 * np * HQ_LD + 16 * kk));
+            for (int hf = 0; hf < 2; hf++) {
+                // Sub-block 2j + hf of the step: the low (hf = 0) or high nibbles of the
+                // pair's bytes, against activation bytes 64 j + 32 hf .. + 31.
+                u32 bf[TN / 2][4];
 #pragma unroll
-            for (int mt = 0; mt < TM; mt++)
+                for (int np = 0; np < TN / 2; np++)
+                    ldmatrix_x4(bf[np], a_sm + (b_tok + 16 * np) * St::A_LD + 64 * j + 32 * hf + b_byte);
 #pragma unroll
-                for (int nt = 0; nt < TN; nt++)
-                    mma_f16(cs[mt][nt], af[mt], bf[nt >> 1][2 * (nt & 1)],
-                            bf[nt >> 1][2 * (nt & 1) + 1]);
+                for (int mt = 0; mt < TM; mt++) {
+                    int a[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) a[e] = (int)((wq[mt][e] >> (4 * hf)) & 0x0F0F0F0Fu);
+                    int sa = (sc4[mt][0] >> (8 * (2 * j + hf))) & 0xFF;
+                    int sb = (sc4[mt][1] >> (8 * (2 * j + hf))) & 0xFF;
+#pragma unroll
+                    for (int nt = 0; nt < TN; nt++) {
+                        int c[4] = {0, 0, 0, 0};
+                        mma_k32(c, a, (int)bf[nt >> 1][2 * (nt & 1)], (int)bf[nt >> 1][2 * (nt & 1) + 1]);
+                        isum[mt][nt][0] += sa * c[0];
+                        isum[mt][nt][1] += sa * c[1];
+                        isum[mt][nt][2] += sb * c[2];
+                        isum[mt][nt][3] += sb * c[3];
+                    }
+                }
+            }
         }
-        if (ks & 1) {
+        if (h == 1) {
             // End of a super-block: its f32 terms, mins included.
             u32 am[TM][4], bm[TN / 2][4];
 #pragma unroll
             for (int mt = 0; mt < TM; mt++)
-                ldmatrix_x4(am[mt], smem_addr(smw + (a_row + 16 * mt) * HQ_MLD + a_k));
+                ldmatrix_x4(am[mt], smem_addr(smw + (a_row + 16 * mt) * HQ_MLD + ma_k));
 #pragma unroll
             for (int np = 0; np < TN / 2; np++)
-                ldmatrix_x4(bm[np], smem_addr(sma + (b_row + 16 * np) * HQ_MLD + b_k));
+                ldmatrix_x4(bm[np], smem_addr(sma + (b_tok + 16 * np) * HQ_MLD + mb_k));
 #pragma unroll
             for (int mt = 0; mt < TM; mt++) {
                 float2 dma = sdm[wm + 16 * mt + g], dmb = sdm[wm + 16 * mt + g + 8];
@@ -838,8 +792,8 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
                     for (int e = 0; e < 4; e++) {
                         float2 dm = e < 2 ? dma : dmb;
                         float t = (e & 1) ? yd.y : yd.x;
-                        acc[mt][nt][e] += t * (dm.x * cs[mt][nt][e] - dm.y * mn[e]);
-                        cs[mt][nt][e] = 0.0f;
+                        acc[mt][nt][e] += (dm.x * t) * (float)isum[mt][nt][e] - (dm.y * t) * mn[e];
+                        isum[mt][nt][e] = 0;
                     }
                 }
             }
@@ -848,15 +802,14 @@ __device__ __forceinline__ void hq_q4_k(const u8* __restrict__ W, const i8* __re
     mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
 }
 
-// Q4_K: two blocks per multiprocessor at every token tile (at most 128 registers; HqStage
-// sizes the stages for it).
+// Q4_K: two blocks per multiprocessor at every token tile (at most 128 registers).
 #define MMQ_Q4K(NAME, SUFFIX, BN, FMT)                                                          \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)                                \
         NAME##SUFFIX(const u8* __restrict__ W, const i8* __restrict__ aq,                       \
                      const float* __restrict__ ad, const int* __restrict__ bsums,               \
                      float* __restrict__ y, int rows, int cols, int m, float* __restrict__ part, \
                      int* __restrict__ counters) {                                              \
-        hq_q4_k<BN>(W, aq, ad, bsums, y, rows, cols, m, part, counters, mmq_grid_tile<BN>());   \
+        iq_q4_k<BN>(W, aq, ad, bsums, y, rows, cols, m, part, counters, mmq_grid_tile<BN>());   \
     }
 MMQ_PLAIN_WIDTHS(MMQ_Q4K, mmq_q4_k, 0)
 
@@ -926,7 +879,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
                  const int* bsums, float* y, int rows, int cols) {
     MmqGroupTile g = mmq_group_tile(Wt, tiles);
     long long nb = cols / 256;
-    hq_q4_k<MMQ_BN>(g.W, aq + g.r0 * cols, ad + g.r0 * nb, bsums + g.r0 * nb * 16, y + g.r0 * rows, rows,
+    iq_q4_k<MMQ_BN>(g.W, aq + g.r0 * cols, ad + g.r0 * nb, bsums + g.r0 * nb * 16, y + g.r0 * rows, rows,
             cols, g.m, 0, 0, mmq_group_place());
 }
 
