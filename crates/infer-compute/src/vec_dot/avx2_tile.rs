@@ -530,8 +530,8 @@ mod tests {
     /// Every product of [`rows_times_acts`] (activation rows in lanes for batches of four or
     /// more, weight rows in lanes below, every remainder width; for Q4_0/Q5_0 batches
     /// `avx2_gemm`'s groups of four rows, padded last groups, odd weight row counts and more
-    /// than one pass of 64 activation rows) equals the exact model bit for bit, for every
-    /// format and odd and even block counts.
+    /// than one pass of 64 activation rows; every batch size from 1 to 17) equals the exact
+    /// model bit for bit, for every format and odd and even block counts.
     #[test]
     fn products_equal_the_exact_model_bit_for_bit() {
         if !crate::vec_dot::avx2_available() {
@@ -554,7 +554,12 @@ mod tests {
                 (9, 2, 9),
                 (2, 3, 70),
                 (3, 4, 129),
-            ] {
+            ]
+            .into_iter()
+            // Every batch size to 17 and a few past two groups of eight, against 13 weight
+            // rows (one group of eight weight-row lanes and a remainder of five).
+            .chain((1..=17).chain([31, 33, 40]).map(|m| (3, 13, m)))
+            {
                 let (w, wd, acts) = case(&mut next, fmt, nb, rows, m);
                 let rb = nb * block_bytes(fmt);
                 let mut got = vec![f32::NAN; m * rows];
