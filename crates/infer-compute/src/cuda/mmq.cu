@@ -691,7 +691,8 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
             cp_async16(wd + 32 + 32 * p, b + 32 + 64 * h + 32 * p, row_ok);
 #pragma unroll
             for (int k = 0; k < S::A_ITEMS; k++) {
-                int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
+                // 8 lanes per token: each warp copies 4 whole 128-byte lines.
+                int i = tid + MMQ_THREADS * k, t = i >> 3, c = i & 7;
                 bool ok = tok0 + t < m;
                 if (i < S::A_CHUNKS)
                     cp_async16(st + St::OFF_A + t * St::A_LD + 16 * c,
