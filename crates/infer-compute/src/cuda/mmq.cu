@@ -506,7 +506,7 @@ struct IqStage {
     static constexpr int OFF_YD = OFF_A + BN * A_LD;
     static constexpr int OFF_BS = OFF_YD + BN * 4;
     static constexpr int BYTES = OFF_BS + BN * 64;
-    static constexpr int STAGES = 4;
+    static constexpr int STAGES = BN == 64 ? 6 : 4;
 };
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -803,9 +803,14 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
     mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
 }
 
-// Q4_K: two blocks per multiprocessor at every token tile (at most 128 registers).
+// Q4_K: two blocks per multiprocessor at the 16- and 32-token tiles (at most 128 registers);
+// one of up to 255 registers and 6 stages at 64 tokens, where the 128-register cap spilled
+// inside the K loop.
+#define IQ_BOUNDS_64 __launch_bounds__(MMQ_THREADS, 1)
+#define IQ_BOUNDS_32 __launch_bounds__(MMQ_THREADS, 2)
+#define IQ_BOUNDS_16 __launch_bounds__(MMQ_THREADS, 2)
 #define MMQ_Q4K(NAME, SUFFIX, BN, FMT)                                                          \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)                                \
+    extern "C" __global__ void IQ_BOUNDS_##BN                                                   \
         NAME##SUFFIX(const u8* __restrict__ W, const i8* __restrict__ aq,                       \
                      const float* __restrict__ ad, const int* __restrict__ bsums,               \
                      float* __restrict__ y, int rows, int cols, int m, float* __restrict__ part, \
@@ -875,7 +880,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
                  const int* bsums, float* y, int rows, int cols) {
     mmq_ids<F_Q6_K>(Wt, tiles, aq, ad, y, rows, cols);
 }
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
+extern "C" __global__ void IQ_BOUNDS_64
     mmq_ids_q4_k(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
                  const int* bsums, float* y, int rows, int cols) {
     MmqGroupTile g = mmq_group_tile(Wt, tiles);
