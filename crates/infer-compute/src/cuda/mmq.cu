@@ -680,9 +680,9 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
             }
     // Start the copies of step ks into its stage (none past the share: an empty group keeps
     // the count of groups per step fixed).
-    auto fetch = [&](int ks) {
+    auto fetch = [&](int ks, int fslot) {
         if (ks < ks1) {
-            u8* st = stages + ((ks - ks0) % NST) * St::BYTES;
+            u8* st = stages + fslot * St::BYTES;
             int sb = ks >> 1, h = ks & 1;
             const u8* b = wrow + (long long)sb * 144;
             u8* wd = st + r * St::W_LD;
@@ -719,16 +719,18 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
     const u32 st_sm = smem_addr(stages);
     pdl_wait();
 #pragma unroll
-    for (int i = 0; i < NST - 1; i++) fetch(ks0 + i);
-    for (int ks = ks0; ks < ks1; ks++) {
+    for (int i = 0; i < NST - 1; i++) fetch(ks0 + i, i);
+    // The stage of step ks, and of step ks + NST - 1 (the one before it, cyclically).
+    int slot = 0, fslot = NST - 1;
+    for (int ks = ks0; ks < ks1; ks++, fslot = slot, slot = slot == NST - 1 ? 0 : slot + 1) {
         cp_async_wait<NST - 2>();
         // Step ks has landed for every thread, and every warp is done with step ks - 1's
         // stage (refilled below) and the previous super-block's mins (rewritten below).
         __syncthreads();
-        int slot = (ks - ks0) % NST, h = ks & 1;
+        int h = ks & 1;
         const u8* st = stages + slot * St::BYTES;
         if (h == 0) iq_put_mins<BN>(st, smw, sma, sdm, syd, tid);
-        fetch(ks + NST - 1);
+        fetch(ks + NST - 1, fslot);
         // The step's 4 sub-block scales of this lane's rows g and g + 8 of each mma tile.
         u32 sc4[TM][2];
 #pragma unroll
@@ -791,9 +793,10 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
                     float2 yd = *(const float2*)(syd + wn + 8 * nt + 2 * tig);
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
+                        // yd·(d·isum − dmin·mins): four operations per output.
                         float2 dm = e < 2 ? dma : dmb;
-                        float t = (e & 1) ? yd.y : yd.x;
-                        acc[mt][nt][e] += (dm.x * t) * (float)isum[mt][nt][e] - (dm.y * t) * mn[e];
+                        float v = fmaf(-dm.y, mn[e], dm.x * (float)isum[mt][nt][e]);
+                        acc[mt][nt][e] = fmaf((e & 1) ? yd.y : yd.x, v, acc[mt][nt][e]);
                         isum[mt][nt][e] = 0;
                     }
                 }
