@@ -54,12 +54,13 @@ pub(super) const MMQ_BN: usize = 64;
 pub(super) const MMQ_WIDTHS: [usize; 3] = [MMQ_BN, 32, 16];
 /// Dynamic shared memory of `mmq_q4_k` with a token tile of `bn` rows (bytes; `IqSmem` and
 /// `IqStage` in `mmq.cu`): the f16 mins operands (24 halves per weight row and per token),
-/// (d, dmin) per weight row and d per token; then 4 stages of raw K steps, each 80 bytes per
-/// weight row and 144 + 4 + 64 per token.
+/// (d, dmin) per weight row and d per token; then the stages of raw K steps (6 for 64-token
+/// tiles, 4 for 32 and 16), each 80 bytes per weight row and 144 + 4 + 64 per token.
 pub(super) const fn mmq_q4k_smem(bn: usize) -> usize {
     let mins = (MMQ_BM + bn) * 24 * 2 + MMQ_BM * 8 + bn * 4;
     let stage = MMQ_BM * 80 + bn * (144 + 4 + 64);
-    mins + 4 * stage
+    let stages = if bn == 64 { 6 } else { 4 };
+    mins + stages * stage
 }
 /// Output tile side of the tiled f32 kernels; `GT` in `kernels.cu`.
 pub(super) const GT: usize = 64;

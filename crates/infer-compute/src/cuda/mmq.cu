@@ -506,7 +506,7 @@ struct IqStage {
     static constexpr int OFF_YD = OFF_A + BN * A_LD;
     static constexpr int OFF_BS = OFF_YD + BN * 4;
     static constexpr int BYTES = OFF_BS + BN * 64;
-    static constexpr int STAGES = 4;
+    static constexpr int STAGES = BN == 64 ? 6 : 4;
 };
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -680,9 +680,9 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
             }
     // Start the copies of step ks into its stage (none past the share: an empty group keeps
     // the count of groups per step fixed).
-    auto fetch = [&](int ks) {
+    auto fetch = [&](int ks, int fslot) {
         if (ks < ks1) {
-            u8* st = stages + ((ks - ks0) % NST) * St::BYTES;
+            u8* st = stages + fslot * St::BYTES;
             int sb = ks >> 1, h = ks & 1;
             const u8* b = wrow + (long long)sb * 144;
             u8* wd = st + r * St::W_LD;
@@ -691,7 +691,8 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
             cp_async16(wd + 32 + 32 * p, b + 32 + 64 * h + 32 * p, row_ok);
 #pragma unroll
             for (int k = 0; k < S::A_ITEMS; k++) {
-                int i = tid + MMQ_THREADS * k, t = i % BN, c = i / BN;
+                // 8 lanes per token: each warp copies 4 whole 128-byte lines.
+                int i = tid + MMQ_THREADS * k, t = i >> 3, c = i & 7;
                 bool ok = tok0 + t < m;
                 if (i < S::A_CHUNKS)
                     cp_async16(st + St::OFF_A + t * St::A_LD + 16 * c,
@@ -718,16 +719,18 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
     const u32 st_sm = smem_addr(stages);
     pdl_wait();
 #pragma unroll
-    for (int i = 0; i < NST - 1; i++) fetch(ks0 + i);
-    for (int ks = ks0; ks < ks1; ks++) {
+    for (int i = 0; i < NST - 1; i++) fetch(ks0 + i, i);
+    // The stage of step ks, and of step ks + NST - 1 (the one before it, cyclically).
+    int slot = 0, fslot = NST - 1;
+    for (int ks = ks0; ks < ks1; ks++, fslot = slot, slot = slot == NST - 1 ? 0 : slot + 1) {
         cp_async_wait<NST - 2>();
         // Step ks has landed for every thread, and every warp is done with step ks - 1's
         // stage (refilled below) and the previous super-block's mins (rewritten below).
         __syncthreads();
-        int slot = (ks - ks0) % NST, h = ks & 1;
+        int h = ks & 1;
         const u8* st = stages + slot * St::BYTES;
         if (h == 0) iq_put_mins<BN>(st, smw, sma, sdm, syd, tid);
-        fetch(ks + NST - 1);
+        fetch(ks + NST - 1, fslot);
         // The step's 4 sub-block scales of this lane's rows g and g + 8 of each mma tile.
         u32 sc4[TM][2];
 #pragma unroll
@@ -790,9 +793,10 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
                     float2 yd = *(const float2*)(syd + wn + 8 * nt + 2 * tig);
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
+                        // yd·(d·isum − dmin·mins): four operations per output.
                         float2 dm = e < 2 ? dma : dmb;
-                        float t = (e & 1) ? yd.y : yd.x;
-                        acc[mt][nt][e] += (dm.x * t) * (float)isum[mt][nt][e] - (dm.y * t) * mn[e];
+                        float v = fmaf(-dm.y, mn[e], dm.x * (float)isum[mt][nt][e]);
+                        acc[mt][nt][e] = fmaf((e & 1) ? yd.y : yd.x, v, acc[mt][nt][e]);
                         isum[mt][nt][e] = 0;
                     }
                 }
@@ -802,9 +806,14 @@ __device__ __forceinline__ void iq_q4_k(const u8* __restrict__ W, const i8* __re
     mmq_finish(acc, y, part, counters, row0 + wm, tok0 + wn, rows, m, at);
 }
 
-// Q4_K: two blocks per multiprocessor at every token tile (at most 128 registers).
+// Q4_K: two blocks per multiprocessor at the 16- and 32-token tiles (at most 128 registers);
+// one of up to 255 registers and 6 stages at 64 tokens, where the 128-register cap spilled
+// inside the K loop.
+#define IQ_BOUNDS_64 __launch_bounds__(MMQ_THREADS, 1)
+#define IQ_BOUNDS_32 __launch_bounds__(MMQ_THREADS, 2)
+#define IQ_BOUNDS_16 __launch_bounds__(MMQ_THREADS, 2)
 #define MMQ_Q4K(NAME, SUFFIX, BN, FMT)                                                          \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)                                \
+    extern "C" __global__ void IQ_BOUNDS_##BN                                                   \
         NAME##SUFFIX(const u8* __restrict__ W, const i8* __restrict__ aq,                       \
                      const float* __restrict__ ad, const int* __restrict__ bsums,               \
                      float* __restrict__ y, int rows, int cols, int m, float* __restrict__ part, \
@@ -874,7 +883,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS)
                  const int* bsums, float* y, int rows, int cols) {
     mmq_ids<F_Q6_K>(Wt, tiles, aq, ad, y, rows, cols);
 }
-extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
+extern "C" __global__ void IQ_BOUNDS_64
     mmq_ids_q4_k(const u8* const* Wt, const int4* tiles, const i8* aq, const float* ad,
                  const int* bsums, float* y, int rows, int cols) {
     MmqGroupTile g = mmq_group_tile(Wt, tiles);
