@@ -496,8 +496,9 @@ struct IqSmem {
 // header and the step's 64 quant bytes (80 bytes: 8 rows read together hit distinct banks),
 // per token the 128 activation bytes (rows of 144, likewise), the tokens' Q8_K d and bsums
 // (written on a super-block's first step). STAGES of them after IqSmem, so that the copies of
-// the next STAGES - 1 steps are in flight while a step computes, two blocks per
-// multiprocessor (`mmq_q4k_smem` in device.rs: the total).
+// the next STAGES - 1 steps are in flight while a step computes: 4 stages with two blocks per
+// multiprocessor at 16 and 32 tokens, 6 with one at 64 (`IQ_BOUNDS_*`; `mmq_q4k_smem` in
+// device.rs: the total).
 template <int BN>
 struct IqStage {
     static constexpr int W_LD = 80;
