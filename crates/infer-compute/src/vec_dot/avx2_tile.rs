@@ -11,9 +11,10 @@
 //! lanes of one register ([`lane_sums`]) so that the f32 part is one conversion and one FMA per
 //! eight pairs: [`tile_acts`] puts eight activation rows in the lanes (one weight block unpacked
 //! for all of them; batches of [`ACT_LANES_MIN`] rows or more), [`tile_rows`] eight weight rows
-//! (one activation row, the mat-vec). Q4_0 and Q5_0 batches take [`super::avx2_gemm`] instead
-//! (unsigned quants, no sign trick and no gather). All give every pair the same bits, so a
-//! mat-vec and any row of a mat-mat agree bit for bit.
+//! (one activation row, the mat-vec). Q4_0, Q5_0 and Q8_0 batches take [`super::avx2_gemm`]
+//! instead (activation rows in the lanes of four-row groups, no gather); the split Q8 format
+//! keeps [`tile_acts`]. All give every pair the same bits, so a mat-vec and any row of a
+//! mat-mat agree bit for bit.
 
 use infer_quant::{q4_0, q5_0, q8_0};
 use std::arch::x86_64::*;
@@ -360,9 +361,10 @@ thread_local! {
     static DT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// The row loop of [`rows_times_acts`] for format tag `F`: activation rows in groups of eight
-/// (the last group of [`ACT_LANES_MIN`] to eight rows too) through [`tile_acts`], the rest one
-/// by one through [`tile_rows`], eight weight rows at a time.
+/// The row loop of [`rows_times_acts`] for format tag `F`: batches of [`ACT_LANES_MIN`] rows or
+/// more of Q4_0, Q5_0 and Q8_0 through [`super::avx2_gemm`]; otherwise activation rows in
+/// groups of eight (the last group of [`ACT_LANES_MIN`] to eight rows too) through
+/// [`tile_acts`], the rest one by one through [`tile_rows`], eight weight rows at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2<const F: u8>(
     ws: &[u8],
@@ -378,6 +380,9 @@ unsafe fn rows_avx2<const F: u8>(
     let n_rows = ws.len() / row_bytes;
     if m >= ACT_LANES_MIN && matches!(q0_from_tag(F), Q0::Q4_0 | Q0::Q5_0) {
         return super::avx2_gemm::rows_times_acts::<F>(ws, row_bytes, acts, out);
+    }
+    if m >= ACT_LANES_MIN && q0_from_tag(F) == Q0::Q8_0 {
+        return super::avx2_gemm::rows_times_acts_q8(ws, row_bytes, acts, out);
     }
     let mut i = 0;
     if m >= ACT_LANES_MIN {
