@@ -9,7 +9,10 @@
 //! trick, and the offset is taken off as `offset·Σ q_a` (exact integers; llamafile's
 //! `sgemm.cpp` does the same for Q4_0 on AVX-VNNI). Each weight block is unpacked once per
 //! pass into a small buffer and reused for every activation row; a register tile is two weight
-//! rows × eight activation rows.
+//! rows × eight activation rows. Batches of a multiple of eight rows ([`rows_times_acts8`]) take
+//! groups of eight rows instead (lane = row over a whole block, eight steps of four quants, the
+//! weight quants broadcast from memory): no in-lane shuffles and no halves to add, about 74
+//! instead of 85 instructions per 512 products.
 //!
 //! Q8_0 weight rows ([`rows_times_acts_q8`]) take the same activation groups and register tile
 //! with their signed quants read in place: the sign of each activation quant moves onto the
@@ -24,7 +27,7 @@
 //! `acc = fma(d_w·d_a, dot, acc)` over the blocks in order from `acc = 0` — the same bits as
 //! the mat-vec and as any other batch size.
 
-use super::avx2_pack::{self, put_row_pair, GroupsOut, GROUP, GROUP_BLOCK};
+use super::avx2_pack::{self, put_row_pair, GroupsOut, GROUP, GROUP8, GROUP8_BLOCK, GROUP_BLOCK};
 use super::avx2_tile::q0_from_tag;
 use super::{OutMat, Q8Rows};
 use std::arch::x86_64::*;
@@ -392,4 +395,124 @@ pub(super) unsafe fn rows_times_acts_q8(ws: &[u8], row_bytes: usize, acts: &Q8Ro
     crate::scratch::give(&SUMS, sums);
     crate::scratch::give(&WD, wd);
     crate::scratch::give(&QA, qa);
+}
+
+/// Two weight rows (unpacked at `wq`/`wd`, [`avx2_pack::pack_weight_pair`]) against one group of
+/// eight activation rows ([`avx2_pack::pack_groups8`]): lane `j` of result `k` = weight row `k`
+/// · activation row `8g + j`. Eight steps of four quants per block, the weight quants
+/// broadcast from memory; the i16 sums of steps 0–3 and 4–7 kept apart (eight steps of
+/// `2·31·128` would overflow).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `wq`/`wd` must hold `nb` packed blocks and the group
+/// `nb` blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile8(nb: usize, wq: *const u8, wd: *const f32, g: Group) -> [__m256; 2] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let sums_of = |b: usize| {
+        let w = wq.add(64 * b);
+        let y = g.q.add(GROUP8_BLOCK * b);
+        let mut s = [[_mm256_setzero_si256(); 2]; 2];
+        for st in 0..8 {
+            let ys = _mm256_loadu_si256(y.add(32 * st) as *const __m256i);
+            for k in 0..2 {
+                let wb = _mm256_set1_epi32((w.add(32 * k + 4 * st) as *const i32).read_unaligned());
+                s[st / 4][k] = _mm256_add_epi16(s[st / 4][k], _mm256_maddubs_epi16(wb, ys));
+            }
+        }
+        s
+    };
+    let mut finish = |b: usize, s: [[__m256i; 2]; 2]| {
+        let da = _mm256_loadu_ps(g.d.add(8 * b));
+        let off = _mm256_loadu_si256(g.sums.add(8 * b) as *const __m256i);
+        for k in 0..2 {
+            let dot = _mm256_sub_epi32(
+                _mm256_add_epi32(
+                    _mm256_madd_epi16(s[0][k], ones),
+                    _mm256_madd_epi16(s[1][k], ones),
+                ),
+                off,
+            );
+            let scale = _mm256_mul_ps(_mm256_broadcast_ss(&*wd.add(8 * b + 4 * k)), da);
+            acc[k] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[k]);
+        }
+    };
+    if nb == 0 {
+        return acc;
+    }
+    let mut prev = sums_of(0);
+    for b in 1..nb {
+        let s = sums_of(b);
+        finish(b - 1, prev);
+        prev = s;
+    }
+    finish(nb - 1, prev);
+    acc
+}
+
+/// [`rows_times_acts`] through groups of eight activation rows ([`tile8`]); `acts.m` must be a
+/// multiple of eight.
+///
+/// # Safety
+/// As [`rows_times_acts`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows_times_acts8<const F: u8>(
+    ws: &[u8],
+    row_bytes: usize,
+    acts: &Q8Rows,
+    out: OutMat,
+) {
+    let fmt = q0_from_tag(F);
+    let (m, nb) = (acts.m, acts.cols / 32);
+    debug_assert!(m % GROUP8 == 0);
+    let ng = m / GROUP8;
+    let n_rows = ws.len() / row_bytes;
+    let mut qs = crate::scratch::take(&QS, ng * nb * GROUP8_BLOCK);
+    let mut d = crate::scratch::take(&D, ng * nb * 8);
+    let mut sums = crate::scratch::take(&SUMS, ng * nb * 8);
+    let mut wq = crate::scratch::take(&WQ, 64 * nb);
+    let mut wd = crate::scratch::take(&WD, 8 * nb);
+    let out_groups = GroupsOut {
+        qs: &mut qs,
+        d: &mut d,
+        sums: &mut sums,
+    };
+    avx2_pack::pack_groups8(acts, avx2_pack::weight_offset(fmt), out_groups);
+    let group = |g: usize| Group {
+        q: qs.as_ptr().add(g * nb * GROUP8_BLOCK),
+        d: d.as_ptr().add(g * nb * 8),
+        sums: sums.as_ptr().add(g * nb * 8),
+    };
+    const CHUNK8: usize = CHUNK_GROUPS * GROUP / GROUP8;
+    for g0 in (0..ng).step_by(CHUNK8) {
+        let g1 = (g0 + CHUNK8).min(ng);
+        for r0 in (0..n_rows).step_by(2) {
+            let r1 = (r0 + 1).min(n_rows - 1);
+            let rows = [
+                ws.as_ptr().add(r0 * row_bytes),
+                ws.as_ptr().add(r1 * row_bytes),
+            ];
+            super::prefetch_stream(rows[0], 2 * row_bytes);
+            avx2_pack::pack_weight_pair(fmt, nb, rows, wq.as_mut_ptr(), wd.as_mut_ptr());
+            for g in g0..g1 {
+                let v = tile8(nb, wq.as_ptr(), wd.as_ptr(), group(g));
+                let (mut l0, mut l1) = ([0f32; 8], [0f32; 8]);
+                _mm256_storeu_ps(l0.as_mut_ptr(), v[0]);
+                _mm256_storeu_ps(l1.as_mut_ptr(), v[1]);
+                for j in 0..GROUP8 {
+                    out.put(r0, GROUP8 * g + j, l0[j]);
+                    if r1 != r0 {
+                        out.put(r1, GROUP8 * g + j, l1[j]);
+                    }
+                }
+            }
+        }
+    }
+    crate::scratch::give(&QS, qs);
+    crate::scratch::give(&D, d);
+    crate::scratch::give(&SUMS, sums);
+    crate::scratch::give(&WQ, wq);
+    crate::scratch::give(&WD, wd);
 }

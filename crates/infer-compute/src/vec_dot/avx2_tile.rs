@@ -379,6 +379,9 @@ unsafe fn rows_avx2<const F: u8>(
     let ds = acts.d.as_ptr();
     let n_rows = ws.len() / row_bytes;
     if m >= ACT_LANES_MIN && matches!(q0_from_tag(F), Q0::Q4_0 | Q0::Q5_0) {
+        if m.is_multiple_of(8) {
+            return super::avx2_gemm::rows_times_acts8::<F>(ws, row_bytes, acts, out);
+        }
         return super::avx2_gemm::rows_times_acts::<F>(ws, row_bytes, acts, out);
     }
     if m >= ACT_LANES_MIN && q0_from_tag(F) == Q0::Q8_0 {
@@ -533,9 +536,10 @@ mod tests {
     }
 
     /// Every product of [`rows_times_acts`] (activation rows in lanes for batches of four or
-    /// more, weight rows in lanes below, every remainder width; for Q4_0/Q5_0 batches
-    /// `avx2_gemm`'s groups of four rows, padded last groups, odd weight row counts and more
-    /// than one pass of 64 activation rows; every batch size from 1 to 17) equals the exact
+    /// more, weight rows in lanes below, every remainder width; for Q4_0/Q5_0/Q8_0 batches
+    /// `avx2_gemm`'s groups of four rows (of eight for Q4_0/Q5_0 batches of a multiple of
+    /// eight rows), padded last groups, odd weight row counts and more than one pass of 64
+    /// activation rows; every batch size from 1 to 17) equals the exact
     /// model bit for bit, for every format and odd and even block counts.
     #[test]
     fn products_equal_the_exact_model_bit_for_bit() {
@@ -561,9 +565,10 @@ mod tests {
                 (3, 4, 129),
             ]
             .into_iter()
-            // Every batch size to 17 and a few past two groups of eight, against 13 weight
-            // rows (one group of eight weight-row lanes and a remainder of five).
-            .chain((1..=17).chain([31, 33, 40]).map(|m| (3, 13, m)))
+            // Every batch size to 17 and a few past two groups of eight (64 and 72: one and
+            // two passes of the Q4_0/Q5_0 eight-row groups), against 13 weight rows (one group
+            // of eight weight-row lanes and a remainder of five).
+            .chain((1..=17).chain([31, 33, 40, 64, 72]).map(|m| (3, 13, m)))
             {
                 let (w, wd, acts) = case(&mut next, fmt, nb, rows, m);
                 let rb = nb * block_bytes(fmt);
