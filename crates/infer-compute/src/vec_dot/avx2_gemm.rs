@@ -417,9 +417,9 @@ unsafe fn tile8(nb: usize, wq: *const u8, wd: *const f32, g: Group) -> [__m256; 
         let mut s = [[_mm256_setzero_si256(); 2]; 2];
         for st in 0..8 {
             let ys = _mm256_loadu_si256(y.add(32 * st) as *const __m256i);
-            for k in 0..2 {
+            for (k, sk) in s[st / 4].iter_mut().enumerate() {
                 let wb = _mm256_set1_epi32((w.add(32 * k + 4 * st) as *const i32).read_unaligned());
-                s[st / 4][k] = _mm256_add_epi16(s[st / 4][k], _mm256_maddubs_epi16(wb, ys));
+                *sk = _mm256_add_epi16(*sk, _mm256_maddubs_epi16(wb, ys));
             }
         }
         s
