@@ -59,6 +59,10 @@ pub(crate) struct GroupQuery<'a> {
 /// Keys scored per transposed reduction.
 const KEY_TILE: usize = 8;
 
+/// Key tiles [`dots_avx2`] prefetches ahead of the tile it scores.
+#[cfg(target_arch = "x86_64")]
+const KEY_AHEAD: usize = 2;
+
 /// Interleaved partial sums of the softmax denominator.
 const SUM_LANES: usize = 8;
 
@@ -266,6 +270,22 @@ fn values_generic<T: KvElem>(w: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize,
     }
 }
 
+/// Prefetch (into L1) the `hd` values of kv head `kv` in the [`KEY_TILE`] key rows from `j0`.
+/// Hints only: no architectural effect, and an address past the cache is never dereferenced.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_key_tile<T: KvElem>(kv: KvHead<'_, T>, j0: usize, hd: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let kp = kv.k.as_ptr() as *const i8;
+    for u in 0..KEY_TILE {
+        let row = kp.wrapping_add(((j0 + u) * kv.row_len + kv.col) * size_of::<T>());
+        for line in (0..hd * size_of::<T>()).step_by(64) {
+            // SAFETY: a prefetch never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
+        }
+    }
+}
+
 /// [`dots_generic`] with AVX2: for `hd` a multiple of 16, tiles of [`KEY_TILE`] keys, each key's
 /// 16 partial sums in two registers (`dot`'s lanes), then [`reduce8`]; the keys after the last
 /// whole tile (and every key when `hd` is not a multiple of 16) through `dot_avx2_kv`. Same bits as
@@ -295,7 +315,16 @@ unsafe fn dots_avx2<T: KvElem>(
     };
     // Every key row read below lies in `kv.k`: rows lo..lo+n are visible keys (< t_kv).
     assert!((lo + n - 1) * kv.row_len + kv.col + hd <= kv.k.len() && s.len() == heads * n);
+    // Key rows KEY_AHEAD tiles ahead of the one being widened, toward L1: in batched decode
+    // the cache rows come from memory, one head's slice of each row (a strided stream), and
+    // the widening waited on each tile's first loads.
+    for t in 0..KEY_AHEAD.min(tiles) {
+        prefetch_key_tile(kv, lo + t * KEY_TILE, hd);
+    }
     for t in 0..tiles {
+        if t + KEY_AHEAD < tiles {
+            prefetch_key_tile(kv, lo + (t + KEY_AHEAD) * KEY_TILE, hd);
+        }
         let j0 = lo + t * KEY_TILE;
         let rows: [*const T; KEY_TILE] =
             std::array::from_fn(|u| kv.k[(j0 + u) * kv.row_len + kv.col..].as_ptr());

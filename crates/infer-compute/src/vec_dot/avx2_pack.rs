@@ -177,3 +177,72 @@ pub(super) unsafe fn pack_weight_pair(
         _mm256_storeu_ps(d.add(8 * b), v);
     }
 }
+
+/// Activation rows per group of [`pack_groups8`]: one register holds 8 rows × 4 quants.
+pub(super) const GROUP8: usize = 8;
+
+/// Bytes of one [`pack_groups8`] group's block of quants (8 rows × 32 quants, as eight
+/// registers).
+pub(super) const GROUP8_BLOCK: usize = GROUP8 * 32;
+
+/// [`pack_groups`] for groups of eight rows (`ng = ⌈m/8⌉`; entry `gb = g·nb + b`):
+/// `qs[256·gb + 32·s ..][..32]`, step `s < 8`: bytes `4j..4j+4` (lane `j`) = quants
+/// `4s..4s+4` of row `8g+j`'s block `b`; `d[8·gb + j]` its scale; `sums[8·gb + j]` = `offset ·
+/// Σ` its quants. Rows past `m` are zero.
+///
+/// Panics if `out`'s buffers are shorter than `ng·nb·256` bytes / `ng·nb·8` values.
+///
+/// # Safety
+/// AVX2 must be available; `acts` must hold `m·cols` quants and `m·cols/32` scales.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn pack_groups8(acts: &Q8Rows, offset: i32, out: GroupsOut<'_>) {
+    let (m, cols) = (acts.m, acts.cols);
+    let nb = cols / 32;
+    let ng = m.div_ceil(GROUP8);
+    assert!(out.qs.len() >= ng * nb * GROUP8_BLOCK);
+    assert!(out.d.len() >= ng * nb * 8 && out.sums.len() >= ng * nb * 8);
+    let qs = acts.qs.as_ptr();
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    for g in 0..ng {
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let mut r = [_mm256_setzero_si256(); 8];
+            for (j, v) in r.iter_mut().enumerate() {
+                let i = GROUP8 * g + j;
+                if i < m {
+                    *v = _mm256_loadu_si256(qs.add(i * cols + 32 * b) as *const __m256i);
+                }
+            }
+            // 8 × 8 dword transpose: step s = dword s of every row.
+            let [a0, a1, a2, a3] = transpose_dwords([r[0], r[1], r[2], r[3]]);
+            let [b0, b1, b2, b3] = transpose_dwords([r[4], r[5], r[6], r[7]]);
+            // a_k = [r0..3 dword k | r0..3 dword 4+k], b_k likewise for rows 4..7.
+            let steps = [
+                _mm256_permute2x128_si256::<0x20>(a0, b0),
+                _mm256_permute2x128_si256::<0x20>(a1, b1),
+                _mm256_permute2x128_si256::<0x20>(a2, b2),
+                _mm256_permute2x128_si256::<0x20>(a3, b3),
+                _mm256_permute2x128_si256::<0x31>(a0, b0),
+                _mm256_permute2x128_si256::<0x31>(a1, b1),
+                _mm256_permute2x128_si256::<0x31>(a2, b2),
+                _mm256_permute2x128_si256::<0x31>(a3, b3),
+            ];
+            let dst = out.qs.as_mut_ptr().add(gb * GROUP8_BLOCK) as *mut __m256i;
+            let mut t = _mm256_setzero_si256();
+            for (s, v) in steps.iter().enumerate() {
+                _mm256_storeu_si256(dst.add(s), *v);
+                t = _mm256_add_epi32(
+                    t,
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, *v), ones16),
+                );
+            }
+            for j in 0..8 {
+                let i = GROUP8 * g + j;
+                out.d[8 * gb + j] = if i < m { acts.d[i * nb + b] } else { 0.0 };
+            }
+            let s = _mm256_mullo_epi32(t, _mm256_set1_epi32(offset));
+            _mm256_storeu_si256(out.sums.as_mut_ptr().add(8 * gb) as *mut __m256i, s);
+        }
+    }
+}

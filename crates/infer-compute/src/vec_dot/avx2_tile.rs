@@ -11,9 +11,10 @@
 //! lanes of one register ([`lane_sums`]) so that the f32 part is one conversion and one FMA per
 //! eight pairs: [`tile_acts`] puts eight activation rows in the lanes (one weight block unpacked
 //! for all of them; batches of [`ACT_LANES_MIN`] rows or more), [`tile_rows`] eight weight rows
-//! (one activation row, the mat-vec). Q4_0 and Q5_0 batches take [`super::avx2_gemm`] instead
-//! (unsigned quants, no sign trick and no gather). All give every pair the same bits, so a
-//! mat-vec and any row of a mat-mat agree bit for bit.
+//! (one activation row, the mat-vec). Q4_0 and Q5_0 batches and Q8_0 batches of more than
+//! eight rows take [`super::avx2_gemm`] instead (activation rows in the lanes of four- or
+//! eight-row groups, no gather); the split Q8 format keeps [`tile_acts`]. All give every pair the same bits, so a mat-vec and any row of a
+//! mat-mat agree bit for bit.
 
 use infer_quant::{q4_0, q5_0, q8_0};
 use std::arch::x86_64::*;
@@ -355,14 +356,20 @@ unsafe fn rows_dispatch(
 /// fewer take the weight-row lanes of [`tile_rows`] per activation row (same bits).
 pub(crate) const ACT_LANES_MIN: usize = 4;
 
+/// Q8_0 products of more than this many activation rows take [`super::avx2_gemm`]'s four-row
+/// groups; up to it, [`tile_acts`].
+const Q8_GEMM_AFTER: usize = 8;
+
 thread_local! {
     /// Transposed activation scales of [`rows_avx2`] (`crate::scratch`).
     static DT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// The row loop of [`rows_times_acts`] for format tag `F`: activation rows in groups of eight
-/// (the last group of [`ACT_LANES_MIN`] to eight rows too) through [`tile_acts`], the rest one
-/// by one through [`tile_rows`], eight weight rows at a time.
+/// The row loop of [`rows_times_acts`] for format tag `F`: batches of [`ACT_LANES_MIN`] rows or
+/// more of Q4_0 and Q5_0, of more than [`Q8_GEMM_AFTER`] of Q8_0, through [`super::avx2_gemm`];
+/// otherwise activation rows in
+/// groups of eight (the last group of [`ACT_LANES_MIN`] to eight rows too) through
+/// [`tile_acts`], the rest one by one through [`tile_rows`], eight weight rows at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2<const F: u8>(
     ws: &[u8],
@@ -377,7 +384,16 @@ unsafe fn rows_avx2<const F: u8>(
     let ds = acts.d.as_ptr();
     let n_rows = ws.len() / row_bytes;
     if m >= ACT_LANES_MIN && matches!(q0_from_tag(F), Q0::Q4_0 | Q0::Q5_0) {
+        if m.is_multiple_of(8) {
+            return super::avx2_gemm::rows_times_acts8::<F>(ws, row_bytes, acts, out);
+        }
         return super::avx2_gemm::rows_times_acts::<F>(ws, row_bytes, acts, out);
+    }
+    // Q8_0 from nine rows (A/B on the 49152 × 576 output matrix, old/new: 4 rows 0.83, 8 rows
+    // 0.98, 12 rows 1.17, 16 rows 1.05, 32 and 64 rows 1.06): up to eight rows the four-row
+    // groups amortize each weight pair's scale unpacking and shuffles over too few products.
+    if m > Q8_GEMM_AFTER && q0_from_tag(F) == Q0::Q8_0 {
+        return super::avx2_gemm::rows_times_acts_q8(ws, row_bytes, acts, out);
     }
     let mut i = 0;
     if m >= ACT_LANES_MIN {
@@ -529,8 +545,9 @@ mod tests {
 
     /// Every product of [`rows_times_acts`] (activation rows in lanes for batches of four or
     /// more, weight rows in lanes below, every remainder width; for Q4_0/Q5_0 batches
-    /// `avx2_gemm`'s groups of four rows, padded last groups, odd weight row counts and more
-    /// than one pass of 64 activation rows; every batch size from 1 to 17) equals the exact
+    /// and Q8_0 batches from nine rows `avx2_gemm`'s groups of four rows (of eight for Q4_0/Q5_0
+    /// batches of a multiple of eight rows), padded last groups, odd weight row counts and more than one pass of 64
+    /// activation rows; every batch size from 1 to 17) equals the exact
     /// model bit for bit, for every format and odd and even block counts.
     #[test]
     fn products_equal_the_exact_model_bit_for_bit() {
@@ -556,9 +573,10 @@ mod tests {
                 (3, 4, 129),
             ]
             .into_iter()
-            // Every batch size to 17 and a few past two groups of eight, against 13 weight
-            // rows (one group of eight weight-row lanes and a remainder of five).
-            .chain((1..=17).chain([31, 33, 40]).map(|m| (3, 13, m)))
+            // Every batch size to 17 and a few past two groups of eight (64 and 72: one and
+            // two passes of the Q4_0/Q5_0 eight-row groups), against 13 weight rows (one group
+            // of eight weight-row lanes and a remainder of five).
+            .chain((1..=17).chain([31, 33, 40, 64, 72]).map(|m| (3, 13, m)))
             {
                 let (w, wd, acts) = case(&mut next, fmt, nb, rows, m);
                 let rb = nb * block_bytes(fmt);
