@@ -27,7 +27,9 @@
 //! `acc = fma(d_w·d_a, dot, acc)` over the blocks in order from `acc = 0` — the same bits as
 //! the mat-vec and as any other batch size.
 
-use super::avx2_pack::{self, put_row_pair, GroupsOut, GROUP, GROUP8, GROUP8_BLOCK, GROUP_BLOCK};
+use super::avx2_pack::{
+    self, put_row_pair, weight_row_pair, GroupsOut, GROUP, GROUP8, GROUP8_BLOCK, GROUP_BLOCK,
+};
 use super::avx2_tile::q0_from_tag;
 use super::{OutMat, Q8Rows};
 use std::arch::x86_64::*;
@@ -187,15 +189,7 @@ pub(super) unsafe fn rows_times_acts<const F: u8>(
     for g0 in (0..ng).step_by(CHUNK_GROUPS) {
         let g1 = (g0 + CHUNK_GROUPS).min(ng);
         for r0 in (0..n_rows).step_by(2) {
-            // An odd last row is paired with itself (its second lanes are dropped).
-            let r1 = (r0 + 1).min(n_rows - 1);
-            let rows = [
-                ws.as_ptr().add(r0 * row_bytes),
-                ws.as_ptr().add(r1 * row_bytes),
-            ];
-            // Decode reads each weight once per step, from memory: hint the rows ahead so that
-            // unpacking them does not wait on memory (see `super::prefetch_stream`).
-            super::prefetch_stream(rows[0], 2 * row_bytes);
+            let (r1, rows) = weight_row_pair(ws, row_bytes, r0);
             avx2_pack::pack_weight_pair(fmt, nb, rows, wq.as_mut_ptr(), wd.as_mut_ptr());
             let mut g = g0;
             while g1 - g >= 2 {
@@ -363,13 +357,7 @@ pub(super) unsafe fn rows_times_acts_q8(ws: &[u8], row_bytes: usize, acts: &Q8Ro
     for g0 in (0..ng).step_by(CHUNK_GROUPS) {
         let g1 = (g0 + CHUNK_GROUPS).min(ng);
         for r0 in (0..n_rows).step_by(2) {
-            // An odd last row is paired with itself (its second lanes are dropped).
-            let r1 = (r0 + 1).min(n_rows - 1);
-            let rows = [
-                ws.as_ptr().add(r0 * row_bytes),
-                ws.as_ptr().add(r1 * row_bytes),
-            ];
-            super::prefetch_stream(rows[0], 2 * row_bytes);
+            let (r1, rows) = weight_row_pair(ws, row_bytes, r0);
             pack_q8_scales(nb, rows, wd.as_mut_ptr());
             let mut g = g0;
             while g1 - g >= 2 {
@@ -489,12 +477,7 @@ pub(super) unsafe fn rows_times_acts8<const F: u8>(
     for g0 in (0..ng).step_by(CHUNK8) {
         let g1 = (g0 + CHUNK8).min(ng);
         for r0 in (0..n_rows).step_by(2) {
-            let r1 = (r0 + 1).min(n_rows - 1);
-            let rows = [
-                ws.as_ptr().add(r0 * row_bytes),
-                ws.as_ptr().add(r1 * row_bytes),
-            ];
-            super::prefetch_stream(rows[0], 2 * row_bytes);
+            let (r1, rows) = weight_row_pair(ws, row_bytes, r0);
             avx2_pack::pack_weight_pair(fmt, nb, rows, wq.as_mut_ptr(), wd.as_mut_ptr());
             for g in g0..g1 {
                 let v = tile8(nb, wq.as_ptr(), wd.as_ptr(), group(g));

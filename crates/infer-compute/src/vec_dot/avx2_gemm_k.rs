@@ -24,7 +24,7 @@
 //! msum, acc)`) per block from `acc = 0`. Same bits as the mat-vec and any batch size.
 
 use super::avx2_gemm::step_weights;
-use super::avx2_pack::{put_row_pair, transpose_dwords, GROUP};
+use super::avx2_pack::{put_row_pair, transpose_dwords, weight_row_pair, GROUP};
 use super::vnni_gemm_k::KQuant;
 use super::OutMat;
 use infer_quant::{q4_k, q6_k, q8_k};
@@ -400,15 +400,7 @@ unsafe fn rows<const Q6: bool>(
     for g0 in (0..ng).step_by(CHUNK_GROUPS) {
         let g1 = (g0 + CHUNK_GROUPS).min(ng);
         for r0 in (0..n_rows).step_by(2) {
-            // An odd last row is paired with itself (its second lanes are dropped).
-            let r1 = (r0 + 1).min(n_rows - 1);
-            let rows = [
-                ws.as_ptr().add(r0 * row_bytes),
-                ws.as_ptr().add(r1 * row_bytes),
-            ];
-            // Decode reads each weight once per step, from memory: hint the rows ahead (see
-            // `super::prefetch_stream`).
-            super::prefetch_stream(rows[0], 2 * row_bytes);
+            let (r1, rows) = weight_row_pair(ws, row_bytes, r0);
             pack_weight_pair(kq, nb, rows, wpair.as_mut_ptr());
             let w = wpair.as_ptr();
             let mut g = g0;

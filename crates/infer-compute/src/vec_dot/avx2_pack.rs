@@ -16,6 +16,28 @@ pub(super) const GROUP: usize = 4;
 /// Bytes of one group's block of quants (4 rows × 32 quants, as four registers).
 pub(super) const GROUP_BLOCK: usize = GROUP * 32;
 
+/// Weight rows `r0` and `r0 + 1` of `ws` (`row_bytes` each) as the batch kernels walk them in
+/// pairs: the second row's index (an odd last row is paired with itself; its lanes are
+/// dropped, [`put_row_pair`]) and both rows' first bytes, prefetched for the pair's unpacking
+/// (decode reads each weight once per step, from memory: [`super::prefetch_stream`]).
+///
+/// # Safety
+/// `r0 < ws.len() / row_bytes`.
+#[inline(always)]
+pub(super) unsafe fn weight_row_pair(
+    ws: &[u8],
+    row_bytes: usize,
+    r0: usize,
+) -> (usize, [*const u8; 2]) {
+    let r1 = (r0 + 1).min(ws.len() / row_bytes - 1);
+    let rows = [
+        ws.as_ptr().add(r0 * row_bytes),
+        ws.as_ptr().add(r1 * row_bytes),
+    ];
+    super::prefetch_stream(rows[0], 2 * row_bytes);
+    (r1, rows)
+}
+
 /// The results of one weight-row pair × activation group of the batch kernels into `out`:
 /// lanes j (weight row `r0`) and `GROUP + j` (row `r1`; dropped when `r1 == r0`, the last row of
 /// an odd count) of `v` are outputs (r, `GROUP·g + j`) for every activation row below `m`.
