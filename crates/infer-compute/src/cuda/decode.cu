@@ -404,7 +404,9 @@ template <> struct Kv8<KV_Q8_0> {
 //   their keys; the lanes of the same dims add their sums at the end.
 // The warps then meet in shared memory and the block writes, per query head h, its
 // unnormalised values sum_j e_j v_j (e_j = exp(s_j - m)), m and l to splits[(h * nsplit + s) *
-// (hd + 2) ..] (m = -inf, l = 0 for an empty part); dec_attn_merge combines the parts.
+// (hd + 2) ..] (m = -inf, l = 0 for an empty part); dec_attn_merge combines the parts. With
+// one split (nsplit == 1) the block writes the normalised heads to out instead, quantized for
+// the o projection into q32/d32 or qk/dk/bsk when given (head_quant), and no merge runs.
 // grp <= SPLIT_GRP, grp * hd <= MAX_HD, hd % 8 == 0 and hd <= 32 S (checked on the host).
 #define SPLIT_WARPS 4
 #define SPLIT_GRP 8
@@ -427,7 +429,8 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
                            const float* q_norm, const float* k_norm, const double* inv_freq,
                            float* splits, const long long* info, int nq, int nkv, int hd, int rot,
                            int interleaved, float eps, float off, float scale, int window,
-                           float cap, int nsplit) {
+                           float cap, int nsplit, float* out, i8* q32, float* d32, i8* qk,
+                           float* dk, int* bsk) {
     constexpr int NC = S * 4;   // 8-value chunks of a row (hd <= 8 NC)
     constexpr int KC = S;       // key chunks per lane: 4 lanes per key
     constexpr int RPL = 32 / NC;  // value rows per warp load
@@ -588,13 +591,23 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
         float total = 0.0f;
         for (int t = 0; t < SPLIT_WARPS; t++)
             if (sh.wm[t][i] != NEG_INF) total += sh.wl[t][i] * expf(sh.wm[t][i] - mx);
+        // One split: the head's output itself, normalised as dec_attn_merge would (same
+        // operations, same bits), and quantized for the o projection; no merge launch.
+        int h = (int)r * nq + g * grp + i;
+        float inv = total > 0.0f ? (float)(1.0 / (double)total) : 0.0f;
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float a = 0.0f;
             for (int t = 0; t < SPLIT_WARPS; t++)
                 if (sh.wm[t][i] != NEG_INF) a += sh.wacc[t][d] * expf(sh.wm[t][i] - mx);
-            sp[d] = a;
+            if (nsplit == 1) {
+                vs[d] = a * inv;
+                out[(long long)h * hd + d] = a * inv;
+            } else {
+                sp[d] = a;
+            }
         }
-        if (threadIdx.x == 0) {
+        if (nsplit == 1) head_quant(vs, h, hd, q32, d32, qk, dk, bsk);
+        else if (threadIdx.x == 0) {
             sp[hd] = mx;
             sp[hd + 1] = total;
         }
@@ -607,13 +620,14 @@ __device__ void attn_split(SplitShared<S>& sh, const float* q, const float* k, c
 // multiprocessor, MINB); the cache type kt picks the instantiation.
 #define SPLIT_ARGS                                                                             \
     sh, q, k, v, q_norm, k_norm, inv_freq, splits, info, nq, nkv, hd, rot, interleaved, eps,  \
-        off, scale, window, cap, nsplit
+        off, scale, window, cap, nsplit, out, q32, d32, qk, dk, bsk
 #define ATTN_SPLIT_KERNEL(NAME, S, G, MINB)                                                    \
     extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32, MINB)                       \
         NAME(const float* q, const float* k, const float* v, const float* q_norm,              \
              const float* k_norm, const double* inv_freq, float* splits,                       \
              const long long* info, int nq, int nkv, int hd, int rot, int interleaved,          \
-             float eps, float off, float scale, int window, float cap, int nsplit, int kt) {    \
+             float eps, float off, float scale, int window, float cap, int nsplit, int kt,      \
+             float* out, i8* q32, float* d32, i8* qk, float* dk, int* bsk) {                    \
         __shared__ SplitShared<S> sh;                                                          \
         pdl_trigger();                                                                         \
         pdl_wait();                                                                            \

@@ -2409,7 +2409,7 @@ pub(super) fn rope_attend(
     );
     // The key-split kernels (flash decoding, `attn_split.rs`) over every row of the batch (one
     // block per kv head with its query heads, key split and row, then one merge block per
-    // query head and row), whenever they take the head shape, without attention sinks or a
+    // query head and row, no merge with one split), whenever they take the head shape, without attention sinks or a
     // RoPE attention factor; else `t_rope_attend`. They read each key once for the kv head's
     // query heads where `t_rope_attend` reads it once per query head, one key per warp at a
     // time: at 64 sequences of 8 B shapes (8 kv heads, enough blocks without a split) the
@@ -2457,6 +2457,12 @@ pub(super) fn rope_attend(
             f(p.softcap.unwrap_or(0.0)),
             splits_i,
             i(kv_code(kv)),
+            op,
+            t[0],
+            t[1],
+            t[2],
+            t[3],
+            t[4],
         ];
         let cfg = LaunchConfig {
             grid_dim: (p.n_kv_heads as u32, splits as u32, rows as u32),
@@ -2464,6 +2470,11 @@ pub(super) fn rope_attend(
             shared_mem_bytes: 0,
         };
         go(&mut st.rec, &func, cfg, &mut args)?;
+        st.pq_next = Some(PreQuant { x: op, n, kq, b32 });
+        if splits == 1 {
+            // The split kernel wrote (and quantized) the heads itself.
+            return Ok(true);
+        }
         let merge = LaunchConfig {
             grid_dim: (p.n_q_heads as u32, rows as u32, 1),
             block_dim: (super::attn_split::DEC_THREADS, 1, 1),
@@ -2471,7 +2482,6 @@ pub(super) fn rope_attend(
         };
         let mut args = [sp, op, hd_i, splits_i, t[0], t[1], t[2], t[3], t[4]];
         go(&mut st.rec, &st.dev.k.dec_attn_merge, merge, &mut args)?;
-        st.pq_next = Some(PreQuant { x: op, n, kq, b32 });
         return Ok(true);
     }
     let mut args = [
