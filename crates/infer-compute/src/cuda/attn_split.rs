@@ -1,6 +1,7 @@
 //! How the forward pass's decode attention splits each kv head's keys over blocks (flash
 //! decoding, `rope_attend` in `tensor_ops.rs`): the split count of a cache and the key-split
-//! kernel (`dec_attn_split*` in decode.cu, merged by `dec_attn_merge`) for a head shape.
+//! kernel (`dec_attn_split*` in decode.cu, merged by `dec_attn_merge` when there is more than one
+//! split) for a head shape.
 
 use cudarc::driver::CudaFunction;
 

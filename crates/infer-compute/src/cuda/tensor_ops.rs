@@ -2409,8 +2409,9 @@ pub(super) fn rope_attend(
     );
     // The key-split kernels (flash decoding, `attn_split.rs`) over every row of the batch (one
     // block per kv head with its query heads, key split and row, then one merge block per
-    // query head and row, no merge with one split), whenever they take the head shape, without attention sinks or a
-    // RoPE attention factor; else `t_rope_attend`. They read each key once for the kv head's
+    // query head and row; with one split the split blocks write the heads themselves),
+    // whenever they take the head shape, without attention sinks or a RoPE attention factor;
+    // else `t_rope_attend`. They read each key once for the kv head's
     // query heads where `t_rope_attend` reads it once per query head, one key per warp at a
     // time: at 64 sequences of 8 B shapes (8 kv heads, enough blocks without a split) the
     // latter took 411 µs a layer (H100). Keys split over blocks for caches of more than 32
