@@ -2,7 +2,7 @@
 //! decode (one row), with GQA/MQA, causal and sliding-window masks and optional logit soft-cap.
 
 use crate::attention_blocked::attention_blocked;
-use crate::attention_group::{group_attention, scratch_len, GroupQuery, KvHead};
+use crate::attention_group::{group_attention, scratch_len, GroupQuery, KvHeads};
 #[cfg(test)]
 use crate::cpu::dot_generic;
 use crate::kv_type::KvElem;
@@ -224,11 +224,13 @@ fn dispatch<T: KvElem>(
     }
 }
 
-/// The row-at-a-time path: tasks of (query row, run of heads sharing a kv head), each one
-/// [`group_attention`]. Shapes checked by [`dispatch`]; `k`/`v` hold exactly the `t_kv` cached
-/// rows. A task holds a whole GQA group (its K/V read once for all its heads) unless that leaves
-/// fewer than two tasks per thread, then single heads; both give the same bits (the arithmetic
-/// of a head does not depend on its run). `parallel: false` runs every task on the calling thread.
+/// The row-at-a-time path: tasks of (query row, run of heads), each one [`group_attention`].
+/// Shapes checked by [`dispatch`]; `k`/`v` hold exactly the `t_kv` cached rows. On the calling
+/// thread a task holds all the row's heads (each cached row read in address order, once for
+/// all of them); in parallel a whole GQA group (its K/V read once for all its heads) unless
+/// that leaves fewer than two tasks per thread, then single heads. All give the same bits (the
+/// arithmetic of a head does not depend on its run). `parallel: false` runs every task on the
+/// calling thread.
 fn attention_rows<T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -251,7 +253,9 @@ fn attention_rows<T: KvElem>(
     let max_keys = q_positions.iter().max().map_or(0, |&p| p + 1);
     let threads = rayon::current_num_threads();
     let serial = !parallel || threads <= 1 || t_q * n_q_heads * max_keys * head_dim < PAR_MIN_WORK;
-    let heads = if serial || t_q * n_kv_heads >= 2 * threads {
+    let heads = if serial {
+        n_q_heads
+    } else if t_q * n_kv_heads >= 2 * threads {
         group
     } else {
         1
@@ -261,11 +265,12 @@ fn attention_rows<T: KvElem>(
     // chunk index of `out` (chunks of `heads · head_dim`).
     let task = |scores: &mut [f32], idx: usize, o: &mut [f32]| {
         let (t, h0) = (idx / runs_per_row, idx % runs_per_row * heads);
-        let kv = KvHead {
+        let kv = KvHeads {
             k,
             v,
             row_len: kv_row,
             col: h0 / group * head_dim,
+            group: group.min(heads),
         };
         let query = GroupQuery {
             q: &q[t * q_row + h0 * head_dim..][..heads * head_dim],

@@ -1,12 +1,12 @@
-//! The decode (row-at-a-time) attention kernel: one query row's heads that share one kv head
-//! (a GQA group, or any run of its heads) against that kv head's cached keys and values, each
-//! K/V row read once for all of them.
+//! The decode (row-at-a-time) attention kernel: a run of one query row's heads (all of them, a
+//! GQA group, or one head) against their kv heads' cached keys and values, each K/V row read
+//! once for all the heads of the run.
 //!
 //! Per head `h` of the run, over the visible keys `j = lo..=hi`:
 //! `s_j = scale · q_h·k_j` (soft-capped if configured), `p_j = exp(s_j − max) / Σ p`,
 //! `o_h = Σ_j p_j · v_j` (HF `eager_attention_forward`, max-subtracted f32 softmax). The
-//! arithmetic of one head never depends on the other heads of its run, so running a group's heads
-//! together or one at a time gives the same bits:
+//! arithmetic of one head never depends on the other heads of its run, so running a row's heads
+//! together, by GQA group or one at a time gives the same bits:
 //!
 //! - `q_h·k_j`: `crate::cpu::dot`'s summation order (16 interleaved partial sums, reduced
 //!   pairwise). With AVX2, eight keys at a time: two 8-lane accumulators per key, then one
@@ -32,23 +32,31 @@ use crate::cpu::dot_generic;
 use crate::kv_type::KvElem;
 use crate::ops::exp_poly;
 
-/// One kv head's keys and values inside the cached rows: `k` and `v` are `[t_kv, row_len]`
-/// row-major, f32 or f16 (`T`; `row_len = n_kv_heads · head_dim`), and the head's key/value at
-/// position `j` is `k[j·row_len + col..][..head_dim]` (likewise `v`), `col = g · head_dim` for
-/// kv head `g`.
+/// The kv heads of a run inside the cached rows: `k` and `v` are `[t_kv, row_len]` row-major,
+/// f32 or f16 (`T`; `row_len = n_kv_heads · head_dim`). The run's kv heads are consecutive from
+/// the one whose values start at column `col` (`col = g · head_dim` for kv head `g`): query head
+/// `h` of the run reads kv head `h / group` of them, whose key/value at position `j` is
+/// `k[j·row_len + col + (h / group)·head_dim..][..head_dim]` (likewise `v`).
 #[derive(Clone, Copy)]
-pub(crate) struct KvHead<'a, T> {
+pub(crate) struct KvHeads<'a, T> {
     pub(crate) k: &'a [T],
     pub(crate) v: &'a [T],
     /// Values per cached row (all kv heads).
     pub(crate) row_len: usize,
-    /// The head's first value within a row.
+    /// The run's first kv head's first value within a row.
     pub(crate) col: usize,
+    /// Query heads of the run per kv head (the GQA group size, or 1 for a run of one head).
+    pub(crate) group: usize,
 }
 
-/// A run of query heads of one row that share one kv head: `q` is `[heads, head_dim]` f32 (the
-/// heads' slices of the query row, contiguous), `pos` the row's position in its sequence, and
-/// `sinks` the heads' attention-sink logits (`heads` values) if the family has sinks (gpt-oss).
+impl<T> KvHeads<'_, T> {
+    /// Column of query head `h`'s kv head within a row.
+    #[inline(always)]
+    fn col_of(&self, h: usize, hd: usize) -> usize {
+        self.col + h / self.group * hd
+    }
+}
+
 #[derive(Clone, Copy)]
 pub(crate) struct GroupQuery<'a> {
     pub(crate) q: &'a [f32],
@@ -73,7 +81,7 @@ pub(crate) fn scratch_len<T: KvElem>(heads: usize, keys: usize, hd: usize) -> us
     heads * keys + T::tile_buf(KEY_TILE, hd)
 }
 
-/// Attention of the run `query` (`heads = q.len() / head_dim` heads) over kv head `kv`, into
+/// Attention of the run `query` (`heads = q.len() / head_dim` heads) over its kv heads `kv`, into
 /// `o` (`[heads, head_dim]`, fully overwritten). `scores` is scratch of at least
 /// [`scratch_len`]`(heads, pos + 1, head_dim)` values. A row that sees no key (window 0) gets
 /// zeros.
@@ -83,7 +91,7 @@ pub(crate) fn scratch_len<T: KvElem>(heads: usize, keys: usize, hd: usize) -> us
 /// bits (see the module docs).
 pub(crate) fn group_attention<T: KvElem>(
     query: GroupQuery<'_>,
-    kv: KvHead<'_, T>,
+    kv: KvHeads<'_, T>,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
@@ -107,7 +115,7 @@ pub(crate) fn group_attention<T: KvElem>(
 /// [`group_attention`] on the portable path (scalar dots, per-element value sums).
 pub(crate) fn group_generic<T: KvElem>(
     query: GroupQuery<'_>,
-    kv: KvHead<'_, T>,
+    kv: KvHeads<'_, T>,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
@@ -133,7 +141,7 @@ pub(crate) fn group_generic<T: KvElem>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group_avx2<T: KvElem, const HD: usize>(
     query: GroupQuery<'_>,
-    kv: KvHead<'_, T>,
+    kv: KvHeads<'_, T>,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
@@ -159,12 +167,12 @@ unsafe fn group_avx2<T: KvElem, const HD: usize>(
 #[inline(always)]
 fn group_impl<T: KvElem, const HD: usize>(
     query: GroupQuery<'_>,
-    kv: KvHead<'_, T>,
+    kv: KvHeads<'_, T>,
     params: &AttentionParams,
     scores: &mut [f32],
     o: &mut [f32],
-    dots: impl Fn(&[f32], KvHead<'_, T>, usize, &mut [f32], &mut [f32]),
-    values: impl Fn(&[f32], KvHead<'_, T>, usize, &mut [f32]),
+    dots: impl Fn(&[f32], KvHeads<'_, T>, usize, &mut [f32], &mut [f32]),
+    values: impl Fn(&[f32], KvHeads<'_, T>, usize, &mut [f32]),
 ) {
     let GroupQuery { q, pos, sinks } = query;
     let hd = if HD == 0 { params.head_dim } else { HD };
@@ -179,12 +187,40 @@ fn group_impl<T: KvElem, const HD: usize>(
         return; // window 0: nothing visible
     }
     let n = hi - lo + 1;
+    warm_rows(kv, lo, n, heads.div_ceil(kv.group) * hd);
     let (scores, wide) = scores.split_at_mut(heads * n);
     dots(&q[..heads * hd], kv, lo, scores, wide);
     for (h, s) in scores.chunks_exact_mut(n).enumerate() {
         softmax_weights(s, params.scale, params.softcap, sinks.map(|x| x[h]));
     }
     values(scores, kv, lo, &mut o[..heads * hd]);
+}
+
+/// Bytes of a run's visible key and value rows up to which [`warm_rows`] reads them first.
+const WARM_BYTES: usize = 256 << 10;
+
+/// The run's visible rows (`lo..lo + n`, its `span` columns from `kv.col`), keys then values,
+/// read once in address order, one value per 64-byte line, when together they fit in
+/// [`WARM_BYTES`] (well inside L2): the hardware prefetchers follow that sequential stream
+/// (they do not follow the per-head slices the passes read, one or two lines of every row, and
+/// the passes' software prefetches did not keep up), so the passes find the rows in cache. In
+/// batched decode every sequence's rows come from memory; this halved the time the passes
+/// waited on them. No effect on any result.
+#[inline(always)]
+fn warm_rows<T: KvElem>(kv: KvHeads<'_, T>, lo: usize, n: usize, span: usize) {
+    let step = (64 / size_of::<T>()).max(1);
+    if 2 * n * span * size_of::<T>() > WARM_BYTES {
+        return;
+    }
+    for cache in [kv.k, kv.v] {
+        for i in lo..lo + n {
+            let row = &cache[i * kv.row_len + kv.col..][..span];
+            for e in (0..span).step_by(step) {
+                // The load must happen (its value is otherwise unused).
+                std::hint::black_box(row[e]);
+            }
+        }
+    }
 }
 
 /// One head's raw scores `s` (`q·k_j` of the visible keys) turned into its softmax weights, in
@@ -245,11 +281,12 @@ fn softmax_weights(s: &mut [f32], scale: f32, softcap: Option<f32>, sink: Option
 /// `s[h·n + i] = q_h · k_{lo+i}` (`q`: `[heads, hd]`, `s`: `[heads, n]`), one
 /// [`dot_generic`] per pair.
 #[inline(always)]
-fn dots_generic<T: KvElem>(q: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize, s: &mut [f32]) {
+fn dots_generic<T: KvElem>(q: &[f32], hd: usize, kv: KvHeads<'_, T>, lo: usize, s: &mut [f32]) {
     let n = s.len() / (q.len() / hd);
-    for (qh, sh) in q.chunks_exact(hd).zip(s.chunks_exact_mut(n)) {
+    for (h, (qh, sh)) in q.chunks_exact(hd).zip(s.chunks_exact_mut(n)).enumerate() {
+        let col = kv.col_of(h, hd);
         for (i, si) in sh.iter_mut().enumerate() {
-            *si = dot_generic(qh, &kv.k[(lo + i) * kv.row_len + kv.col..][..hd]);
+            *si = dot_generic(qh, &kv.k[(lo + i) * kv.row_len + col..][..hd]);
         }
     }
 }
@@ -257,12 +294,13 @@ fn dots_generic<T: KvElem>(q: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize, s
 /// `o[h, :] = Σ_i w[h·n + i] · v_{lo+i}` (`w`: `[heads, n]`, `o`: `[heads, hd]`), per element
 /// from 0 in key order.
 #[inline(always)]
-fn values_generic<T: KvElem>(w: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize, o: &mut [f32]) {
+fn values_generic<T: KvElem>(w: &[f32], hd: usize, kv: KvHeads<'_, T>, lo: usize, o: &mut [f32]) {
     let n = w.len() / (o.len() / hd);
-    for (wh, oh) in w.chunks_exact(n).zip(o.chunks_exact_mut(hd)) {
+    for (h, (wh, oh)) in w.chunks_exact(n).zip(o.chunks_exact_mut(hd)).enumerate() {
+        let col = kv.col_of(h, hd);
         oh.fill(0.0);
         for (i, &wi) in wh.iter().enumerate() {
-            let vj = &kv.v[(lo + i) * kv.row_len + kv.col..][..hd];
+            let vj = &kv.v[(lo + i) * kv.row_len + col..][..hd];
             for (a, &x) in oh.iter_mut().zip(vj) {
                 *a += wi * x.widen();
             }
@@ -270,16 +308,17 @@ fn values_generic<T: KvElem>(w: &[f32], hd: usize, kv: KvHead<'_, T>, lo: usize,
     }
 }
 
-/// Prefetch (into L1) the `hd` values of kv head `kv` in the [`KEY_TILE`] key rows from `j0`.
+/// Prefetch (into L1) the `span` values from column `kv.col` (the run's kv heads) of the
+/// [`KEY_TILE`] key rows from `j0`.
 /// Hints only: no architectural effect, and an address past the cache is never dereferenced.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_key_tile<T: KvElem>(kv: KvHead<'_, T>, j0: usize, hd: usize) {
+fn prefetch_key_tile<T: KvElem>(kv: KvHeads<'_, T>, j0: usize, span: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let kp = kv.k.as_ptr() as *const i8;
     for u in 0..KEY_TILE {
         let row = kp.wrapping_add(((j0 + u) * kv.row_len + kv.col) * size_of::<T>());
-        for line in (0..hd * size_of::<T>()).step_by(64) {
+        for line in (0..span * size_of::<T>()).step_by(64) {
             // SAFETY: a prefetch never faults.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
         }
@@ -289,8 +328,9 @@ fn prefetch_key_tile<T: KvElem>(kv: KvHead<'_, T>, j0: usize, hd: usize) {
 /// [`dots_generic`] with AVX2: for `hd` a multiple of 16, tiles of [`KEY_TILE`] keys, each key's
 /// 16 partial sums in two registers (`dot`'s lanes), then [`reduce8`]; the keys after the last
 /// whole tile (and every key when `hd` is not a multiple of 16) through `dot_avx2_kv`. Same bits as
-/// [`dots_generic`]. An f16 tile is widened once into `wide` (at least `8 · hd` values) for all
-/// the heads that score it.
+/// [`dots_generic`]. A tile is scored for every kv head of the run before the next tile (its rows'
+/// columns of the run read in order, a stream the prefetchers follow); an f16 tile of one kv head
+/// is widened once into `wide` (at least `8 · hd` values) for all the heads that score it.
 ///
 /// # Safety
 /// AVX2 and F16C must be available.
@@ -300,7 +340,7 @@ fn prefetch_key_tile<T: KvElem>(kv: KvHead<'_, T>, j0: usize, hd: usize) {
 unsafe fn dots_avx2<T: KvElem>(
     q: &[f32],
     hd: usize,
-    kv: KvHead<'_, T>,
+    kv: KvHeads<'_, T>,
     lo: usize,
     s: &mut [f32],
     wide: &mut [f32],
@@ -308,70 +348,78 @@ unsafe fn dots_avx2<T: KvElem>(
     use std::arch::x86_64::*;
     let heads = q.len() / hd;
     let n = s.len() / heads;
+    // The run's columns of a row: its kv heads, consecutive from `kv.col`.
+    let span = heads.div_ceil(kv.group) * hd;
     let tiles = if hd.is_multiple_of(16) {
         n / KEY_TILE
     } else {
         0
     };
     // Every key row read below lies in `kv.k`: rows lo..lo+n are visible keys (< t_kv).
-    assert!((lo + n - 1) * kv.row_len + kv.col + hd <= kv.k.len() && s.len() == heads * n);
+    assert!((lo + n - 1) * kv.row_len + kv.col + span <= kv.k.len() && s.len() == heads * n);
     // Key rows KEY_AHEAD tiles ahead of the one being widened, toward L1: in batched decode
-    // the cache rows come from memory, one head's slice of each row (a strided stream), and
-    // the widening waited on each tile's first loads.
+    // the cache rows come from memory, and the widening waited on each tile's first loads.
     for t in 0..KEY_AHEAD.min(tiles) {
-        prefetch_key_tile(kv, lo + t * KEY_TILE, hd);
+        prefetch_key_tile(kv, lo + t * KEY_TILE, span);
     }
     for t in 0..tiles {
         if t + KEY_AHEAD < tiles {
-            prefetch_key_tile(kv, lo + (t + KEY_AHEAD) * KEY_TILE, hd);
+            prefetch_key_tile(kv, lo + (t + KEY_AHEAD) * KEY_TILE, span);
         }
         let j0 = lo + t * KEY_TILE;
-        let rows: [*const T; KEY_TILE] =
-            std::array::from_fn(|u| kv.k[(j0 + u) * kv.row_len + kv.col..].as_ptr());
-        // SAFETY: each row's hd values lie in `kv.k` (asserted above); hd is a multiple of 16;
-        // AVX2 and F16C are available.
-        let kp = unsafe { T::keys8(rows, hd, wide) };
-        // The same keys' value rows, toward L2 for the value pass: one 64-byte line of each
-        // row per key there, which the hardware prefetchers do not cover on their own (the
-        // value pass spent most of its time waiting on those loads).
+        // The same keys' value rows, toward L2 for the value pass: the hardware prefetchers do
+        // not cover them on their own (the value pass spent most of its time waiting on them).
         for u in 0..KEY_TILE {
             let vp = kv.v[(j0 + u) * kv.row_len + kv.col..].as_ptr() as *const i8;
-            for line in (0..hd * std::mem::size_of::<T>()).step_by(64) {
+            for line in (0..span * std::mem::size_of::<T>()).step_by(64) {
                 // A hint only (no architectural effect); the address is inside `v`.
                 _mm_prefetch::<_MM_HINT_T1>(vp.wrapping_add(line));
             }
         }
-        for h in 0..heads {
-            let qp = q[h * hd..].as_ptr();
-            let mut sums = [_mm256_setzero_ps(); KEY_TILE];
-            for half in 0..2 {
-                let (mut lo4, mut hi4) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
-                for c in (0..hd).step_by(16) {
-                    // SAFETY: c + 16 <= hd: inside q's head h and each key's head slice
-                    // (bounds asserted above); AVX2 and F16C are available.
-                    unsafe {
-                        let (qa, qb) = (_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(qp.add(c + 8)));
-                        for u in 0..4 {
-                            let p = kp[half * 4 + u].add(c);
-                            lo4[u] = _mm256_add_ps(lo4[u], _mm256_mul_ps(qa, _mm256_loadu_ps(p)));
-                            hi4[u] =
-                                _mm256_add_ps(hi4[u], _mm256_mul_ps(qb, _mm256_loadu_ps(p.add(8))));
+        for h0 in (0..heads).step_by(kv.group) {
+            let col = kv.col_of(h0, hd);
+            let rows: [*const T; KEY_TILE] =
+                std::array::from_fn(|u| kv.k[(j0 + u) * kv.row_len + col..].as_ptr());
+            // SAFETY: each row's hd values lie in `kv.k` (asserted above); hd is a multiple of
+            // 16; AVX2 and F16C are available.
+            let kp = unsafe { T::keys8(rows, hd, wide) };
+            for h in h0..(h0 + kv.group).min(heads) {
+                let qp = q[h * hd..].as_ptr();
+                let mut sums = [_mm256_setzero_ps(); KEY_TILE];
+                for half in 0..2 {
+                    let (mut lo4, mut hi4) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                    for c in (0..hd).step_by(16) {
+                        // SAFETY: c + 16 <= hd: inside q's head h and each key's head slice
+                        // (bounds asserted above); AVX2 and F16C are available.
+                        unsafe {
+                            let (qa, qb) =
+                                (_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(qp.add(c + 8)));
+                            for u in 0..4 {
+                                let p = kp[half * 4 + u].add(c);
+                                lo4[u] =
+                                    _mm256_add_ps(lo4[u], _mm256_mul_ps(qa, _mm256_loadu_ps(p)));
+                                hi4[u] = _mm256_add_ps(
+                                    hi4[u],
+                                    _mm256_mul_ps(qb, _mm256_loadu_ps(p.add(8))),
+                                );
+                            }
                         }
                     }
+                    for u in 0..4 {
+                        // 16 → 8: acc[i] += acc[i + 8].
+                        sums[half * 4 + u] = _mm256_add_ps(lo4[u], hi4[u]);
+                    }
                 }
-                for u in 0..4 {
-                    // 16 → 8: acc[i] += acc[i + 8].
-                    sums[half * 4 + u] = _mm256_add_ps(lo4[u], hi4[u]);
-                }
+                let r = reduce8(sums);
+                // SAFETY: h·n + t·8 + 8 <= (h + 1)·n, inside `s`.
+                unsafe { _mm256_storeu_ps(s.as_mut_ptr().add(h * n + t * KEY_TILE), r) };
             }
-            let r = reduce8(sums);
-            // SAFETY: h·n + t·8 + 8 <= (h + 1)·n, inside `s`.
-            unsafe { _mm256_storeu_ps(s.as_mut_ptr().add(h * n + t * KEY_TILE), r) };
         }
     }
-    for (qh, sh) in q.chunks_exact(hd).zip(s.chunks_exact_mut(n)) {
+    for (h, (qh, sh)) in q.chunks_exact(hd).zip(s.chunks_exact_mut(n)).enumerate() {
+        let col = kv.col_of(h, hd);
         for (i, si) in sh.iter_mut().enumerate().skip(tiles * KEY_TILE) {
-            let kj = &kv.k[(lo + i) * kv.row_len + kv.col..][..hd];
+            let kj = &kv.k[(lo + i) * kv.row_len + col..][..hd];
             // SAFETY: AVX2 and F16C are available (this function's contract); equal lengths.
             *si = unsafe { crate::cpu::dot_avx2_kv(qh, kj) };
         }
@@ -419,7 +467,7 @@ fn reduce8(v: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
 unsafe fn values_avx2<T: KvElem>(
     w: &[f32],
     hd: usize,
-    kv: KvHead<'_, T>,
+    kv: KvHeads<'_, T>,
     lo: usize,
     o: &mut [f32],
 ) {
@@ -428,25 +476,33 @@ unsafe fn values_avx2<T: KvElem>(
     if !hd.is_multiple_of(16) {
         return values_generic(w, hd, kv, lo, o);
     }
-    assert!((lo + n - 1) * kv.row_len + kv.col + hd <= kv.v.len() && w.len() == heads * n);
+    let span = heads.div_ceil(kv.group) * hd;
+    assert!((lo + n - 1) * kv.row_len + kv.col + span <= kv.v.len() && w.len() == heads * n);
+    // Per kv head of the run, its heads in runs of at most four.
     let mut h0 = 0;
     while h0 < heads {
-        let g = (heads - h0).min(4);
+        let kv_end = (h0 / kv.group + 1) * kv.group;
+        let g = (heads.min(kv_end) - h0).min(4);
+        let one = KvHeads {
+            col: kv.col_of(h0, hd),
+            ..kv
+        };
         let (w, o) = (&w[h0 * n..(h0 + g) * n], &mut o[h0 * hd..(h0 + g) * hd]);
         // SAFETY: AVX2 and F16C are available; bounds asserted above.
         unsafe {
             match g {
-                1 => values_heads_avx2::<T, 1>(w, hd, kv, lo, o),
-                2 => values_heads_avx2::<T, 2>(w, hd, kv, lo, o),
-                3 => values_heads_avx2::<T, 3>(w, hd, kv, lo, o),
-                _ => values_heads_avx2::<T, 4>(w, hd, kv, lo, o),
+                1 => values_heads_avx2::<T, 1>(w, hd, one, lo, o),
+                2 => values_heads_avx2::<T, 2>(w, hd, one, lo, o),
+                3 => values_heads_avx2::<T, 3>(w, hd, one, lo, o),
+                _ => values_heads_avx2::<T, 4>(w, hd, one, lo, o),
             }
         }
         h0 += g;
     }
 }
 
-/// [`values_avx2`] for `G` heads (`w`: `[G, n]`, `o`: `[G, hd]`, `hd` a multiple of 16).
+/// [`values_avx2`] for `G` heads of one kv head (`kv.col`; `w`: `[G, n]`, `o`: `[G, hd]`, `hd` a
+/// multiple of 16).
 ///
 /// # Safety
 /// AVX2 and F16C must be available; value rows `lo..lo + n` of the kv head lie in `kv.v`;
@@ -457,7 +513,7 @@ unsafe fn values_avx2<T: KvElem>(
 unsafe fn values_heads_avx2<T: KvElem, const G: usize>(
     w: &[f32],
     hd: usize,
-    kv: KvHead<'_, T>,
+    kv: KvHeads<'_, T>,
     lo: usize,
     o: &mut [f32],
 ) {
@@ -551,17 +607,19 @@ mod tests {
                 };
                 let mut s = vec![0f32; scratch_len::<f16>(heads, t, hd)];
                 let (mut a, mut b) = (vec![f32::NAN; heads * hd], vec![f32::NAN; heads * hd]);
-                let kv16 = KvHead {
+                let kv16 = KvHeads {
                     k: &k16[..],
                     v: &v16[..],
                     row_len: kv_row,
                     col: hd,
+                    group: heads,
                 };
-                let kv32 = KvHead {
+                let kv32 = KvHeads {
                     k: &k32[..],
                     v: &v32[..],
                     row_len: kv_row,
                     col: hd,
+                    group: heads,
                 };
                 group_attention(query, kv16, &params, &mut s, &mut a);
                 group_attention(query, kv32, &params, &mut s, &mut b);
@@ -595,11 +653,12 @@ mod tests {
                         softcap,
                         sinks: None,
                     };
-                    let kv = KvHead {
+                    let kv = KvHeads {
                         k: &k,
                         v: &v,
                         row_len: kv_row,
                         col: hd,
+                        group: heads,
                     };
                     for pos in [0usize, 3, 8, 17, 44] {
                         let sinks = sinks.map(|s| &s[..heads]);
@@ -627,6 +686,81 @@ mod tests {
         }
     }
 
+    /// A run over several kv heads (a whole row: GQA groups of 1, 3 and 4 heads over three kv
+    /// heads) equals each group run on its own kv head, bit for bit, on f32 and f16 caches,
+    /// with the rows warmed first (short caches) and not (long ones).
+    #[test]
+    fn a_row_run_equals_its_groups() {
+        row_equals_groups::<f32>(|x| x);
+        row_equals_groups::<half::f16>(half::f16::from_f32);
+    }
+
+    fn row_equals_groups<T: KvElem>(to: fn(f32) -> T) {
+        let mut next = rng(7);
+        let n_kv = 3usize;
+        for (hd, group, t) in [
+            (64usize, 3usize, 45usize),
+            (128, 4, 700),
+            (32, 1, 20),
+            (40, 2, 33),
+        ] {
+            let kv_row = n_kv * hd;
+            let k: Vec<T> = (0..t * kv_row).map(|_| to(next())).collect();
+            let v: Vec<T> = (0..t * kv_row).map(|_| to(next())).collect();
+            let heads = n_kv * group;
+            let q: Vec<f32> = (0..heads * hd).map(|_| next() * 4.0).collect();
+            let params = AttentionParams {
+                n_q_heads: heads,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                sliding_window: None,
+                softcap: None,
+                sinks: None,
+            };
+            let kv = |col: usize, group: usize| KvHeads {
+                k: &k,
+                v: &v,
+                row_len: kv_row,
+                col,
+                group,
+            };
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for pos in [0usize, 7, 16, t - 1] {
+                let mut s = vec![0f32; scratch_len::<T>(heads, t, hd)];
+                let mut row = vec![f32::NAN; heads * hd];
+                let query = GroupQuery {
+                    q: &q,
+                    pos,
+                    sinks: None,
+                };
+                group_attention(query, kv(0, group), &params, &mut s, &mut row);
+                for g in 0..n_kv {
+                    let one = GroupQuery {
+                        q: &q[g * group * hd..][..group * hd],
+                        pos,
+                        sinks: None,
+                    };
+                    let mut got = vec![f32::NAN; group * hd];
+                    group_attention(one, kv(g * hd, group), &params, &mut s, &mut got);
+                    let want = &row[g * group * hd..][..group * hd];
+                    assert_eq!(
+                        bits(&got),
+                        bits(want),
+                        "hd {hd} group {group} kv {g} pos {pos}"
+                    );
+                    let mut generic = vec![f32::NAN; group * hd];
+                    group_generic(one, kv(g * hd, group), &params, &mut s, &mut generic);
+                    assert_eq!(
+                        bits(&generic),
+                        bits(want),
+                        "generic, hd {hd} kv {g} pos {pos}"
+                    );
+                }
+            }
+        }
+    }
+
     /// Against an f64 evaluation of the formula: within 1e-5 of the head's largest |output|.
     #[test]
     fn matches_f64_attention() {
@@ -646,11 +780,12 @@ mod tests {
                 softcap: None,
                 sinks: None,
             };
-            let kv = KvHead {
+            let kv = KvHeads {
                 k: &k,
                 v: &v,
                 row_len: hd,
                 col: 0,
+                group: heads,
             };
             let pos = t - 1;
             let mut s = vec![0f32; heads * t];
