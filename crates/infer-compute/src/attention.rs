@@ -227,7 +227,7 @@ fn dispatch<T: KvElem>(
 /// The row-at-a-time path: tasks of (query row, run of heads), each one [`group_attention`].
 /// Shapes checked by [`dispatch`]; `k`/`v` hold exactly the `t_kv` cached rows. On the calling
 /// thread a task holds all the row's heads (each cached row read in address order, once for
-/// all of them); in parallel a whole GQA group (its K/V read once for all its heads) unless
+/// all of them, and the rows warmed first: [`KvHeads::warm`]); in parallel a whole GQA group (its K/V read once for all its heads) unless
 /// that leaves fewer than two tasks per thread, then single heads. All give the same bits (the
 /// arithmetic of a head does not depend on its run). `parallel: false` runs every task on the
 /// calling thread.
@@ -271,6 +271,7 @@ fn attention_rows<T: KvElem>(
             row_len: kv_row,
             col: h0 / group * head_dim,
             group: group.min(heads),
+            warm: serial,
         };
         let query = GroupQuery {
             q: &q[t * q_row + h0 * head_dim..][..heads * head_dim],

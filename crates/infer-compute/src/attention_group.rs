@@ -47,6 +47,9 @@ pub(crate) struct KvHeads<'a, T> {
     pub(crate) col: usize,
     /// Query heads of the run per kv head (the GQA group size, or 1 for a run of one head).
     pub(crate) group: usize,
+    /// Read the run's rows once in address order before the passes ([`warm_rows`]): for a
+    /// caller that runs all of a row's heads on one thread (batched decode).
+    pub(crate) warm: bool,
 }
 
 impl<T> KvHeads<'_, T> {
@@ -187,7 +190,9 @@ fn group_impl<T: KvElem, const HD: usize>(
         return; // window 0: nothing visible
     }
     let n = hi - lo + 1;
-    warm_rows(kv, lo, n, heads.div_ceil(kv.group) * hd);
+    if kv.warm {
+        warm_rows(kv, lo, n, heads.div_ceil(kv.group) * hd);
+    }
     let (scores, wide) = scores.split_at_mut(heads * n);
     dots(&q[..heads * hd], kv, lo, scores, wide);
     for (h, s) in scores.chunks_exact_mut(n).enumerate() {
@@ -613,6 +618,7 @@ mod tests {
                     row_len: kv_row,
                     col: hd,
                     group: heads,
+                    warm: false,
                 };
                 let kv32 = KvHeads {
                     k: &k32[..],
@@ -620,6 +626,7 @@ mod tests {
                     row_len: kv_row,
                     col: hd,
                     group: heads,
+                    warm: false,
                 };
                 group_attention(query, kv16, &params, &mut s, &mut a);
                 group_attention(query, kv32, &params, &mut s, &mut b);
@@ -659,6 +666,7 @@ mod tests {
                         row_len: kv_row,
                         col: hd,
                         group: heads,
+                        warm: true,
                     };
                     for pos in [0usize, 3, 8, 17, 44] {
                         let sinks = sinks.map(|s| &s[..heads]);
@@ -718,12 +726,13 @@ mod tests {
                 softcap: None,
                 sinks: None,
             };
-            let kv = |col: usize, group: usize| KvHeads {
+            let kv = |col: usize, group: usize, warm: bool| KvHeads {
                 k: &k,
                 v: &v,
                 row_len: kv_row,
                 col,
                 group,
+                warm,
             };
             let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for pos in [0usize, 7, 16, t - 1] {
@@ -734,7 +743,7 @@ mod tests {
                     pos,
                     sinks: None,
                 };
-                group_attention(query, kv(0, group), &params, &mut s, &mut row);
+                group_attention(query, kv(0, group, true), &params, &mut s, &mut row);
                 for g in 0..n_kv {
                     let one = GroupQuery {
                         q: &q[g * group * hd..][..group * hd],
@@ -742,7 +751,7 @@ mod tests {
                         sinks: None,
                     };
                     let mut got = vec![f32::NAN; group * hd];
-                    group_attention(one, kv(g * hd, group), &params, &mut s, &mut got);
+                    group_attention(one, kv(g * hd, group, false), &params, &mut s, &mut got);
                     let want = &row[g * group * hd..][..group * hd];
                     assert_eq!(
                         bits(&got),
@@ -750,7 +759,7 @@ mod tests {
                         "hd {hd} group {group} kv {g} pos {pos}"
                     );
                     let mut generic = vec![f32::NAN; group * hd];
-                    group_generic(one, kv(g * hd, group), &params, &mut s, &mut generic);
+                    group_generic(one, kv(g * hd, group, true), &params, &mut s, &mut generic);
                     assert_eq!(
                         bits(&generic),
                         bits(want),
@@ -786,6 +795,7 @@ mod tests {
                 row_len: hd,
                 col: 0,
                 group: heads,
+                warm: false,
             };
             let pos = t - 1;
             let mut s = vec![0f32; heads * t];
