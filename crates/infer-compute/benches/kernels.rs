@@ -11,7 +11,9 @@
 //! Weights are random f32 rows quantized with `infer_quant::quantize` (reference quantizers).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use infer_compute::{attention, AttentionParams, ComputeBackend, CpuBackend, QuantFormat};
+use infer_compute::{
+    attention, Attend, AttentionParams, ComputeBackend, CpuBackend, KvSlot, QuantFormat, Tensor,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
@@ -200,7 +202,84 @@ fn bench_attention(c: &mut Criterion) {
             )
         })
     });
+    bench_batched_decode_attention(&mut g);
     g.finish();
+}
+
+/// One batched decode step's attention as `infer bench -B 16` runs it on SmolLM2-135M (30
+/// layers; per layer one [`ComputeBackend::attend`] of 16 sequences, each a new row at position
+/// 159 over its own f16 cache of 256 positions): 59 MB of cache read per step, more than a
+/// 32 MiB L3, so the rows come from memory as in the real step.
+fn bench_batched_decode_attention(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+) {
+    let (layers, seqs, pos, capacity) = (30usize, 16usize, 159usize, 256usize);
+    let params = AttentionParams {
+        n_q_heads: 9,
+        n_kv_heads: 3,
+        head_dim: 64,
+        scale: 1.0 / 8.0,
+        sliding_window: None,
+        softcap: None,
+        sinks: None,
+    };
+    let (q_row, kv_row) = (9 * 64, 3 * 64);
+    let mut caches: Vec<Vec<(Tensor, Tensor)>> = (0..layers)
+        .map(|l| {
+            (0..seqs)
+                .map(|s| {
+                    let seed = 100 + 2 * (l * seqs + s) as u64;
+                    let cache = |seed| {
+                        let mut t = Tensor::host_f16_zeros(capacity * kv_row);
+                        let values = random(pos * kv_row, seed, 1.0);
+                        let dst = t.host_f16_mut().expect("host f16 cache");
+                        for (d, &x) in dst.iter_mut().zip(&values) {
+                            *d = half::f16::from_f32(x);
+                        }
+                        t
+                    };
+                    (cache(seed), cache(seed + 1))
+                })
+                .collect()
+        })
+        .collect();
+    let q = Tensor::host_from(random(seqs * q_row, 10, 1.0));
+    let k = Tensor::host_from(random(seqs * kv_row, 11, 1.0));
+    let v = Tensor::host_from(random(seqs * kv_row, 12, 1.0));
+    let mut out = Tensor::default();
+    let backend = CpuBackend::new();
+    // Bytes of K and V cache read per step.
+    let bytes = layers * seqs * (pos + 1) * kv_row * 2 * 2;
+    g.throughput(Throughput::BytesDecimal(bytes as u64));
+    let id = BenchmarkId::new(
+        "decode_batch",
+        format!("b{seqs}_l{layers}_h9_kv3_d64_t{}_f16", pos + 1),
+    );
+    g.bench_function(id, |b| {
+        b.iter(|| {
+            for layer in caches.iter_mut() {
+                let mut slots: Vec<KvSlot<'_>> = layer
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(s, (kc, vc))| KvSlot {
+                        k_cache: kc,
+                        v_cache: vc,
+                        row0: s,
+                        rows: 1,
+                        start: pos,
+                    })
+                    .collect();
+                let mut a = Attend {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    seqs: &mut slots,
+                };
+                backend.attend(&mut a, &params, &mut out).expect("attend");
+            }
+            black_box(&out);
+        })
+    });
 }
 
 criterion_group!(

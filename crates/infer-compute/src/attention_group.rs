@@ -208,9 +208,9 @@ const WARM_BYTES: usize = 256 << 10;
 /// read once in address order, one value per 64-byte line, when together they fit in
 /// [`WARM_BYTES`] (well inside L2): the hardware prefetchers follow that sequential stream
 /// (they do not follow the per-head slices the passes read, one or two lines of every row, and
-/// the passes' software prefetches did not keep up), so the passes find the rows in cache. In
-/// batched decode every sequence's rows come from memory; this halved the time the passes
-/// waited on them. No effect on any result.
+/// the passes' software prefetches did not keep up), so the passes find the rows in cache (in
+/// batched decode every sequence's rows come from memory; `attention/decode_batch` in
+/// `benches/kernels.rs` times that step). No effect on any result.
 #[inline(always)]
 fn warm_rows<T: KvElem>(kv: KvHeads<'_, T>, lo: usize, n: usize, span: usize) {
     let step = (64 / size_of::<T>()).max(1);
