@@ -167,10 +167,9 @@ fn bench_q8_split(c: &mut Criterion) {
     g.finish();
 }
 
-fn bench_attention(c: &mut Criterion) {
-    let mut g = configure(c, "attention");
-    // SmolLM2-135M geometry: one decode step at position 511 over 512 cached positions.
-    let params = AttentionParams {
+/// SmolLM2-135M's attention: 9 query heads, 3 kv heads of 64 values.
+fn smollm2_attention() -> AttentionParams<'static> {
+    AttentionParams {
         n_q_heads: 9,
         n_kv_heads: 3,
         head_dim: 64,
@@ -178,7 +177,13 @@ fn bench_attention(c: &mut Criterion) {
         sliding_window: None,
         softcap: None,
         sinks: None,
-    };
+    }
+}
+
+fn bench_attention(c: &mut Criterion) {
+    let mut g = configure(c, "attention");
+    // SmolLM2-135M geometry: one decode step at position 511 over 512 cached positions.
+    let params = smollm2_attention();
     let t_kv = 512;
     let kv_row = params.n_kv_heads * params.head_dim;
     let q = random(params.n_q_heads * params.head_dim, 7, 1.0);
@@ -214,16 +219,9 @@ fn bench_batched_decode_attention(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
 ) {
     let (layers, seqs, pos, capacity) = (30usize, 16usize, 159usize, 256usize);
-    let params = AttentionParams {
-        n_q_heads: 9,
-        n_kv_heads: 3,
-        head_dim: 64,
-        scale: 1.0 / 8.0,
-        sliding_window: None,
-        softcap: None,
-        sinks: None,
-    };
-    let (q_row, kv_row) = (9 * 64, 3 * 64);
+    let params = smollm2_attention();
+    let q_row = params.n_q_heads * params.head_dim;
+    let kv_row = params.n_kv_heads * params.head_dim;
     let mut caches: Vec<Vec<(Tensor, Tensor)>> = (0..layers)
         .map(|l| {
             (0..seqs)

@@ -227,10 +227,10 @@ fn dispatch<T: KvElem>(
 /// The row-at-a-time path: tasks of (query row, run of heads), each one [`group_attention`].
 /// Shapes checked by [`dispatch`]; `k`/`v` hold exactly the `t_kv` cached rows. On the calling
 /// thread a task holds all the row's heads (each cached row read in address order, once for
-/// all of them, and the rows warmed first: [`KvHeads::warm`]); in parallel a whole GQA group (its K/V read once for all its heads) unless
-/// that leaves fewer than two tasks per thread, then single heads. All give the same bits (the
-/// arithmetic of a head does not depend on its run). `parallel: false` runs every task on the
-/// calling thread.
+/// all of them, and the rows warmed first: [`KvHeads::warm`]); in parallel a whole GQA group
+/// (its K/V read once for all its heads) unless that leaves fewer than two tasks per thread,
+/// then single heads. All give the same bits (the arithmetic of a head does not depend on its
+/// run). `parallel: false` runs every task on the calling thread.
 fn attention_rows<T: KvElem>(
     q: &[f32],
     k: &[T],

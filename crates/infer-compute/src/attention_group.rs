@@ -58,8 +58,17 @@ impl<T> KvHeads<'_, T> {
     fn col_of(&self, h: usize, hd: usize) -> usize {
         self.col + h / self.group * hd
     }
+
+    /// Values of a row the run of `heads` query heads reads: its kv heads, from `col` on.
+    #[inline(always)]
+    fn span(&self, heads: usize, hd: usize) -> usize {
+        heads.div_ceil(self.group) * hd
+    }
 }
 
+/// A run of query heads of one row: `q` is `[heads, head_dim]` f32 (the heads' slices of the
+/// query row, contiguous), `pos` the row's position in its sequence, and `sinks` the heads'
+/// attention-sink logits (`heads` values) if the family has sinks (gpt-oss).
 #[derive(Clone, Copy)]
 pub(crate) struct GroupQuery<'a> {
     pub(crate) q: &'a [f32],
@@ -191,7 +200,7 @@ fn group_impl<T: KvElem, const HD: usize>(
     }
     let n = hi - lo + 1;
     if kv.warm {
-        warm_rows(kv, lo, n, heads.div_ceil(kv.group) * hd);
+        warm_rows(kv, lo, n, kv.span(heads, hd));
     }
     let (scores, wide) = scores.split_at_mut(heads * n);
     dots(&q[..heads * hd], kv, lo, scores, wide);
@@ -213,10 +222,10 @@ const WARM_BYTES: usize = 256 << 10;
 /// `benches/kernels.rs` times that step). No effect on any result.
 #[inline(always)]
 fn warm_rows<T: KvElem>(kv: KvHeads<'_, T>, lo: usize, n: usize, span: usize) {
-    let step = (64 / size_of::<T>()).max(1);
     if 2 * n * span * size_of::<T>() > WARM_BYTES {
         return;
     }
+    let step = (64 / size_of::<T>()).max(1);
     for cache in [kv.k, kv.v] {
         for i in lo..lo + n {
             let row = &cache[i * kv.row_len + kv.col..][..span];
@@ -353,8 +362,7 @@ unsafe fn dots_avx2<T: KvElem>(
     use std::arch::x86_64::*;
     let heads = q.len() / hd;
     let n = s.len() / heads;
-    // The run's columns of a row: its kv heads, consecutive from `kv.col`.
-    let span = heads.div_ceil(kv.group) * hd;
+    let span = kv.span(heads, hd);
     let tiles = if hd.is_multiple_of(16) {
         n / KEY_TILE
     } else {
@@ -481,7 +489,7 @@ unsafe fn values_avx2<T: KvElem>(
     if !hd.is_multiple_of(16) {
         return values_generic(w, hd, kv, lo, o);
     }
-    let span = heads.div_ceil(kv.group) * hd;
+    let span = kv.span(heads, hd);
     assert!((lo + n - 1) * kv.row_len + kv.col + span <= kv.v.len() && w.len() == heads * n);
     // Per kv head of the run, its heads in runs of at most four.
     let mut h0 = 0;
